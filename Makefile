@@ -1,0 +1,99 @@
+# bitexact — one Makefile, out-of-tree objects under $(BUILD).
+#
+#   make               libbitexact.a / libbitexact.so, examples, benchmarks
+#   make test          build and run the C test suite
+#   make SAN=1 test    the same under AddressSanitizer + UBSan (BUILD=build-san)
+#   make fuzz          libFuzzer harnesses (clang), see fuzz/README.md
+#
+# Never -ffast-math / -Ofast / -march=native here: the shipped binary picks
+# AVX-512, AVX2 or portable kernels at run time (src/core/dispatch.c).
+
+CC      ?= cc
+BUILD   ?= build
+SAN     ?= 0
+OPT     ?= -O2
+
+WARN    := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes
+# -ffp-contract=off: a contracted a*b+c would change bits on exact paths.
+BASEFLAGS := -std=c11 -D_GNU_SOURCE -fPIC -ffp-contract=off -fno-math-errno \
+             -pthread -Iinclude -Isrc/core $(WARN)
+ifeq ($(SAN),1)
+  BUILD   := build-san
+  SANFLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -g
+endif
+CFLAGS_ALL := $(BASEFLAGS) $(OPT) $(SANFLAGS) $(EXTRA_CFLAGS)
+LDLIBS  := -lm -pthread
+
+# Per-ISA kernel files get their ISA flags and nothing else does.
+AVX2_FLAGS   := -mavx2 -mfma -mf16c -mbmi2
+AVX512_FLAGS := -mavx512f -mavx512dq -mavx512bw -mavx512vl -mavx2 -mfma -mf16c -mbmi2
+
+LIB_SRC := $(wildcard src/core/*.c) $(wildcard src/cpu/*.c)
+LIB_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(LIB_SRC))
+
+TEST_SRC  := $(wildcard tests/*.c)
+TEST_OBJ  := $(patsubst %.c,$(BUILD)/%.o,$(TEST_SRC))
+BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(wildcard bench/*.c))
+EX_BIN    := $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c))
+DEV_BIN   := $(patsubst dev/%.c,$(BUILD)/dev/%,$(wildcard dev/*.c))
+
+.PHONY: all lib test examples bench dev fuzz clean
+all: lib examples bench
+lib: $(BUILD)/libbitexact.a $(BUILD)/libbitexact.so
+examples: $(EX_BIN)
+bench: $(BENCH_BIN)
+dev: $(DEV_BIN)
+
+$(BUILD)/%.o: %.c $(wildcard include/*.h src/core/*.h) Makefile
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -c $< -o $@
+
+$(BUILD)/src/cpu/avx2.o: CFLAGS_ALL += $(AVX2_FLAGS)
+$(BUILD)/src/cpu/avx512.o: CFLAGS_ALL += $(AVX512_FLAGS)
+
+$(BUILD)/libbitexact.a: $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/libbitexact.so: $(LIB_OBJ)
+	$(CC) -shared $(SANFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/tests/bx_tests: $(TEST_OBJ) $(BUILD)/libbitexact.a
+	$(CC) $(SANFLAGS) -o $@ $(TEST_OBJ) $(BUILD)/libbitexact.a -lmpfr -lgmp $(LDLIBS)
+
+$(BUILD)/tests/%.o: CFLAGS_ALL += -Itests
+
+test: $(BUILD)/tests/bx_tests
+	$(BUILD)/tests/bx_tests
+
+$(BUILD)/examples/%: examples/%.c $(BUILD)/libbitexact.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -o $@ $< $(BUILD)/libbitexact.a $(LDLIBS)
+
+# Benchmarks may compare against naive loops compiled with the ISA flags of
+# the kernel they race; they never go into the library.
+$(BUILD)/bench/%: bench/%.c $(BUILD)/libbitexact.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -o $@ $< $(BUILD)/libbitexact.a $(LDLIBS)
+
+$(BUILD)/dev/%: dev/%.c $(BUILD)/libbitexact.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) $(AVX512_FLAGS) -o $@ $< $(BUILD)/libbitexact.a $(LDLIBS)
+
+# libFuzzer: clang builds the library sources together with each harness.
+FUZZ_CC    ?= clang
+FUZZ_FLAGS := -std=c11 -D_GNU_SOURCE -g -O1 -ffp-contract=off -pthread \
+              -Iinclude -Isrc/core -fsanitize=fuzzer,address,undefined
+FUZZ_BIN   := $(patsubst fuzz/%.c,build-fuzz/%,$(wildcard fuzz/*.c))
+fuzz: $(FUZZ_BIN)
+build-fuzz/%: fuzz/%.c $(LIB_SRC) $(wildcard include/*.h src/core/*.h)
+	@mkdir -p build-fuzz/obj
+	@set -e; objs=""; for f in $(LIB_SRC); do \
+	  o=build-fuzz/obj/$$(echo $$f | tr / _).o; extra=""; \
+	  case $$f in *avx2.c) extra="$(AVX2_FLAGS)";; *avx512.c) extra="$(AVX512_FLAGS)";; esac; \
+	  $(FUZZ_CC) $(FUZZ_FLAGS:-fsanitize=fuzzer,%=-fsanitize=fuzzer-no-link,%) $$extra -c $$f -o $$o; \
+	  objs="$$objs $$o"; done; \
+	  $(FUZZ_CC) $(FUZZ_FLAGS) -o $@ $< $$objs -lmpfr -lgmp -lm
+
+clean:
+	rm -rf build build-san build-fuzz

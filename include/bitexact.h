@@ -1,0 +1,320 @@
+/*
+ * bitexact.h — exact, layout-invariant gradient norms and clipping.
+ *
+ * bitexact computes the global gradient norm of a training step exactly:
+ * every square is formed without rounding, the squares are summed in a
+ * fixed-point integer accumulator with no rounding at all, partial sums
+ * from threads, tensors and ranks are combined by integer addition (which is
+ * associative), and the result is rounded once.  The norm is therefore a
+ * pure function of the multiset of gradient values: the same bits for any
+ * tensor order, partition, thread count, rank count or machine.
+ *
+ * Assumptions (checked at build time where possible): IEEE-754 binary16,
+ * bfloat16, binary32 and binary64 data; the host's double is binary64 and
+ * its arithmetic rounds to nearest, ties to even (the default mode; the
+ * library never changes it and does not depend on the caller's mode for the
+ * exact paths, which use integer arithmetic for every decision).
+ *
+ * Conventions for every function below unless its comment says otherwise:
+ *  - returns a bx_status; BX_OK is 0; on error bx_last_error() holds a
+ *    one-line text naming the group, tensor index (and rank) at fault;
+ *  - the library never exits, aborts, prints, or keeps a pointer it was
+ *    given: DLTensor views are borrowed for the duration of the call only;
+ *  - functions are thread-safe: several threads may call the library at
+ *    once on different data (internal worker threads are shared);
+ *  - on any error no output and no gradient has been modified.
+ *
+ * Simple API first: bx_total_norm, bx_clip_grad_norm, bx_scale.
+ * Then the accumulator, for callers that build their own reductions.
+ */
+#ifndef BITEXACT_H
+#define BITEXACT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <dlpack/dlpack.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define BX_VERSION_MAJOR 0
+#define BX_VERSION_MINOR 1
+#define BX_VERSION_PATCH 0
+#define BX_VERSION_NUMBER \
+  (BX_VERSION_MAJOR * 10000 + BX_VERSION_MINOR * 100 + BX_VERSION_PATCH)
+
+/* Runtime version of the library actually linked (BX_VERSION_NUMBER). */
+unsigned bx_version(void);
+
+/* ------------------------------------------------------------------------
+ * Status codes
+ * ---------------------------------------------------------------------- */
+typedef enum bx_status {
+  BX_OK = 0,
+  BX_EINVAL = 1,      /* invalid argument: NULL pointer, bad p, bad max_norm */
+  BX_EDTYPE = 2,      /* dtype is not fp16/bf16/fp32/fp64 with lanes == 1 */
+  BX_EDEVICE = 3,     /* tensor lives on a device this build cannot read */
+  BX_ELAYOUT = 4,     /* strided with gaps, self-overlapping, or overlapping
+                         another tensor in a bx_scale call */
+  BX_ENONFINITE = 5,  /* NaN/Inf found with error_if_nonfinite set */
+  BX_ENOMEM = 6,      /* allocation failed */
+  BX_ECOMM = 7,       /* the communicator's all-reduce failed */
+  BX_EMISMATCH = 8,   /* ranks disagree on version, group count or options */
+  BX_EINTERNAL = 9    /* a bug in bitexact: please report */
+} bx_status;
+
+/* Fixed English text for a status ("BX_EDTYPE: unsupported dtype").
+ * Never NULL; static storage. */
+const char *bx_status_str(bx_status status);
+
+/* Detail of the last failing call made by this thread, e.g.
+ * "bx_total_norm: group 1, tensor 7: dtype int32 is not supported".
+ * Thread-local, static storage, valid until this thread's next failing
+ * call. "" when this thread has not failed yet. */
+const char *bx_last_error(void);
+
+/* ------------------------------------------------------------------------
+ * Options (versioned by initializer macros: new fields go at the end, so
+ * code written with the _DEFAULT macros keeps compiling and meaning the
+ * same thing). A NULL options pointer means the defaults.
+ * ---------------------------------------------------------------------- */
+typedef enum bx_norm_flavor {
+  /* exact: squares exact, sum exact, one correct rounding (DESIGN §2) */
+  BX_EXACT = 0,
+  /* Megatron-LM "reproducible grad norm": each element converted to fp32,
+   * its square rounded to fp32, those fp32 squares summed exactly, the sum
+   * rounded once to fp32 (nearest-even), then fp32 sqrt (correctly
+   * rounded). p = 2 only. The fp32 result is returned widened to double. */
+  BX_MEGATRON_FP32 = 1
+} bx_norm_flavor;
+
+typedef struct bx_norm_opts {
+  /* 2.0 (default), 1.0, 0.0 (count of non-zeros), INFINITY (max |x|),
+   * -INFINITY (min |x|), or any other p > 0 (|x|^p in fp64 then exact sum:
+   * deterministic on a platform, not exact). NaN and other p < 0 are
+   * rejected with BX_EINVAL. */
+  double norm_type;
+  /* non-zero: any NaN or ±Inf element fails the call with BX_ENONFINITE,
+   * naming the first offending tensor (lowest group, then lowest index);
+   * nothing is written. Zero: NaN anywhere gives a NaN norm; otherwise any
+   * ±Inf gives +Inf (for p > 0; p = 0 counts Inf as non-zero and p = -inf
+   * takes min |x| with Inf as a value). */
+  int error_if_nonfinite;
+  /* worker threads; 0 = library default (online CPUs, or the BX_NUM_THREADS
+   * environment variable). The result never depends on it. */
+  int num_threads;
+  bx_norm_flavor flavor;
+} bx_norm_opts;
+
+#define BX_NORM_OPTS_DEFAULT {2.0, 0, 0, BX_EXACT}
+
+typedef enum bx_scale_mode {
+  /* torch-compatible: c32 = (float)coef (nearest-even); fp32 grads
+   * g = fl32(g * c32); bf16/fp16 grads g = round_to_dtype(fl32((float)g *
+   * c32)) — exactly what torch's `grad.mul_(clip_coef.to(grad.dtype))`
+   * computes on CPU; fp64 grads g = fl64(g * coef). */
+  BX_SCALE_TORCH = 0,
+  /* exact-once: the exact product g * coef (coef as the given double) is
+   * rounded once to the grad's dtype, nearest-even, for every dtype. */
+  BX_SCALE_EXACT = 1
+} bx_scale_mode;
+
+typedef struct bx_scale_opts {
+  bx_scale_mode mode;
+  int num_threads; /* 0 = library default; results never depend on it */
+} bx_scale_opts;
+
+#define BX_SCALE_OPTS_DEFAULT {BX_SCALE_TORCH, 0}
+
+typedef enum bx_coef_formula {
+  /* coef = min(1, max_norm / (total_norm + eps)), computed in double:
+   * torch.nn.utils.clip_grad_norm_'s formula. */
+  BX_COEF_TORCH = 0,
+  /* coef = max_norm / max(total_norm, max_norm): exactly 1 whenever no
+   * clipping is needed (eps unused). */
+  BX_COEF_MAX = 1
+} bx_coef_formula;
+
+typedef struct bx_clip_opts {
+  bx_norm_opts norm;
+  bx_scale_opts scale;
+  double eps; /* 1e-6, as torch */
+  bx_coef_formula formula;
+} bx_clip_opts;
+
+#define BX_CLIP_OPTS_DEFAULT \
+  {BX_NORM_OPTS_DEFAULT, BX_SCALE_OPTS_DEFAULT, 1e-6, BX_COEF_TORCH}
+
+/* ------------------------------------------------------------------------
+ * Tensors, groups and communicators
+ *
+ * Accepted tensors: dtype fp16 (kDLFloat,16), bf16 (kDLBfloat,16), fp32
+ * (kDLFloat,32), fp64 (kDLFloat,64), lanes == 1; device kDLCPU,
+ * kDLCUDAHost, kDLCUDAManaged or kDLROCMHost (host-readable memory); any
+ * layout whose elements occupy one dense block of memory: strides == NULL,
+ * row-major, or any permutation of a dense layout (a transposed gradient is
+ * fine: a norm does not depend on element order). Strides of size-1
+ * dimensions are ignored. Layouts with gaps or with two indices on one
+ * element (stride 0) are refused with BX_ELAYOUT, never summed wrongly.
+ * Zero-element tensors are allowed and contribute nothing.
+ * ---------------------------------------------------------------------- */
+
+/* A set of tensors this rank owns (DESIGN §5): each gradient element of the
+ * whole model must be passed by exactly one rank. Borrowed, never kept. */
+typedef struct bx_group {
+  const DLTensor *tensors;
+  size_t count;
+} bx_group;
+
+typedef enum bx_op { BX_OP_SUM = 0, BX_OP_MAX = 1 } bx_op;
+
+/* An all-reduce over int64 words, supplied by the caller or an adapter
+ * (bitexact_mpi.h, bitexact_nccl.h). allreduce_i64 must replace buf[0..n)
+ * on every rank with the element-wise SUM (or MAX) over ranks, and return
+ * 0 on success, non-zero on failure. A NULL bx_comm means this process
+ * alone. */
+typedef struct bx_comm {
+  int (*allreduce_i64)(int64_t *buf, size_t n, bx_op op, void *ctx);
+  void *ctx;
+} bx_comm;
+
+/* ------------------------------------------------------------------------
+ * Simple API
+ * ---------------------------------------------------------------------- */
+
+/* The p-norm of all elements of all tensors in all groups, and optionally of
+ * each group.
+ *   groups, ngroups  borrowed; ngroups == 0 (groups may then be NULL) gives
+ *                    a norm of 0; a group with count == 0 is allowed.
+ *   comm             NULL: this process alone. (Multi-rank reduction is
+ *                    not available in this version: non-NULL → BX_EINVAL.)
+ *   opts             NULL = BX_NORM_OPTS_DEFAULT.
+ *   total_norm       out, required. For p = 2 and BX_EXACT: the correctly
+ *                    rounded sqrt of the exact sum of squares.
+ *   group_norms      out, NULL or an array of ngroups doubles.
+ * Outputs are written only on success. Tensors are only read. Runs on
+ * opts->num_threads worker threads; thread-safe. */
+bx_status bx_total_norm(const bx_group *groups, size_t ngroups,
+                        const bx_comm *comm, const bx_norm_opts *opts,
+                        double *total_norm, double *group_norms);
+
+/* Multiply every element of every tensor by coef, in place, with the
+ * rounding of opts->mode (see bx_scale_mode). Tensors must be writable,
+ * must not overlap each other or themselves (BX_ELAYOUT otherwise).
+ * coef must not be NaN (BX_EINVAL). Any dtype mix in one call. All
+ * checks happen before any write: on error nothing is modified.
+ * Multi-threaded; the result never depends on the thread count. */
+bx_status bx_scale(DLTensor *tensors, size_t count, double coef,
+                   const bx_scale_opts *opts);
+
+/* torch.nn.utils.clip_grad_norm_: computes the total norm as bx_total_norm,
+ * then, if max_norm > 0, coef per opts->formula (clamped to 1), and scales
+ * every tensor of every group by coef with bx_scale's rounding (skipping
+ * the writes when coef == 1 exactly). max_norm == 0 disables clipping (the
+ * norm is still computed and returned; coef = 1). Negative or NaN max_norm
+ * → BX_EINVAL. A NaN/Inf total norm without error_if_nonfinite gives a NaN
+ * or 0 coefficient exactly as torch would compute it.
+ *   total_norm  out, required;   coef  out, NULL or the coefficient used.
+ * The tensors in groups are modified in place (the DLTensor structs are
+ * const, their data is not). All-or-nothing: on any error no gradient is
+ * modified. */
+bx_status bx_clip_grad_norm(const bx_group *groups, size_t ngroups,
+                            const bx_comm *comm, double max_norm,
+                            const bx_clip_opts *opts, double *total_norm,
+                            double *coef);
+
+/* The clip coefficient bx_clip_grad_norm uses for a given total norm:
+ * 1 when max_norm == 0; BX_EINVAL for negative/NaN max_norm. */
+bx_status bx_clip_coef(double total_norm, double max_norm,
+                       const bx_clip_opts *opts, double *coef);
+
+/* ------------------------------------------------------------------------
+ * The accumulator (DESIGN §3)
+ *
+ * A bx_acc is a signed fixed-point number with BX_ACC_DIGITS digits of 32
+ * bits, digit i weighing 2^(32*i + BX_ACC_LSB_EXP), each held in an int64
+ * word (carry-save), plus counters. Its range covers every square and
+ * every absolute value of every fp64 number, subnormals included:
+ * 2^-2176 .. beyond 2^2140, so a sum of up to 2^63 squares of DBL_MAX
+ * neither overflows nor loses its smallest term.
+ *
+ * Normalised form: digit[i] in [0, 2^32) for i < BX_ACC_DIGITS-1, the top
+ * digit holds the rest (signed); every function that writes a bx_acc leaves
+ * it normalised. The words are the wire format: the word-by-word int64 sum
+ * of up to 2^31 normalised accumulators (each non-negative — all of the
+ * library's accumulators hold sums of squares or absolute values) is a
+ * valid accumulator of the total: each lower digit sum stays below
+ * 2^31 * (2^32 - 1) < 2^63, the counters and the top digit are far from
+ * overflow for any realistic element count (< 2^62 in all), and
+ * bx_acc_merge / bx_acc_value accept such un-normalised words. So MPI_SUM
+ * on MPI_INT64_T, ncclSum on ncclInt64 or torch's all_reduce(SUM) on an
+ * int64 tensor of BX_ACC_WORDS words, in any order, is exact.
+ *
+ * The version word holds BX_ACC_VERSION_TAG times the number of
+ * accumulators summed into it (naccs), so a sum of accumulators from
+ * different builds is detected (bx_acc_check). A plain struct: copy it,
+ * memset it, send it; it owns no memory.
+ * ---------------------------------------------------------------------- */
+#define BX_ACC_DIGITS 134
+#define BX_ACC_LSB_EXP (-2176)
+#define BX_ACC_FORMAT 1 /* bump when the layout or scaling changes */
+/* < 2^31, so that the tag times 2^31 accumulators still fits an int64 */
+#define BX_ACC_VERSION_TAG (0x62780000LL + BX_ACC_FORMAT)
+#define BX_ACC_WORDS (BX_ACC_DIGITS + 5)
+
+typedef struct bx_acc {
+  int64_t digit[BX_ACC_DIGITS]; /* fixed-point digits, least significant first */
+  int64_t nan_count;            /* NaN elements seen */
+  int64_t inf_count;            /* ±Inf elements seen */
+  int64_t count;                /* elements seen (NaN/Inf included) */
+  int64_t naccs;                /* accumulators summed into this one (1 after init) */
+  int64_t version;              /* BX_ACC_VERSION_TAG * naccs */
+} bx_acc;
+
+/* Set acc to zero (naccs 1, version tag). Cannot fail. */
+void bx_acc_init(bx_acc *acc);
+
+/* acc += sum of x*x over every element of t (exact); NaN/Inf elements are
+ * counted in nan_count/inf_count and not summed. Single-threaded in the
+ * calling thread. On error acc is unchanged. */
+bx_status bx_acc_add_squares(bx_acc *acc, const DLTensor *t);
+
+/* acc += sum of |x| over every element of t (exact); as above. */
+bx_status bx_acc_add_abs(bx_acc *acc, const DLTensor *t);
+
+/* into += from, word by word, then normalise into (from may be
+ * un-normalised, e.g. the result of an all-reduce). into may equal from. */
+void bx_acc_merge(bx_acc *into, const bx_acc *from);
+
+/* Normalise in place (digits in [0, 2^32), carries into the top digit).
+ * Useful after summing words by hand. */
+void bx_acc_normalize(bx_acc *acc);
+
+/* BX_OK if acc's version word matches this build and naccs >= 1, else
+ * BX_EMISMATCH with a message. */
+bx_status bx_acc_check(const bx_acc *acc);
+
+/* The sum held, correctly rounded to double (nearest, ties to even);
+ * +Inf if it exceeds DBL_MAX after rounding. Ignores the NaN/Inf counters
+ * (see bx_acc_norm_value for the norm rules). acc may be un-normalised;
+ * it is not modified. */
+double bx_acc_value(const bx_acc *acc);
+
+/* Correctly rounded square root of the sum (double / float). NaN if the
+ * sum is negative (never the case for sums of squares). */
+double bx_acc_sqrt(const bx_acc *acc);
+float bx_acc_sqrtf(const bx_acc *acc);
+
+/* The sum correctly rounded to float (nearest, ties to even; +Inf past
+ * FLT_MAX). */
+float bx_acc_valuef(const bx_acc *acc);
+
+/* Exact comparison of the sums held by two accumulators: -1, 0, 1. */
+int bx_acc_compare(const bx_acc *a, const bx_acc *b);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* BITEXACT_H */

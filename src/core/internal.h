@@ -1,0 +1,155 @@
+/*
+ * internal.h — what the parts of libbitexact share and the public header
+ * does not show: dtype ids, the kernel table each ISA fills, exact deposit
+ * into the accumulator, per-exponent integer bins, errors, threads.
+ */
+#ifndef BX_INTERNAL_H
+#define BX_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "bitexact.h"
+
+/* Element types the kernels know. */
+typedef enum bx_dtype {
+  BX_DT_F16 = 0,
+  BX_DT_BF16 = 1,
+  BX_DT_F32 = 2,
+  BX_DT_F64 = 3,
+  BX_DT_COUNT = 4
+} bx_dtype;
+
+/* Bytes per element of a bx_dtype. */
+size_t bx_dtype_size(bx_dtype dt);
+const char *bx_dtype_name(bx_dtype dt);
+
+/* ------------------------------------------------------------------------
+ * Exact deposits into a bx_acc. They do not normalise: a kernel call on n
+ * elements may make at most min(BX_MAX_DEPOSITS, 2n + 1024) deposits into
+ * one accumulator; the driver normalises before 2^28 deposits can pile up
+ * (each deposit moves a word by less than 2^33, words stay below 2^62).
+ * ---------------------------------------------------------------------- */
+#define BX_MAX_DEPOSITS (1u << 26)
+
+/* acc += v * 2^exp exactly. Requires exp >= BX_ACC_LSB_EXP and
+ * v * 2^exp < 2^2140 in magnitude. v may be negative. */
+void bx_acc_deposit_i64(bx_acc *acc, int64_t v, int exp);
+
+/* acc += v * 2^exp exactly, v unsigned (up to 2^64 - 1). */
+void bx_acc_deposit_u64(bx_acc *acc, uint64_t v, int exp);
+
+/* acc += v exactly, v a finite double (any sign, subnormals included). */
+void bx_acc_deposit_f64(bx_acc *acc, double v);
+
+/* Exact sum of x^2 for a finite double x: x*x = p + e with e = fma(x,x,-p)
+ * can underflow; this deposits the exact square via the integer
+ * significand. */
+void bx_acc_deposit_sq_f64(bx_acc *acc, double x);
+
+/* ------------------------------------------------------------------------
+ * Per-exponent integer bins (the exact fallback every kernel shares).
+ * bin[e] holds sum of (integer significand)^2 of elements whose biased
+ * exponent field is e (subnormals use e = 1 with no hidden bit). Flushed
+ * into the accumulator before a bin can overflow.
+ * ---------------------------------------------------------------------- */
+
+/* Scalar exact kernels over a contiguous span: acc += sum x^2 (or |x|),
+ * NaN/Inf counted, element count added. Portable C; also the fallback the
+ * vector kernels call for blocks outside their windows. n <= BX_CHUNK. */
+void bx_sumsq_f16_scalar(const uint16_t *x, size_t n, bx_acc *acc);
+void bx_sumsq_bf16_scalar(const uint16_t *x, size_t n, bx_acc *acc);
+void bx_sumsq_f32_scalar(const float *x, size_t n, bx_acc *acc);
+void bx_sumsq_f64_scalar(const double *x, size_t n, bx_acc *acc);
+void bx_sumabs_f16_scalar(const uint16_t *x, size_t n, bx_acc *acc);
+void bx_sumabs_bf16_scalar(const uint16_t *x, size_t n, bx_acc *acc);
+void bx_sumabs_f32_scalar(const float *x, size_t n, bx_acc *acc);
+void bx_sumabs_f64_scalar(const double *x, size_t n, bx_acc *acc);
+
+/* Kernels for the rarer norms (src/cpu/portable_misc.c), one span each. */
+double bx_load_as_double(const void *data, bx_dtype dt, size_t i);
+/* Updates max/min of |x| over non-NaN elements, counts NaN and non-zeros. */
+void bx_extreme_abs(const void *data, bx_dtype dt, size_t n, double *maxabs,
+                    double *minabs, int64_t *nan_count, int64_t *nonzero);
+/* acc += sum |x|^p, each term pow()-rounded, the sum exact. */
+void bx_sum_pow(const void *data, bx_dtype dt, size_t n, double p, bx_acc *acc);
+/* acc += sum of fl32(fl32(x)^2), exact sum (BX_MEGATRON_FP32). */
+void bx_sum_megatron_sq(const void *data, bx_dtype dt, size_t n, bx_acc *acc);
+
+/* Grow-only per-thread scratch memory (kept for the thread's life, so a
+ * call allocates only when it needs more than any earlier call of this
+ * thread). NULL on allocation failure. Invalidated by the next call. */
+void *bx_workspace(size_t bytes);
+
+/* ------------------------------------------------------------------------
+ * Kernel table: one per ISA (src/cpu/portable.c, avx2.c, avx512.c).
+ * Each entry processes n <= BX_CHUNK contiguous elements and adds into
+ * acc exactly: the digits (via deposits), nan_count, inf_count and count.
+ * It does not normalise. All entries of all ISAs must give the same
+ * accumulator value (the words may differ before normalisation).
+ * ---------------------------------------------------------------------- */
+#define BX_CHUNK ((size_t)1 << 22) /* elements per kernel call, at most */
+
+typedef void (*bx_reduce_fn)(const void *x, size_t n, bx_acc *acc);
+
+typedef struct bx_kernels {
+  const char *name; /* "portable", "avx2", "avx512" */
+  bx_reduce_fn sumsq[BX_DT_COUNT];
+  bx_reduce_fn sumabs[BX_DT_COUNT];
+} bx_kernels;
+
+extern const bx_kernels bx_kernels_portable;
+#if defined(__x86_64__) || defined(__i386__)
+#define BX_HAVE_X86 1
+extern const bx_kernels bx_kernels_avx2;
+extern const bx_kernels bx_kernels_avx512;
+#endif
+
+/* The kernel table chosen for this CPU at first use: the best of avx512
+ * (F+DQ+BW+VL), avx2 (AVX2+FMA+F16C) and portable, or the one named by the
+ * environment variable BX_ISA (portable|avx2|avx512) if the CPU has it.
+ * Thread-safe. */
+const bx_kernels *bx_kernels_active(void);
+
+/* For tests and benchmarks: force a table by name (NULL restores the
+ * automatic choice). Returns BX_EINVAL for an unknown name or one the CPU
+ * cannot run. Not thread-safe against concurrent norm calls. */
+bx_status bx_force_isa(const char *name);
+const char *bx_isa_name(void);
+
+/* ------------------------------------------------------------------------
+ * Errors: set the thread-local detail text and return the status.
+ * ---------------------------------------------------------------------- */
+bx_status bx_fail(bx_status st, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+/* ------------------------------------------------------------------------
+ * Tensor validation: the contiguous span a DLTensor covers.
+ * ---------------------------------------------------------------------- */
+typedef struct bx_span {
+  void *data;     /* first element (data + byte_offset) */
+  size_t n;       /* elements */
+  bx_dtype dtype;
+} bx_span;
+
+/* Validate t and describe its dense span. Errors name it as
+ * "FN: group G, tensor I: ..." (or "FN: tensor I" with BX_NO_GROUP). */
+#define BX_NO_GROUP ((size_t)-1)
+bx_status bx_tensor_span(const DLTensor *t, const char *fn, size_t group, size_t index,
+                         bx_span *out);
+
+/* ------------------------------------------------------------------------
+ * Threads: run fn(ctx, i) for i in [0, ntasks) on up to nthreads workers
+ * (the caller's thread is one of them). Tasks are claimed dynamically;
+ * callers make results independent of which thread ran which task.
+ * ---------------------------------------------------------------------- */
+typedef void (*bx_task_fn)(void *ctx, size_t task, int worker);
+/* Returns the number of workers used (>= 1), <= nthreads. */
+int bx_parallel_run(int nthreads, size_t ntasks, bx_task_fn fn, void *ctx);
+int bx_default_threads(void);
+#define BX_MAX_THREADS 256
+
+#endif /* BX_INTERNAL_H */

@@ -1,0 +1,261 @@
+/*
+ * norm.c — bx_total_norm and the public accumulator entry points: validate
+ * everything first, cut tensors into pieces, let the worker threads run the
+ * kernels into per-(worker, group) partials, merge them exactly, round once.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define PIECE ((size_t)1 << 18)         /* elements per task: load balance */
+#define MIN_PER_THREAD ((size_t)1 << 16) /* below this, fewer threads */
+#define DEPOSIT_BUDGET ((int64_t)1 << 28)
+
+typedef enum mode { M_SQ, M_ABS, M_EXT, M_POW, M_MEGATRON } mode;
+
+typedef struct item {
+  const void *data;
+  size_t n;
+  bx_dtype dt;
+  size_t group;
+} item;
+
+typedef struct partial {
+  bx_acc acc;
+  double maxabs, minabs;
+  int64_t nan, nonzero;
+  int64_t pending; /* deposit budget used since the last normalisation */
+} partial;
+
+typedef struct job {
+  const bx_kernels *k;
+  mode m;
+  double p;
+  const item *items;
+  partial *parts; /* [worker][group] */
+  size_t ngroups;
+} job;
+
+static _Thread_local struct {
+  void *p;
+  size_t cap;
+} workspace;
+
+void *bx_workspace(size_t bytes) {
+  if (bytes > workspace.cap) {
+    void *q = realloc(workspace.p, bytes);
+    if (!q) return NULL;
+    workspace.p = q;
+    workspace.cap = bytes;
+  }
+  return workspace.p;
+}
+
+static void partial_init(partial *q) {
+  bx_acc_init(&q->acc);
+  q->maxabs = 0.0;
+  q->minabs = INFINITY;
+  q->nan = q->nonzero = q->pending = 0;
+}
+
+static void partial_merge(partial *into, const partial *from) {
+  bx_acc_merge(&into->acc, &from->acc);
+  into->acc.naccs -= from->acc.naccs; /* threads are one logical accumulator */
+  into->acc.version -= from->acc.version;
+  if (from->maxabs > into->maxabs) into->maxabs = from->maxabs;
+  if (from->minabs < into->minabs) into->minabs = from->minabs;
+  into->nan += from->nan;
+  into->nonzero += from->nonzero;
+}
+
+static void run_item(void *ctx, size_t t, int worker) {
+  const job *j = ctx;
+  const item *it = &j->items[t];
+  partial *q = &j->parts[(size_t)worker * j->ngroups + it->group];
+  switch (j->m) {
+    case M_SQ: j->k->sumsq[it->dt](it->data, it->n, &q->acc); break;
+    case M_ABS: j->k->sumabs[it->dt](it->data, it->n, &q->acc); break;
+    case M_POW: bx_sum_pow(it->data, it->dt, it->n, j->p, &q->acc); break;
+    case M_MEGATRON: bx_sum_megatron_sq(it->data, it->dt, it->n, &q->acc); break;
+    case M_EXT:
+      bx_extreme_abs(it->data, it->dt, it->n, &q->maxabs, &q->minabs, &q->nan, &q->nonzero);
+      return;
+  }
+  q->pending += it->n < (1u << 25) ? (int64_t)(2 * it->n + 1024) : (int64_t)BX_MAX_DEPOSITS;
+  if (q->pending >= DEPOSIT_BUDGET) {
+    bx_acc_normalize(&q->acc);
+    q->pending = 0;
+  }
+}
+
+/* The norm held by a merged partial, per the rules in bitexact.h. */
+static double finish(mode m, double p, const partial *q) {
+  int64_t nan = m == M_EXT ? q->nan : q->acc.nan_count;
+  if (nan > 0) return NAN;
+  switch (m) {
+    case M_SQ: return q->acc.inf_count ? INFINITY : bx_acc_sqrt(&q->acc);
+    case M_ABS: return q->acc.inf_count ? INFINITY : bx_acc_value(&q->acc);
+    case M_POW: return q->acc.inf_count ? INFINITY : pow(bx_acc_value(&q->acc), 1.0 / p);
+    case M_MEGATRON:
+      return q->acc.inf_count ? INFINITY : (double)sqrtf(bx_acc_valuef(&q->acc));
+    case M_EXT:
+      if (p == 0.0) return (double)q->nonzero;
+      if (p > 0) return q->maxabs;
+      return q->minabs == INFINITY && q->maxabs == 0.0 && q->nonzero == 0 ? 0.0 : q->minabs;
+  }
+  return NAN;
+}
+
+/* True if span holds a NaN or ±Inf (error path only). */
+static int span_nonfinite(const bx_span *s, int *is_nan) {
+  for (size_t i = 0; i < s->n; i++) {
+    double v = bx_load_as_double(s->data, s->dtype, i);
+    if (v != v || v == INFINITY || v == -INFINITY) {
+      *is_nan = v != v;
+      return 1;
+    }
+  }
+  return 0;
+}
+
+static bx_status report_nonfinite(const bx_group *groups, size_t ngroups) {
+  for (size_t g = 0; g < ngroups; g++)
+    for (size_t i = 0; i < groups[g].count; i++) {
+      bx_span s;
+      int is_nan = 0;
+      if (bx_tensor_span(&groups[g].tensors[i], "bx_total_norm", g, i, &s) == BX_OK &&
+          span_nonfinite(&s, &is_nan))
+        return bx_fail(BX_ENONFINITE,
+                       "bx_total_norm: group %zu, tensor %zu holds %s; "
+                       "error_if_nonfinite is set, nothing was modified",
+                       g, i, is_nan ? "NaN" : "an infinite value");
+    }
+  return bx_fail(BX_EINTERNAL, "bx_total_norm: non-finite count without a tensor");
+}
+
+static bx_status check_norm_opts(const char *fn, const bx_norm_opts *o, mode *m) {
+  double p = o->norm_type;
+  if (p != p) return bx_fail(BX_EINVAL, "%s: norm_type is NaN", fn);
+  if (p < 0 && p != -INFINITY)
+    return bx_fail(BX_EINVAL, "%s: norm_type %g is negative (only -inf is allowed)", fn, p);
+  if (o->num_threads < 0)
+    return bx_fail(BX_EINVAL, "%s: num_threads %d is negative", fn, o->num_threads);
+  if (o->flavor == BX_MEGATRON_FP32) {
+    if (p != 2.0)
+      return bx_fail(BX_EINVAL, "%s: BX_MEGATRON_FP32 is defined for norm_type 2 only", fn);
+    *m = M_MEGATRON;
+    return BX_OK;
+  }
+  if (o->flavor != BX_EXACT) return bx_fail(BX_EINVAL, "%s: unknown flavor %d", fn, o->flavor);
+  if (p == 2.0) *m = M_SQ;
+  else if (p == 1.0) *m = M_ABS;
+  else if (p == 0.0 || p == INFINITY || p == -INFINITY) *m = M_EXT;
+  else *m = M_POW;
+  return BX_OK;
+}
+
+bx_status bx_total_norm(const bx_group *groups, size_t ngroups, const bx_comm *comm,
+                        const bx_norm_opts *opts, double *total_norm, double *group_norms) {
+  static const char *fn = "bx_total_norm";
+  bx_norm_opts o = BX_NORM_OPTS_DEFAULT;
+  if (opts) o = *opts;
+  mode m = M_SQ;
+  bx_status st = check_norm_opts(fn, &o, &m);
+  if (st != BX_OK) return st;
+  if (!total_norm) return bx_fail(BX_EINVAL, "%s: total_norm is NULL", fn);
+  if (ngroups > 0 && !groups) return bx_fail(BX_EINVAL, "%s: groups is NULL with ngroups %zu", fn, ngroups);
+  if (comm) return bx_fail(BX_EINVAL, "%s: multi-rank reduction (comm != NULL) is not available in this build", fn);
+
+  /* pass 1: validate every tensor and count the pieces */
+  size_t nitems = 0, total = 0;
+  for (size_t g = 0; g < ngroups; g++) {
+    if (groups[g].count > 0 && !groups[g].tensors)
+      return bx_fail(BX_EINVAL, "%s: group %zu: tensors is NULL with count %zu", fn, g,
+                     groups[g].count);
+    for (size_t i = 0; i < groups[g].count; i++) {
+      bx_span s;
+      st = bx_tensor_span(&groups[g].tensors[i], fn, g, i, &s);
+      if (st != BX_OK) return st;
+      nitems += (s.n + PIECE - 1) / PIECE;
+      total += s.n;
+    }
+  }
+  int nthreads = o.num_threads > 0 ? o.num_threads : bx_default_threads();
+  if (nthreads > BX_MAX_THREADS) nthreads = BX_MAX_THREADS;
+  size_t useful = total / MIN_PER_THREAD + 1;
+  if ((size_t)nthreads > useful) nthreads = (int)useful;
+  size_t nparts = (size_t)nthreads * (ngroups ? ngroups : 1);
+
+  /* workspace: partials (64-byte aligned offsets) then items */
+  size_t parts_bytes = nparts * sizeof(partial);
+  char *ws = bx_workspace(parts_bytes + nitems * sizeof(item) + 64);
+  if (!ws) return bx_fail(BX_ENOMEM, "%s: cannot allocate %zu bytes of workspace", fn,
+                          parts_bytes + nitems * sizeof(item));
+  partial *parts = (partial *)ws;
+  item *items = (item *)(ws + parts_bytes);
+  for (size_t i = 0; i < nparts; i++) partial_init(&parts[i]);
+
+  /* pass 2: the pieces */
+  size_t k = 0;
+  for (size_t g = 0; g < ngroups; g++)
+    for (size_t i = 0; i < groups[g].count; i++) {
+      bx_span s;
+      bx_tensor_span(&groups[g].tensors[i], fn, g, i, &s);
+      size_t es = bx_dtype_size(s.dtype);
+      for (size_t off = 0; off < s.n; off += PIECE) {
+        items[k].data = (const char *)s.data + off * es;
+        items[k].n = s.n - off < PIECE ? s.n - off : PIECE;
+        items[k].dt = s.dtype;
+        items[k].group = g;
+        k++;
+      }
+    }
+
+  job j = {bx_kernels_active(), m, o.norm_type, items, parts, ngroups};
+  int used = bx_parallel_run(nthreads, nitems, run_item, &j);
+
+  /* merge workers into worker 0's partials, then groups into the total */
+  partial all;
+  partial_init(&all);
+  for (size_t g = 0; g < ngroups; g++) {
+    for (int w = 1; w < used; w++) partial_merge(&parts[g], &parts[(size_t)w * ngroups + g]);
+    partial_merge(&all, &parts[g]);
+  }
+  int64_t bad = m == M_EXT ? all.nan + (all.maxabs == INFINITY)
+                           : all.acc.nan_count + all.acc.inf_count;
+  if (o.error_if_nonfinite && bad > 0) return report_nonfinite(groups, ngroups);
+
+  *total_norm = finish(m, o.norm_type, &all);
+  if (group_norms)
+    for (size_t g = 0; g < ngroups; g++) group_norms[g] = finish(m, o.norm_type, &parts[g]);
+  return BX_OK;
+}
+
+/* ---- public accumulator entry points (calling thread only) ---------- */
+
+static bx_status acc_add(bx_acc *acc, const DLTensor *t, int squares, const char *fn) {
+  if (!acc) return bx_fail(BX_EINVAL, "%s: acc is NULL", fn);
+  bx_span s;
+  bx_status st = bx_tensor_span(t, fn, BX_NO_GROUP, 0, &s);
+  if (st != BX_OK) return st;
+  const bx_kernels *k = bx_kernels_active();
+  size_t es = bx_dtype_size(s.dtype);
+  for (size_t off = 0; off < s.n; off += BX_CHUNK) {
+    size_t n = s.n - off < BX_CHUNK ? s.n - off : BX_CHUNK;
+    const void *p = (const char *)s.data + off * es;
+    if (squares) k->sumsq[s.dtype](p, n, acc);
+    else k->sumabs[s.dtype](p, n, acc);
+    bx_acc_normalize(acc);
+  }
+  return BX_OK;
+}
+
+bx_status bx_acc_add_squares(bx_acc *acc, const DLTensor *t) {
+  return acc_add(acc, t, 1, "bx_acc_add_squares");
+}
+
+bx_status bx_acc_add_abs(bx_acc *acc, const DLTensor *t) {
+  return acc_add(acc, t, 0, "bx_acc_add_abs");
+}

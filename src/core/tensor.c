@@ -1,0 +1,132 @@
+/*
+ * tensor.c — validating a borrowed DLTensor and finding the dense span of
+ * memory its elements occupy. A norm does not depend on element order, so
+ * any permutation of a dense layout (e.g. a transposed gradient) is read as
+ * one contiguous span; layouts with gaps or aliasing are refused.
+ */
+#include <stdint.h>
+#include <stdio.h>
+
+#include "internal.h"
+
+static int host_readable(DLDeviceType dev) {
+  return dev == kDLCPU || dev == kDLCUDAHost || dev == kDLCUDAManaged ||
+         dev == kDLROCMHost;
+}
+
+static bx_status dtype_of(DLDataType dt, bx_dtype *out) {
+  if (dt.lanes != 1) return BX_EDTYPE;
+  if (dt.code == kDLFloat && dt.bits == 16) *out = BX_DT_F16;
+  else if (dt.code == kDLBfloat && dt.bits == 16) *out = BX_DT_BF16;
+  else if (dt.code == kDLFloat && dt.bits == 32) *out = BX_DT_F32;
+  else if (dt.code == kDLFloat && dt.bits == 64) *out = BX_DT_F64;
+  else return BX_EDTYPE;
+  return BX_OK;
+}
+
+static const char *dtype_code_name(uint8_t code) {
+  switch (code) {
+    case kDLInt: return "int";
+    case kDLUInt: return "uint";
+    case kDLFloat: return "float";
+    case kDLBfloat: return "bfloat";
+    case kDLComplex: return "complex";
+    case kDLOpaqueHandle: return "opaque";
+    default: return "code";
+  }
+}
+
+static bx_status check_span(const DLTensor *t, const char *what, bx_span *out);
+
+bx_status bx_tensor_span(const DLTensor *t, const char *fn, size_t group, size_t index,
+                         bx_span *out) {
+  bx_status st = check_span(t, "", out);
+  if (st == BX_OK) return BX_OK;
+  /* failure path only: redo the check with the tensor's name in the text */
+  char what[96];
+  if (group == BX_NO_GROUP) snprintf(what, sizeof what, "%s: tensor %zu", fn, index);
+  else snprintf(what, sizeof what, "%s: group %zu, tensor %zu", fn, group, index);
+  return check_span(t, what, out);
+}
+
+static bx_status check_span(const DLTensor *t, const char *what, bx_span *out) {
+  if (!t) return bx_fail(BX_EINVAL, "%s: DLTensor pointer is NULL", what);
+  if (t->dtype.lanes != 1)
+    return bx_fail(BX_EDTYPE, "%s: dtype has %u lanes; only lanes == 1 is supported",
+                   what, (unsigned)t->dtype.lanes);
+  if (dtype_of(t->dtype, &out->dtype) != BX_OK)
+    return bx_fail(BX_EDTYPE,
+                   "%s: dtype %s%u (code %u) is not supported; use float16, "
+                   "bfloat16, float32 or float64",
+                   what, dtype_code_name(t->dtype.code), (unsigned)t->dtype.bits,
+                   (unsigned)t->dtype.code);
+  if (!host_readable(t->device.device_type))
+    return bx_fail(BX_EDEVICE,
+                   "%s: device type %d is not host-readable memory (this build "
+                   "has only the CPU backend)",
+                   what, (int)t->device.device_type);
+  if (t->ndim < 0) return bx_fail(BX_EINVAL, "%s: ndim %d is negative", what, t->ndim);
+  if (t->ndim > 0 && !t->shape)
+    return bx_fail(BX_EINVAL, "%s: shape is NULL with ndim %d", what, t->ndim);
+  size_t esize = bx_dtype_size(out->dtype);
+  uint64_t n = 1;
+  int zero = 0;
+  for (int i = 0; i < t->ndim; i++) {
+    if (t->shape[i] < 0)
+      return bx_fail(BX_EINVAL, "%s: shape[%d] = %lld is negative", what, i,
+                     (long long)t->shape[i]);
+    if (t->shape[i] == 0) zero = 1;
+  }
+  if (zero) {
+    out->data = NULL;
+    out->n = 0;
+    return BX_OK;
+  }
+  for (int i = 0; i < t->ndim; i++) {
+    uint64_t s = (uint64_t)t->shape[i];
+    if (n > (UINT64_MAX / 8) / s)
+      return bx_fail(BX_EINVAL, "%s: shape overflows the address space", what);
+    n *= s;
+  }
+  if (!t->data) return bx_fail(BX_EINVAL, "%s: data is NULL with %llu elements", what,
+                               (unsigned long long)n);
+  if (t->strides && n > 1) {
+    /* Dense iff the strides of the dims of size > 1, sorted, are 1, s0*n0,
+     * ... (a permutation of a row-major layout). Size-1 dims are ignored. */
+    int64_t st[64], sh[64];
+    int k = 0;
+    for (int i = 0; i < t->ndim; i++) {
+      if (t->shape[i] == 1) continue;
+      if (k == 64) return bx_fail(BX_ELAYOUT, "%s: more than 64 non-trivial dims", what);
+      if (t->strides[i] <= 0)
+        return bx_fail(BX_ELAYOUT,
+                       "%s: stride[%d] = %lld (zero or negative strides alias or "
+                       "reverse elements; pass a contiguous tensor)",
+                       what, i, (long long)t->strides[i]);
+      int j = k++;
+      while (j > 0 && st[j - 1] > t->strides[i]) {
+        st[j] = st[j - 1];
+        sh[j] = sh[j - 1];
+        j--;
+      }
+      st[j] = t->strides[i];
+      sh[j] = t->shape[i];
+    }
+    int64_t expect = 1;
+    for (int j = 0; j < k; j++) {
+      if (st[j] != expect)
+        return bx_fail(BX_ELAYOUT,
+                       "%s: strided view with gaps or overlaps (stride %lld where a "
+                       "dense layout needs %lld); pass a contiguous tensor",
+                       what, (long long)st[j], (long long)expect);
+      expect *= sh[j];
+    }
+  }
+  uintptr_t p = (uintptr_t)t->data + (uintptr_t)t->byte_offset;
+  if (p % esize)
+    return bx_fail(BX_ELAYOUT, "%s: data + byte_offset is not aligned to %zu bytes",
+                   what, esize);
+  out->data = (void *)p;
+  out->n = (size_t)n;
+  return BX_OK;
+}
