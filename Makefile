@@ -48,8 +48,9 @@ $(BUILD)/%.o: %.c $(wildcard include/*.h src/core/*.h) Makefile
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -c $< -o $@
 
-$(BUILD)/src/cpu/avx2.o: CFLAGS_ALL += $(AVX2_FLAGS)
-$(BUILD)/src/cpu/avx512.o: CFLAGS_ALL += $(AVX512_FLAGS)
+# src/cpu/avx2*.c and src/cpu/avx512*.c are the only files built with ISA flags.
+$(BUILD)/src/cpu/avx2%.o: CFLAGS_ALL += $(AVX2_FLAGS)
+$(BUILD)/src/cpu/avx512%.o: CFLAGS_ALL += $(AVX512_FLAGS)
 
 $(BUILD)/libbitexact.a: $(LIB_OBJ)
 	@rm -f $@
@@ -90,7 +91,7 @@ build-fuzz/%: fuzz/%.c $(LIB_SRC) $(wildcard include/*.h src/core/*.h)
 	@mkdir -p build-fuzz/obj
 	@set -e; objs=""; for f in $(LIB_SRC); do \
 	  o=build-fuzz/obj/$$(echo $$f | tr / _).o; extra=""; \
-	  case $$f in *avx2.c) extra="$(AVX2_FLAGS)";; *avx512.c) extra="$(AVX512_FLAGS)";; esac; \
+	  case $$f in */avx2*.c) extra="$(AVX2_FLAGS)";; */avx512*.c) extra="$(AVX512_FLAGS)";; esac; \
 	  $(FUZZ_CC) $(FUZZ_FLAGS:-fsanitize=fuzzer,%=-fsanitize=fuzzer-no-link,%) $$extra -c $$f -o $$o; \
 	  objs="$$objs $$o"; done; \
 	  $(FUZZ_CC) $(FUZZ_FLAGS) -o $@ $< $$objs -lmpfr -lgmp -lm

@@ -73,3 +73,10 @@ bx_status bx_force_isa(const char *name) {
 }
 
 const char *bx_isa_name(void) { return bx_kernels_active()->name; }
+
+const bx_scale_kernels *bx_scale_kernels_active(void) {
+#ifdef BX_HAVE_X86
+  if (bx_kernels_active() == &bx_kernels_avx512) return &bx_scale_avx512;
+#endif
+  return &bx_scale_portable;
+}

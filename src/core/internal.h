@@ -105,6 +105,26 @@ extern const bx_kernels bx_kernels_avx2;
 extern const bx_kernels bx_kernels_avx512;
 #endif
 
+/* Scaling kernels: x[0..n) *= coef in place with bx_scale_mode's rounding.
+ * A table per ISA (portable_scale.c, avx512_scale.c); every table gives
+ * identical bits. */
+typedef void (*bx_scale_fn)(void *x, size_t n, double coef);
+
+typedef struct bx_scale_kernels {
+  const char *name;
+  bx_scale_fn torch[BX_DT_COUNT]; /* BX_SCALE_TORCH */
+  bx_scale_fn exact[BX_DT_COUNT]; /* BX_SCALE_EXACT */
+} bx_scale_kernels;
+
+extern const bx_scale_kernels bx_scale_portable;
+#ifdef BX_HAVE_X86
+extern const bx_scale_kernels bx_scale_avx512;
+#endif
+
+/* The scaling table matching bx_kernels_active(): AVX-512 when the norm
+ * kernels are AVX-512, else portable. */
+const bx_scale_kernels *bx_scale_kernels_active(void);
+
 /* The kernel table chosen for this CPU at first use: the best of avx512
  * (F+DQ+BW+VL), avx2 (AVX2+FMA+F16C) and portable, or the one named by the
  * environment variable BX_ISA (portable|avx2|avx512) if the CPU has it.

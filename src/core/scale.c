@@ -12,115 +12,6 @@
 
 #define PIECE ((size_t)1 << 16) /* elements per scaling task */
 
-/* ---- conversions (bit-exact, no dependence on compiler half types) ---- */
-
-static float f32_from_bits(uint32_t u) {
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-static uint32_t f32_bits(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  return u;
-}
-
-static float bf16_to_f32(uint16_t b) { return f32_from_bits((uint32_t)b << 16); }
-
-/* fp32 -> bf16, nearest-even; every NaN -> 0x7FC0 (as c10 does). */
-static uint16_t f32_to_bf16(float f) {
-  uint32_t u = f32_bits(f);
-  if ((u & 0x7FFFFFFF) > 0x7F800000) return 0x7FC0;
-  u += 0x7FFF + ((u >> 16) & 1);
-  return (uint16_t)(u >> 16);
-}
-
-static float f16_to_f32(uint16_t h) {
-  uint32_t sign = (uint32_t)(h & 0x8000) << 16;
-  int e = (h >> 10) & 0x1F;
-  uint32_t m = h & 0x3FF;
-  if (e == 0x1F) return f32_from_bits(sign | 0x7F800000 | (m << 13));
-  if (e == 0) { /* subnormal: m * 2^-24, exact in fp32 */
-    float v = (float)m * 0x1p-24f;
-    return sign ? -v : v;
-  }
-  return f32_from_bits(sign | ((uint32_t)(e + 112) << 23) | (m << 13));
-}
-
-/* fp32 -> fp16, nearest-even, subnormals and overflow to Inf; NaN stays NaN
- * (quiet, sign kept). */
-static uint16_t f32_to_f16(float f) {
-  uint32_t u = f32_bits(f);
-  uint16_t sign = (uint16_t)((u >> 16) & 0x8000);
-  uint32_t a = u & 0x7FFFFFFF;
-  if (a > 0x7F800000) return sign | 0x7E00;
-  if (a >= 0x477FF000) return sign | 0x7C00; /* >= 65520: rounds to Inf */
-  if (a < 0x38800000) { /* below 2^-14: fp16 subnormal or zero */
-    if (a < 0x33000000) return sign; /* <= 2^-25 (half the smallest): 0 */
-    int e = (int)(a >> 23);             /* biased fp32 exponent, 102..112 */
-    uint32_t m = (a & 0x7FFFFF) | 0x800000;
-    int shift = 126 - e;                /* value = m * 2^(e-150); want units of 2^-24 */
-    uint32_t q = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (q & 1))) q++;
-    return sign | (uint16_t)q;
-  }
-  uint32_t q = a >> 13, rem = a & 0x1FFF;
-  if (rem > 0x1000 || (rem == 0x1000 && (q & 1))) q++;
-  return sign | (uint16_t)(q - (112u << 10));
-}
-
-/* Round-to-odd of the exact product a*c into a double: correct input to a
- * second rounding at <= 51 bits (Boldo & Melquiond). Products below 2^-151
- * in magnitude are returned as is (they round to zero in every target). */
-static double mul_round_odd(double a, double c) {
-  double p = a * c;
-  if (!isfinite(p) || fabs(p) < 0x1p-151) return p;
-  double e = fma(a, c, -p); /* exact: see the exponent argument in the header */
-  if (e == 0.0) return p;
-  uint64_t b;
-  memcpy(&b, &p, 8);
-  if (b & 1) return p;
-  b += ((e > 0) == (p > 0)) ? 1 : (uint64_t)-1; /* one ulp toward the true value */
-  memcpy(&p, &b, 8);
-  return p;
-}
-
-/* double -> float by round-to-odd (for a later rounding to bf16/fp16). */
-static float f64_to_f32_odd(double d) {
-  float f = (float)d;
-  if (!isfinite(f) || (double)f == d) return f;
-  uint32_t u = f32_bits(f);
-  if (u & 1) return f;
-  u += (fabs(d) > fabs((double)f)) ? 1 : (uint32_t)-1;
-  return f32_from_bits(u);
-}
-
-/* ---- per-dtype kernels over one span -------------------------------- */
-
-static void scale_f32_torch(float *x, size_t n, float c) {
-  for (size_t i = 0; i < n; i++) x[i] = x[i] * c;
-}
-static void scale_f32_exact(float *x, size_t n, double c) {
-  for (size_t i = 0; i < n; i++) x[i] = (float)mul_round_odd((double)x[i], c);
-}
-static void scale_f64(double *x, size_t n, double c) {
-  for (size_t i = 0; i < n; i++) x[i] = x[i] * c;
-}
-static void scale_bf16_torch(uint16_t *x, size_t n, float c) {
-  for (size_t i = 0; i < n; i++) x[i] = f32_to_bf16(bf16_to_f32(x[i]) * c);
-}
-static void scale_bf16_exact(uint16_t *x, size_t n, double c) {
-  for (size_t i = 0; i < n; i++)
-    x[i] = f32_to_bf16(f64_to_f32_odd(mul_round_odd((double)bf16_to_f32(x[i]), c)));
-}
-static void scale_f16_torch(uint16_t *x, size_t n, float c) {
-  for (size_t i = 0; i < n; i++) x[i] = f32_to_f16(f16_to_f32(x[i]) * c);
-}
-static void scale_f16_exact(uint16_t *x, size_t n, double c) {
-  for (size_t i = 0; i < n; i++)
-    x[i] = f32_to_f16(f64_to_f32_odd(mul_round_odd((double)f16_to_f32(x[i]), c)));
-}
-
 typedef struct scale_item {
   void *data;
   size_t n;
@@ -137,24 +28,9 @@ static void run_scale(void *ctx, size_t t, int worker) {
   (void)worker;
   const scale_job *j = ctx;
   const scale_item *it = &j->items[t];
-  float c32 = (float)j->coef;
-  int exact = j->mode == BX_SCALE_EXACT;
-  switch (it->dt) {
-    case BX_DT_F32:
-      if (exact) scale_f32_exact(it->data, it->n, j->coef);
-      else scale_f32_torch(it->data, it->n, c32);
-      break;
-    case BX_DT_F64: scale_f64(it->data, it->n, j->coef); break;
-    case BX_DT_BF16:
-      if (exact) scale_bf16_exact(it->data, it->n, j->coef);
-      else scale_bf16_torch(it->data, it->n, c32);
-      break;
-    case BX_DT_F16:
-      if (exact) scale_f16_exact(it->data, it->n, j->coef);
-      else scale_f16_torch(it->data, it->n, c32);
-      break;
-    default: break;
-  }
+  const bx_scale_kernels *k = bx_scale_kernels_active();
+  bx_scale_fn f = j->mode == BX_SCALE_EXACT ? k->exact[it->dt] : k->torch[it->dt];
+  f(it->data, it->n, j->coef);
 }
 
 /* ---- validation shared by bx_scale and bx_clip_grad_norm ------------- */
