@@ -48,9 +48,9 @@ $(BUILD)/%.o: %.c $(wildcard include/*.h src/core/*.h) Makefile
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -c $< -o $@
 
-# src/cpu/avx2*.c and src/cpu/avx512*.c are the only files built with ISA flags.
-$(BUILD)/src/cpu/avx2%.o: CFLAGS_ALL += $(AVX2_FLAGS)
-$(BUILD)/src/cpu/avx512%.o: CFLAGS_ALL += $(AVX512_FLAGS)
+# src/cpu/avx2[_*].c and src/cpu/avx512[_*].c are the only files built with ISA flags.
+$(BUILD)/src/cpu/avx2.o $(BUILD)/src/cpu/avx2_%.o: CFLAGS_ALL += $(AVX2_FLAGS)
+$(BUILD)/src/cpu/avx512.o $(BUILD)/src/cpu/avx512_%.o: CFLAGS_ALL += $(AVX512_FLAGS)
 
 $(BUILD)/libbitexact.a: $(LIB_OBJ)
 	@rm -f $@

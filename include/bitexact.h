@@ -172,12 +172,17 @@ typedef enum bx_op { BX_OP_SUM = 0, BX_OP_MAX = 1 } bx_op;
 
 /* An all-reduce over int64 words, supplied by the caller or an adapter
  * (bitexact_mpi.h, bitexact_nccl.h). allreduce_i64 must replace buf[0..n)
- * on every rank with the element-wise SUM (or MAX) over ranks, and return
- * 0 on success, non-zero on failure. A NULL bx_comm means this process
- * alone. */
+ * on every rank with the element-wise SUM (or MAX) over all ranks of the
+ * communicator, and return 0 on success, non-zero on failure. It is called
+ * from the thread that called bx_total_norm / bx_clip_grad_norm, at most
+ * twice per call (a tiny MAX agreement step, then the norm's one
+ * fixed-size collective), in the same order on every rank. A NULL bx_comm
+ * means this process alone. rank is this process's index, used only in
+ * error messages (0 if unknown). */
 typedef struct bx_comm {
   int (*allreduce_i64)(int64_t *buf, size_t n, bx_op op, void *ctx);
   void *ctx;
+  int rank;
 } bx_comm;
 
 /* ------------------------------------------------------------------------

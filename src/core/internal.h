@@ -162,6 +162,38 @@ bx_status bx_tensor_span(const DLTensor *t, const char *fn, size_t group, size_t
                          bx_span *out);
 
 /* ------------------------------------------------------------------------
+ * Collectives (collective.c).
+ * ---------------------------------------------------------------------- */
+#define BX_MAX_AGREE 16
+
+typedef struct bx_agree_item {
+  const char *name; /* what the ranks must agree on, for the message */
+  int64_t value;
+} bx_agree_item;
+
+/* comm->allreduce_i64 with its failure turned into BX_ECOMM. */
+bx_status bx_comm_allreduce(const bx_comm *comm, const char *fn, const char *what,
+                            int64_t *buf, size_t n, bx_op op);
+
+/* One MAX all-reduce: BX_EMISMATCH on every rank unless all ranks passed
+ * the same values; *offender (in: this rank's key or -1; out: the max over
+ * ranks) travels with it. */
+bx_status bx_agree(const bx_comm *comm, const char *fn, const bx_agree_item *items,
+                   size_t nitems, int64_t *offender);
+
+/* bx_total_norm with extra words the ranks must agree on (clip options);
+ * fn names the public function in messages. */
+bx_status bx_norm_agreed(const char *fn, const bx_group *groups, size_t ngroups,
+                         const bx_comm *comm, const bx_norm_opts *opts,
+                         const bx_agree_item *extra, size_t nextra, double *total_norm,
+                         double *group_norms);
+
+/* A NaN/Inf location as a key whose MAX over ranks is the first location
+ * (lowest rank, then group, then tensor); -1 means none. */
+int64_t bx_offender_key(int rank, size_t group, size_t tensor, int is_nan);
+void bx_offender_decode(int64_t key, int *rank, size_t *group, size_t *tensor, int *is_nan);
+
+/* ------------------------------------------------------------------------
  * Threads: run fn(ctx, i) for i in [0, ntasks) on up to nthreads workers
  * (the caller's thread is one of them). Tasks are claimed dynamically;
  * callers make results independent of which thread ran which task.

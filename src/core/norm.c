@@ -120,19 +120,77 @@ static int span_nonfinite(const bx_span *s, int *is_nan) {
   return 0;
 }
 
-static bx_status report_nonfinite(const bx_group *groups, size_t ngroups) {
+/* The first tensor (lowest group, then index) holding a NaN/Inf: its
+ * offender key for this rank, or -1 (error path only). */
+static int64_t first_nonfinite(const bx_group *groups, size_t ngroups, int rank) {
   for (size_t g = 0; g < ngroups; g++)
     for (size_t i = 0; i < groups[g].count; i++) {
       bx_span s;
       int is_nan = 0;
-      if (bx_tensor_span(&groups[g].tensors[i], "bx_total_norm", g, i, &s) == BX_OK &&
+      if (bx_tensor_span(&groups[g].tensors[i], "", g, i, &s) == BX_OK &&
           span_nonfinite(&s, &is_nan))
-        return bx_fail(BX_ENONFINITE,
-                       "bx_total_norm: group %zu, tensor %zu holds %s; "
-                       "error_if_nonfinite is set, nothing was modified",
-                       g, i, is_nan ? "NaN" : "an infinite value");
+        return bx_offender_key(rank, g, i, is_nan);
     }
-  return bx_fail(BX_EINTERNAL, "bx_total_norm: non-finite count without a tensor");
+  return -1;
+}
+
+static bx_status report_nonfinite(const char *fn, int64_t key, int distributed) {
+  int rank, is_nan;
+  size_t g, i;
+  bx_offender_decode(key, &rank, &g, &i, &is_nan);
+  if (distributed)
+    return bx_fail(BX_ENONFINITE,
+                   "%s: rank %d, group %zu, tensor %zu holds %s; error_if_nonfinite is "
+                   "set, every rank fails and nothing was modified",
+                   fn, rank, g, i, is_nan ? "NaN" : "an infinite value");
+  return bx_fail(BX_ENONFINITE,
+                 "%s: group %zu, tensor %zu holds %s; error_if_nonfinite is set, nothing "
+                 "was modified",
+                 fn, g, i, is_nan ? "NaN" : "an infinite value");
+}
+
+/* Words per group in the norm's collective, and its operation. */
+static size_t wire_words(mode m, double p) {
+  (void)p; /* p = 0: nonzero, nan (SUM); p = ±inf: max, ~min (MAX) */
+  return m == M_EXT ? 2 : BX_ACC_WORDS;
+}
+
+static void to_wire(mode m, double p, partial *q, int64_t *w) {
+  if (m != M_EXT) {
+    bx_acc_normalize(&q->acc); /* the wire format promise: normalised words */
+    memcpy(w, &q->acc, sizeof q->acc);
+  } else if (p == 0.0) {
+    w[0] = q->nonzero;
+    w[1] = q->nan;
+  } else { /* non-negative doubles order like their bit patterns */
+    int64_t mx, mn;
+    memcpy(&mx, &q->maxabs, 8);
+    memcpy(&mn, &q->minabs, 8);
+    w[0] = q->nan ? INT64_MAX : mx;
+    w[1] = q->nan ? INT64_MAX : ~mn;
+  }
+}
+
+static void from_wire(mode m, double p, const int64_t *w, partial *q) {
+  if (m != M_EXT) {
+    memcpy(&q->acc, w, sizeof q->acc);
+  } else if (p == 0.0) {
+    q->nonzero = w[0];
+    q->nan = w[1];
+  } else if (w[0] == INT64_MAX) {
+    q->nan = 1;
+  } else {
+    int64_t mn = ~w[1];
+    memcpy(&q->maxabs, &w[0], 8);
+    memcpy(&q->minabs, &mn, 8);
+    q->nan = 0;
+  }
+}
+
+static int64_t double_bits(double d) {
+  int64_t b;
+  memcpy(&b, &d, 8);
+  return b;
 }
 
 static bx_status check_norm_opts(const char *fn, const bx_norm_opts *o, mode *m) {
@@ -156,9 +214,10 @@ static bx_status check_norm_opts(const char *fn, const bx_norm_opts *o, mode *m)
   return BX_OK;
 }
 
-bx_status bx_total_norm(const bx_group *groups, size_t ngroups, const bx_comm *comm,
-                        const bx_norm_opts *opts, double *total_norm, double *group_norms) {
-  static const char *fn = "bx_total_norm";
+bx_status bx_norm_agreed(const char *fn, const bx_group *groups, size_t ngroups,
+                         const bx_comm *comm, const bx_norm_opts *opts,
+                         const bx_agree_item *extra, size_t nextra, double *total_norm,
+                         double *group_norms) {
   bx_norm_opts o = BX_NORM_OPTS_DEFAULT;
   if (opts) o = *opts;
   mode m = M_SQ;
@@ -166,7 +225,6 @@ bx_status bx_total_norm(const bx_group *groups, size_t ngroups, const bx_comm *c
   if (st != BX_OK) return st;
   if (!total_norm) return bx_fail(BX_EINVAL, "%s: total_norm is NULL", fn);
   if (ngroups > 0 && !groups) return bx_fail(BX_EINVAL, "%s: groups is NULL with ngroups %zu", fn, ngroups);
-  if (comm) return bx_fail(BX_EINVAL, "%s: multi-rank reduction (comm != NULL) is not available in this build", fn);
 
   /* pass 1: validate every tensor and count the pieces */
   size_t nitems = 0, total = 0;
@@ -188,11 +246,14 @@ bx_status bx_total_norm(const bx_group *groups, size_t ngroups, const bx_comm *c
   if ((size_t)nthreads > useful) nthreads = (int)useful;
   size_t nparts = (size_t)nthreads * (ngroups ? ngroups : 1);
 
-  /* workspace: partials (64-byte aligned offsets) then items */
+  /* workspace: partials, then the items (later reused for the wire words) */
   size_t parts_bytes = nparts * sizeof(partial);
-  char *ws = bx_workspace(parts_bytes + nitems * sizeof(item) + 64);
+  size_t ww = wire_words(m, o.norm_type), nwire = (ngroups ? ngroups : 1) * ww;
+  size_t tail_bytes = nitems * sizeof(item);
+  if (comm && nwire * sizeof(int64_t) > tail_bytes) tail_bytes = nwire * sizeof(int64_t);
+  char *ws = bx_workspace(parts_bytes + tail_bytes);
   if (!ws) return bx_fail(BX_ENOMEM, "%s: cannot allocate %zu bytes of workspace", fn,
-                          parts_bytes + nitems * sizeof(item));
+                          parts_bytes + tail_bytes);
   partial *parts = (partial *)ws;
   item *items = (item *)(ws + parts_bytes);
   for (size_t i = 0; i < nparts; i++) partial_init(&parts[i]);
@@ -225,12 +286,55 @@ bx_status bx_total_norm(const bx_group *groups, size_t ngroups, const bx_comm *c
   }
   int64_t bad = m == M_EXT ? all.nan + (all.maxabs == INFINITY)
                            : all.acc.nan_count + all.acc.inf_count;
-  if (o.error_if_nonfinite && bad > 0) return report_nonfinite(groups, ngroups);
+  int rank = comm ? comm->rank : 0;
+  int64_t offender = o.error_if_nonfinite && bad > 0 ? first_nonfinite(groups, ngroups, rank) : -1;
+
+  if (comm) {
+    /* 1: the tiny agreement step (also spreads the first NaN/Inf location) */
+    bx_agree_item agree[BX_MAX_AGREE] = {
+        {"the accumulator format (bitexact build)", BX_ACC_VERSION_TAG},
+        {"the number of groups", (int64_t)ngroups},
+        {"norm_type", double_bits(o.norm_type)},
+        {"flavor", (int64_t)o.flavor},
+        {"error_if_nonfinite", (int64_t)(o.error_if_nonfinite != 0)},
+    };
+    size_t nagree = 5;
+    for (size_t i = 0; i < nextra && nagree < BX_MAX_AGREE; i++) agree[nagree++] = extra[i];
+    st = bx_agree(comm, fn, agree, nagree, &offender);
+    if (st != BX_OK) return st;
+    if (o.error_if_nonfinite && offender >= 0) return report_nonfinite(fn, offender, 1);
+
+    /* 2: the norm's one collective, fixed size: ngroups x ww words (an empty
+     * group list still sends one group's worth, so every rank calls alike) */
+    int64_t *wire = (int64_t *)(ws + parts_bytes); /* the items are done with */
+    partial empty;
+    partial_init(&empty);
+    _Static_assert(sizeof(bx_acc) == BX_ACC_WORDS * sizeof(int64_t), "wire layout");
+    for (size_t g = 0; g < (ngroups ? ngroups : 1); g++)
+      to_wire(m, o.norm_type, ngroups ? &parts[g] : &empty, wire + g * ww);
+    bx_op op = m == M_EXT && o.norm_type != 0.0 ? BX_OP_MAX : BX_OP_SUM;
+    st = bx_comm_allreduce(comm, fn, "norm", wire, nwire, op);
+    if (st != BX_OK) return st;
+    partial_init(&all);
+    for (size_t g = 0; g < ngroups; g++) {
+      partial_init(&parts[g]);
+      from_wire(m, o.norm_type, wire + g * ww, &parts[g]);
+      if (m != M_EXT && (st = bx_acc_check(&parts[g].acc)) != BX_OK) return st;
+      partial_merge(&all, &parts[g]);
+    }
+  }
+  if (o.error_if_nonfinite && offender >= 0) return report_nonfinite(fn, offender, 0);
 
   *total_norm = finish(m, o.norm_type, &all);
   if (group_norms)
     for (size_t g = 0; g < ngroups; g++) group_norms[g] = finish(m, o.norm_type, &parts[g]);
   return BX_OK;
+}
+
+bx_status bx_total_norm(const bx_group *groups, size_t ngroups, const bx_comm *comm,
+                        const bx_norm_opts *opts, double *total_norm, double *group_norms) {
+  return bx_norm_agreed("bx_total_norm", groups, ngroups, comm, opts, NULL, 0, total_norm,
+                        group_norms);
 }
 
 /* ---- public accumulator entry points (calling thread only) ---------- */

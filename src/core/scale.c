@@ -186,7 +186,15 @@ bx_status bx_clip_grad_norm(const bx_group *groups, size_t ngroups, const bx_com
   st = prepare_scale(fn, NULL, 0, groups, ngroups, &items, &nitems);
   if (st != BX_OK) return st;
   double norm, c;
-  st = bx_total_norm(groups, ngroups, comm, &o.norm, &norm, NULL);
+  /* in a multi-rank call, every rank must also agree on the clip options */
+  int64_t mn, ep;
+  memcpy(&mn, &max_norm, 8);
+  memcpy(&ep, &o.eps, 8);
+  const bx_agree_item extra[] = {{"max_norm", mn},
+                                 {"eps", ep},
+                                 {"the coefficient formula", (int64_t)o.formula},
+                                 {"the scale mode", (int64_t)o.scale.mode}};
+  st = bx_norm_agreed(fn, groups, ngroups, comm, &o.norm, extra, 4, &norm, NULL);
   if (st != BX_OK) return st;
   bx_clip_coef(norm, max_norm, &o, &c);
   if (c != 1.0) {

@@ -8,6 +8,7 @@
  * Tails are handled with masked loads and stores, never past the end.
  */
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 #include "internal.h"
@@ -25,7 +26,7 @@ static split_coef split(double c) {
     memcpy(&b, &c, 8);
     b &= ~((1ull << 24) - 1);
     memcpy(&hi, &b, 8);
-    lo = c - hi;
+    lo = copysign(c - hi, c); /* signed like c: 0 * c keeps its sign */
   }
   split_coef k = {_mm512_set1_pd(c), _mm512_set1_pd(hi), _mm512_set1_pd(lo)};
   return k;

@@ -80,7 +80,7 @@ static split_coef split(double c) {
   memcpy(&b, &c, 8);
   b &= ~((1ull << 24) - 1);
   memcpy(&s.hi, &b, 8);
-  s.lo = c - s.hi; /* exact */
+  s.lo = copysign(c - s.hi, c); /* exact; signed like c so that 0 * c keeps its sign */
   return s;
 }
 

@@ -1,0 +1,82 @@
+/*
+ * collective.c — talking to the other ranks through a bx_comm: the tiny
+ * agreement step (do all ranks run the same build, group count and
+ * options? did any rank find a NaN/Inf it must report?) and the checks on
+ * the communicator's answers. The norm's own reduction is one fixed-size
+ * SUM (or MAX) issued by norm.c.
+ */
+#include <stdio.h>
+
+#include "internal.h"
+
+bx_status bx_comm_allreduce(const bx_comm *comm, const char *fn, const char *what,
+                            int64_t *buf, size_t n, bx_op op) {
+  if (!comm->allreduce_i64)
+    return bx_fail(BX_EINVAL, "%s: rank %d: comm->allreduce_i64 is NULL", fn, comm->rank);
+  int rc = comm->allreduce_i64(buf, n, op, comm->ctx);
+  if (rc != 0)
+    return bx_fail(BX_ECOMM, "%s: rank %d: the communicator's all-reduce (%s, %zu words) "
+                   "failed with code %d; no gradient was modified",
+                   fn, comm->rank, what, n, rc);
+  return BX_OK;
+}
+
+/* Agreement: every value v travels as (v, ~v) through one MAX all-reduce,
+ * so each rank learns max(v) and min(v) = ~max(~v): all ranks agree iff
+ * they are equal. The offender word carries the smallest (rank, group,
+ * tensor) that saw a NaN/Inf, encoded so that MAX selects it. */
+bx_status bx_agree(const bx_comm *comm, const char *fn, const bx_agree_item *items,
+                   size_t nitems, int64_t *offender) {
+  int64_t buf[2 * BX_MAX_AGREE + 1];
+  if (nitems > BX_MAX_AGREE) return bx_fail(BX_EINTERNAL, "%s: too many agreement words", fn);
+  for (size_t i = 0; i < nitems; i++) {
+    buf[2 * i] = items[i].value;
+    buf[2 * i + 1] = ~items[i].value;
+  }
+  buf[2 * nitems] = *offender;
+  bx_status st = bx_comm_allreduce(comm, fn, "agreement", buf, 2 * nitems + 1, BX_OP_MAX);
+  if (st != BX_OK) return st;
+  for (size_t i = 0; i < nitems; i++) {
+    int64_t hi = buf[2 * i], lo = ~buf[2 * i + 1];
+    if (hi != lo)
+      return bx_fail(BX_EMISMATCH,
+                     "%s: rank %d: ranks disagree on %s (this rank: %lld; smallest: %lld, "
+                     "largest: %lld); every rank must call with the same build, group "
+                     "count and options. Nothing was modified",
+                     fn, comm->rank, items[i].name, (long long)items[i].value, (long long)lo,
+                     (long long)hi);
+  }
+  *offender = buf[2 * nitems];
+  return BX_OK;
+}
+
+/* Offender keys: rank, group and tensor index packed so that a larger key
+ * means a smaller (rank, group, tensor); indices beyond the field widths
+ * are clamped (and then reported as "at least"). */
+#define RANK_BITS 20
+#define GROUP_BITS 20
+#define TENSOR_BITS 22
+
+static uint64_t clamp_field(uint64_t v, int bits) {
+  uint64_t max = (1ull << bits) - 1;
+  return v > max ? max : v;
+}
+
+int64_t bx_offender_key(int rank, size_t group, size_t tensor, int is_nan) {
+  uint64_t k = clamp_field((uint64_t)(rank < 0 ? 0 : rank), RANK_BITS);
+  k = (k << GROUP_BITS) | clamp_field(group, GROUP_BITS);
+  k = (k << TENSOR_BITS) | clamp_field(tensor, TENSOR_BITS);
+  k = (k << 1) | (uint64_t)(is_nan ? 0 : 1); /* NaN first at the same place */
+  return (int64_t)((1ull << 63) - 1 - k);
+}
+
+void bx_offender_decode(int64_t key, int *rank, size_t *group, size_t *tensor, int *is_nan) {
+  uint64_t k = (1ull << 63) - 1 - (uint64_t)key;
+  *is_nan = !(k & 1);
+  k >>= 1;
+  *tensor = (size_t)(k & ((1ull << TENSOR_BITS) - 1));
+  k >>= TENSOR_BITS;
+  *group = (size_t)(k & ((1ull << GROUP_BITS) - 1));
+  k >>= GROUP_BITS;
+  *rank = (int)k;
+}
