@@ -37,8 +37,16 @@ BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(wildcard bench/*.c))
 EX_BIN    := $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c))
 DEV_BIN   := $(patsubst dev/%.c,$(BUILD)/dev/%,$(wildcard dev/*.c))
 
-.PHONY: all lib test examples bench dev fuzz clean
-all: lib examples bench
+# MPI adapter and multi-rank tests: built when mpicc is on PATH (Open MPI
+# from Debian: libopenmpi-dev openmpi-bin, installed by scripts/setup.sh).
+MPICC     ?= mpicc
+HAVE_MPI  := $(shell command -v $(MPICC) >/dev/null 2>&1 && echo 1)
+MPI_LIBS  := $(BUILD)/libbitexact_mpi.a $(BUILD)/libbitexact_mpi.so
+MPI_TESTS := $(patsubst tests/mpi/%.c,$(BUILD)/tests/mpi/%,$(wildcard tests/mpi/*.c))
+MPI_BENCH := $(patsubst bench/mpi/%.c,$(BUILD)/bench/mpi/%,$(wildcard bench/mpi/*.c))
+
+.PHONY: all lib mpi test test-mpi examples bench dev fuzz clean
+all: lib examples bench $(if $(HAVE_MPI),mpi)
 lib: $(BUILD)/libbitexact.a $(BUILD)/libbitexact.so
 examples: $(EX_BIN)
 bench: $(BENCH_BIN)
@@ -58,6 +66,32 @@ $(BUILD)/libbitexact.a: $(LIB_OBJ)
 
 $(BUILD)/libbitexact.so: $(LIB_OBJ)
 	$(CC) -shared $(SANFLAGS) -o $@ $^ $(LDLIBS)
+
+mpi: $(MPI_LIBS) $(MPI_TESTS) $(MPI_BENCH)
+
+$(BUILD)/src/dist/mpi.o: src/dist/mpi.c include/bitexact.h include/bitexact_mpi.h Makefile
+	@mkdir -p $(dir $@)
+	$(MPICC) $(CFLAGS_ALL) -c $< -o $@
+
+$(BUILD)/libbitexact_mpi.a: $(BUILD)/src/dist/mpi.o
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/libbitexact_mpi.so: $(BUILD)/src/dist/mpi.o $(BUILD)/libbitexact.so
+	$(MPICC) -shared $(SANFLAGS) -o $@ $< -L$(BUILD) -lbitexact $(LDLIBS)
+
+$(BUILD)/tests/mpi/%: tests/mpi/%.c $(wildcard tests/mpi/*.h) $(BUILD)/libbitexact_mpi.a $(BUILD)/libbitexact.a
+	@mkdir -p $(dir $@)
+	$(MPICC) $(CFLAGS_ALL) -Itests/mpi -o $@ $< $(BUILD)/libbitexact_mpi.a $(BUILD)/libbitexact.a $(LDLIBS)
+
+$(BUILD)/bench/mpi/%: bench/mpi/%.c $(BUILD)/libbitexact_mpi.a $(BUILD)/libbitexact.a
+	@mkdir -p $(dir $@)
+	$(MPICC) $(CFLAGS_ALL) -o $@ $< $(BUILD)/libbitexact_mpi.a $(BUILD)/libbitexact.a $(LDLIBS)
+
+# Multi-rank tests: tests/mpi/run.sh runs each program under mpirun with
+# several rank counts (oversubscribed; --allow-run-as-root when root).
+test-mpi: mpi
+	BUILD=$(BUILD) bash tests/mpi/run.sh
 
 $(BUILD)/tests/bx_tests: $(TEST_OBJ) $(BUILD)/libbitexact.a
 	$(CC) $(SANFLAGS) -o $@ $(TEST_OBJ) $(BUILD)/libbitexact.a -lmpfr -lgmp $(LDLIBS)
