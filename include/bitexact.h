@@ -193,8 +193,21 @@ typedef struct bx_comm {
  * each group.
  *   groups, ngroups  borrowed; ngroups == 0 (groups may then be NULL) gives
  *                    a norm of 0; a group with count == 0 is allowed.
- *   comm             NULL: this process alone. (Multi-rank reduction is
- *                    not available in this version: non-NULL → BX_EINVAL.)
+ *   comm             NULL: this process alone. Otherwise every rank of the
+ *                    communicator calls with the tensors it owns (DESIGN
+ *                    §5: each element of the model passed by exactly one
+ *                    rank) and the same ngroups and options; every rank
+ *                    gets the same bits as one process holding all the
+ *                    tensors. Two collectives: a tiny MAX agreement step
+ *                    (accumulator format, ngroups, options: BX_EMISMATCH on
+ *                    every rank if they differ) and one fixed-size
+ *                    collective of ngroups * BX_ACC_WORDS int64 words (SUM;
+ *                    for p = +-inf, 2 words per group with MAX; p = 0, 2
+ *                    words with SUM), independent of the tensor count. A
+ *                    failing all-reduce gives BX_ECOMM. With
+ *                    error_if_nonfinite, every rank fails with
+ *                    BX_ENONFINITE naming the first (rank, group, tensor)
+ *                    that holds a NaN/Inf.
  *   opts             NULL = BX_NORM_OPTS_DEFAULT.
  *   total_norm       out, required. For p = 2 and BX_EXACT: the correctly
  *                    rounded sqrt of the exact sum of squares.

@@ -4,6 +4,9 @@
  * (for tests and benchmarks), never one the CPU cannot run.
  */
 #include <stdatomic.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 #include <stdlib.h>
 #include <string.h>
 
@@ -11,11 +14,22 @@
 
 static _Atomic(const bx_kernels *) active;
 
+#ifdef BX_HAVE_X86
+/* F16C from CPUID leaf 1, ECX bit 29 (clang 14 has no "f16c" for
+ * __builtin_cpu_supports); AVX/AVX-512 OS support is checked by the
+ * builtins themselves. */
+static int cpu_has_f16c(void) {
+  unsigned a, b, c, d;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
+  return (c >> 29) & 1;
+}
+#endif
+
 static int cpu_has_avx2(void) {
 #ifdef BX_HAVE_X86
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-         __builtin_cpu_supports("f16c") && __builtin_cpu_supports("bmi2");
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c() &&
+         __builtin_cpu_supports("bmi2");
 #else
   return 0;
 #endif

@@ -4,6 +4,7 @@
  * kernels into per-(worker, group) partials, merge them exactly, round once.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -38,19 +39,44 @@ typedef struct job {
   size_t ngroups;
 } job;
 
-static _Thread_local struct {
+/* Grow-only per-thread scratch, freed by a thread-exit destructor so that
+ * programs starting many threads do not leak. */
+typedef struct workspace {
   void *p;
   size_t cap;
 } workspace;
 
+static pthread_key_t workspace_key;
+static pthread_once_t workspace_once = PTHREAD_ONCE_INIT;
+static int workspace_key_ok;
+
+static void workspace_free(void *w) {
+  free(((workspace *)w)->p);
+  free(w);
+}
+
+static void workspace_key_init(void) {
+  workspace_key_ok = pthread_key_create(&workspace_key, workspace_free) == 0;
+}
+
 void *bx_workspace(size_t bytes) {
-  if (bytes > workspace.cap) {
-    void *q = realloc(workspace.p, bytes);
-    if (!q) return NULL;
-    workspace.p = q;
-    workspace.cap = bytes;
+  pthread_once(&workspace_once, workspace_key_init);
+  if (!workspace_key_ok) return NULL;
+  workspace *w = pthread_getspecific(workspace_key);
+  if (!w) {
+    w = calloc(1, sizeof *w);
+    if (!w || pthread_setspecific(workspace_key, w) != 0) {
+      free(w);
+      return NULL;
+    }
   }
-  return workspace.p;
+  if (bytes > w->cap) {
+    void *q = realloc(w->p, bytes ? bytes : 1);
+    if (!q) return NULL;
+    w->p = q;
+    w->cap = bytes;
+  }
+  return w->p;
 }
 
 static void partial_init(partial *q) {

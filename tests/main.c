@@ -1,0 +1,346 @@
+/*
+ * main.c — the bx_tests runner: the table of every test, the harness
+ * (checks, counters, seeds, skips) and the ISA list.
+ *
+ *   bx_tests            run every test
+ *   bx_tests FILTER     run the tests whose name contains FILTER
+ *   bx_tests --list     print the names
+ *   BX_TEST_SEED=N      seed of the property tests (default below)
+ *
+ * Last line: `N passed, N failed` (`, N skipped` if some could not run).
+ */
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <mpfr.h>
+
+#include "harness.h"
+#include "internal.h"
+#include "mpfr_ref.h"
+#include "tests.h"
+
+#define DEFAULT_SEED 20240917u
+#define MAX_PRINTED_FAILURES 12 /* per test; the rest are only counted */
+
+/* ---- the table: every test, in the order they run -------------------- */
+typedef struct test_entry {
+  const char *name;
+  void (*fn)(void);
+} test_entry;
+
+static const test_entry TESTS[] = {
+    /* the reference checks itself first: nothing else means much if it fails */
+    {"ref_decode_16bit", test_ref_decode_16bit},
+    {"ref_round_vs_hardware", test_ref_round_vs_hardware},
+    {"ref_float_to_half_conversions", test_ref_float_to_half_conversions},
+    {"ref_exactness", test_ref_exactness},
+    /* ISA dispatch */
+    {"isa_force_and_names", test_isa_force_and_names},
+    /* accumulator vs MPFR (test_acc.c) */
+    {"acc_init_and_layout", test_acc_init_and_layout},
+    {"acc_wire_format_positions", test_acc_wire_format_positions},
+    {"acc_random_gradients", test_acc_random_gradients},
+    {"acc_random_bits", test_acc_random_bits},
+    {"acc_adversarial_fp32", test_acc_adversarial_fp32},
+    {"acc_adversarial_fp64", test_acc_adversarial_fp64},
+    {"acc_adversarial_16bit", test_acc_adversarial_16bit},
+    {"acc_ties_value", test_acc_ties_value},
+    {"acc_ties_sqrt", test_acc_ties_sqrt},
+    {"acc_ties_abs", test_acc_ties_abs},
+    {"acc_tiny_runs", test_acc_tiny_runs},
+    {"acc_nonfinite_counters", test_acc_nonfinite_counters},
+    {"acc_large_chunks", test_acc_large_chunks},
+    {"acc_views_and_shapes", test_acc_views_and_shapes},
+    {"acc_bad_tensor_leaves_acc", test_acc_bad_tensor_leaves_acc},
+    {"acc_negative_words", test_acc_negative_words},
+    {"acc_random_words", test_acc_random_words},
+    {"acc_compare", test_acc_compare},
+    {"acc_misaligned_data", test_acc_misaligned_data},
+    /* merge and wire format (test_merge.c) */
+    {"merge_partitions_by_hand", test_merge_partitions_by_hand},
+    {"merge_random_order", test_merge_random_order},
+    {"merge_many_accumulators", test_merge_many_accumulators},
+    {"acc_check_versions", test_acc_check_versions},
+    /* norms (test_norm.c) */
+    {"norm_p2_groups", test_norm_p2_groups},
+    {"norm_p1", test_norm_p1},
+    {"norm_pinf_and_neginf", test_norm_pinf_and_neginf},
+    {"norm_p0", test_norm_p0},
+    {"norm_other_p", test_norm_other_p},
+    {"norm_nan_inf_rules", test_norm_nan_inf_rules},
+    {"norm_error_if_nonfinite", test_norm_error_if_nonfinite},
+    {"norm_megatron", test_norm_megatron},
+    {"norm_megatron_overflow", test_norm_megatron_overflow},
+    {"norm_empty_inputs", test_norm_empty_inputs},
+    {"norm_null_opts_and_defaults", test_norm_null_opts_and_defaults},
+    {"norm_comm", test_norm_comm},
+    {"norm_many_groups", test_norm_many_groups},
+    /* invariance (test_invariance.c) */
+    {"invariance_p2", test_invariance_p2},
+    {"invariance_all_p", test_invariance_all_p},
+    {"invariance_split_views", test_invariance_split_views},
+    {"invariance_acc_isa_words", test_invariance_acc_isa_words},
+    {"concurrent_callers", test_concurrent_callers},
+    {"threads_extreme", test_threads_extreme},
+    /* several ranks in one process (test_ranks.c) */
+    {"ranks_invariance", test_ranks_invariance},
+    {"ranks_clip", test_ranks_clip},
+    {"ranks_errors", test_ranks_errors},
+    /* scaling and clipping (test_scale.c, test_clip.c) */
+    {"scale_torch_formula", test_scale_torch_formula},
+    {"scale_exact_vs_mpfr", test_scale_exact_vs_mpfr},
+    {"scale_exact_ties", test_scale_exact_ties},
+    {"scale_exact_subnormal_results", test_scale_exact_subnormal_results},
+    {"scale_exact_near_ties", test_scale_exact_near_ties},
+    {"scale_special_coefs", test_scale_special_coefs},
+    {"scale_signed_zeros", test_scale_signed_zeros},
+    {"scale_threads_and_mix", test_scale_threads_and_mix},
+    {"clip_coef_formulas", test_clip_coef_formulas},
+    {"clip_grad_norm_torch", test_clip_grad_norm_torch},
+    {"clip_grad_norm_max_formula", test_clip_grad_norm_max_formula},
+    {"clip_max_norm_zero", test_clip_max_norm_zero},
+    {"clip_bad_max_norm", test_clip_bad_max_norm},
+    {"clip_nonfinite_total", test_clip_nonfinite_total},
+    {"clip_threads", test_clip_threads},
+    {"clip_all_or_nothing", test_clip_all_or_nothing},
+    /* bad input (test_errors.c) */
+    {"errors_status_and_version", test_errors_status_and_version},
+    {"errors_null_pointers", test_errors_null_pointers},
+    {"errors_dtypes", test_errors_dtypes},
+    {"errors_devices", test_errors_devices},
+    {"errors_shapes", test_errors_shapes},
+    {"errors_layouts", test_errors_layouts},
+    {"errors_bad_p", test_errors_bad_p},
+    {"errors_scale_overlap", test_errors_scale_overlap},
+    {"errors_scale_bad_input", test_errors_scale_bad_input},
+    {"errors_last_error_thread_local", test_errors_last_error_thread_local},
+};
+#define NTESTS (sizeof TESTS / sizeof TESTS[0])
+
+/* ---- harness state --------------------------------------------------- */
+static const char *g_test;   /* running test */
+static int g_failures;       /* failed checks in the running test */
+static int g_skipped;        /* the running test called bxt_skip */
+static uint64_t g_seed = DEFAULT_SEED;
+
+static void report_failure(const char *file, int line, const char *what,
+                           const char *fmt, va_list ap) {
+  g_failures++;
+  if (g_failures > MAX_PRINTED_FAILURES) return;
+  fprintf(stdout, "  FAIL %s:%d: %s: ", file, line, what);
+  vfprintf(stdout, fmt, ap);
+  fputc('\n', stdout);
+  if (g_failures == MAX_PRINTED_FAILURES)
+    fprintf(stdout, "  (further failures of this test are counted, not printed)\n");
+}
+
+int bxt_check(int ok, const char *file, int line, const char *expr,
+              const char *fmt, ...) {
+  if (ok) return 1;
+  va_list ap;
+  va_start(ap, fmt);
+  report_failure(file, line, expr, fmt, ap);
+  va_end(ap);
+  return 0;
+}
+
+static int same_bits_d(double a, double b) { return memcmp(&a, &b, sizeof a) == 0; }
+static int same_bits_f(float a, float b) { return memcmp(&a, &b, sizeof a) == 0; }
+
+int bxt_check_bits_d(double got, double want, const char *file, int line,
+                     const char *fmt, ...) {
+  if (same_bits_d(got, want)) return 1;
+  char what[200];
+  uint64_t g, w;
+  memcpy(&g, &got, 8);
+  memcpy(&w, &want, 8);
+  snprintf(what, sizeof what, "got %a (0x%016" PRIx64 ") want %a (0x%016" PRIx64 ")",
+           got, g, want, w);
+  va_list ap;
+  va_start(ap, fmt);
+  report_failure(file, line, what, fmt, ap);
+  va_end(ap);
+  return 0;
+}
+
+int bxt_check_bits_f(float got, float want, const char *file, int line,
+                     const char *fmt, ...) {
+  if (same_bits_f(got, want)) return 1;
+  char what[200];
+  uint32_t g, w;
+  memcpy(&g, &got, 4);
+  memcpy(&w, &want, 4);
+  snprintf(what, sizeof what, "got %a (0x%08" PRIx32 ") want %a (0x%08" PRIx32 ")",
+           (double)got, g, (double)want, w);
+  va_list ap;
+  va_start(ap, fmt);
+  report_failure(file, line, what, fmt, ap);
+  va_end(ap);
+  return 0;
+}
+
+int bxt_check_status(bx_status got, bx_status want, const char *file,
+                     int line, const char *fmt, ...) {
+  if (got == want) return 1;
+  char what[400];
+  snprintf(what, sizeof what, "status %d (%s) want %d (%s); last error \"%s\"",
+           (int)got, bx_status_str(got), (int)want, bx_status_str(want),
+           bx_last_error());
+  va_list ap;
+  va_start(ap, fmt);
+  report_failure(file, line, what, fmt, ap);
+  va_end(ap);
+  return 0;
+}
+
+void bxt_skip(const char *why) {
+  if (!g_skipped) fprintf(stdout, "  skip: %s\n", why);
+  g_skipped = 1;
+}
+
+int bxt_failures(void) { return g_failures; }
+
+/* ---- random numbers -------------------------------------------------- */
+static uint64_t splitmix64(uint64_t *x) {
+  uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+uint64_t bxt_seed(void) { return g_seed; }
+
+void bxt_rng_seed(bxt_rng *r, uint64_t seed) {
+  for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&seed);
+}
+
+void bxt_rng_init(bxt_rng *r) {
+  uint64_t h = 1469598103934665603ull; /* FNV-1a of the test name */
+  for (const char *p = g_test ? g_test : ""; *p; p++)
+    h = (h ^ (unsigned char)*p) * 1099511628211ull;
+  bxt_rng_seed(r, g_seed ^ h);
+}
+
+static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+uint64_t bxt_next(bxt_rng *r) {
+  uint64_t *s = r->s;
+  uint64_t result = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+  s[2] ^= s[0];
+  s[3] ^= s[1];
+  s[1] ^= s[2];
+  s[0] ^= s[3];
+  s[2] ^= t;
+  s[3] = rotl(s[3], 45);
+  return result;
+}
+
+uint64_t bxt_below(bxt_rng *r, uint64_t n) {
+  if (n <= 1) return 0;
+  uint64_t lim = UINT64_MAX - UINT64_MAX % n, x;
+  do
+    x = bxt_next(r);
+  while (x >= lim);
+  return x % n;
+}
+
+double bxt_uniform(bxt_rng *r) { return (double)(bxt_next(r) >> 11) * 0x1p-53; }
+
+double bxt_normal(bxt_rng *r) {
+  double u = bxt_uniform(r), v = bxt_uniform(r);
+  if (u < 0x1p-60) u = 0x1p-60;
+  return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
+}
+
+void bxt_shuffle(bxt_rng *r, void *base, size_t n, size_t sz) {
+  char tmp[256];
+  char *b = base;
+  if (sz > sizeof tmp) return;
+  for (size_t i = n; i > 1; i--) {
+    size_t j = (size_t)bxt_below(r, i);
+    memcpy(tmp, b + (i - 1) * sz, sz);
+    memcpy(b + (i - 1) * sz, b + j * sz, sz);
+    memcpy(b + j * sz, tmp, sz);
+  }
+}
+
+/* ---- ISAs ------------------------------------------------------------ */
+static const char *g_isas[3];
+static int g_nisas;
+
+int bxt_isa_count(void) { return g_nisas; }
+const char *bxt_isa(int i) { return g_isas[i]; }
+
+int bxt_force(int i) {
+  if (i < 0) return bx_force_isa(NULL) == BX_OK;
+  return bx_force_isa(g_isas[i]) == BX_OK;
+}
+
+static void find_isas(void) {
+  static const char *all[3] = {"portable", "avx2", "avx512"};
+  for (int i = 0; i < 3; i++)
+    if (bx_force_isa(all[i]) == BX_OK) g_isas[g_nisas++] = all[i];
+  bx_force_isa(NULL);
+}
+
+/* ---- main ------------------------------------------------------------ */
+int main(int argc, char **argv) {
+  const char *filter = NULL;
+  const char *env = getenv("BX_TEST_SEED");
+  if (env && *env) g_seed = strtoull(env, NULL, 0);
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--list") == 0) {
+      for (size_t t = 0; t < NTESTS; t++) printf("%s\n", TESTS[t].name);
+      return 0;
+    }
+    filter = argv[i];
+  }
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  find_isas();
+  printf("bx_tests: seed %" PRIu64 " (set BX_TEST_SEED to replay), ISAs:",
+         g_seed);
+  for (int i = 0; i < g_nisas; i++) printf(" %s", g_isas[i]);
+  printf(" (automatic: %s)\n", bx_isa_name());
+
+  int passed = 0, failed = 0, skipped = 0;
+  for (size_t t = 0; t < NTESTS; t++) {
+    if (filter && !strstr(TESTS[t].name, filter)) continue;
+    g_test = TESTS[t].name;
+    g_failures = 0;
+    g_skipped = 0;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    long inexact = ref_inexact_events;
+    TESTS[t].fn();
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    /* the reference itself must have stayed exact */
+    CHECK(ref_inexact_events == inexact, "the MPFR reference lost exactness %ld time(s)",
+          ref_inexact_events - inexact);
+    bx_force_isa(NULL); /* a test may have forced one */
+    double secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    if (g_failures) {
+      failed++;
+      printf("[FAIL] %s: %d failed check(s) (%.2fs); replay: BX_TEST_SEED=%" PRIu64
+             " bx_tests %s\n",
+             g_test, g_failures, secs, g_seed, g_test);
+    } else if (g_skipped) {
+      skipped++;
+      printf("[SKIP] %s\n", g_test);
+    } else {
+      passed++;
+      printf("[ OK ] %s (%.2fs)\n", g_test, secs);
+    }
+  }
+  g_test = NULL;
+  mpfr_free_cache();
+  if (skipped)
+    printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped);
+  else
+    printf("%d passed, %d failed\n", passed, failed);
+  return failed ? 1 : 0;
+}

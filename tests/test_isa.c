@@ -1,0 +1,38 @@
+/*
+ * test_isa.c — run-time dispatch: every ISA this CPU has can be forced by
+ * name, unknown names are refused, and the automatic choice is the best
+ * one the CPU supports (internal.h: avx512 F+DQ+BW+VL, avx2 AVX2+FMA+F16C).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+#include "internal.h"
+#include "tests.h"
+
+void test_isa_force_and_names(void) {
+  CHECK_STATUS(bx_force_isa("portable"), BX_OK, "portable always runs");
+  CHECK(strcmp(bx_isa_name(), "portable") == 0, "name after forcing: %s", bx_isa_name());
+  CHECK_STATUS(bx_force_isa("sse9"), BX_EINVAL, "unknown ISA name");
+  CHECK_STATUS(bx_force_isa(""), BX_EINVAL, "empty ISA name");
+  CHECK(strcmp(bx_isa_name(), "portable") == 0,
+        "a refused name leaves the forced ISA (%s)", bx_isa_name());
+#if defined(__x86_64__) && defined(__GNUC__)
+  __builtin_cpu_init();
+  int has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  int has_avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+                   __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+  CHECK_STATUS(bx_force_isa("avx2"), has_avx2 ? BX_OK : BX_EINVAL, "avx2 availability");
+  if (has_avx2) CHECK(strcmp(bx_isa_name(), "avx2") == 0, "name: %s", bx_isa_name());
+  CHECK_STATUS(bx_force_isa("avx512"), has_avx512 ? BX_OK : BX_EINVAL, "avx512 availability");
+  if (has_avx512) CHECK(strcmp(bx_isa_name(), "avx512") == 0, "name: %s", bx_isa_name());
+  CHECK_STATUS(bx_force_isa(NULL), BX_OK, "back to automatic");
+  if (!has_avx2 || !has_avx512)
+    bxt_skip("this CPU cannot run every kernel table: the others are not tested here");
+  const char *want = has_avx512 ? "avx512" : has_avx2 ? "avx2" : "portable";
+  if (getenv("BX_ISA") == NULL) /* BX_ISA would override the choice */
+    CHECK(strcmp(bx_isa_name(), want) == 0, "automatic choice %s, want %s", bx_isa_name(), want);
+#endif
+  CHECK_STATUS(bx_force_isa(NULL), BX_OK, "back to automatic");
+  CHECK(bxt_isa_count() >= 1, "at least the portable kernels");
+}

@@ -1,0 +1,376 @@
+/*
+ * test_ranks.c — several ranks in one process: each rank is a thread with
+ * its own bx_comm whose all-reduce sums (or maxes) the int64 buffers of all
+ * rank threads, as MPI_Allreduce would. No MPI needed, so `make test` checks
+ * the distributed contract (DESIGN §5): every rank gets the same bits as
+ * one process holding all the data, for any rank count and ownership
+ * split; errors (non-finite with error_if_nonfinite, disagreeing ranks, a
+ * failing collective) come back on every rank, never as a hang — the
+ * simulated collective times out after a few seconds and fails the test.
+ */
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "checks.h"
+#include "harness.h"
+#include "tests.h"
+#include "util.h"
+
+#define MAX_RANKS 8
+#define NGROUPS 3
+#define SENTINEL -999.0
+
+/* ---- the simulated communicator ------------------------------------- */
+typedef struct world {
+  int n;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int arrived;
+  unsigned gen;
+  int timed_out;
+  int64_t *slot[MAX_RANKS];
+  size_t len[MAX_RANKS];
+  bx_op op[MAX_RANKS];
+  int fail_rank; /* this rank's all-reduce reports failure (-1: none; n: all) */
+} world;
+
+typedef struct rank_ctx {
+  world *w;
+  int rank;
+} rank_ctx;
+
+/* A generation barrier that gives up after 5 s (a rank that never comes is
+ * a hang in the library: report it instead of waiting forever). */
+static int barrier(world *w) {
+  pthread_mutex_lock(&w->mu);
+  unsigned g = w->gen;
+  if (++w->arrived == w->n) {
+    w->arrived = 0;
+    w->gen++;
+    pthread_cond_broadcast(&w->cv);
+  } else {
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 5;
+    while (g == w->gen && !w->timed_out)
+      if (pthread_cond_timedwait(&w->cv, &w->mu, &until) == ETIMEDOUT) {
+        w->timed_out = 1;
+        pthread_cond_broadcast(&w->cv);
+      }
+  }
+  int bad = w->timed_out;
+  pthread_mutex_unlock(&w->mu);
+  return bad;
+}
+
+static int sim_allreduce(int64_t *buf, size_t n, bx_op op, void *ctx) {
+  rank_ctx *c = ctx;
+  world *w = c->w;
+  w->slot[c->rank] = buf;
+  w->len[c->rank] = n;
+  w->op[c->rank] = op;
+  if (barrier(w)) return 1;
+  int agree = 1;
+  for (int r = 0; r < w->n; r++) agree &= w->len[r] == n && w->op[r] == op;
+  int64_t *tmp = NULL;
+  if (agree) {
+    tmp = malloc(n * sizeof *tmp + 1);
+    for (size_t i = 0; i < n; i++) {
+      int64_t v = w->slot[0][i];
+      for (int r = 1; r < w->n; r++)
+        v = op == BX_OP_SUM ? v + w->slot[r][i] : (w->slot[r][i] > v ? w->slot[r][i] : v);
+      tmp[i] = v;
+    }
+  }
+  if (barrier(w)) { /* everyone has read every slot before anyone writes */
+    free(tmp);
+    return 1;
+  }
+  if (tmp) memcpy(buf, tmp, n * sizeof *tmp);
+  free(tmp);
+  if (w->fail_rank == c->rank || w->fail_rank == w->n) return 1;
+  return agree ? 0 : 1;
+}
+
+/* ---- one call per rank, run concurrently ----------------------------- */
+typedef struct rank_job {
+  rank_ctx ctx;
+  bx_comm comm;
+  bx_group groups[NGROUPS + 1];
+  size_t ngroups;
+  DLTensor dl[NGROUPS][64];
+  int64_t shapes[NGROUPS][64];
+  bx_norm_opts opts;
+  int clip;          /* bx_clip_grad_norm instead of bx_total_norm */
+  double max_norm;
+  bx_status st;
+  double total, gn[NGROUPS + 1], coef;
+  char err[256];
+} rank_job;
+
+static void *rank_main(void *arg) {
+  rank_job *j = arg;
+  j->total = j->coef = SENTINEL;
+  for (int g = 0; g <= NGROUPS; g++) j->gn[g] = SENTINEL;
+  if (j->clip) {
+    bx_clip_opts co = BX_CLIP_OPTS_DEFAULT;
+    co.norm = j->opts;
+    j->st = bx_clip_grad_norm(j->groups, j->ngroups, &j->comm, j->max_norm, &co, &j->total,
+                              &j->coef);
+  } else {
+    j->st = bx_total_norm(j->groups, j->ngroups, &j->comm, &j->opts, &j->total, j->gn);
+  }
+  snprintf(j->err, sizeof j->err, "%s", j->st == BX_OK ? "" : bx_last_error());
+  return NULL;
+}
+
+static void run_ranks(world *w, rank_job *jobs) {
+  pthread_t th[MAX_RANKS];
+  w->arrived = 0;
+  w->timed_out = 0;
+  for (int r = 0; r < w->n; r++) {
+    jobs[r].ctx.w = w;
+    jobs[r].ctx.rank = r;
+    jobs[r].comm.allreduce_i64 = sim_allreduce;
+    jobs[r].comm.ctx = &jobs[r].ctx;
+    jobs[r].comm.rank = r;
+    pthread_create(&th[r], NULL, rank_main, &jobs[r]);
+  }
+  for (int r = 0; r < w->n; r++) pthread_join(th[r], NULL);
+  CHECK(!w->timed_out, "a rank waited 5 s in the collective for another: a hang");
+}
+
+static void world_init(world *w, int n) {
+  memset(w, 0, sizeof *w);
+  w->n = n;
+  w->fail_rank = -1;
+  pthread_mutex_init(&w->mu, NULL);
+  pthread_cond_init(&w->cv, NULL);
+}
+
+static void world_free(world *w) {
+  pthread_mutex_destroy(&w->mu);
+  pthread_cond_destroy(&w->cv);
+}
+
+/* The data: tensors in NGROUPS groups; each tensor cut into pieces (views)
+ * owned by random ranks. */
+typedef struct model {
+  bxt_tensor x[12];
+  int group_of[12];
+  size_t n;
+} model;
+
+static void model_make(bxt_rng *r, model *m) {
+  m->n = 12;
+  bxt_tensors_random(r, m->x, m->n, 30000);
+  for (size_t k = 0; k < m->n; k++) m->group_of[k] = (int)(k % NGROUPS);
+}
+
+static void distribute(bxt_rng *r, const model *m, rank_job *jobs, int nranks) {
+  for (int q = 0; q < nranks; q++) {
+    memset(&jobs[q], 0, sizeof jobs[q]);
+    jobs[q].ngroups = NGROUPS;
+    jobs[q].opts = (bx_norm_opts)BX_NORM_OPTS_DEFAULT;
+    for (int g = 0; g < NGROUPS; g++) {
+      jobs[q].groups[g].tensors = jobs[q].dl[g];
+      jobs[q].groups[g].count = 0;
+    }
+  }
+  for (size_t k = 0; k < m->n; k++) {
+    const bxt_tensor *x = &m->x[k];
+    int g = m->group_of[k];
+    size_t at = 0;
+    do {
+      size_t len = x->n - at;
+      if (len > 1 && bxt_below(r, 2)) len = 1 + bxt_below(r, len);
+      int q = (int)bxt_below(r, (uint64_t)nranks);
+      rank_job *j = &jobs[q];
+      size_t c = j->groups[g].count++;
+      j->dl[g][c] = x->t;
+      j->shapes[g][c] = (int64_t)len;
+      j->dl[g][c].shape = &j->shapes[g][c];
+      j->dl[g][c].byte_offset = at * bxt_dt_size(x->dt);
+      at += len;
+    } while (at < x->n);
+  }
+}
+
+/* Every rank gets the single-process answer, for several rank counts,
+ * ownership splits, p and thread counts. */
+void test_ranks_invariance(void) {
+  bxt_rng r;
+  bxt_rng_init(&r);
+  static const int nranks[] = {1, 2, 3, 5, 8};
+  static const double ps[] = {2.0, 1.0, INFINITY, 0.0, 3.0};
+  for (int rep = 0; rep < 10 && bxt_failures() < 10; rep++) {
+    model m;
+    model_make(&r, &m);
+    /* the single-process answer, total and per group */
+    bxt_layout l;
+    bxt_layout_single(&l, m.x, m.n);
+    DLTensor dl[12];
+    bx_group g1[NGROUPS];
+    size_t cnt = 0;
+    for (int g = 0; g < NGROUPS; g++) {
+      g1[g].tensors = &dl[cnt];
+      g1[g].count = 0;
+      for (size_t k = 0; k < m.n; k++)
+        if (m.group_of[k] == g) {
+          dl[cnt++] = m.x[k].t;
+          g1[g].count++;
+        }
+    }
+    for (size_t pi = 0; pi < sizeof ps / sizeof ps[0]; pi++) {
+      int megatron = rep % 5 == 4 && pi == 0;
+      bx_norm_opts o = BX_NORM_OPTS_DEFAULT;
+      o.norm_type = ps[pi];
+      if (megatron) o.flavor = BX_MEGATRON_FP32;
+      double want = SENTINEL, wgn[NGROUPS];
+      CHECK_STATUS(bx_total_norm(g1, NGROUPS, NULL, &o, &want, wgn), BX_OK, "one process");
+      if (!megatron && (ps[pi] == 2 || ps[pi] == 1 || ps[pi] == 0 || isinf(ps[pi])))
+        CHECK_BITS_D(want, bxt_ref_norm(l.src, l.n, ps[pi]), "one process vs reference");
+      int n = nranks[rep % 5];
+      world w;
+      world_init(&w, n);
+      rank_job jobs[MAX_RANKS];
+      distribute(&r, &m, jobs, n);
+      for (int q = 0; q < n; q++) {
+        jobs[q].opts = o;
+        jobs[q].opts.num_threads = 1 + (int)bxt_below(&r, 2);
+      }
+      run_ranks(&w, jobs);
+      for (int q = 0; q < n; q++) {
+        CHECK_STATUS(jobs[q].st, BX_OK, "rep %d, %d ranks, rank %d, p=%g: %s", rep, n, q, ps[pi],
+                     jobs[q].err);
+        CHECK_BITS_D(jobs[q].total, want, "rep %d, %d ranks, rank %d, p=%g%s: total", rep, n, q,
+                     ps[pi], megatron ? " (Megatron)" : "");
+        for (int g = 0; g < NGROUPS; g++)
+          CHECK_BITS_D(jobs[q].gn[g], wgn[g], "rep %d, %d ranks, rank %d, p=%g: group %d", rep,
+                       n, q, ps[pi], g);
+      }
+      world_free(&w);
+    }
+    bxt_tensors_free(m.x, m.n);
+  }
+}
+
+/* Clipping across ranks: every rank gets the same total and coefficient and
+ * scales its own shards with it. */
+void test_ranks_clip(void) {
+  bxt_rng r;
+  bxt_rng_init(&r);
+  for (int rep = 0; rep < 6 && bxt_failures() < 10; rep++) {
+    model m;
+    model_make(&r, &m);
+    bxt_tensor before[12];
+    for (size_t k = 0; k < m.n; k++) bxt_tensor_clone(&before[k], &m.x[k]);
+    bxt_layout l;
+    bxt_layout_single(&l, m.x, m.n);
+    double total = bxt_ref_norm(l.src, l.n, 2.0);
+    double max_norm = isfinite(total) && total > 0 ? total / 3 : 1.0;
+    double want_coef = max_norm / (total + 1e-6);
+    if (want_coef > 1) want_coef = 1;
+    int n = 2 + rep % 4;
+    world w;
+    world_init(&w, n);
+    rank_job jobs[MAX_RANKS];
+    distribute(&r, &m, jobs, n);
+    for (int q = 0; q < n; q++) {
+      jobs[q].clip = 1;
+      jobs[q].max_norm = max_norm;
+    }
+    run_ranks(&w, jobs);
+    for (int q = 0; q < n; q++) {
+      CHECK_STATUS(jobs[q].st, BX_OK, "rep %d rank %d: %s", rep, q, jobs[q].err);
+      CHECK_BITS_D(jobs[q].total, total, "rep %d rank %d: total", rep, q);
+      CHECK_BITS_D(jobs[q].coef, want_coef, "rep %d rank %d: coefficient", rep, q);
+    }
+    for (size_t k = 0; k < m.n; k++) {
+      char what[96];
+      snprintf(what, sizeof what, "rep %d tensor %zu (scaled piecewise by its owners)", rep, k);
+      bxt_check_scaled(what, &before[k], &m.x[k], want_coef, BX_SCALE_TORCH, 0);
+      bxt_tensor_free(&before[k]);
+    }
+    world_free(&w);
+    bxt_tensors_free(m.x, m.n);
+  }
+}
+
+/* Errors come back on every rank: a NaN owned by rank 2 with
+ * error_if_nonfinite (named, with its rank, everywhere); ranks disagreeing
+ * on the group count or the options; a failing collective. Nothing is
+ * written on any rank. */
+void test_ranks_errors(void) {
+  bxt_rng r;
+  bxt_rng_init(&r);
+  const int n = 4;
+  for (int c = 0; c < 6; c++) {
+    model m;
+    model_make(&r, &m);
+    world w;
+    world_init(&w, n);
+    rank_job jobs[MAX_RANKS];
+    distribute(&r, &m, jobs, n);
+    bx_status want = BX_OK;
+    const char *what = "";
+    bxt_tensor nan1;
+    double one_nan = NAN;
+    bxt_tensor_from(&nan1, REF_F32, &one_nan, 1);
+    switch (c) {
+    case 0: /* rank 2 owns a NaN, in group 1 */
+      jobs[2].dl[1][jobs[2].groups[1].count++] = nan1.t;
+      for (int q = 0; q < n; q++) jobs[q].opts.error_if_nonfinite = 1;
+      want = BX_ENONFINITE;
+      what = "NaN on rank 2 with error_if_nonfinite";
+      break;
+    case 1: /* the same without the flag: NaN everywhere, BX_OK */
+      jobs[2].dl[1][jobs[2].groups[1].count++] = nan1.t;
+      want = BX_OK;
+      what = "NaN on rank 2";
+      break;
+    case 2:
+      jobs[1].ngroups = NGROUPS - 1;
+      want = BX_EMISMATCH;
+      what = "rank 1 passes one group fewer";
+      break;
+    case 3:
+      jobs[3].opts.norm_type = 1.0;
+      want = BX_EMISMATCH;
+      what = "rank 3 asks for p = 1";
+      break;
+    case 4:
+      jobs[0].opts.flavor = BX_MEGATRON_FP32;
+      want = BX_EMISMATCH;
+      what = "rank 0 asks for the Megatron flavour";
+      break;
+    default:
+      w.fail_rank = n; /* every rank's all-reduce fails */
+      want = BX_ECOMM;
+      what = "the collective fails";
+    }
+    run_ranks(&w, jobs);
+    for (int q = 0; q < n; q++) {
+      CHECK_STATUS(jobs[q].st, want, "%s: rank %d (\"%s\")", what, q, jobs[q].err);
+      if (want != BX_OK)
+        CHECK(jobs[q].total == SENTINEL && jobs[q].gn[0] == SENTINEL,
+              "%s: rank %d wrote an output", what, q);
+      else
+        CHECK(isnan(jobs[q].total) && isnan(jobs[q].gn[1]),
+              "%s: rank %d total %g, group 1 %g (want NaN)", what, q, jobs[q].total,
+              jobs[q].gn[1]);
+    }
+    if (c == 0)
+      for (int q = 0; q < n; q++)
+        CHECK(bxt_mentions(jobs[q].err, "rank", 2) && bxt_mentions(jobs[q].err, "group", 1),
+              "%s: rank %d's message names rank 2, group 1: \"%s\"", what, q, jobs[q].err);
+    bxt_tensor_free(&nan1);
+    world_free(&w);
+    bxt_tensors_free(m.x, m.n);
+  }
+}

@@ -1,0 +1,106 @@
+/*
+ * tests.h — the prototype of every test (the table lives in main.c).
+ */
+#ifndef BX_TEST_TESTS_H
+#define BX_TEST_TESTS_H
+
+/* test_ref.c: the reference checks itself against the hardware */
+void test_ref_decode_16bit(void);
+void test_ref_round_vs_hardware(void);
+void test_ref_float_to_half_conversions(void);
+void test_ref_exactness(void);
+
+/* test_isa.c */
+void test_isa_force_and_names(void);
+
+/* test_acc.c */
+void test_acc_init_and_layout(void);
+void test_acc_wire_format_positions(void);
+void test_acc_random_gradients(void);
+void test_acc_random_bits(void);
+void test_acc_adversarial_fp32(void);
+void test_acc_adversarial_fp64(void);
+void test_acc_adversarial_16bit(void);
+void test_acc_tiny_runs(void);
+
+/* test_ties.c */
+void test_acc_ties_value(void);
+void test_acc_ties_sqrt(void);
+void test_acc_ties_abs(void);
+void test_acc_nonfinite_counters(void);
+void test_acc_large_chunks(void);
+void test_acc_views_and_shapes(void);
+void test_acc_bad_tensor_leaves_acc(void);
+void test_acc_negative_words(void);
+void test_acc_random_words(void);
+void test_acc_compare(void);
+void test_acc_misaligned_data(void);
+
+/* test_merge.c */
+void test_merge_partitions_by_hand(void);
+void test_merge_random_order(void);
+void test_merge_many_accumulators(void);
+void test_acc_check_versions(void);
+
+/* test_norm.c */
+void test_norm_p2_groups(void);
+void test_norm_p1(void);
+void test_norm_pinf_and_neginf(void);
+void test_norm_p0(void);
+void test_norm_other_p(void);
+void test_norm_nan_inf_rules(void);
+void test_norm_error_if_nonfinite(void);
+void test_norm_megatron(void);
+void test_norm_megatron_overflow(void);
+void test_norm_empty_inputs(void);
+void test_norm_null_opts_and_defaults(void);
+void test_norm_comm(void);
+void test_norm_many_groups(void);
+
+/* test_invariance.c */
+void test_invariance_p2(void);
+void test_invariance_all_p(void);
+void test_invariance_split_views(void);
+void test_invariance_acc_isa_words(void);
+void test_concurrent_callers(void);
+void test_threads_extreme(void);
+
+/* test_ranks.c */
+void test_ranks_invariance(void);
+void test_ranks_clip(void);
+void test_ranks_errors(void);
+
+
+/* test_scale.c */
+void test_scale_torch_formula(void);
+void test_scale_exact_vs_mpfr(void);
+void test_scale_exact_ties(void);
+void test_scale_exact_subnormal_results(void);
+void test_scale_exact_near_ties(void);
+void test_scale_special_coefs(void);
+void test_scale_signed_zeros(void);
+void test_scale_threads_and_mix(void);
+
+/* test_clip.c */
+void test_clip_coef_formulas(void);
+void test_clip_grad_norm_torch(void);
+void test_clip_grad_norm_max_formula(void);
+void test_clip_max_norm_zero(void);
+void test_clip_bad_max_norm(void);
+void test_clip_nonfinite_total(void);
+void test_clip_threads(void);
+void test_clip_all_or_nothing(void);
+
+/* test_errors.c */
+void test_errors_status_and_version(void);
+void test_errors_null_pointers(void);
+void test_errors_dtypes(void);
+void test_errors_devices(void);
+void test_errors_shapes(void);
+void test_errors_layouts(void);
+void test_errors_bad_p(void);
+void test_errors_scale_overlap(void);
+void test_errors_scale_bad_input(void);
+void test_errors_last_error_thread_local(void);
+
+#endif /* BX_TEST_TESTS_H */
