@@ -52,7 +52,7 @@ examples: $(EX_BIN)
 bench: $(BENCH_BIN)
 dev: $(DEV_BIN)
 
-$(BUILD)/%.o: %.c $(wildcard include/*.h src/core/*.h) Makefile
+$(BUILD)/%.o: %.c $(wildcard include/*.h src/core/*.h src/cpu/*.h) Makefile
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -c $< -o $@
 
@@ -129,6 +129,9 @@ build-fuzz/%: fuzz/%.c $(LIB_SRC) $(wildcard include/*.h src/core/*.h)
 	  $(FUZZ_CC) $(FUZZ_FLAGS:-fsanitize=fuzzer,%=-fsanitize=fuzzer-no-link,%) $$extra -c $$f -o $$o; \
 	  objs="$$objs $$o"; done; \
 	  $(FUZZ_CC) $(FUZZ_FLAGS) -o $@ $< $$objs -lmpfr -lgmp -lm
+
+# Parts with their own rules (the command-line tool, ...): mk/*.mk
+-include $(wildcard mk/*.mk)
 
 clean:
 	rm -rf build build-san build-fuzz

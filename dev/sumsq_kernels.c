@@ -1,0 +1,405 @@
+/*
+ * dev/sumsq_kernels.c — self-checking harness for the exact sum-of-squares
+ * (and sum-|x|) kernels: reference, versions, checker, benchmark.
+ *
+ *   build/dev/sumsq_kernels            check every ISA table against the
+ *                                      portable integer-bin reference
+ *   build/dev/sumsq_kernels check SEED  the same with another base seed
+ *   build/dev/sumsq_kernels bench [S]  ns/element and GB/s, N = 2^20, 2^24
+ *                                      (only cases whose "dtype dist isa"
+ *                                      label contains S, if given)
+ *
+ * reference  bx_kernels_portable (per-exponent integer bins, no floating
+ *            point at all), normalised and compared digit for digit
+ *            (memcmp) together with the NaN/Inf/element counters.
+ * versions   bx_kernels_avx2, bx_kernels_avx512 (when the CPU has them).
+ * checker    adversarial data for every dtype: gradient-like, spiky (0.1%
+ *            huge among tiny), wide (40 binades, the whole range), random
+ *            bit patterns, subnormals, zeros, extremes (FLT_MAX, DBL_MAX,
+ *            65504, 1e+-300), repeated worst-case values, NaN/Inf sprinkled;
+ *            every length 0..300 at element offsets 0..3 and an odd byte
+ *            offset, plus block-boundary and large lengths. A failure prints
+ *            the case and its seed; the exit status is non-zero.
+ */
+#include <float.h>
+#include <immintrin.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "internal.h"
+
+/* ---- random numbers ---------------------------------------------------- */
+static uint64_t rng_state;
+static uint64_t rnd(void) { /* splitmix64 */
+  uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+static double unif(void) { return (double)(rnd() >> 11) * 0x1p-53; }
+static double gauss(void) {
+  double u = unif(), v = unif();
+  return sqrt(-2.0 * log(u + 0x1p-60)) * cos(6.283185307179586 * v);
+}
+
+/* ---- dtypes ------------------------------------------------------------ */
+static const char *dt_name[BX_DT_COUNT] = {"f16", "bf16", "f32", "f64"};
+static const size_t dt_size[BX_DT_COUNT] = {2, 2, 4, 8};
+
+static uint16_t to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7FFFFFFF) > 0x7F800000) return (uint16_t)((u >> 16) | 0x40);
+  return (uint16_t)((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+}
+static uint16_t to_f16(float f) { return _cvtss_sh(f, 0); }
+
+/* Store value v into element i of buffer p of dtype dt (rounded). */
+static void put(void *p, int dt, size_t i, double v) {
+  switch (dt) {
+    case BX_DT_F16: { uint16_t h = to_f16((float)v); memcpy((char *)p + 2 * i, &h, 2); break; }
+    case BX_DT_BF16: { uint16_t h = to_bf16((float)v); memcpy((char *)p + 2 * i, &h, 2); break; }
+    case BX_DT_F32: { float f = (float)v; memcpy((char *)p + 4 * i, &f, 4); break; }
+    default: memcpy((char *)p + 8 * i, &v, 8);
+  }
+}
+/* Store a raw bit pattern. */
+static void put_bits(void *p, int dt, size_t i, uint64_t b) {
+  memcpy((char *)p + dt_size[dt] * i, &b, dt_size[dt]); /* little-endian */
+}
+
+/* exponent field width, mantissa width, bias */
+static void dt_fmt(int dt, int *ebits, int *mbits) {
+  static const int e[4] = {5, 8, 8, 11}, m[4] = {10, 7, 23, 52};
+  *ebits = e[dt];
+  *mbits = m[dt];
+}
+
+/* Random finite value with biased exponent field uniform in [elo, ehi]
+ * (0 = subnormal), random mantissa and sign. */
+static uint64_t rand_bits_exp(int dt, int elo, int ehi) {
+  int eb, mb;
+  dt_fmt(dt, &eb, &mb);
+  int e = elo + (int)(rnd() % (uint64_t)(ehi - elo + 1));
+  uint64_t m = rnd() & ((1ull << mb) - 1);
+  uint64_t s = rnd() & 1;
+  return (s << (eb + mb)) | ((uint64_t)e << mb) | m;
+}
+
+enum {
+  D_GRAD, D_SPIKY, D_WIDE40, D_WIDEALL, D_BITS, D_SUBN, D_ZEROS, D_EXTREME,
+  D_REPEAT, D_GRAD_NAN, D_WIDE_INF, D_TINYHUGE, D_WIDE120, D_COUNT
+};
+static const char *dist_name[D_COUNT] = {
+    "gradient", "spiky", "wide40", "wide-all", "random-bits", "subnormal", "zeros",
+    "extreme", "repeat-worst", "gradient+nan", "wide+inf", "1e+-300", "wide120"};
+
+/* Fill n elements of dtype dt with distribution d. */
+static void fill(void *p, int dt, size_t n, int d) {
+  int eb, mb;
+  dt_fmt(dt, &eb, &mb);
+  int emax = (1 << eb) - 2; /* largest finite exponent field */
+  double big = dt == BX_DT_F64 ? DBL_MAX : dt == BX_DT_F16 ? 65504.0 : FLT_MAX;
+  double scale = dt == BX_DT_F16 ? 1e-2 : 1e-3;
+  int rep_e = 1 + (int)(rnd() % (uint64_t)emax);
+  uint64_t rep = ((uint64_t)rep_e << mb) | ((1ull << mb) - 1 - (rnd() & 3));
+  int w_lo = 1 + (int)(rnd() % (uint64_t)(emax > 41 ? emax - 40 : 1));
+  int w_lo2 = 1 + (int)(rnd() % (uint64_t)(emax > 121 ? emax - 120 : 1));
+  for (size_t i = 0; i < n; i++) {
+    switch (d) {
+      case D_GRAD: put(p, dt, i, rnd() % 100 == 0 ? 0.0 : gauss() * scale); break;
+      case D_SPIKY:
+        put(p, dt, i, rnd() % 1000 == 0 ? gauss() * (dt == BX_DT_F16 ? 1e3 : 1e4)
+                                        : gauss() * (dt == BX_DT_F16 ? 1e-4 : 1e-6));
+        break;
+      case D_WIDE40: put_bits(p, dt, i, rand_bits_exp(dt, w_lo, w_lo + (emax > 40 ? 39 : emax - 1))); break;
+      case D_WIDEALL: put_bits(p, dt, i, rand_bits_exp(dt, 0, emax)); break;
+      case D_BITS: put_bits(p, dt, i, rnd()); break; /* NaN/Inf included */
+      case D_SUBN:
+        put_bits(p, dt, i, rnd() % 8 ? rand_bits_exp(dt, 0, 0) : rand_bits_exp(dt, 1, 3));
+        break;
+      case D_ZEROS: put_bits(p, dt, i, rnd() % 2 ? (1ull << (eb + mb)) : 0); break;
+      case D_EXTREME: {
+        uint64_t r = rnd() % 4;
+        double v = r == 0 ? big : r == 1 ? -big : r == 2 ? big * (1 - unif() * 1e-3) : 0.0;
+        put(p, dt, i, v);
+        if (rnd() % 3 == 0) put_bits(p, dt, i, rand_bits_exp(dt, 0, 1));
+        break;
+      }
+      case D_REPEAT: put_bits(p, dt, i, rep | ((rnd() & 1) << (eb + mb))); break;
+      case D_GRAD_NAN:
+        put(p, dt, i, gauss() * scale);
+        if (rnd() % 500 == 0) put(p, dt, i, NAN);
+        break;
+      case D_WIDE_INF:
+        put_bits(p, dt, i, rand_bits_exp(dt, w_lo, w_lo + (emax > 40 ? 39 : emax - 1)));
+        if (rnd() % 700 == 0) put(p, dt, i, rnd() & 1 ? INFINITY : -INFINITY);
+        break;
+      case D_WIDE120: /* ~7 fp64 windows in <= 5 buckets; 3 fp32 windows */
+        put_bits(p, dt, i, rand_bits_exp(dt, emax > 121 ? w_lo2 : 0, emax > 121 ? w_lo2 + 119 : emax));
+        break;
+      case D_TINYHUGE: {
+        double v = gauss();
+        if (dt == BX_DT_F64) v *= rnd() & 1 ? 1e300 : 1e-300;
+        else v = rnd() & 1 ? v * big * 0.1 : ldexp(v, dt == BX_DT_F16 ? -20 : -140);
+        put(p, dt, i, v);
+        break;
+      }
+    }
+  }
+}
+
+/* ---- checking ---------------------------------------------------------- */
+
+/* Byte offset that misaligns an element. The vector kernels take any
+ * address; the portable reference reads uint16_t elements directly, which
+ * UBSan reports for odd addresses, so sanitizer builds keep elements
+ * aligned (still at every element offset). */
+#if defined(__SANITIZE_ADDRESS__)
+#define ODD_BYTE 0
+#else
+#define ODD_BYTE 1
+#endif
+static int nfail, npass;
+
+/* Run kernel table k (sumsq or sumabs) over x[0..n) in BX_CHUNK pieces. */
+static void run(const bx_kernels *k, int abs, int dt, const void *x, size_t n, bx_acc *acc) {
+  bx_acc_init(acc);
+  for (size_t i = 0; i < n; i += BX_CHUNK) {
+    size_t m = n - i < BX_CHUNK ? n - i : BX_CHUNK;
+    const void *p = (const char *)x + i * dt_size[dt];
+    if (abs) k->sumabs[dt](p, m, acc);
+    else k->sumsq[dt](p, m, acc);
+    bx_acc_normalize(acc);
+  }
+}
+
+static int same(const bx_acc *a, const bx_acc *b) {
+  return memcmp(a->digit, b->digit, sizeof a->digit) == 0 && a->nan_count == b->nan_count &&
+         a->inf_count == b->inf_count && a->count == b->count;
+}
+
+static void check(const bx_kernels *k, int dt, const void *x, size_t n, const char *what,
+                  uint64_t seed, size_t off) {
+  for (int abs = 0; abs < 2; abs++) {
+    bx_acc r, g;
+    run(&bx_kernels_portable, abs, dt, x, n, &r);
+    run(k, abs, dt, x, n, &g);
+    if (same(&r, &g)) {
+      npass++;
+      continue;
+    }
+    nfail++;
+    if (nfail <= 20)
+      printf("FAIL %s %s %s %s n=%zu off=%zu seed=%llu: ref %.17g (nan %lld inf %lld n %lld) "
+             "got %.17g (nan %lld inf %lld n %lld)\n",
+             k->name, abs ? "sumabs" : "sumsq", dt_name[dt], what, n, off,
+             (unsigned long long)seed, bx_acc_value(&r), (long long)r.nan_count,
+             (long long)r.inf_count, (long long)r.count, bx_acc_value(&g),
+             (long long)g.nan_count, (long long)g.inf_count, (long long)g.count);
+  }
+}
+
+/* Whether this CPU can run a table: the library's own dispatch decides. */
+static int cpu_can(const char *isa) {
+  int ok = bx_force_isa(isa) == BX_OK;
+  bx_force_isa(NULL);
+  return ok;
+}
+static int cpu_avx2(void) { return cpu_can("avx2"); }
+static int cpu_avx512(void) { return cpu_can("avx512"); }
+
+static int run_checks(uint64_t base_seed) {
+  const bx_kernels *tabs[2];
+  int ntab = 0;
+  if (cpu_avx2()) tabs[ntab++] = &bx_kernels_avx2;
+  if (cpu_avx512()) tabs[ntab++] = &bx_kernels_avx512;
+  if (ntab == 0) {
+    printf("no vector ISA on this CPU: nothing to check\n");
+    return 0;
+  }
+  size_t cap = ((size_t)1 << 23) + 64;
+  unsigned char *buf = aligned_alloc(64, cap * 8 + 64);
+  if (!buf) return 1;
+  for (int t = 0; t < ntab; t++) {
+    int f0 = nfail;
+    for (int dt = 0; dt < BX_DT_COUNT; dt++) {
+      /* every short length, offsets 0..3 elements and one odd byte */
+      for (int d = 0; d < D_COUNT; d++)
+        for (size_t n = 0; n <= 300; n++)
+          for (size_t o = 0; o < 5; o++) {
+            uint64_t seed = base_seed ^ (((uint64_t)dt << 56) | ((uint64_t)d << 48) | (n << 8) | o);
+            size_t boff = o < 4 ? o * dt_size[dt] : ODD_BYTE + 2 * dt_size[dt];
+            rng_state = seed;
+            fill(buf + boff, dt, n, d);
+            char what[64];
+            snprintf(what, sizeof what, "%s", dist_name[d]);
+            check(tabs[t], dt, buf + boff, n, what, seed, boff);
+          }
+      /* block boundaries and large spans */
+      static const size_t lens[] = {511, 1023, 1024, 1025, 2047, 2048, 2049, 4095, 4097,
+                                    6150, 32768 + 5, 100003, (size_t)1 << 20, ((size_t)1 << 22) + 77};
+      for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
+        for (int d = 0; d < D_COUNT; d++)
+          for (int rep = 0; rep < (lens[li] > 200000 ? 1 : 4); rep++) {
+            uint64_t seed = base_seed ^ (0xABCDull << 40) ^ ((uint64_t)dt << 32) ^ (li << 16) ^
+                            ((uint64_t)d << 8) ^ (uint64_t)rep;
+            rng_state = seed;
+            size_t boff = (rnd() % 9) * dt_size[dt] + (rep == 3 ? ODD_BYTE : 0);
+            fill(buf + boff, dt, lens[li], d);
+            check(tabs[t], dt, buf + boff, lens[li], dist_name[d], seed, boff);
+          }
+      /* a single NaN/Inf at every position of a 70-element span, in a
+       * block of otherwise in-window data */
+      for (size_t pos = 0; pos < 70; pos++)
+        for (int kind = 0; kind < 2; kind++) {
+          rng_state = base_seed ^ (pos * 7 + (size_t)kind);
+          fill(buf + 4 * dt_size[dt], dt, 70, D_GRAD);
+          put(buf + 4 * dt_size[dt], dt, pos, kind ? INFINITY : NAN);
+          check(tabs[t], dt, buf + 4 * dt_size[dt], 70, kind ? "one-inf" : "one-nan", 0, pos);
+        }
+    }
+    printf("%s %s: %s\n", nfail == f0 ? "PASS" : "FAIL", tabs[t]->name,
+           nfail == f0 ? "all cases identical to the portable reference" : "mismatches above");
+  }
+  free(buf);
+  printf("%d passed, %d failed\n", npass, nfail);
+  return nfail != 0;
+}
+
+/* ---- benchmark --------------------------------------------------------- */
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_dbl(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+static volatile double sink;
+
+/* naive AVX-512 fp32 sum of squares (rounded, not exact): the speed bar */
+__attribute__((noinline)) static float naive_sumsq_f32(const float *x, size_t n) {
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  size_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    __m512 v0 = _mm512_loadu_ps(x + i), v1 = _mm512_loadu_ps(x + i + 16);
+    __m512 v2 = _mm512_loadu_ps(x + i + 32), v3 = _mm512_loadu_ps(x + i + 48);
+    a0 = _mm512_fmadd_ps(v0, v0, a0);
+    a1 = _mm512_fmadd_ps(v1, v1, a1);
+    a2 = _mm512_fmadd_ps(v2, v2, a2);
+    a3 = _mm512_fmadd_ps(v3, v3, a3);
+  }
+  float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+  for (; i < n; i++) s += x[i] * x[i];
+  return s;
+}
+
+/* plain streaming read: OR of every 64-byte line */
+__attribute__((noinline)) static uint64_t stream_read(const void *p, size_t bytes) {
+  const char *c = p;
+  __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+  size_t i = 0;
+  for (; i + 256 <= bytes; i += 256) {
+    a0 = _mm512_or_si512(a0, _mm512_loadu_si512(c + i));
+    a1 = _mm512_or_si512(a1, _mm512_loadu_si512(c + i + 64));
+    a2 = _mm512_or_si512(a2, _mm512_loadu_si512(c + i + 128));
+    a3 = _mm512_or_si512(a3, _mm512_loadu_si512(c + i + 192));
+  }
+  return (uint64_t)_mm512_reduce_or_epi64(_mm512_or_si512(_mm512_or_si512(a0, a1), _mm512_or_si512(a2, a3)));
+}
+
+typedef struct bench_case {
+  const char *name;
+  int dt, dist;
+} bench_case;
+
+static double best5;
+static double median5(double *t) {
+  qsort(t, 5, sizeof *t, cmp_dbl);
+  best5 = t[0];
+  return t[2];
+}
+
+/* median of 5, and in brackets the best of 5 (the machine may be shared) */
+static void bench_line(const char *what, const char *kern, size_t n, size_t bytes, double sec) {
+  printf("  %-16s %-9s N=2^%-2d %7.3f ns/elem %7.2f GB/s  [best %7.3f ns %7.2f GB/s]\n", what,
+         kern, (int)round(log2((double)n)), 1e9 * sec / (double)n, (double)bytes / sec * 1e-9,
+         1e9 * best5 / (double)n, (double)bytes / best5 * 1e-9);
+}
+
+static int run_bench(const char *filter) {
+  const bx_kernels *tabs[3] = {&bx_kernels_portable, NULL, NULL};
+  int ntab = 1;
+  if (cpu_avx2()) tabs[ntab++] = &bx_kernels_avx2;
+  if (cpu_avx512()) tabs[ntab++] = &bx_kernels_avx512;
+  static const bench_case cases[] = {
+      {"f32 gradient", BX_DT_F32, D_GRAD},   {"f32 spiky", BX_DT_F32, D_SPIKY},
+      {"f32 wide40", BX_DT_F32, D_WIDE40},   {"bf16 gradient", BX_DT_BF16, D_GRAD},
+      {"f16 gradient", BX_DT_F16, D_GRAD},   {"f64 gradient", BX_DT_F64, D_GRAD},
+      {"f32 wide-all", BX_DT_F32, D_WIDEALL}, {"bf16 wide40", BX_DT_BF16, D_WIDE40},
+      {"bf16 wide-all", BX_DT_BF16, D_WIDEALL}, {"f64 wide-all", BX_DT_F64, D_WIDEALL},
+      {"f64 1e+-300", BX_DT_F64, D_TINYHUGE},
+  };
+  size_t maxn = (size_t)1 << 24;
+  unsigned char *buf = aligned_alloc(64, maxn * 8);
+  if (!buf) return 1;
+  printf("single thread; median of 5; bytes = input bytes\n");
+  for (int sz = 20; sz <= 24; sz += 4) {
+    size_t n = (size_t)1 << sz;
+    printf("N = 2^%d\n", sz);
+    rng_state = 42;
+    fill(buf, BX_DT_F32, n, D_GRAD);
+    double t[5];
+    for (int dt = 1; dt < 4; dt++) { /* 2, 4 and 8 bytes an element */
+      size_t bytes = n * dt_size[dt];
+      for (int r = 0; r < 5; r++) {
+        double t0 = now();
+        sink = (double)stream_read(buf, bytes);
+        t[r] = now() - t0;
+      }
+      char what[32];
+      snprintf(what, sizeof what, "read %zuB/elem", dt_size[dt]);
+      bench_line(what, "stream", n, bytes, median5(t));
+    }
+    for (int r = 0; r < 5; r++) {
+      double t0 = now();
+      sink = naive_sumsq_f32((const float *)buf, n);
+      t[r] = now() - t0;
+    }
+    bench_line("f32 naive fma", "avx512", n, n * 4, median5(t));
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+      rng_state = 1234 + c;
+      fill(buf, cases[c].dt, n, cases[c].dist);
+      size_t bytes = n * dt_size[cases[c].dt];
+      for (int k = 0; k < ntab; k++) {
+        char label[64];
+        snprintf(label, sizeof label, "%s %s", cases[c].name, tabs[k]->name);
+        if (filter && !strstr(label, filter)) continue;
+        bx_acc acc;
+        for (int r = 0; r < 5; r++) {
+          double t0 = now();
+          run(tabs[k], 0, cases[c].dt, buf, n, &acc);
+          t[r] = now() - t0;
+        }
+        sink = bx_acc_value(&acc);
+        bench_line(cases[c].name, tabs[k]->name, n, bytes, median5(t));
+      }
+    }
+  }
+  free(buf);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  if (argc > 1 && strcmp(argv[1], "bench") == 0) return run_bench(argc > 2 ? argv[2] : NULL);
+  uint64_t seed = argc > 2 && strcmp(argv[1], "check") == 0 ? strtoull(argv[2], NULL, 0) : 20240611;
+  return run_checks(seed);
+}

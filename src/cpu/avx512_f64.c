@@ -1,0 +1,134 @@
+/*
+ * avx512_f64.c — exact sum of squares of fp64 tensors, AVX-512. Scheme and
+ * proofs: exact_grid.h. 4 sets of 8 lanes, blocks of 1024 (k = 32 per
+ * lane, K = 5). Correct first: every window pass is masked.
+ */
+#include <string.h>
+
+#include "avx512_util.h"
+
+#define F64_BLOCK 1024
+
+/* ======================================================================
+ * fp64: scaled so the block max is in [1,2); p = x'^2 rounded, r its exact
+ * error; both summed with the add-form two-level grid.
+ * ====================================================================== */
+
+/* Max |x| bits, and the bitmap of 32-binade buckets (exact_grid.h). */
+static uint64_t f64_max(const double *x, size_t len, uint64_t *buckets) {
+  const __m512i absm = _mm512_set1_epi64(0x7FFFFFFFFFFFFFFFll), one = _mm512_set1_epi64(1);
+  __m512i mx = _mm512_setzero_si512(), bk = mx;
+  for (size_t i = 0; i < len; i += 8) {
+    __m512i v = len - i >= 8 ? _mm512_loadu_si512(x + i)
+                             : _mm512_maskz_loadu_epi64((__mmask8)((1u << (len - i)) - 1), x + i);
+    __m512i a = _mm512_and_si512(v, absm);
+    mx = _mm512_max_epu64(mx, a);
+    bk = _mm512_or_si512(bk, _mm512_sllv_epi64(one, _mm512_srli_epi64(a, 57)));
+  }
+  *buckets = (uint64_t)_mm512_reduce_or_epi64(bk);
+  return _mm512_reduce_max_epu64(mx);
+}
+
+typedef struct f64_acc {
+  __m512d hp, lp, hr, lr;
+} f64_acc;
+
+static inline void f64_step(__m512i b, __m512i thr, __m512i upper, __m512d sc, __m512i *rest,
+                            f64_acc *s) {
+  __m512i a = _mm512_and_si512(b, _mm512_set1_epi64(0x7FFFFFFFFFFFFFFFll));
+  __mmask8 below = _mm512_cmplt_epu64_mask(a, thr);
+  __mmask8 in = _mm512_mask_cmplt_epu64_mask((__mmask8)~below, a, upper);
+  *rest = _mm512_mask_max_epu64(*rest, below, *rest, a);
+  __m512d xs = _mm512_maskz_scalef_pd(in, _mm512_castsi512_pd(b), sc); /* x 2^sc, exact */
+  __m512d p = _mm512_mul_pd(xs, xs);
+  __m512d r = _mm512_fmsub_pd(xs, xs, p); /* exact: x'^2 - p */
+  add2(p, &s->hp, &s->lp);
+  add2(r, &s->hr, &s->lr);
+}
+
+static inline int64_t f64_lanes(const f64_acc *s, int which, int g) {
+  if (which == 0) return lanes_sum(s[0].hp, s[1].hp, s[2].hp, s[3].hp, g);
+  if (which == 1) return lanes_sum(s[0].lp, s[1].lp, s[2].lp, s[3].lp, g);
+  if (which == 2) return lanes_sum(s[0].hr, s[1].hr, s[2].hr, s[3].hr, g);
+  return lanes_sum(s[0].lr, s[1].lr, s[2].lr, s[3].lr, g);
+}
+
+/* Elements with |x| bits in [thr, upper), scaled by 2^sc (block max in
+ * [1,2)): the exact sum of their squares goes to pp (units 2^(-89-2sc))
+ * and pr (units 2^(-143-2sc)). */
+static void f64_window(const double *x, size_t len, int sc, uint64_t thr, uint64_t upper,
+                       uint64_t *restmax, bx_acc *acc, bx_pending *pp, bx_pending *pr) {
+  const __m512i vt = _mm512_set1_epi64((int64_t)thr), vu = _mm512_set1_epi64((int64_t)upper);
+  const __m512d scale = _mm512_set1_pd((double)sc); /* scalef: x * 2^sc */
+  f64_acc s[4];
+  for (int k = 0; k < 4; k++) {
+    s[k].hp = anchor_pd(-43);
+    s[k].lp = anchor_pd(-89);
+    s[k].hr = anchor_pd(-97);
+    s[k].lr = anchor_pd(-143);
+  }
+  __m512i r = _mm512_setzero_si512();
+  size_t i = 0;
+  for (; i + 32 <= len; i += 32) {
+    f64_step(_mm512_loadu_si512(x + i), vt, vu, scale, &r, &s[0]);
+    f64_step(_mm512_loadu_si512(x + i + 8), vt, vu, scale, &r, &s[1]);
+    f64_step(_mm512_loadu_si512(x + i + 16), vt, vu, scale, &r, &s[2]);
+    f64_step(_mm512_loadu_si512(x + i + 24), vt, vu, scale, &r, &s[3]);
+  }
+  for (int k = 0; i < len; i += 8, k++) {
+    size_t left = len - i;
+    __m512i v = left >= 8 ? _mm512_loadu_si512(x + i)
+                          : _mm512_maskz_loadu_epi64((__mmask8)((1u << left) - 1), x + i);
+    f64_step(v, vt, vu, scale, &r, &s[k]);
+  }
+  *restmax = _mm512_reduce_max_epu64(r);
+  bx_pend_add(pp, acc, combine46(f64_lanes(s, 0, -43), f64_lanes(s, 1, -89)), -89 - 2 * sc);
+  bx_pend_add(pr, acc, combine46(f64_lanes(s, 2, -97), f64_lanes(s, 3, -143)), -143 - 2 * sc);
+}
+
+static int f64_block(const double *x, size_t len, bx_acc *acc, bx_pending pend[4]) {
+  uint64_t buckets, amax = f64_max(x, len, &buckets);
+  if (amax >= 0x7FF0000000000000ull || __builtin_popcountll(buckets) > BX_F64_BUCKETS) {
+    return 1; /* NaN/Inf, or spread too wide: the caller's scalar run */
+  }
+  uint64_t upper = 0x8000000000000000ull;
+  for (int w = 0; amax != 0; w++) {
+    if (w == BX_F64_WINDOWS) {
+      bx_f64_rest_scalar(x, len, upper, acc);
+      break;
+    }
+    int sc;
+    uint64_t thr = bx_f64_window(amax, &sc), rest;
+    f64_window(x, len, sc, thr, upper, &rest, acc, &pend[w ? 2 : 0], &pend[w ? 3 : 1]);
+    upper = thr;
+    amax = rest;
+  }
+  return 0;
+}
+
+void bx_avx512_sumsq_f64(const void *xv, size_t n, bx_acc *acc) {
+  const double *x = xv;
+  bx_pending pend[4];
+  memset(pend, 0, sizeof pend);
+  size_t scalar_n = 0, i = 0, len = F64_BLOCK, run = 0, run_at = 0; /* run: for the scalar kernel */
+  if (((uintptr_t)x & 7) == 0) len -= ((uintptr_t)x >> 3) & 7;
+  while (i < n) {
+    if (len > n - i) len = n - i;
+    if (f64_block(x + i, len, acc, pend)) {
+      if (!run) run_at = i;
+      run += len;
+    } else if (run) {
+      bx_sumsq_f64_scalar(x + run_at, run, acc); /* counts them */
+      scalar_n += run;
+      run = 0;
+    }
+    i += len;
+    len = F64_BLOCK;
+  }
+  if (run) {
+    bx_sumsq_f64_scalar(x + run_at, run, acc);
+    scalar_n += run;
+  }
+  for (int k = 0; k < 4; k++) bx_pend_flush(&pend[k], acc);
+  acc->count += (int64_t)(n - scalar_n);
+}
