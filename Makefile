@@ -107,7 +107,7 @@ $(BUILD)/examples/%: examples/%.c $(BUILD)/libbitexact.a
 
 # Benchmarks may compare against naive loops compiled with the ISA flags of
 # the kernel they race; they never go into the library.
-$(BUILD)/bench/%: bench/%.c $(BUILD)/libbitexact.a
+$(BUILD)/bench/%: bench/%.c $(wildcard bench/*.h) $(BUILD)/libbitexact.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(BUILD)/libbitexact.a $(LDLIBS)
 
