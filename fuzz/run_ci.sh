@@ -50,6 +50,9 @@ make_seeds() {
     seed "$name" nan_coef '\002\000\000\000\000\000\000\370\177' 64
     seed "$name" random '' 300
     ;;
+  fuzz_safetensors)
+    sh fuzz/fuzz_safetensors_seeds.sh "$work/$name"
+    ;;
   *)
     seed "$name" random '' 256
     seed "$name" low '\000' 64

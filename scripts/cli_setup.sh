@@ -17,7 +17,7 @@ set -euo pipefail
 
 PACKAGES=(libjansson-dev libxxhash-dev)
 # Pinned: the versions the tests were written and checked against.
-PY_PINS=(safetensors==0.8.0 numpy==2.4.6 xxhash==4.1.0)
+PY_PINS=(safetensors==0.8.0 numpy==2.3.5 xxhash==4.1.0)  # numpy: the same pin as scripts/py_setup.sh
 TORCH_PIN=torch==2.15.0
 PYTHON=${PYTHON:-python3}
 

@@ -6,5 +6,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/setup.sh
-make -j"$(nproc)" lib examples
-exec build/examples/demo "$@"
+make -j"$(nproc)" cli
+exec build/bitexact demo "$@"

@@ -10,8 +10,11 @@ set -euo pipefail
 # sanitizer runtimes; libdlpack-dev: <dlpack/dlpack.h>; libmpfr-dev +
 # libgmp-dev: the exact reference the tests compare against.
 # libopenmpi-dev + openmpi-bin: the MPI adapter and the mpirun multi-rank tests.
+# libjansson-dev + libxxhash-dev: the bitexact command-line tool (safetensors
+# headers, XXH3-128 hashes).
 PACKAGES=(build-essential gcc make clang libclang-rt-14-dev
-          libdlpack-dev libmpfr-dev libgmp-dev libopenmpi-dev openmpi-bin)
+          libdlpack-dev libmpfr-dev libgmp-dev libopenmpi-dev openmpi-bin
+          libjansson-dev libxxhash-dev)
 
 installed() {
   dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'

@@ -31,8 +31,9 @@ counted() { # run a test command, keep its output, add its closing counts
   return "$rc"
 }
 
-stage "setup (build dependencies)"
+stage "setup (build dependencies; Python packages for the command-line tests)"
 bash scripts/setup.sh
+bash scripts/cli_setup.sh
 
 stage "build (make: library, examples, benchmarks)"
 make -j"$JOBS"
@@ -43,8 +44,11 @@ counted make -j"$JOBS" test
 stage "multi-rank tests under mpirun (make test-mpi)"
 counted make -j"$JOBS" test-mpi
 
+stage "command-line tool tests (make test-cli)"
+counted make -j"$JOBS" test-cli
+
 stage "demo (layout invariance of the norm)"
-build/examples/demo
+build/bitexact demo
 build/examples/simple
 
 stage "benchmark smoke run (bench_norm --quick)"
@@ -59,7 +63,10 @@ stage "multi-rank tests under ASan+UBSan (make SAN=1 test-mpi)"
 ASAN_OPTIONS=detect_leaks=0 counted make -j"$JOBS" SAN=1 test-mpi
 
 if [ -f fuzz/run_ci.sh ]; then
-  stage "fuzz harnesses, bounded time (fuzz/run_ci.sh)"
+  stage "command-line tool tests under ASan+UBSan (make SAN=1 test-cli)"
+counted make -j"$JOBS" SAN=1 test-cli
+
+stage "fuzz harnesses, bounded time (fuzz/run_ci.sh)"
   bash fuzz/run_ci.sh
 else
   stage "fuzz: fuzz/run_ci.sh not present, skipped"

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# py_setup.sh — install what the Python package and its tests need, then
+# build and install the package itself (`pip install .`, which compiles the
+# C library from source into bitexact._core).
+#
+# Idempotent: pinned Python packages already present at the pinned version
+# are not touched (torch from PyPI is a multi-GB download with its CUDA
+# wheels), so running it before every test run costs only the package build.
+# PYTHON selects the interpreter (default python3).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+
+# Pins. torch >= 2.6 has get_total_norm / clip_grads_with_norm_; 2.15.0 is
+# what this project's machines run (a CUDA build from PyPI; its CPU path is
+# what the tests use).
+TORCH_PIN="2.15.0"
+NUMPY_PIN="2.3.5"
+PYTEST_PIN="8.4.2"
+
+# System build dependencies (gcc, libdlpack-dev, ...): the C library's script.
+if [ -x scripts/setup.sh ] || [ -f scripts/setup.sh ]; then
+  bash scripts/setup.sh
+fi
+
+have() {  # have MODULE VERSION: importable at exactly that version (local tag ignored)
+  "$PY" - "$1" "$2" <<'PYEOF' >/dev/null 2>&1
+import importlib, sys
+mod = importlib.import_module(sys.argv[1])
+sys.exit(0 if mod.__version__.split("+")[0] == sys.argv[2] else 1)
+PYEOF
+}
+
+missing=()
+have torch "$TORCH_PIN" || missing+=("torch==$TORCH_PIN")
+have numpy "$NUMPY_PIN" || missing+=("numpy==$NUMPY_PIN")
+have pytest "$PYTEST_PIN" || missing+=("pytest==$PYTEST_PIN")
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "py_setup.sh: installing ${missing[*]}"
+  "$PY" -m pip install "${missing[@]}"
+else
+  echo "py_setup.sh: torch $TORCH_PIN, numpy $NUMPY_PIN, pytest $PYTEST_PIN present"
+fi
+
+# The package. Without network access a present setuptools >= 64 builds it
+# in this environment; otherwise pip's isolated build fetches one.
+ISOLATION=()
+if "$PY" -c 'import setuptools, sys; sys.exit(int(setuptools.__version__.split(".")[0]) < 64)' \
+    2>/dev/null; then
+  ISOLATION=(--no-build-isolation)
+fi
+echo "py_setup.sh: pip install . (builds the C library into bitexact._core)"
+"$PY" -m pip install --quiet --no-deps "${ISOLATION[@]}" . 2>&1 \
+  | grep -v "Running pip as the 'root' user" || true
+"$PY" - <<'PYEOF'
+import bitexact
+print(f"py_setup.sh: bitexact {bitexact.__version__} (C library {bitexact.library_version()}, "
+      f"{bitexact.isa()} kernels) installed")
+PYEOF

@@ -1,0 +1,138 @@
+/*
+ * main.c — the `bitexact` command: dispatch to norm, hash, diff and demo,
+ * and the help text (the reference for every output and exit status).
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include <bitexact.h>
+
+#include "cli.h"
+
+int cli_out_finish(int keep);
+
+static const char help[] =
+    "bitexact — exact norms, canonical hashes and bitwise diffs of checkpoint files\n"
+    "\n"
+    "usage:\n"
+    "  bitexact norm [--ord P] [--group NAME=GLOB]... [options] FILE...\n"
+    "  bitexact hash [options] FILE...\n"
+    "  bitexact diff [options] A B\n"
+    "  bitexact demo [--json]\n"
+    "  bitexact --version | --help\n"
+    "\n"
+    "Options for every command: --json (machine-readable output), --threads N\n"
+    "(default: BX_NUM_THREADS or the online CPUs; results never depend on it),\n"
+    "-q (totals only), --progress / --no-progress (default: a bar on stderr\n"
+    "when it is a terminal and the input is 256 MiB or more).\n"
+    "\n"
+    "norm FILE...\n"
+    "  The norm of every F16/BF16/F32/F64 tensor of the safetensors FILEs: per\n"
+    "  tensor, per --group and in total, computed exactly (bitexact.h: exact\n"
+    "  squares, exact integer sum, one correct rounding) from the memory-mapped\n"
+    "  files, never read whole. Tensors of other dtypes (integers, BOOL, fp8,\n"
+    "  fp4/fp6, C64) are skipped with a note on stderr and listed under\n"
+    "  \"skipped\" in --json. A name present in several FILEs is read as shards\n"
+    "  of one tensor (tensor-parallel dumps): its norm covers all its elements.\n"
+    "  --ord P    2 (default), 1, inf, -inf (min |x|), 0 (count of non-zeros):\n"
+    "             exact; any other P > 0: |x|^P rounded per element, then an\n"
+    "             exact sum (deterministic, not exact; no progress bar).\n"
+    "  --group NAME=GLOB   also the norm of the tensors whose name matches the\n"
+    "             fnmatch(3) GLOB ('*' also matches '.'); repeatable; a tensor\n"
+    "             may be in several groups or none.\n"
+    "  --error-if-nonfinite   exit 2 naming the first tensor holding NaN/Inf.\n"
+    "  NaN anywhere gives NaN; otherwise Inf gives inf. Text: one line per tensor\n"
+    "  (norm as %.17g, its hex float, dtype, shape, name), groups, total_norm.\n"
+    "  --json: {\"total_norm\": number (%.17g, so the double round-trips),\n"
+    "  \"total_norm_hex\", \"tensors\": {name: norm}, \"tensors_hex\", \"groups\",\n"
+    "  \"groups_hex\", \"skipped\": {name: dtype}, \"elements\", \"files\", \"ord\"};\n"
+    "  a NaN/Inf norm is null in the number fields, \"nan\"/\"inf\" in the hex.\n"
+    "\n"
+    "hash FILE...\n"
+    "  Canonical hashes with XXH3-128 (Debian's libxxhash), independent of the\n"
+    "  tensors' order and padding in the file and of how a checkpoint is split\n"
+    "  into FILEs (a name may appear only once over all FILEs). With u64(x) the\n"
+    "  8-byte little-endian encoding of x:\n"
+    "    tensor hash = XXH3-128, seed 0, of  u64(len(name)) name\n"
+    "                  u64(len(dtype)) dtype u64(ndim) u64(dim_0) ... u64(dim_n-1)\n"
+    "                  u64(nbytes) data\n"
+    "    (name and dtype as UTF-8 bytes as in the header, e.g. \"BF16\"; data: the\n"
+    "    tensor's bytes exactly as stored, little-endian)\n"
+    "    checkpoint hash = XXH3-128, seed 0, of the 16-byte canonical (big-endian)\n"
+    "                  tensor hashes, in bytewise order of the tensor names.\n"
+    "  Printed as 32 hex digits, as xxh128sum does. __metadata__ is not hashed.\n"
+    "  Every dtype is hashed (bytes). --json: {\"checkpoint\", \"tensors\": {name:\n"
+    "  {\"hash\", \"dtype\", \"shape\"}}, \"files\"}.\n"
+    "\n"
+    "diff A B\n"
+    "  Two safetensors files: tensors only in A or only in B, dtype or shape\n"
+    "  mismatches, and for each common tensor: bitwise equal, or the number of\n"
+    "  elements whose bits differ, the largest ULP distance, the largest\n"
+    "  absolute and relative difference and the first differing index.\n"
+    "  Exit 0: identical tensors (names, dtypes, shapes, bytes; __metadata__ is\n"
+    "  not compared), 1: they differ, 2: error. How elements count:\n"
+    "    differing         bit patterns differ (so +0 vs -0 and two NaNs with\n"
+    "                      different payloads are differing elements);\n"
+    "    ULP distance      |ord(a) - ord(b)|, where ord maps a float's bits to an\n"
+    "                      integer monotone in its value with +0 and -0 both 0:\n"
+    "                      the number of representable values between a and b\n"
+    "                      (+-0: 0 ULP; inf is 1 ULP above the largest finite);\n"
+    "                      for integer dtypes |a - b|;\n"
+    "    NaN               NaN vs NaN with other bits: counted in nan_payload, 0\n"
+    "                      ULP; NaN vs a number: counted in nan_mismatch, left\n"
+    "                      out of the ULP, abs and rel maxima;\n"
+    "    abs, rel          |a - b| and |a - b| / max(|a|, |b|), in fp64 (0 when\n"
+    "                      a == b as numbers).\n"
+    "  Sub-byte dtypes (F4, F6_*) are compared byte by byte; C64 as pairs of\n"
+    "  F32 (counts are of components, the first index of the complex element).\n"
+    "  Two run records (JSON Lines, one object per step with \"step\" and values\n"
+    "  such as \"loss\" and \"grad_norm\", written as hex-float strings like\n"
+    "  \"0x1.8p+1\" so no bit is lost; plain JSON numbers are read too): the\n"
+    "  steps only in one file, and the first step whose values differ, with the\n"
+    "  ULP distance of each differing value. Files starting with '{' are read\n"
+    "  as run records (--records / --safetensors force a kind).\n"
+    "\n"
+    "demo\n"
+    "  Built-in synthetic gradients of a small mixture-of-experts transformer\n"
+    "  (embeddings, attention, dense MLP, 8 experts per layer, fp32 and bf16):\n"
+    "  the global norm under 1, 2, 4 and 8 ranks, 1 and 2 threads, model and\n"
+    "  shuffled tensor order. Ranks are MPI ranks when this binary was built\n"
+    "  with MPI and is run under mpirun with that many ranks or more; otherwise\n"
+    "  threads in this process, each with a bx_comm whose all-reduce sums int64\n"
+    "  words across them. Prints naive fp32 norms (their bits differ between\n"
+    "  layouts) against bitexact's (identical bits) and the clip coefficient\n"
+    "  (bx_clip_coef, max_norm 1.0). Exit 1 if bitexact's bits ever differ.\n"
+    "\n"
+    "Errors: one line on stderr naming the file (and tensor), exit status 2, and\n"
+    "nothing on stdout: results are printed only once complete.\n";
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    fputs(help, stderr);
+    return CLI_ERROR;
+  }
+  const char *cmd = argv[1];
+  int rc;
+  if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) {
+    fputs(help, stdout);
+    return fflush(stdout) == 0 ? CLI_OK : CLI_ERROR;
+  }
+  if (strcmp(cmd, "--version") == 0) {
+    unsigned v = bx_version();
+    printf("bitexact %u.%u.%u\n", v / 10000, v / 100 % 100, v % 100);
+    return fflush(stdout) == 0 ? CLI_OK : CLI_ERROR;
+  }
+  if (strcmp(cmd, "norm") == 0) rc = cmd_norm(argc - 1, argv + 1);
+  else if (strcmp(cmd, "hash") == 0) rc = cmd_hash(argc - 1, argv + 1);
+  else if (strcmp(cmd, "diff") == 0) rc = cmd_diff(argc - 1, argv + 1);
+  else if (strcmp(cmd, "demo") == 0) rc = cmd_demo(argc - 1, argv + 1);
+  else {
+    cli_error("unknown command '%s' (norm, hash, diff, demo; --help)", cmd);
+    return CLI_ERROR;
+  }
+  if (cli_out_finish(rc != CLI_ERROR) != 0) {
+    cli_error("cannot write the results to standard output");
+    return CLI_ERROR;
+  }
+  return rc;
+}
