@@ -48,6 +48,12 @@ extern "C" {
 /* Runtime version of the library actually linked (BX_VERSION_NUMBER). */
 unsigned bx_version(void);
 
+/* The kernels this process uses: "avx512", "avx2" or "portable" (chosen
+ * from the CPU's features at first use; the environment variable BX_ISA
+ * forces one the CPU supports). Results never depend on it. Static
+ * storage; thread-safe. */
+const char *bx_isa_name(void);
+
 /* ------------------------------------------------------------------------
  * Status codes
  * ---------------------------------------------------------------------- */
@@ -129,8 +135,10 @@ typedef struct bx_scale_opts {
 #define BX_SCALE_OPTS_DEFAULT {BX_SCALE_TORCH, 0}
 
 typedef enum bx_coef_formula {
-  /* coef = min(1, max_norm / (total_norm + eps)), computed in double:
-   * torch.nn.utils.clip_grad_norm_'s formula. */
+  /* coef = min(1, max_norm / (total_norm + eps)), computed in double: the
+   * formula of torch.nn.utils.clip_grad_norm_ (torch evaluates it in the
+   * norm's dtype, fp32 for fp32 grads; bitexact.torch reproduces that with
+   * torch's own ops and passes the result to bx_scale). */
   BX_COEF_TORCH = 0,
   /* coef = max_norm / max(total_norm, max_norm): exactly 1 whenever no
    * clipping is needed (eps unused). */

@@ -66,6 +66,9 @@ if [ -f fuzz/run_ci.sh ]; then
   stage "command-line tool tests under ASan+UBSan (make SAN=1 test-cli)"
 counted make -j"$JOBS" SAN=1 test-cli
 
+stage "Python package: pip install . and pytest against PyTorch (tests/python/run.sh)"
+counted bash tests/python/run.sh
+
 stage "fuzz harnesses, bounded time (fuzz/run_ci.sh)"
   bash fuzz/run_ci.sh
 else

@@ -25,17 +25,37 @@ bx_status bx_comm_allreduce(const bx_comm *comm, const char *fn, const char *wha
  * so each rank learns max(v) and min(v) = ~max(~v): all ranks agree iff
  * they are equal. The offender word carries the smallest (rank, group,
  * tensor) that saw a NaN/Inf, encoded so that MAX selects it. */
+/* Failure keys: MAX selects the lowest failing rank; the status rides in
+ * the low byte. */
+int64_t bx_failure_key(int rank, bx_status st) {
+  if (st == BX_OK) return -1;
+  int64_t r = rank < 0 ? 0 : rank > 0xFFFFFF ? 0xFFFFFF : rank;
+  return ((0xFFFFFF - r) << 8) | (int64_t)st;
+}
+
 bx_status bx_agree(const bx_comm *comm, const char *fn, const bx_agree_item *items,
-                   size_t nitems, int64_t *offender) {
-  int64_t buf[2 * BX_MAX_AGREE + 1];
+                   size_t nitems, int64_t *offender, int64_t *failure) {
+  int64_t buf[2 * BX_MAX_AGREE + 2];
+  int64_t mine = *failure;
   if (nitems > BX_MAX_AGREE) return bx_fail(BX_EINTERNAL, "%s: too many agreement words", fn);
   for (size_t i = 0; i < nitems; i++) {
     buf[2 * i] = items[i].value;
     buf[2 * i + 1] = ~items[i].value;
   }
   buf[2 * nitems] = *offender;
-  bx_status st = bx_comm_allreduce(comm, fn, "agreement", buf, 2 * nitems + 1, BX_OP_MAX);
-  if (st != BX_OK) return st;
+  buf[2 * nitems + 1] = mine;
+  bx_status st = bx_comm_allreduce(comm, fn, "agreement", buf, 2 * nitems + 2, BX_OP_MAX);
+  if (st != BX_OK) return mine >= 0 ? (bx_status)(mine & 0xFF) : st;
+  *failure = buf[2 * nitems + 1];
+  if (mine >= 0) return (bx_status)(mine & 0xFF); /* our own error and message stand */
+  if (*failure >= 0) {
+    bx_status other = (bx_status)(*failure & 0xFF);
+    int rank = 0xFFFFFF - (int)(*failure >> 8);
+    return bx_fail(other,
+                   "%s: rank %d: rank %d failed its local checks with %s (its "
+                   "bx_last_error() has the detail); every rank fails, nothing was modified",
+                   fn, comm->rank, rank, bx_status_str(other));
+  }
   for (size_t i = 0; i < nitems; i++) {
     int64_t hi = buf[2 * i], lo = ~buf[2 * i + 1];
     if (hi != lo)

@@ -135,7 +135,6 @@ const bx_kernels *bx_kernels_active(void);
  * automatic choice). Returns BX_EINVAL for an unknown name or one the CPU
  * cannot run. Not thread-safe against concurrent norm calls. */
 bx_status bx_force_isa(const char *name);
-const char *bx_isa_name(void);
 
 /* ------------------------------------------------------------------------
  * Errors: set the thread-local detail text and return the status.
@@ -175,18 +174,24 @@ typedef struct bx_agree_item {
 bx_status bx_comm_allreduce(const bx_comm *comm, const char *fn, const char *what,
                             int64_t *buf, size_t n, bx_op op);
 
-/* One MAX all-reduce: BX_EMISMATCH on every rank unless all ranks passed
- * the same values; *offender (in: this rank's key or -1; out: the max over
- * ranks) travels with it. */
+/* One MAX all-reduce. *failure (in: bx_failure_key of this rank's local
+ * status, -1 if none) travels with it: if any rank failed locally, every
+ * rank returns that status (the failing rank keeps its own message).
+ * Otherwise BX_EMISMATCH on every rank unless all ranks passed the same
+ * values. *offender (in: this rank's NaN/Inf key or -1; out: the max over
+ * ranks) travels with it too. */
 bx_status bx_agree(const bx_comm *comm, const char *fn, const bx_agree_item *items,
-                   size_t nitems, int64_t *offender);
+                   size_t nitems, int64_t *offender, int64_t *failure);
+int64_t bx_failure_key(int rank, bx_status st);
 
 /* bx_total_norm with extra words the ranks must agree on (clip options);
- * fn names the public function in messages. */
+ * fn names the public function in messages. prior != BX_OK: this rank has
+ * already failed (e.g. bx_clip_grad_norm's layout checks): it only joins
+ * the agreement step, so that every rank fails, and returns prior. */
 bx_status bx_norm_agreed(const char *fn, const bx_group *groups, size_t ngroups,
                          const bx_comm *comm, const bx_norm_opts *opts,
-                         const bx_agree_item *extra, size_t nextra, double *total_norm,
-                         double *group_norms);
+                         const bx_agree_item *extra, size_t nextra, bx_status prior,
+                         double *total_norm, double *group_norms);
 
 /* A NaN/Inf location as a key whose MAX over ranks is the first location
  * (lowest rank, then group, then tensor); -1 means none. */

@@ -240,32 +240,56 @@ static bx_status check_norm_opts(const char *fn, const bx_norm_opts *o, mode *m)
   return BX_OK;
 }
 
+/* What the ranks must agree on: build, group count, options, extras. */
+static size_t agree_items(bx_agree_item *items, const bx_norm_opts *o, size_t ngroups,
+                          const bx_agree_item *extra, size_t nextra) {
+  size_t n = 0;
+  items[n++] = (bx_agree_item){"the accumulator format (bitexact build)", BX_ACC_VERSION_TAG};
+  items[n++] = (bx_agree_item){"the number of groups", (int64_t)ngroups};
+  items[n++] = (bx_agree_item){"norm_type", double_bits(o->norm_type)};
+  items[n++] = (bx_agree_item){"flavor", (int64_t)o->flavor};
+  items[n++] = (bx_agree_item){"error_if_nonfinite", (int64_t)(o->error_if_nonfinite != 0)};
+  for (size_t i = 0; i < nextra && n < BX_MAX_AGREE; i++) items[n++] = extra[i];
+  return n;
+}
+
 bx_status bx_norm_agreed(const char *fn, const bx_group *groups, size_t ngroups,
                          const bx_comm *comm, const bx_norm_opts *opts,
-                         const bx_agree_item *extra, size_t nextra, double *total_norm,
-                         double *group_norms) {
+                         const bx_agree_item *extra, size_t nextra, bx_status prior,
+                         double *total_norm, double *group_norms) {
   bx_norm_opts o = BX_NORM_OPTS_DEFAULT;
   if (opts) o = *opts;
   mode m = M_SQ;
-  bx_status st = check_norm_opts(fn, &o, &m);
-  if (st != BX_OK) return st;
-  if (!total_norm) return bx_fail(BX_EINVAL, "%s: total_norm is NULL", fn);
-  if (ngroups > 0 && !groups) return bx_fail(BX_EINVAL, "%s: groups is NULL with ngroups %zu", fn, ngroups);
+  size_t nitems = 0, total = 0;
+  bx_status st = prior;
+  if (st != BX_OK) goto local_failed;
+  st = check_norm_opts(fn, &o, &m);
+  if (st != BX_OK) goto local_failed;
+  if (!total_norm) {
+    st = bx_fail(BX_EINVAL, "%s: total_norm is NULL", fn);
+    goto local_failed;
+  }
+  if (ngroups > 0 && !groups) {
+    st = bx_fail(BX_EINVAL, "%s: groups is NULL with ngroups %zu", fn, ngroups);
+    goto local_failed;
+  }
 
   /* pass 1: validate every tensor and count the pieces */
-  size_t nitems = 0, total = 0;
   for (size_t g = 0; g < ngroups; g++) {
-    if (groups[g].count > 0 && !groups[g].tensors)
-      return bx_fail(BX_EINVAL, "%s: group %zu: tensors is NULL with count %zu", fn, g,
-                     groups[g].count);
+    if (groups[g].count > 0 && !groups[g].tensors) {
+      st = bx_fail(BX_EINVAL, "%s: group %zu: tensors is NULL with count %zu", fn, g,
+                   groups[g].count);
+      goto local_failed;
+    }
     for (size_t i = 0; i < groups[g].count; i++) {
       bx_span s;
       st = bx_tensor_span(&groups[g].tensors[i], fn, g, i, &s);
-      if (st != BX_OK) return st;
+      if (st != BX_OK) goto local_failed;
       nitems += (s.n + PIECE - 1) / PIECE;
       total += s.n;
     }
   }
+  {
   int nthreads = o.num_threads > 0 ? o.num_threads : bx_default_threads();
   if (nthreads > BX_MAX_THREADS) nthreads = BX_MAX_THREADS;
   size_t useful = total / MIN_PER_THREAD + 1;
@@ -278,8 +302,11 @@ bx_status bx_norm_agreed(const char *fn, const bx_group *groups, size_t ngroups,
   size_t tail_bytes = nitems * sizeof(item);
   if (comm && nwire * sizeof(int64_t) > tail_bytes) tail_bytes = nwire * sizeof(int64_t);
   char *ws = bx_workspace(parts_bytes + tail_bytes);
-  if (!ws) return bx_fail(BX_ENOMEM, "%s: cannot allocate %zu bytes of workspace", fn,
-                          parts_bytes + tail_bytes);
+  if (!ws) {
+    st = bx_fail(BX_ENOMEM, "%s: cannot allocate %zu bytes of workspace", fn,
+                 parts_bytes + tail_bytes);
+    goto local_failed;
+  }
   partial *parts = (partial *)ws;
   item *items = (item *)(ws + parts_bytes);
   for (size_t i = 0; i < nparts; i++) partial_init(&parts[i]);
@@ -316,17 +343,12 @@ bx_status bx_norm_agreed(const char *fn, const bx_group *groups, size_t ngroups,
   int64_t offender = o.error_if_nonfinite && bad > 0 ? first_nonfinite(groups, ngroups, rank) : -1;
 
   if (comm) {
-    /* 1: the tiny agreement step (also spreads the first NaN/Inf location) */
-    bx_agree_item agree[BX_MAX_AGREE] = {
-        {"the accumulator format (bitexact build)", BX_ACC_VERSION_TAG},
-        {"the number of groups", (int64_t)ngroups},
-        {"norm_type", double_bits(o.norm_type)},
-        {"flavor", (int64_t)o.flavor},
-        {"error_if_nonfinite", (int64_t)(o.error_if_nonfinite != 0)},
-    };
-    size_t nagree = 5;
-    for (size_t i = 0; i < nextra && nagree < BX_MAX_AGREE; i++) agree[nagree++] = extra[i];
-    st = bx_agree(comm, fn, agree, nagree, &offender);
+    /* 1: the tiny agreement step (also spreads the first NaN/Inf location
+     * and whether any rank failed its local checks) */
+    bx_agree_item agree[BX_MAX_AGREE];
+    size_t nagree = agree_items(agree, &o, ngroups, extra, nextra);
+    int64_t failure = -1;
+    st = bx_agree(comm, fn, agree, nagree, &offender, &failure);
     if (st != BX_OK) return st;
     if (o.error_if_nonfinite && offender >= 0) return report_nonfinite(fn, offender, 1);
 
@@ -355,12 +377,24 @@ bx_status bx_norm_agreed(const char *fn, const bx_group *groups, size_t ngroups,
   if (group_norms)
     for (size_t g = 0; g < ngroups; g++) group_norms[g] = finish(m, o.norm_type, &parts[g]);
   return BX_OK;
+  }
+
+local_failed:
+  /* A rank that fails its local checks still joins the agreement step, so
+   * the others fail with it instead of waiting in the collective. */
+  if (comm && comm->allreduce_i64) {
+    bx_agree_item agree[BX_MAX_AGREE];
+    size_t nagree = agree_items(agree, &o, ngroups, extra, nextra);
+    int64_t offender = -1, failure = bx_failure_key(comm->rank, st);
+    bx_agree(comm, fn, agree, nagree, &offender, &failure); /* reports our own st */
+  }
+  return st;
 }
 
 bx_status bx_total_norm(const bx_group *groups, size_t ngroups, const bx_comm *comm,
                         const bx_norm_opts *opts, double *total_norm, double *group_norms) {
-  return bx_norm_agreed("bx_total_norm", groups, ngroups, comm, opts, NULL, 0, total_norm,
-                        group_norms);
+  return bx_norm_agreed("bx_total_norm", groups, ngroups, comm, opts, NULL, 0, BX_OK,
+                        total_norm, group_norms);
 }
 
 /* ---- public accumulator entry points (calling thread only) ---------- */

@@ -172,19 +172,24 @@ bx_status bx_clip_grad_norm(const bx_group *groups, size_t ngroups, const bx_com
   static const char *fn = "bx_clip_grad_norm";
   bx_clip_opts o = BX_CLIP_OPTS_DEFAULT;
   if (opts) o = *opts;
-  if (!(max_norm >= 0)) return bx_fail(BX_EINVAL, "%s: max_norm %g is negative or NaN", fn, max_norm);
-  if (!(o.eps >= 0)) return bx_fail(BX_EINVAL, "%s: eps %g is negative or NaN", fn, o.eps);
-  if (o.formula != BX_COEF_TORCH && o.formula != BX_COEF_MAX)
-    return bx_fail(BX_EINVAL, "%s: unknown formula %d", fn, o.formula);
-  if (!total_norm) return bx_fail(BX_EINVAL, "%s: total_norm is NULL", fn);
-  bx_status st = check_scale_opts(fn, &o.scale);
-  if (st != BX_OK) return st;
-  if (ngroups > 0 && !groups) return bx_fail(BX_EINVAL, "%s: groups is NULL with ngroups %zu", fn, ngroups);
-  /* layout checks (overlap) before the expensive norm */
+  /* Local checks. With a communicator a failure here still goes through
+   * the agreement step (bx_norm_agreed with prior != BX_OK), so the other
+   * ranks fail too instead of waiting in the collective. */
+  bx_status st = BX_OK;
   scale_item *items;
   size_t nitems;
-  st = prepare_scale(fn, NULL, 0, groups, ngroups, &items, &nitems);
-  if (st != BX_OK) return st;
+  if (!(max_norm >= 0)) st = bx_fail(BX_EINVAL, "%s: max_norm %g is negative or NaN", fn, max_norm);
+  else if (!(o.eps >= 0)) st = bx_fail(BX_EINVAL, "%s: eps %g is negative or NaN", fn, o.eps);
+  else if (o.formula != BX_COEF_TORCH && o.formula != BX_COEF_MAX)
+    st = bx_fail(BX_EINVAL, "%s: unknown formula %d", fn, o.formula);
+  else if (!total_norm) st = bx_fail(BX_EINVAL, "%s: total_norm is NULL", fn);
+  else if ((st = check_scale_opts(fn, &o.scale)) != BX_OK) {
+  } else if (ngroups > 0 && !groups)
+    st = bx_fail(BX_EINVAL, "%s: groups is NULL with ngroups %zu", fn, ngroups);
+  else /* layout checks (overlap) before the expensive norm */
+    st = prepare_scale(fn, NULL, 0, groups, ngroups, &items, &nitems);
+  if (st != BX_OK && !comm) return st;
+
   double norm, c;
   /* in a multi-rank call, every rank must also agree on the clip options */
   int64_t mn, ep;
@@ -194,7 +199,7 @@ bx_status bx_clip_grad_norm(const bx_group *groups, size_t ngroups, const bx_com
                                  {"eps", ep},
                                  {"the coefficient formula", (int64_t)o.formula},
                                  {"the scale mode", (int64_t)o.scale.mode}};
-  st = bx_norm_agreed(fn, groups, ngroups, comm, &o.norm, extra, 4, &norm, NULL);
+  st = bx_norm_agreed(fn, groups, ngroups, comm, &o.norm, extra, 4, st, &norm, NULL);
   if (st != BX_OK) return st;
   bx_clip_coef(norm, max_norm, &o, &c);
   if (c != 1.0) {

@@ -130,6 +130,28 @@ int main(int argc, char **argv) {
     CHECK(unmodified(), "no gradient modified after a max_norm mismatch");
   }
 
+  /* 4b. one rank fails its local checks (an int32 tensor; overlapping
+   * tensors in a clip): every rank fails with that status, none hangs */
+  if (g_size > 1) {
+    reset();
+    int bad_rank = g_size - 1;
+    DLTensor bad[2] = {views[0], views[0]};
+    if (g_rank == bad_rank) bad[0].dtype.code = kDLInt;
+    bx_group gb[2] = {{bad, 1}, {&views[2], 1}};
+    st = bx_total_norm(gb, 2, &comm, NULL, &v, NULL);
+    check_all_same(st, BX_EDTYPE, "one rank with an int32 tensor");
+    snprintf(want, sizeof want, "rank %d failed", bad_rank);
+    if (g_rank == bad_rank)
+      CHECK(strstr(bx_last_error(), "group 0, tensor 0") != NULL, "own message: %s", bx_last_error());
+    else
+      CHECK(strstr(bx_last_error(), want) != NULL, "message '%s' should say '%s'", bx_last_error(), want);
+    bad[0] = views[0];
+    gb[0].count = g_rank == bad_rank ? 2 : 1; /* the same tensor twice: overlap */
+    st = bx_clip_grad_norm(gb, 2, &comm, 1e-3, &co, &v, &c);
+    check_all_same(st, BX_ELAYOUT, "one rank passing a tensor twice to clip");
+    CHECK(unmodified(), "no gradient modified after a local failure on one rank");
+  }
+
   /* 5. a communicator failing at the agreement, then at the norm collective */
   for (int at = 1; at <= 2; at++) {
     reset();

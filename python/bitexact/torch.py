@@ -1,0 +1,406 @@
+"""Drop-in, exact replacements for torch.nn.utils' gradient clipping.
+
+    from bitexact.torch import clip_grad_norm_, get_total_norm, clip_grads_with_norm_
+
+Same signatures and results as torch (>= 2.6): a 0-dim norm tensor on the
+gradients' device, of the dtype torch would return (fp32 for fp32 or mixed
+fp16/bf16/fp32 grads, bf16 for all-bf16 grads, ...); an empty list gives
+``tensor(0.)``; parameters whose ``grad is None`` are skipped. Differences:
+
+- the norm is exact: the correctly rounded norm of the exact sum, in the
+  dtype torch returns, independent of order, threads and ranks (torch's is
+  within its own rounding of it). With the same ``total_norm``,
+  ``clip_grads_with_norm_`` produces bitwise torch's gradients: the
+  coefficient is computed with torch's own tensor ops
+  (``clamp(max_norm / (total_norm + 1e-6), max=1)``) and applied with
+  torch's arithmetic (``scale_mode="torch"``: fp32 coefficient, fp32
+  product, rounded to the grad dtype); multiplying by exactly 1 is skipped;
+- negative or NaN ``max_norm`` raises ValueError (torch would flip or NaN
+  the gradients); ``norm_type`` < 0 other than -inf raises ValueError;
+- ``norm_type=0`` counts the non-zero elements of all gradients (torch's
+  total counts the gradients with a non-zero element);
+- ``foreach`` is accepted and ignored (one multi-threaded path);
+- integer, complex, sparse or strided-with-gaps gradients raise (TypeError /
+  ValueError) instead of being summed; CPU tensors only in this version.
+
+Extensions (keyword-only):
+
+- ``process_group``: a torch.distributed group; every rank passes the
+  gradients it holds and gets the same bits as one process holding the
+  whole model. The accumulator travels as an int64 tensor through
+  ``all_reduce(SUM)`` (plus a tiny ``all_reduce(MAX)`` agreement step).
+- ``owned``: which plain (non-DTensor) tensors this rank owns, so that a
+  replicated tensor is counted once: None (all), a bool, a predicate
+  ``owned(param_or_tensor) -> bool``, or a collection of the owned
+  parameters/tensors. Unowned gradients are still scaled.
+- DTensor gradients (FSDP2 ``fully_shard``, tensor parallel) are handled
+  automatically: each rank counts its local shard; a ``Replicate`` mesh
+  dimension is counted by the rank with coordinate 0 on it; ``Partial``
+  gradients are refused. Without ``process_group`` the reduction runs over
+  the DTensors' mesh.
+- ``use_main_grad=True``: Megatron-style ``param.main_grad`` (fp32) is used
+  instead of ``param.grad`` where present; any dtype mix in one call.
+- ``scale_mode="exact"``: the exact product rounded once to the grad dtype.
+"""
+import types as _types
+import warnings as _warnings
+
+import torch
+import torch.distributed as _dist
+
+from . import (
+    Comm,
+    Error,
+    InvalidArgumentError,
+    _FLAVORS,
+    _SCALE_MODES,
+    _core,
+    _option,
+    _rename,
+    _torch_fast_export,
+)
+
+try:
+    from torch.distributed.tensor import DTensor as _DTensor
+except ImportError:  # torch without distributed
+    _DTensor = None
+
+__all__ = ["clip_grad_norm_", "get_total_norm", "clip_grads_with_norm_", "comm"]
+
+# Plain tensors export through torch's C function directly (what
+# Tensor.__dlpack__ calls for CPU tensors after its Python-level checks,
+# which cost ~2 us a tensor); any other type goes through __dlpack__.
+_torch_fast_export()
+
+_Tensor = torch.Tensor
+# Views.dtypes bit mask -> the dtype torch's get_total_norm returns
+# (torch.stack promotes the per-tensor norms).
+_F16, _BF16, _F32, _F64 = 1, 2, 4, 8
+_FORMAT = {torch.float64: 0, torch.float32: 1, torch.bfloat16: 2, torch.float16: 3}
+
+
+def _result_dtype(mask):
+    if mask & _F64:
+        return torch.float64
+    if mask & _F32 or (mask & (_F16 | _BF16)) == (_F16 | _BF16):
+        return torch.float32
+    if mask & _BF16:
+        return torch.bfloat16
+    if mask & _F16:
+        return torch.float16
+    return torch.get_default_dtype()
+
+
+def comm(process_group=None):
+    """A :class:`bitexact.Comm` over a torch.distributed group (None: the
+    default group), for the framework-neutral API. The words travel as an
+    int64 tensor (on the current CUDA device for NCCL-only groups)."""
+    group = process_group if process_group is not None else _dist.group.WORLD
+    backend = str(_dist.get_backend(group)).lower()
+    on_cpu = "gloo" in backend or "mpi" in backend or "cpu" in backend
+    device = torch.device("cpu") if on_cpu else torch.device("cuda", torch.cuda.current_device())
+    ops = {"sum": _dist.ReduceOp.SUM, "max": _dist.ReduceOp.MAX}
+
+    def allreduce(buf, op):
+        words = torch.frombuffer(buf, dtype=torch.int64)
+        if on_cpu:
+            _dist.all_reduce(words, op=ops[op], group=group)
+        else:
+            moved = words.to(device)
+            _dist.all_reduce(moved, op=ops[op], group=group)
+            words.copy_(moved.cpu())
+
+    return Comm(allreduce, _dist.get_rank())
+
+
+# ---- which tensors this rank counts ------------------------------------
+
+def _owned_test(owned):
+    """owned= as a function obj -> bool (None: everything)."""
+    if owned is None:
+        return None
+    if isinstance(owned, bool):
+        return lambda obj: owned
+    if callable(owned):
+        return owned
+    ids = {id(o) for o in owned}
+    return lambda obj: id(obj) in ids
+
+
+def _dtensor_local(g):
+    """(local tensor, owned by this rank, mesh) of a DTensor gradient."""
+    mesh = g.device_mesh
+    coord = mesh.get_coordinate()
+    if coord is None:  # this rank is not in the mesh: holds nothing
+        return g.to_local(), False, mesh
+    owned = True
+    for dim, p in enumerate(g.placements):
+        if p.is_partial():
+            raise InvalidArgumentError(
+                f"a DTensor gradient has a Partial placement on mesh dim {dim} "
+                "(pending reduction); reduce it before computing the norm")
+        if p.is_replicate() and coord[dim] != 0:
+            owned = False
+    return g.to_local(), owned, mesh
+
+
+def _split(items, tensors, owned):
+    """Split tensors into (mine, others, positions, meshes): local tensors
+    this rank counts, local tensors it only scales, the index into items of
+    each, and the DTensor meshes seen. items[k] is what owned() is asked
+    about (the parameter, or the tensor itself)."""
+    test = _owned_test(owned)
+    mine, others, pos_mine, pos_others, meshes = [], [], [], [], {}
+    plain = False
+    for k, (item, t) in enumerate(zip(items, tensors)):
+        if _DTensor is not None and isinstance(t, _DTensor):
+            local, mine_, mesh = _dtensor_local(t)
+            meshes[id(mesh)] = mesh
+        else:
+            local, mine_ = t, (True if test is None else bool(test(item)))
+            plain = True
+        if mine_:
+            mine.append(local)
+            pos_mine.append(k)
+        else:
+            others.append(local)
+            pos_others.append(k)
+    if meshes and plain and owned is None:
+        raise InvalidArgumentError(
+            "DTensor and plain-tensor gradients in one call: pass owned= to say which "
+            "rank counts the plain (replicated?) ones")
+    return mine, others, (pos_mine, pos_others), meshes
+
+
+def _mesh_comm(meshes):
+    """The reduction for DTensor gradients without process_group."""
+    sets = {tuple(m.mesh.flatten().tolist()) for m in meshes.values()}
+    if len(sets) != 1:
+        raise InvalidArgumentError(
+            "DTensor gradients live on device meshes over different ranks; pass "
+            "process_group= (a group holding every rank that owns a shard)")
+    mesh = next(iter(meshes.values()))
+    if mesh.ndim == 1:
+        return comm(mesh.get_group())
+    if _dist.is_initialized() and mesh.size() == _dist.get_world_size():
+        return comm(None)
+    raise InvalidArgumentError(
+        "DTensor gradients on a multi-dimensional mesh smaller than the world; "
+        "pass process_group= (a group over all ranks of the mesh)")
+
+
+class _Plan:
+    """One call's exported gradients: group 0 counted by this rank, group 1
+    only scaled; the result dtype and device; the communicator; names for
+    error messages (name_of(k): the caller's name of tensors[k])."""
+
+    __slots__ = ("views", "dtype", "device", "fn", "rank", "pos", "name_of", "tensors")
+
+    def __init__(self, tensors, items, owned, process_group, name_of):
+        self.name_of = name_of
+        self.device = tensors[0].device if tensors else torch.device("cpu")
+        meshes = None
+        if owned is None and all(type(t) is _Tensor for t in tensors):
+            mine, others, self.pos = tensors, [], None
+        else:
+            mine, others, self.pos, meshes = _split(items, tensors, owned)
+            local = mine or others
+            if local:
+                self.device = local[0].device
+        if process_group is not None:
+            c = comm(process_group)
+        elif meshes:
+            c = _mesh_comm(meshes)
+        else:
+            c = None
+        self.fn, self.rank = (c.allreduce, c.rank) if c is not None else (None, 0)
+        self.tensors = (mine, others)
+        try:
+            self.views = _core.Views([mine, others])
+        except Error as e:
+            raise self.renamed(e)
+        self.dtype = _result_dtype(self.views.dtypes)
+
+    def renamed(self, e):
+        pos = self.pos
+
+        def namer(g, i):
+            k = i if pos is None else (pos[g][i] if i < len(pos[g]) else None)
+            return self.name_of(k) if k is not None else f"tensor {i}"
+
+        def flat(k):
+            n0 = len(pos[0]) if pos is not None else 1 << 62
+            return (0, k) if k < n0 else (1, k - n0)
+        if isinstance(e, _core.DeviceError) and "device type" in str(e):
+            e.args = (str(e.args[0]) + "; bitexact.torch supports CPU tensors in this "
+                      "version",)
+        return _rename(e, namer, self.rank if self.fn else None, flat)
+
+    def norm(self, norm_type, error_if_nonfinite, num_threads, flavor):
+        """The total norm as a 0-dim tensor of torch's dtype and device."""
+        try:
+            total, _ = self.views.norm(norm_type, error_if_nonfinite, num_threads, flavor,
+                                       self.fn, self.rank, 1, False, _FORMAT[self.dtype])
+        except Error as e:
+            raise self.renamed(e)
+        # total is exactly representable in self.dtype: the conversion is exact
+        return torch.tensor(total, dtype=self.dtype, device=self.device)
+
+    def scale(self, coef, num_threads, mode):
+        try:
+            self.views.scale(coef, mode, num_threads)
+        except Error as e:
+            raise self.renamed(e)
+        _bump_versions(self.tensors[0])
+        _bump_versions(self.tensors[1])
+
+    def release(self):
+        self.views.release()
+
+
+def _validate_max_norm(max_norm):
+    max_norm = float(max_norm)
+    if not max_norm >= 0:
+        raise InvalidArgumentError(
+            f"max_norm must be >= 0, got {max_norm} (torch would scale the gradients by a "
+            "negative or NaN coefficient)")
+    return max_norm
+
+
+def _grads_of(parameters, use_main_grad):
+    if use_main_grad:
+        out = []
+        for p in parameters:
+            g = getattr(p, "main_grad", None)
+            if g is None:
+                g = p.grad
+            if g is not None:
+                out.append((p, g))
+        return [p for p, _ in out], [g for _, g in out]
+    params = [p for p in parameters if p.grad is not None]
+    return params, [p.grad for p in params]
+
+
+def _coef(max_norm, total_norm):
+    """torch's clamped coefficient, computed by torch itself (same ops, same
+    dtype as its clip_grads_with_norm_), so the product is bitwise torch's."""
+    with torch.no_grad():
+        return torch.clamp(max_norm / (total_norm + 1e-6), max=1.0)
+
+
+def get_total_norm(tensors, norm_type=2.0, error_if_nonfinite=False, foreach=None, *,
+                   process_group=None, owned=None, num_threads=0, flavor="exact"):
+    """torch.nn.utils.get_total_norm, exact. See the module docstring."""
+    if isinstance(tensors, torch.Tensor):
+        tensors = [tensors]
+    else:
+        tensors = list(tensors)
+    fl = _option(_FLAVORS, flavor, "flavor")
+    if not tensors and process_group is None:
+        return torch.tensor(0.0)
+    plan = _Plan(tensors, tensors, owned, process_group, lambda k: f"tensors[{k}]")
+    try:
+        return plan.norm(float(norm_type), bool(error_if_nonfinite), int(num_threads), fl)
+    finally:
+        plan.release()
+
+
+def clip_grads_with_norm_(parameters, max_norm, total_norm, foreach=None, *,
+                          use_main_grad=False, scale_mode="torch", num_threads=0):
+    """torch.nn.utils.clip_grads_with_norm_: scale the gradients in place by
+    ``clamp(max_norm / (total_norm + 1e-6), max=1)``, bitwise as torch does
+    (scale_mode="torch"). DTensor gradients: the local shards are scaled."""
+    if isinstance(parameters, torch.Tensor):
+        parameters = [parameters]
+    _, grads = _grads_of(parameters, use_main_grad)
+    max_norm = _validate_max_norm(max_norm)
+    mode = _option(_SCALE_MODES, scale_mode, "scale_mode")
+    if not grads:
+        return
+    if _DTensor is not None and isinstance(total_norm, _DTensor):
+        total_norm = total_norm.full_tensor()
+    if not isinstance(total_norm, torch.Tensor):
+        total_norm = torch.tensor(float(total_norm))
+    coef = _coef(max_norm, total_norm)
+    _scale_locals([_local(g) for g in grads], coef, num_threads, mode, "parameters")
+
+
+def _scale_locals(tensors, coef, num_threads, mode, label):
+    c = float(coef)
+    if c != c:
+        with torch.no_grad():
+            torch._foreach_mul_(tensors, coef.to(tensors[0].device))
+        return
+    if c == 1.0:
+        return
+    try:
+        with _core.Views([tensors]) as views:
+            views.scale(c, mode, int(num_threads))
+    except Error as e:
+        raise _rename(e, lambda g, i: f"{label}[{i}]", None, lambda k: (0, k))
+    _bump_versions(tensors)
+
+
+try:
+    from torch.autograd.graph import increment_version as _increment_version
+except ImportError:  # older torch
+    _increment_version = None
+
+
+def _bump_versions(tensors):
+    """Tensors written through DLPack: bump their autograd version counters
+    as torch's in-place mul_ would (saved-tensor checks keep working)."""
+    if _increment_version is not None and tensors:
+        _increment_version(tensors)
+
+
+def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False,
+                    foreach=None, *, use_main_grad=False, process_group=None, owned=None,
+                    scale_mode="torch", num_threads=0, flavor="exact"):
+    """torch.nn.utils.clip_grad_norm_, exact and layout-invariant. Returns
+    the total norm (0-dim tensor). See the module docstring for the
+    keyword-only extensions."""
+    if isinstance(parameters, torch.Tensor):
+        parameters = [parameters]
+    else:
+        is_generator = isinstance(parameters, _types.GeneratorType)
+        parameters = list(parameters)
+        if is_generator and not parameters:
+            _warnings.warn("`parameters` is an empty generator, no gradient clipping will occur.",
+                           stacklevel=2)
+    max_norm = _validate_max_norm(max_norm)
+    mode = _option(_SCALE_MODES, scale_mode, "scale_mode")
+    fl = _option(_FLAVORS, flavor, "flavor")
+    params, grads = _grads_of(parameters, use_main_grad)
+    if not grads and process_group is None:
+        return torch.tensor(0.0)
+    plan = _Plan(grads, params, owned, process_group, _param_namer(parameters, params))
+    try:
+        total = plan.norm(float(norm_type), bool(error_if_nonfinite), int(num_threads), fl)
+        if grads:
+            coef = _coef(max_norm, total)
+            c = float(coef)
+            if c != c:  # NaN norm: torch's own multiply (NaN everywhere)
+                plan.release()
+                _scale_locals([_local(g) for g in grads], coef, num_threads, mode, "parameters")
+            elif c != 1.0:  # x * 1 == x bitwise for every non-NaN x: skipped
+                plan.scale(c, int(num_threads), mode)
+        return total
+    finally:
+        plan.release()
+
+
+def _local(g):
+    return g.to_local() if _DTensor is not None and isinstance(g, _DTensor) else g
+
+
+def _param_namer(parameters, params):
+    """name_of(k) for params[k]: its position in `parameters`, found only
+    when an error message needs it."""
+    def name_of(k):
+        p = params[k]
+        for j, q in enumerate(parameters):
+            if q is p:
+                return f"parameters[{j}]"
+        return f"parameters[?{k}]"
+    return name_of

@@ -1,0 +1,116 @@
+"""torch.distributed (gloo, CPU) with 2 and 4 processes: DDP-style
+replicas, a hand-sharded model, Megatron-like TP duplicates, FSDP2 (and
+HSDP on 4): every rank's norm is bitwise the single-process unsharded norm
+and the clipped gradients are the single-process clipped gradients."""
+import os
+import tempfile
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+import bitexact.torch as bt
+import dist_worker as W
+from exact_ref import exact_norm
+from helpers import FMT, params_with_grads, same_bits
+
+pytestmark = pytest.mark.skipif(not torch.distributed.is_available()
+                                or not torch.distributed.is_gloo_available(),
+                                reason="torch.distributed with gloo is not available")
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=lambda n: f"{n}ranks")
+def ranks(request):
+    """Run every scenario once on n processes; the per-rank results."""
+    ws = request.param
+    with tempfile.TemporaryDirectory() as d:
+        mp.spawn(W.main, args=(ws, d), nprocs=ws, join=True)
+        res = [torch.load(os.path.join(d, f"rank{r}.pt"), weights_only=False)
+               for r in range(ws)]
+    return ws, res
+
+
+def _get(res, name):
+    out = [r[name] for r in res]
+    for r, o in enumerate(out):
+        assert not (isinstance(o, dict) and "exception" in o), f"rank {r}:\n{o['exception']}"
+    return out
+
+
+def _single_clip(grads):
+    """The single-process, unsharded reference: norm and clipped grads."""
+    ps = params_with_grads(grads)
+    total = bt.clip_grad_norm_(ps, W.MAX_NORM)
+    assert float(total) == exact_norm(grads, FMT[total.dtype])
+    return total, [p.grad for p in ps]
+
+
+def test_ddp_replicas(ranks):
+    ws, res = ranks
+    total, clipped = _single_clip(W.ddp_data())
+    for r, o in enumerate(_get(res, "ddp")):
+        assert same_bits(o["total"], total), f"rank {r}"
+        assert all(same_bits(a, b) for a, b in zip(o["grads"], clipped)), f"rank {r}"
+
+
+def test_hand_sharded(ranks):
+    ws, res = ranks
+    full, pieces = W.shard_pieces()
+    total, clipped = _single_clip(pieces)
+    out = _get(res, "sharded")
+    for r, o in enumerate(out):
+        assert same_bits(o["total"], total), f"rank {r}"
+        assert all(same_bits(a, b) for a, b in zip(o["grads"], clipped[r::ws])), f"rank {r}"
+    # and the pieces' norm is the whole tensors' norm
+    assert same_bits(bt.get_total_norm(full), total)
+
+
+def test_tensor_parallel_duplicates(ranks):
+    ws, res = ranks
+    full, replicated = W.tp_data()
+    total, clipped = _single_clip(full)
+    for r, o in enumerate(_get(res, "tp")):
+        assert same_bits(o["total"], total), f"rank {r}"
+        for k, (g, rep) in enumerate(zip(clipped, replicated)):
+            want = g if rep else torch.tensor_split(g, ws, dim=0)[r]
+            assert same_bits(o["grads"][k], want), f"rank {r}, tensor {k}"
+
+
+@pytest.mark.parametrize("name", ["fsdp2", "hsdp"])
+def test_fsdp2(ranks, name):
+    ws, res = ranks
+    out = _get(res, name)
+    if out[0] is None:
+        pytest.skip("HSDP needs 4 ranks")
+    full = out[0]["full"]
+    total, clipped = _single_clip(full)
+    for r, o in enumerate(out):
+        assert all(same_bits(a, b) for a, b in zip(o["full"], full)), f"rank {r}"
+        assert same_bits(o["total"], total), f"rank {r}"
+        assert all(same_bits(a, b) for a, b in zip(o["clipped_full"], clipped)), f"rank {r}"
+    placements = {p for o in out for ps in o["placements"] for p in ps}
+    assert any(p.startswith("S(") for p in placements)  # str(Shard(0)) == "S(0)"
+    if name == "hsdp":
+        assert "R" in placements  # str(Replicate()) == "R"
+
+
+def test_midpoint_resolved_across_ranks(ranks):
+    ws, res = ranks
+    want = bt.get_total_norm([torch.tensor(W.MIDPOINT, dtype=torch.float32)])
+    assert float(want) == 1 + 2.0 ** -23
+    for r, o in enumerate(_get(res, "midpoint")):
+        assert same_bits(o["total"], want), f"rank {r}"
+
+
+def test_nonfinite_on_one_rank(ranks):
+    ws, res = ranks
+    for r, o in enumerate(_get(res, "nonfinite")):
+        assert o["error"] is not None, f"rank {r} did not raise"
+        assert f"rank {ws - 1}" in o["error"] and "NaN" in o["error"]
+        assert o["unchanged"], f"rank {r} modified its gradients"
+
+
+def test_mismatch_on_every_rank(ranks):
+    ws, res = ranks
+    for r, o in enumerate(_get(res, "mismatch")):
+        assert o["error"] is not None and "norm_type" in o["error"], f"rank {r}"
