@@ -11,15 +11,22 @@
  *
  * reference  bx_kernels_portable (per-exponent integer bins, no floating
  *            point at all), normalised and compared digit for digit
- *            (memcmp) together with the NaN/Inf/element counters.
+ *            (memcmp) together with the NaN/Inf/element counters; the
+ *            portable table itself is compared with simple_kernels (one
+ *            deposit per element, no tuning) on lengths up to 100003.
  * versions   bx_kernels_avx2, bx_kernels_avx512 (when the CPU has them).
  * checker    adversarial data for every dtype: gradient-like, spiky (0.1%
  *            huge among tiny), wide (40 binades, the whole range), random
  *            bit patterns, subnormals, zeros, extremes (FLT_MAX, DBL_MAX,
  *            65504, 1e+-300), repeated worst-case values, NaN/Inf sprinkled;
  *            every length 0..300 at element offsets 0..3 and an odd byte
- *            offset, plus block-boundary and large lengths. A failure prints
- *            the case and its seed; the exit status is non-zero.
+ *            offset, plus block-boundary and large lengths; data that make
+ *            the verified windows' guesses fail (rare tiny elements, drifting
+ *            and jumping scales, rare spikes/NaN/Inf/subnormals); and every
+ *            table again under a hostile caller MXCSR (DAZ, FTZ, round
+ *            toward zero, flags set), which must come back unchanged. A
+ *            failure prints the case and its seed; the exit status is
+ *            non-zero.
  */
 #include <float.h>
 #include <immintrin.h>
@@ -91,11 +98,13 @@ static uint64_t rand_bits_exp(int dt, int elo, int ehi) {
 
 enum {
   D_GRAD, D_SPIKY, D_WIDE40, D_WIDEALL, D_BITS, D_SUBN, D_ZEROS, D_EXTREME,
-  D_REPEAT, D_GRAD_NAN, D_WIDE_INF, D_TINYHUGE, D_WIDE120, D_COUNT
+  D_REPEAT, D_GRAD_NAN, D_WIDE_INF, D_TINYHUGE, D_WIDE120, D_GRAD_TINY, D_GRAD_DRIFT,
+  D_GRAD_JUMP, D_GRAD_RARE, D_COUNT
 };
 static const char *dist_name[D_COUNT] = {
     "gradient", "spiky", "wide40", "wide-all", "random-bits", "subnormal", "zeros",
-    "extreme", "repeat-worst", "gradient+nan", "wide+inf", "1e+-300", "wide120"};
+    "extreme", "repeat-worst", "gradient+nan", "wide+inf", "1e+-300", "wide120",
+    "gradient+tiny", "gradient-drift", "gradient-jump", "gradient+rare"};
 
 /* Fill n elements of dtype dt with distribution d. */
 static void fill(void *p, int dt, size_t n, int d) {
@@ -141,6 +150,28 @@ static void fill(void *p, int dt, size_t n, int d) {
       case D_WIDE120: /* ~7 fp64 windows in <= 5 buckets; 3 fp32 windows */
         put_bits(p, dt, i, rand_bits_exp(dt, emax > 121 ? w_lo2 : 0, emax > 121 ? w_lo2 + 119 : emax));
         break;
+      /* The verified windows (exact_grid.h) guess each block's window from
+       * the blocks before it: data that make the guess fail. */
+      case D_GRAD_TINY: /* rare elements far below the bulk: inexact flag */
+        put(p, dt, i, rnd() % 5000 == 0 ? ldexp(gauss(), -(int)(rnd() % 40) - 8) * scale
+                                        : gauss() * scale);
+        break;
+      case D_GRAD_DRIFT: /* the scale wanders over +-12 binades */
+        put(p, dt, i, gauss() * scale * exp2(12.0 * sin((double)i * 1e-4 + (double)rep_e)));
+        break;
+      case D_GRAD_JUMP: /* the scale jumps every 3000 elements */
+        put(p, dt, i, gauss() * ldexp(scale, (int)(((i / 3000) * 7919u + (unsigned)rep_e) % 41) - 20));
+        break;
+      case D_GRAD_RARE: { /* one element of 20000 a spike, NaN, Inf or subnormal */
+        uint64_t r = rnd() % 80000;
+        double v = gauss() * scale;
+        if (r == 0) v = gauss() * big * 1e-3;
+        if (r == 1) v = NAN;
+        if (r == 2) v = rnd() & 1 ? INFINITY : -INFINITY;
+        put(p, dt, i, v);
+        if (r == 3) put_bits(p, dt, i, rand_bits_exp(dt, 0, 0));
+        break;
+      }
       case D_TINYHUGE: {
         double v = gauss();
         if (dt == BX_DT_F64) v *= rnd() & 1 ? 1e300 : 1e-300;
@@ -151,6 +182,58 @@ static void fill(void *p, int dt, size_t n, int d) {
     }
   }
 }
+
+/* ---- an independent reference -------------------------------------------
+ * The simplest exact kernels: one bin per exponent field, a branch per
+ * special case, the accumulator's own deposits. The portable table (the
+ * reference the vector tables are compared with) is tuned code; this
+ * checks it. x = m 2^(s e + c) with the field widths of dt. */
+static void simple_kernel(int dt, int abs, const void *x, size_t n, bx_acc *acc) {
+  int eb, mb;
+  dt_fmt(dt, &eb, &mb);
+  int emax = (1 << eb) - 1, bias_shift = (1 << (eb - 1)) - 1 + mb; /* x = m 2^(e - bias_shift) */
+  for (size_t i = 0; i < n; i++) {
+    uint64_t b = 0;
+    memcpy(&b, (const char *)x + dt_size[dt] * i, dt_size[dt]);
+    int e = (int)((b >> mb) & (uint64_t)emax);
+    uint64_t m = b & ((1ull << mb) - 1);
+    acc->count++;
+    if (e == emax) {
+      if (m) acc->nan_count++;
+      else acc->inf_count++;
+      continue;
+    }
+    if (e) m |= 1ull << mb;
+    else e = 1;
+    if (!m) continue;
+    int x_exp = e - bias_shift;
+    if (abs) {
+      bx_acc_deposit_u64(acc, m, x_exp);
+    } else { /* m^2 < 2^106: two words */
+      unsigned __int128 sq = (unsigned __int128)m * m;
+      bx_acc_deposit_u64(acc, (uint64_t)sq, 2 * x_exp);
+      bx_acc_deposit_u64(acc, (uint64_t)(sq >> 64), 2 * x_exp + 64);
+    }
+    if ((i & 0xFFFFF) == 0xFFFFF) bx_acc_normalize(acc); /* 2^21 deposits at most */
+  }
+}
+
+#define SIMPLE_ENTRY(name, dt, abs) \
+  static void name(const void *x, size_t n, bx_acc *acc) { simple_kernel(dt, abs, x, n, acc); }
+SIMPLE_ENTRY(simple_sq_f16, BX_DT_F16, 0)
+SIMPLE_ENTRY(simple_sq_bf16, BX_DT_BF16, 0)
+SIMPLE_ENTRY(simple_sq_f32, BX_DT_F32, 0)
+SIMPLE_ENTRY(simple_sq_f64, BX_DT_F64, 0)
+SIMPLE_ENTRY(simple_abs_f16, BX_DT_F16, 1)
+SIMPLE_ENTRY(simple_abs_bf16, BX_DT_BF16, 1)
+SIMPLE_ENTRY(simple_abs_f32, BX_DT_F32, 1)
+SIMPLE_ENTRY(simple_abs_f64, BX_DT_F64, 1)
+
+static const bx_kernels simple_kernels = {
+    "simple",
+    {simple_sq_f16, simple_sq_bf16, simple_sq_f32, simple_sq_f64},
+    {simple_abs_f16, simple_abs_bf16, simple_abs_f32, simple_abs_f64},
+};
 
 /* ---- checking ---------------------------------------------------------- */
 
@@ -182,11 +265,15 @@ static int same(const bx_acc *a, const bx_acc *b) {
          a->inf_count == b->inf_count && a->count == b->count;
 }
 
+/* The table the others are compared with: the portable kernels, or (to
+ * check those) the simple ones above. */
+static const bx_kernels *reference = &bx_kernels_portable;
+
 static void check(const bx_kernels *k, int dt, const void *x, size_t n, const char *what,
                   uint64_t seed, size_t off) {
   for (int abs = 0; abs < 2; abs++) {
     bx_acc r, g;
-    run(&bx_kernels_portable, abs, dt, x, n, &r);
+    run(reference, abs, dt, x, n, &r);
     run(k, abs, dt, x, n, &g);
     if (same(&r, &g)) {
       npass++;
@@ -203,6 +290,33 @@ static void check(const bx_kernels *k, int dt, const void *x, size_t n, const ch
   }
 }
 
+/* The same with the caller's MXCSR set to DAZ | FTZ, round toward zero and
+ * every flag raised (a framework that flushes denormals, a caller with
+ * stale flags): the kernels must give the same bits and hand the word
+ * back unchanged. */
+static void check_csr(const bx_kernels *k, int dt, const void *x, size_t n, const char *what,
+                      uint64_t seed) {
+  const unsigned mine = 0x8040u | 0x6000u | 0x1F80u | 0x3Fu;
+  for (int abs = 0; abs < 2; abs++) {
+    bx_acc r, g;
+    run(reference, abs, dt, x, n, &r);
+    unsigned saved = _mm_getcsr();
+    _mm_setcsr(mine);
+    run(k, abs, dt, x, n, &g);
+    unsigned after = _mm_getcsr();
+    _mm_setcsr(saved);
+    if (same(&r, &g) && after == mine) {
+      npass++;
+      continue;
+    }
+    nfail++;
+    if (nfail <= 20)
+      printf("FAIL %s %s %s %s (caller MXCSR 0x%x, after 0x%x) n=%zu seed=%llu: ref %.17g got %.17g\n",
+             k->name, abs ? "sumabs" : "sumsq", dt_name[dt], what, mine, after, n,
+             (unsigned long long)seed, bx_acc_value(&r), bx_acc_value(&g));
+  }
+}
+
 /* Whether this CPU can run a table: the library's own dispatch decides. */
 static int cpu_can(const char *isa) {
   int ok = bx_force_isa(isa) == BX_OK;
@@ -213,19 +327,19 @@ static int cpu_avx2(void) { return cpu_can("avx2"); }
 static int cpu_avx512(void) { return cpu_can("avx512"); }
 
 static int run_checks(uint64_t base_seed) {
-  const bx_kernels *tabs[2];
+  const bx_kernels *tabs[3];
   int ntab = 0;
+  tabs[ntab++] = &bx_kernels_portable; /* against the simple kernels */
   if (cpu_avx2()) tabs[ntab++] = &bx_kernels_avx2;
   if (cpu_avx512()) tabs[ntab++] = &bx_kernels_avx512;
-  if (ntab == 0) {
-    printf("no vector ISA on this CPU: nothing to check\n");
-    return 0;
-  }
   size_t cap = ((size_t)1 << 23) + 64;
   unsigned char *buf = aligned_alloc(64, cap * 8 + 64);
   if (!buf) return 1;
   for (int t = 0; t < ntab; t++) {
     int f0 = nfail;
+    /* the simple kernels are slow: lengths up to 100003 for portable */
+    int portable = tabs[t] == &bx_kernels_portable;
+    reference = portable ? &simple_kernels : &bx_kernels_portable;
     for (int dt = 0; dt < BX_DT_COUNT; dt++) {
       /* every short length, offsets 0..3 elements and one odd byte */
       for (int d = 0; d < D_COUNT; d++)
@@ -242,7 +356,7 @@ static int run_checks(uint64_t base_seed) {
       /* block boundaries and large spans */
       static const size_t lens[] = {511, 1023, 1024, 1025, 2047, 2048, 2049, 4095, 4097,
                                     6150, 32768 + 5, 100003, (size_t)1 << 20, ((size_t)1 << 22) + 77};
-      for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
+      for (size_t li = 0; li < sizeof lens / sizeof lens[0] && (!portable || lens[li] <= 100003); li++)
         for (int d = 0; d < D_COUNT; d++)
           for (int rep = 0; rep < (lens[li] > 200000 ? 1 : 4); rep++) {
             uint64_t seed = base_seed ^ (0xABCDull << 40) ^ ((uint64_t)dt << 32) ^ (li << 16) ^
@@ -252,6 +366,14 @@ static int run_checks(uint64_t base_seed) {
             fill(buf + boff, dt, lens[li], d);
             check(tabs[t], dt, buf + boff, lens[li], dist_name[d], seed, boff);
           }
+      /* under a hostile caller MXCSR */
+      static const int csr_dists[] = {D_SUBN, D_GRAD, D_WIDEALL, D_GRAD_TINY, D_GRAD_RARE, D_EXTREME};
+      for (size_t di = 0; di < sizeof csr_dists / sizeof csr_dists[0]; di++) {
+        uint64_t seed = base_seed ^ (0xC5Cull << 40) ^ ((uint64_t)dt << 32) ^ di;
+        rng_state = seed;
+        fill(buf, dt, 100003, csr_dists[di]);
+        check_csr(tabs[t], dt, buf, 100003, dist_name[csr_dists[di]], seed);
+      }
       /* a single NaN/Inf at every position of a 70-element span, in a
        * block of otherwise in-window data */
       for (size_t pos = 0; pos < 70; pos++)
@@ -263,7 +385,9 @@ static int run_checks(uint64_t base_seed) {
         }
     }
     printf("%s %s: %s\n", nfail == f0 ? "PASS" : "FAIL", tabs[t]->name,
-           nfail == f0 ? "all cases identical to the portable reference" : "mismatches above");
+           nfail != f0 ? "mismatches above"
+           : portable  ? "all cases identical to the simple reference"
+                       : "all cases identical to the portable reference");
   }
   free(buf);
   printf("%d passed, %d failed\n", npass, nfail);
@@ -345,7 +469,9 @@ static int run_bench(const char *filter) {
       {"f16 gradient", BX_DT_F16, D_GRAD},   {"f64 gradient", BX_DT_F64, D_GRAD},
       {"f32 wide-all", BX_DT_F32, D_WIDEALL}, {"bf16 wide40", BX_DT_BF16, D_WIDE40},
       {"bf16 wide-all", BX_DT_BF16, D_WIDEALL}, {"f64 wide-all", BX_DT_F64, D_WIDEALL},
-      {"f64 1e+-300", BX_DT_F64, D_TINYHUGE},
+      {"f64 1e+-300", BX_DT_F64, D_TINYHUGE},   {"f32 wide120", BX_DT_F32, D_WIDE120},
+      {"bf16 wide120", BX_DT_BF16, D_WIDE120},  {"f32 grad-drift", BX_DT_F32, D_GRAD_DRIFT},
+      {"bf16 grad-drift", BX_DT_BF16, D_GRAD_DRIFT}, {"f32 grad+rare", BX_DT_F32, D_GRAD_RARE},
   };
   size_t maxn = (size_t)1 << 24;
   unsigned char *buf = aligned_alloc(64, maxn * 8);

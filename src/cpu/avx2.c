@@ -8,13 +8,16 @@
  * (K = 6) and every window constant is the one proven there; three levels
  * use 2 sets over half blocks. AVX2 has no masks: out-of-window lanes are
  * zeroed with AND, tails are copied into a zero-padded buffer (a zero
- * changes no max, no min-non-zero, no sum).
+ * changes no max, no min-non-zero, no sum). No verified windows: AVX2 has
+ * no per-instruction exception suppression, so every fp32 block is
+ * checked; blocks no window takes go to the integer bins (bins.h).
  *
  * sumabs uses the scalar kernels (p = 1 is not on the hot path).
  */
 #include <string.h>
 
 #include "avx2_util.h"
+#include "bins.h"
 
 /* ======================================================================
  * fp32
@@ -114,32 +117,6 @@ static void f32_window3_all(const float *x, size_t len, int g, f32_next *nx, bx_
   if (nx) f32_next_done(nx, mx, mn);
 }
 
-/* Three-level window over the elements with |x| bits in [thr, upper). */
-static void f32_window3(const float *x, size_t len, int g, uint32_t thr, uint32_t upper,
-                        uint32_t *restmax, bx_i128 *v1, bx_i128 *v2) {
-  const __m256i vt = _mm256_set1_epi32((int)thr), vu = _mm256_set1_epi32((int)upper);
-  __m256i r = _mm256_setzero_si256();
-  *v1 = *v2 = 0;
-  for (size_t h = 0; h < len; h += BLOCK / 2) {
-    size_t end = len - h < BLOCK / 2 ? len : h + BLOCK / 2;
-    bx_sets3 s;
-    sets3_init(&s, g);
-    for (size_t i = h; i < end; i += 8) {
-      float buf[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      const float *p = x + i;
-      if (end - i < 8) {
-        memcpy(buf, p, (end - i) * sizeof *x);
-        p = buf;
-      }
-      __m256 xs = f32_window_mask8(_mm256_loadu_si256((const void *)p), vt, vu, &r);
-      sq3(_mm256_cvtps_pd(_mm256_castps256_ps128(xs)), &s.h0, &s.m0, &s.l0);
-      sq3(_mm256_cvtps_pd(_mm256_extractf128_ps(xs, 1)), &s.h1, &s.m1, &s.l1);
-    }
-    sets3_fold(&s, g, v1, v2);
-  }
-  *restmax = hmax_epu32(r);
-}
-
 /* Spiky blocks: the few elements with |x| bits >= thr (at most F32_SPIKES)
  * go to top[], x is copied to rest[] with them zeroed (rest holds len
  * rounded up to 8). Returns how many moved, or -1 if more; *restmax = max
@@ -174,92 +151,194 @@ static int f32_split(const float *x, size_t len, uint32_t thr, float *top, float
   return cnt;
 }
 
-/* A finite block with max |x| bits top, min non-zero minnz: into pa (units
- * 2^(G-45)) and pb (units 2^(G-90)). split: spikes may be set apart. nx:
- * the next block's pass 1, done here (returns 1) when the last pass over
- * this block can carry it. */
-static int f32_finite(const float *x, size_t len, uint32_t top, uint32_t minnz, int split,
-                      f32_next *nx, bx_acc *acc, bx_pending *pa, bx_pending *pb) {
+/* ---- wide blocks: the integer bins of bins.h ------------------------------
+ * Significands, squares and exponent fields 8 at a time in vectors; the
+ * scalar part is only bin[e] += m^2 (four tables), on data still in L1. */
+
+#define F32_BINS_CHUNK 256
+
+/* Exponent fields seen: max over finite elements, min over non-zero ones
+ * (255 when none), and whether a NaN/Inf was met. */
+typedef struct f32_span {
+  uint32_t emax, eminnz, special;
+} f32_span;
+
+static void f32_bins_add(bx_bins *b, const float *x, size_t len, bx_acc *acc, f32_span *sp) {
+  const __m256i ff = _mm256_set1_epi32(0xFF), frac = _mm256_set1_epi32(0x7FFFFF);
+  const __m256i hid = _mm256_set1_epi32(0x800000), zero = _mm256_setzero_si256();
+  /* products come out as even|odd pairs per 128 bits: the fields follow them */
+  const __m256i perm = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
+  __m256i emx = zero, emn = _mm256_set1_epi32(0xFF);
+  uint32_t idx[F32_BINS_CHUNK] __attribute__((aligned(32)));
+  uint64_t prod[F32_BINS_CHUNK] __attribute__((aligned(32)));
+  for (size_t i = 0; i < len; i += F32_BINS_CHUNK) {
+    size_t m = len - i < F32_BINS_CHUNK ? len - i : F32_BINS_CHUNK;
+    if (b->room < m) {
+      bx_bins_flush(b, acc, 2, -300);
+      b->room = BX_BINS_F32_ROOM;
+    }
+    b->room -= m;
+    size_t mr = (m + 7) & ~(size_t)7; /* the rest of the last 8 reads as zeros */
+    for (size_t j = 0; j < mr; j += 8) {
+      float buf[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      const float *p = x + i + j;
+      if (m - j < 8) {
+        memcpy(buf, p, (m - j) * sizeof *p);
+        p = buf;
+      }
+      __m256i v = _mm256_loadu_si256((const void *)p);
+      __m256i e = _mm256_and_si256(_mm256_srli_epi32(v, 23), ff);
+      __m256i f = _mm256_and_si256(v, frac);
+      __m256i spec = _mm256_cmpeq_epi32(e, ff);
+      unsigned ks = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(spec));
+      if (ks) { /* NaN/Inf: counted; bin 255 is never deposited */
+        unsigned kz = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(f, zero)));
+        b->nan += __builtin_popcount(ks & ~kz);
+        b->inf += __builtin_popcount(ks & kz);
+        sp->special = 1;
+      }
+      __m256i mm = _mm256_or_si256(f, _mm256_andnot_si256(_mm256_cmpeq_epi32(e, zero), hid));
+      emx = _mm256_max_epu32(emx, _mm256_andnot_si256(spec, e));
+      __m256i isz = _mm256_cmpeq_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x7FFFFFFF)), zero);
+      emn = _mm256_min_epu32(emn, _mm256_or_si256(e, _mm256_and_si256(isz, ff)));
+      _mm256_store_si256((void *)(idx + j), _mm256_permutevar8x32_epi32(e, perm));
+      __m256i p0 = _mm256_mul_epu32(mm, mm), odd = _mm256_srli_epi64(mm, 32);
+      __m256i p1 = _mm256_mul_epu32(odd, odd);
+      _mm256_store_si256((void *)(prod + j), _mm256_unpacklo_epi64(p0, p1));
+      _mm256_store_si256((void *)(prod + j + 4), _mm256_unpackhi_epi64(p0, p1));
+    }
+    for (size_t j = 0; j < mr; j += 4) {
+      b->bin[0][idx[j]] += prod[j];
+      b->bin[1][idx[j + 1]] += prod[j + 1];
+      b->bin[2][idx[j + 2]] += prod[j + 2];
+      b->bin[3][idx[j + 3]] += prod[j + 3];
+    }
+  }
+  uint32_t hi = hmax_epu32(emx), lo = hmin_epu32(emn);
+  bx_bins_touch(b, 0, hi); /* bin 0 takes the zeros of a partial chunk */
+  sp->emax = hi > sp->emax ? hi : sp->emax;
+  sp->eminnz = lo < sp->eminnz ? lo : sp->eminnz;
+}
+
+typedef struct f32_ctx {
+  bx_acc *acc;
+  bx_pending pa, pb;
+  bx_bins bins; /* wide blocks; set up at the first */
+  int bins_live;
+  int wide; /* blocks that go on to the bins without pass 1 */
+} f32_ctx;
+
+#define F32_WIDE_RUN 8 /* wide blocks in a row between two passes 1 */
+
+/* x[0..len) into the bins. When a checked block spread this wide lands
+ * here its successors probably would too: the next F32_WIDE_RUN blocks
+ * skip pass 1 while they stay wider than one three-level window (or hold
+ * NaN/Inf). */
+static void f32_wide(f32_ctx *c, const float *x, size_t len) {
+  if (!c->bins_live) {
+    bx_bins_init(&c->bins, BX_BINS_F32_ROOM);
+    c->bins_live = 1;
+  }
+  f32_span sp = {0, 255, 0};
+  f32_bins_add(&c->bins, x, len, c->acc, &sp);
+  int ebtop = sp.emax ? (int)sp.emax : 1, ebot = sp.eminnz ? (int)sp.eminnz : 1;
+  int fits = sp.eminnz == 255 || ebot >= ebtop - 43;
+  if (c->wide) c->wide = sp.special || !fits ? c->wide - 1 : 0;
+  else c->wide = fits ? 0 : F32_WIDE_RUN; /* a NaN/Inf alone does not make the next wide */
+}
+
+/* A finite block with max |x| bits top, min non-zero minnz: into c->pa
+ * (units 2^(G-45)) and c->pb (units 2^(G-90)), or the bins when no single
+ * window takes it (a cascade of masked windows would cost more: each is a
+ * full pass). split: spikes may be set apart. nx: the next block's pass 1,
+ * done here (returns 1) when the last pass over this block can carry it. */
+static int f32_finite(f32_ctx *c, const float *x, size_t len, uint32_t top, uint32_t minnz,
+                      int split, f32_next *nx) {
   if (top == 0) return 0;
   int ebtop = top >> 23 ? (int)(top >> 23) : 1, g = bx_f32_g(ebtop);
   f32_next *fuse = nx && nx->y && len == BLOCK ? nx : NULL;
   bx_i128 v1, v2;
   if (minnz >= bx_f32_thr(ebtop)) { /* two levels */
-    bx_pend_add(pa, acc, f32_window_all(x, len, g, fuse), g - 45);
+    bx_pend_add(&c->pa, c->acc, f32_window_all(x, len, g, fuse), g - 45);
     return fuse != NULL;
   }
   if (minnz >= bx_f32_thr3(ebtop)) { /* three levels, one pass */
     f32_window3_all(x, len, g, fuse, &v1, &v2);
-    bx_pend_add(pa, acc, v1, g - 45);
-    bx_pend_add(pb, acc, v2, g - 90);
+    bx_pend_add(&c->pa, c->acc, v1, g - 45);
+    bx_pend_add(&c->pb, c->acc, v2, g - 90);
     return fuse != NULL;
   }
-  uint32_t upper = 0x7F800000u, rest; /* every |x| of a finite block is below */
   if (split) { /* a few spikes above the bulk: each part in its own window */
     float spikes[F32_SPIKES], bulk[BLOCK + 8];
-    int c = f32_split(x, len, bx_f32_thr(ebtop), spikes, bulk, &rest);
-    if (c >= 0) {
-      bx_pend_add(pa, acc, f32_window_all(spikes, (size_t)c, g, NULL), g - 45);
-      return f32_finite(bulk, len, rest, minnz, 0, nx, acc, pa, pb);
+    uint32_t rest;
+    int k = f32_split(x, len, bx_f32_thr(ebtop), spikes, bulk, &rest);
+    if (k >= 0) {
+      bx_pend_add(&c->pa, c->acc, f32_window_all(spikes, (size_t)k, g, NULL), g - 45);
+      return f32_finite(c, bulk, len, rest, minnz, 0, nx);
     }
   }
-  for (;;) { /* cascade of three-level windows */
-    uint32_t thr = bx_f32_thr3(ebtop);
-    f32_window3(x, len, g, thr, upper, &rest, &v1, &v2);
-    bx_pend_add(pa, acc, v1, g - 45);
-    bx_pend_add(pb, acc, v2, g - 90);
-    if (rest == 0) return 0; /* nothing non-zero below thr */
-    upper = thr;
-    ebtop = rest >> 23 ? (int)(rest >> 23) : 1;
-    g = bx_f32_g(ebtop);
-  }
+  f32_wide(c, x, len);
+  return 0;
 }
 
 /* One block whose pass-1 results are in nx; nx->y is the next block (BLOCK
- * elements) or NULL, whose pass-1 results nx holds on return. Returns 1 if
- * the block is for the scalar kernel. */
-static int f32_block(const float *x, size_t len, f32_next *nx, bx_acc *acc, bx_pending *pa,
-                     bx_pending *pb) {
-  int scalar = 0, fused = 0;
-  if (nx->amax >= 0x7F800000u || bx_f32_too_wide(nx->amax, nx->aminnz)) {
-    scalar = 1; /* NaN/Inf, or spread too wide: the caller's scalar run */
-  } else {
-    fused = f32_finite(x, len, nx->amax, nx->aminnz, 1, nx, acc, pa, pb);
+ * elements) or NULL, whose pass-1 results nx holds on return. */
+static void f32_block(f32_ctx *c, const float *x, size_t len, f32_next *nx) {
+  uint32_t top = nx->amax, minnz = nx->aminnz;
+  int fused = 0;
+  float specials[F32_SPIKES], finite[BLOCK + 8];
+  if (top >= 0x7F800000u) { /* a few NaN/Inf: counted, set apart like spikes */
+    int k = f32_split(x, len, 0x7F800000u, specials, finite, &top);
+    if (k < 0) {
+      f32_wide(c, x, len);
+      goto next;
+    }
+    for (int j = 0; j < k; j++) {
+      uint32_t b;
+      memcpy(&b, &specials[j], 4);
+      if (b & 0x7FFFFF) c->acc->nan_count++;
+      else c->acc->inf_count++;
+    }
+    x = finite; /* the rest, with zeros in their places */
+    if (minnz >= 0x7F800000u) minnz = 0;
   }
+  if (bx_f32_too_wide(top, minnz)) f32_wide(c, x, len); /* too wide even for a split */
+  else fused = f32_finite(c, x, len, top, minnz, 1, nx);
+next:
   if (nx->y && !fused) f32_stats(nx->y, BLOCK, &nx->amax, &nx->aminnz);
-  return scalar;
 }
 
 static void sumsq_f32(const void *xv, size_t n, bx_acc *acc) {
+  unsigned csr = bx_csr_enter(); /* exact_grid.h: no DAZ, flags our own */
   const float *x = xv;
-  bx_pending pa = {0, 0, 0}, pb = {0, 0, 0};
-  size_t scalar_n = 0, i = 0, len = BLOCK, run = 0, run_at = 0; /* run: blocks for the scalar kernel */
+  f32_ctx c;
+  c.acc = acc;
+  c.pa = c.pb = (bx_pending){0, 0, 0};
+  c.bins_live = c.wide = 0;
+  size_t i = 0, len = BLOCK;
   if (((uintptr_t)x & 3) == 0) len -= ((uintptr_t)x >> 2) & 7; /* later blocks 32-byte aligned */
   if (len > n) len = n;
-  f32_next nx;
-  f32_stats(x, len, &nx.amax, &nx.aminnz);
+  int have = 0; /* nx holds the pass 1 of the block at i */
+  f32_next nx = {NULL, 0, 0};
   while (i < n) {
     size_t nlen = n - (i + len) < BLOCK ? n - (i + len) : BLOCK;
-    nx.y = nlen == BLOCK ? x + i + len : NULL;
-    if (f32_block(x + i, len, &nx, acc, &pa, &pb)) {
-      if (!run) run_at = i;
-      run += len;
-    } else if (run) {
-      bx_sumsq_f32_scalar(x + run_at, run, acc); /* counts them */
-      scalar_n += run;
-      run = 0;
+    if (c.wide) { /* straight to the bins */
+      f32_wide(&c, x + i, len);
+      have = 0;
+    } else {
+      if (!have) f32_stats(x + i, len, &nx.amax, &nx.aminnz);
+      nx.y = nlen == BLOCK ? x + i + len : NULL;
+      f32_block(&c, x + i, len, &nx);
+      have = nx.y != NULL && !c.wide;
     }
     i += len;
     len = nlen;
-    if (!nx.y && len) f32_stats(x + i, len, &nx.amax, &nx.aminnz);
   }
-  if (run) {
-    bx_sumsq_f32_scalar(x + run_at, run, acc);
-    scalar_n += run;
-  }
-  bx_pend_flush(&pa, acc);
-  bx_pend_flush(&pb, acc);
-  acc->count += (int64_t)(n - scalar_n);
+  if (c.bins_live) bx_bins_done(&c.bins, acc, 2, -300);
+  bx_pend_flush(&c.pa, acc);
+  bx_pend_flush(&c.pb, acc);
+  acc->count += (int64_t)n;
+  bx_csr_leave(csr);
 }
 
 /* ---- sum |x|: the scalar kernels --------------------------------------- */

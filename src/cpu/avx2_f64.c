@@ -129,6 +129,7 @@ static int f64_block(const double *x, size_t len, bx_acc *acc, bx_pending pend[4
 }
 
 void bx_avx2_sumsq_f64(const void *xv, size_t n, bx_acc *acc) {
+  unsigned csr = bx_csr_enter(); /* exact_grid.h: no DAZ, flags our own */
   const double *x = xv;
   bx_pending pend[4];
   memset(pend, 0, sizeof pend);
@@ -136,10 +137,12 @@ void bx_avx2_sumsq_f64(const void *xv, size_t n, bx_acc *acc) {
   if (((uintptr_t)x & 7) == 0) len -= ((uintptr_t)x >> 3) & 3;
   while (i < n) {
     if (len > n - i) len = n - i;
-    if (f64_block(x + i, len, acc, pend)) {
+    int scalar = f64_block(x + i, len, acc, pend);
+    if (scalar) {
       if (!run) run_at = i;
       run += len;
-    } else if (run) {
+    }
+    if (run && (!scalar || run >= BX_SCALAR_RUN_MAX)) { /* the run still in L2 */
       bx_sumsq_f64_scalar(x + run_at, run, acc); /* counts them */
       scalar_n += run;
       run = 0;
@@ -153,4 +156,5 @@ void bx_avx2_sumsq_f64(const void *xv, size_t n, bx_acc *acc) {
   }
   for (int k = 0; k < 4; k++) bx_pend_flush(&pend[k], acc);
   acc->count += (int64_t)(n - scalar_n);
+  bx_csr_leave(csr);
 }

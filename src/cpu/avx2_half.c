@@ -216,16 +216,19 @@ static int bf16_block(const uint16_t *x, size_t len, bx_acc *acc, bx_pending *p1
 }
 
 void bx_avx2_sumsq_bf16(const void *xv, size_t n, bx_acc *acc) {
+  unsigned csr = bx_csr_enter(); /* exact_grid.h: no DAZ, flags our own */
   const uint16_t *x = xv;
   bx_pending p1 = {0, 0, 0}, p2 = {0, 0, 0};
   size_t scalar_n = 0, i = 0, len = BLOCK, run = 0, run_at = 0; /* run: for the scalar kernel */
   if (((uintptr_t)x & 1) == 0) len -= ((uintptr_t)x >> 1) & 15;
   while (i < n) {
     if (len > n - i) len = n - i;
-    if (bf16_block(x + i, len, acc, &p1, &p2)) {
+    int scalar = bf16_block(x + i, len, acc, &p1, &p2);
+    if (scalar) {
       if (!run) run_at = i;
       run += len;
-    } else if (run) {
+    }
+    if (run && (!scalar || run >= BX_SCALAR_RUN_MAX)) { /* the run still in L2 */
       bx_sumsq_bf16_scalar(x + run_at, run, acc); /* counts them */
       scalar_n += run;
       run = 0;
@@ -240,6 +243,7 @@ void bx_avx2_sumsq_bf16(const void *xv, size_t n, bx_acc *acc) {
   bx_pend_flush(&p1, acc);
   bx_pend_flush(&p2, acc);
   acc->count += (int64_t)(n - scalar_n);
+  bx_csr_leave(csr);
 }
 
 /* ======================================================================
@@ -264,6 +268,7 @@ static inline int f16_finite(const __m256d h[4]) {
 }
 
 void bx_avx2_sumsq_f16(const void *xv, size_t n, bx_acc *acc) {
+  unsigned csr = bx_csr_enter(); /* exact_grid.h: no DAZ, flags our own */
   const uint16_t *x = xv;
   const __m256d ah = anchor4(-12), al = anchor4(-57);
   bx_pending p = {0, 0, 0};
@@ -290,6 +295,11 @@ void bx_avx2_sumsq_f16(const void *xv, size_t n, bx_acc *acc) {
     } else { /* a NaN or Inf in the block: the scalar kernel redoes it */
       if (!run) run_at = i;
       run += len;
+      if (run >= BX_SCALAR_RUN_MAX) { /* the run still in L2 */
+        bx_sumsq_f16_scalar(x + run_at, run, acc);
+        scalar_n += run;
+        run = 0;
+      }
     }
     i += len;
     len = BLOCK;
@@ -300,4 +310,5 @@ void bx_avx2_sumsq_f16(const void *xv, size_t n, bx_acc *acc) {
   }
   bx_pend_flush(&p, acc);
   acc->count += (int64_t)(n - scalar_n);
+  bx_csr_leave(csr);
 }

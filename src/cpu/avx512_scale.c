@@ -155,13 +155,38 @@ static __m256i load16(const uint16_t *p, size_t left, __mmask16 *m) {
   return _mm256_maskz_loadu_epi16(*m, p);
 }
 
+/* torch mode, 32 bf16 at a time without widening shuffles: the even
+ * words shifted up and the odd words masked are the two halves as fp32;
+ * each product is rounded to nearest-even in place (u + 0x7FFF + lsb,
+ * then the top 16 bits), NaN products become 0x7FC0 (c10), and one
+ * ternary-logic op puts the halves back together. */
+static inline __m512i bf16_round_bits(__m512 f) {
+  __m512i u = _mm512_castps_si512(f);
+  __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  return _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb);
+}
+
+static inline __m512i bf16x32_torch(__m512i v, __m512 c) {
+  const __m512i top = _mm512_set1_epi32((int)0xFFFF0000u);
+  __m512 ev = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), c);
+  __m512 od = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_and_si512(v, top)), c);
+  __m512i re = bf16_round_bits(ev), ro = bf16_round_bits(od);
+  __mmask16 ne = _mm512_cmp_ps_mask(ev, ev, _CMP_UNORD_Q), no = _mm512_cmp_ps_mask(od, od, _CMP_UNORD_Q);
+  if (ne | no) { /* rare */
+    re = _mm512_mask_mov_epi32(re, ne, _mm512_set1_epi32(0x7FC00000));
+    ro = _mm512_mask_mov_epi32(ro, no, _mm512_set1_epi32(0x7FC00000));
+  }
+  return _mm512_ternarylogic_epi32(ro, top, _mm512_srli_epi32(re, 16), 0xEA); /* (ro & top) | re >> 16 */
+}
+
 static void scale_bf16_torch(void *xv, size_t n, double coef) {
   uint16_t *x = xv;
   __m512 c = _mm512_set1_ps((float)coef);
-  for (size_t i = 0; i < n; i += 16) {
-    __mmask16 m;
-    __m256i h = load16(x + i, n - i, &m);
-    _mm256_mask_storeu_epi16(x + i, m, f32_to_bf16x16(_mm512_mul_ps(bf16x16_to_f32(h), c)));
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) _mm512_storeu_si512(x + i, bf16x32_torch(_mm512_loadu_si512(x + i), c));
+  if (i < n) {
+    __mmask32 m = (__mmask32)((1ull << (n - i)) - 1);
+    _mm512_mask_storeu_epi16(x + i, m, bf16x32_torch(_mm512_maskz_loadu_epi16(m, x + i), c));
   }
 }
 

@@ -30,6 +30,15 @@ static inline void sq2(__m512d x, __m512d *hi, __m512d *lo) {
   *hi = t;
 }
 
+/* sq2 with d = hi - t as fnmadd(t, 1, hi) when fma_sub: on Zen 4 the
+ * FMA pipes take it, the add pipes keep cvtps2pd and the lo sums. */
+static inline void sq2b(__m512d x, __m512d *hi, __m512d *lo, int fma_sub) {
+  __m512d t = _mm512_fmadd_pd(x, x, *hi);
+  __m512d d = fma_sub ? _mm512_fnmadd_pd(t, _mm512_set1_pd(1.0), *hi) : _mm512_sub_pd(*hi, t);
+  *lo = _mm512_add_pd(*lo, _mm512_fmadd_pd(x, x, d));
+  *hi = t;
+}
+
 /* hi += v with the rounding error into lo (add form, v a double). */
 static inline void add2(__m512d v, __m512d *hi, __m512d *lo) {
   __m512d t = _mm512_add_pd(*hi, v);

@@ -8,7 +8,10 @@
  * for every input. Per block of B elements:
  *
  *  pass 1  integer max and min-non-zero of the |x| bit patterns (monotonic
- *          in |x|). Max Inf/NaN → the block goes to the scalar kernel.
+ *          in |x|). Max Inf/NaN → the block goes to the integer bins
+ *          (bins.h: the scalar kernels' scheme, no floating point). The
+ *          VERIFIED and GUESSED WINDOWS below skip pass 1 and prove each
+ *          block exact after the fact instead.
  *  pass 2  "two-level grid" in fp64 lanes. A lane holds hi, kept inside
  *          the binade [2^(G+52), 2^(G+53)) (ulp 2^G, anchored at
  *          ah = 1.5*2^(G+52)), and lo, kept in [2^(L+52), 2^(L+53))
@@ -65,7 +68,9 @@
  *        three levels in one pass if they fit, else, if at most 32
  *        elements lie in the top two-level window (spikes), those go
  *        through that window and a copy of the block without them through
- *        its own, else a cascade of masked three-level windows.
+ *        its own, else the integer bins (a cascade of masked windows costs
+ *        a full pass per window: more than the bins beyond one). AVX-512:
+ *        runs of blocks that fit two levels switch to VERIFIED WINDOWS.
  *  bf16  x = m 2^(eb-134), x^2 a multiple of 2^(2eb-268); same T, K, G, L:
  *        one level (hi only: fma(x,x,hi) is exact when x^2 is a multiple
  *        of 2^G and hi stays in its binade) admits eb >= ebtop - 14, two
@@ -75,12 +80,17 @@
  *        exactly; setting bits 61, 62 gives |x| 2^640 (normal x), so the
  *        fma squares y * y' = x^2 2^-256 exactly (x = 0: y = 0). The
  *        windows move by -256 (every grid stays normal). Otherwise
- *        conversions and a cascade of masked two-level windows.
+ *        conversions and masked two-level windows: AVX2 cascades them,
+ *        AVX-512 takes one (subnormals within two levels) and sends wider
+ *        blocks to the integer bins. AVX-512: runs of blocks without
+ *        subnormals that fit one or two levels switch to GUESSED WINDOWS.
  *  fp16  x^2 < 2^32 (T = 32), all multiples of 2^-48: one fixed window for
  *        the whole range, K = 6: G = -12, L = -57 <= -48. No pass 1: a NaN
  *        or Inf makes hi non-finite for good (an anchored finite hi never
  *        is), so the block is redone by the scalar kernel when the fold
- *        finds a hi lane outside its binade.
+ *        finds a hi lane outside its binade. (AVX-512: a partial block's
+ *        tail is one more round over the four accumulators, so a lane
+ *        still takes at most 64 elements.)
  *  fp64  x^2 has 106 bits. x' = x 2^s (exact; s = -E with E = floor(log2
  *        max|x|) puts the window's max in [1,2)), p = x'*x', r =
  *        fma(x',x',-p) (exact: x' >= 2^-18, nothing underflows). p and r
@@ -91,6 +101,56 @@
  *        2^(2ex-104)). Window x' >= 2^-18: 19 binades. The sums are
  *        deposited at 2^(L - 2s): multiples of 2^-2148 (every fp64 square
  *        is), so a deposit below the accumulator's LSB shifts out zeros.
+ *
+ * VERIFIED WINDOWS (fp32, AVX-512). The two-level step without pass 1:
+ *            t = fma(x,x,hi) rounded to nearest with exceptions suppressed
+ *            ({rn-sae}: it sets no flag); d = hi - t; e = fma(x,x,d);
+ *            lo += e; hi = t
+ * with G guessed (below), over a group of blocks whose inexact flag PE
+ * (MXCSR, cleared before the group) is read after their last operation.
+ * Claim: if PE is still clear and every final hi and lo lane has its
+ * anchor's exponent field, then (hi - ah) + (lo - al) = sum x^2 exactly.
+ * Proof: PE clear means d, e and every lo += e were exact (x exact in
+ * fp64: cvtps2pd never rounds). Then per element hi' + lo' = t + lo +
+ * (x^2 + hi - t) = hi + lo + x^2 in real arithmetic, so by induction the
+ * final hi + lo = ah + al + sum x^2, whatever happened in between (no
+ * bound on k, T or the binades of the intermediate values is needed). The
+ * final lanes in their anchors' binades make the bit differences the
+ * value differences (fold above). NaN/Inf: t is NaN/Inf (sae suppresses
+ * only flags) and stays so, failing the binade test. The flags are the
+ * kernel's own: bx_csr_enter sets MXCSR, and the read is ordered after
+ * the windows by a data dependency (bx_csr_read). A block that fails
+ * (flag: the whole group; binade: that block) is redone by the checked
+ * path. G only decides how often blocks fail: the first G is the checked
+ * two-level G of the block before (2 ebtop - 296), then the largest hi
+ * lane is kept near 2^46 of the 2^51 its binade holds above the anchor.
+ *
+ * GUESSED WINDOWS (bf16, AVX-512). One level (h = fma(y, y', h), y*y' =
+ * x^2 2^-256, G' = G - 256) or two levels (the step of pass 2 on y*y'),
+ * normal rounding, no pass 1 and no flags: G guessed as for fp32 (largest
+ * lane near 2^49); the same loop finds the block's least non-zero |x|
+ * bits; the final lanes are tested for their binades. Claim: if the least
+ * non-zero x is normal with 2e - 268 >= G (one level; >= G - 45 for two)
+ * and every final lane is in its anchor's binade, every operation was
+ * exact. Proof, one level: each product is a multiple of 2^(2e-268-256),
+ * so of 2^G' (zero: 0); h never decreases, so every intermediate h lies
+ * between ah and the final h, in the binade, where every multiple of 2^G'
+ * is representable: each fma is exact. Two levels: as in BOUNDS with hi
+ * in its binade throughout (it never decreases): d exact (Sterbenz), |e|
+ * <= 2^(G'-1) and a multiple of 2^(L') (x^2 2^-256 and t - hi are), so
+ * e has <= 46 bits; k = 64 elements a lane keep |lo - al| <= 2^(L'+50):
+ * lo in its binade, every lo += e exact. NaN/Inf: the shifted fields make
+ * y*y' = (1.f)^2 in [1, 4) (exponent field 255: 2^-768 * 2^768), while
+ * finite squares give y*y' < 1; with G <= 203 the binade top 2^(G'+53)
+ * <= 1, so a NaN/Inf product takes hi out of its binade for good: the
+ * block fails. Subnormals would give a wrong y' (no hidden bit), but they
+ * fail the least-non-zero test (e = 0). A block that fails is redone by
+ * the checked path, whose pass 1 restarts G.
+ *
+ * MXCSR. Every vector sum-of-squares kernel runs under BX_CSR_EXACT (see
+ * below) and gives the caller's MXCSR back unchanged: a caller that set
+ * DAZ (frameworks that "flush denormals") would otherwise have its
+ * subnormal inputs read as zero by cvtps2pd / the fp64 arithmetic.
  */
 #ifndef BX_EXACT_GRID_H
 #define BX_EXACT_GRID_H
@@ -99,6 +159,41 @@
 #include <string.h>
 
 #include "internal.h"
+
+/* ---- MXCSR ---------------------------------------------------------------
+ * The vector kernels run with MXCSR = BX_CSR_EXACT: every exception
+ * masked, round to nearest even, no DAZ/FTZ (with DAZ a subnormal fp32 or
+ * fp64 input would read as zero), flags clear. bx_csr_enter sets it and
+ * returns the caller's word, bx_csr_leave puts that word back (flags
+ * included), so a caller's mode never reaches the kernels and the
+ * kernels' flags never reach the caller. The VERIFIED WINDOWS read the
+ * inexact flag PE with bx_csr_read. */
+#define BX_CSR_EXACT 0x1F80u
+#define BX_CSR_PE 0x20u
+
+static inline unsigned bx_csr_enter(void) {
+  unsigned c, mine = BX_CSR_EXACT;
+  __asm__ volatile("stmxcsr %0\n\tldmxcsr %1" : "=m"(c) : "m"(mine) : "memory");
+  return c;
+}
+/* Every result is in memory (the accumulator) before the word goes back. */
+static inline void bx_csr_leave(unsigned c) { __asm__ volatile("ldmxcsr %0" : : "m"(c) : "memory"); }
+
+/* Clear the flags. The memory clobber keeps the loads that feed later
+ * windows (and so all their arithmetic) after it. */
+static inline void bx_csr_clear(void) {
+  unsigned c = BX_CSR_EXACT;
+  __asm__ volatile("ldmxcsr %0" : : "m"(c) : "memory");
+}
+
+/* The flags after every floating-point operation that fed dep (a value
+ * computed from the results of the windows to be checked: the asm cannot
+ * run before them). */
+static inline unsigned bx_csr_read(uint64_t dep) {
+  unsigned c;
+  __asm__ volatile("stmxcsr %0" : "=m"(c) : "r"(dep) : "memory");
+  return c;
+}
 
 typedef __int128 bx_i128;
 
@@ -172,10 +267,10 @@ static inline uint64_t bx_f64_window(uint64_t amax, int *sc) {
   return et >= -1074 ? 1ull << (et + 1074) : 0;
 }
 
-/* Blocks spread so wide that their cascade would cost more than the
- * scalar integer bins go to the scalar kernel: fp32 beyond 3 three-level
- * windows (132 binades between max and min non-zero), bf16 beyond 3
- * two-level windows (111). */
+/* Blocks spread so wide that no window (nor a split of their spikes)
+ * can take them go to the integer bins without trying: fp32 beyond 3
+ * three-level windows (132 binades between max and min non-zero), bf16
+ * beyond 3 two-level windows (111; bf16 still cascades below that). */
 static inline int bx_f32_too_wide(uint32_t amax, uint32_t aminnz) {
   int top = amax >> 23 ? (int)(amax >> 23) : 1, bot = aminnz >> 23 ? (int)(aminnz >> 23) : 1;
   return aminnz != 0 && top - bot >= 132;
@@ -184,6 +279,10 @@ static inline int bx_bf16_too_wide(uint32_t amax, uint32_t aminnz) {
   int top = amax >> 7 ? (int)(amax >> 7) : 1, bot = aminnz >> 7 ? (int)(aminnz >> 7) : 1;
   return aminnz != 0 && top - bot >= 111;
 }
+
+/* Elements a run of blocks for the scalar kernel may reach before it is
+ * summed: the run is still in L2 when the scalar kernel reads it again. */
+#define BX_SCALAR_RUN_MAX ((size_t)1 << 15)
 
 /* fp64: pass 1 also ORs 1 << (|x| bits >> 57) (64 buckets of 32 binades).
  * A block in more than BX_F64_BUCKETS buckets goes to the scalar kernel; a

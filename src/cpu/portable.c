@@ -7,152 +7,165 @@
  *
  * These are also the fallback the vector kernels use for blocks they cannot
  * handle in registers (NaN/Inf, exponents spread beyond their windows).
+ * The bins, their capacity and the four interleaved tables: bins.h.
  */
 #include <string.h>
 
+#include "bins.h"
 #include "internal.h"
 
 typedef unsigned __int128 u128;
 
-/* Elements per bin flush for 64-bit bins: m^2 < 2^48 (fp32) or m < 2^24,
- * so 2^15 additions stay below 2^63. */
-#define F32_FLUSH ((size_t)1 << 15)
+/* Hidden bit by exponent field (0 for subnormals and zeros): a load, so
+ * the loops below have no data-dependent branch but the NaN/Inf one. */
+static const uint32_t hidden_f32[256] = {[1 ... 255] = 0x800000};
+static const uint32_t hidden_bf16[256] = {[1 ... 255] = 0x80};
+static const uint32_t hidden_f16[32] = {[1 ... 31] = 0x400};
 
-static void flush_bins_u64(bx_acc *acc, uint64_t *bin, int lo, int hi, int exp_of_0,
-                           int exp_step) {
-  for (int e = lo; e <= hi; e++)
-    if (bin[e]) {
-      bx_acc_deposit_u64(acc, bin[e], exp_of_0 + exp_step * e);
-      bin[e] = 0;
-    }
+/* A NaN or Inf (exponent field all ones, fraction f): counted; its bin
+ * (255 or 31) takes garbage and is never deposited. */
+static inline void count_special(uint32_t f, bx_bins *b) {
+  if (f) b->nan++;
+  else b->inf++;
 }
 
-/* ---- fp32: bits seeeeeeeemmm..., x = m * 2^(e - 150), e >= 1 ---------- */
+/* ---- fp32: bits seeeeeeeemmm..., x = m * 2^(e - 150), e >= 1 ----------
+ * bin e holds m^2 at 2^(2e - 300) (sumsq) or m at 2^(e - 150) (sumabs). */
+
+/* One element into table k (a constant after inlining: -O2 does not
+ * unroll the loops, so each loop below spells its four calls out). */
+static inline void f32_sq_one(const float *p, bx_bins *b, int k) {
+  uint32_t v;
+  memcpy(&v, p, 4);
+  uint32_t e = (v >> 23) & 0xFF;
+  if (__builtin_expect(e == 0xFF, 0)) count_special(v & 0x7FFFFF, b);
+  uint64_t m = (v & 0x7FFFFF) | hidden_f32[e];
+  b->bin[k][e] += m * m;
+}
+
+static inline void f32_abs_one(const float *p, bx_bins *b, int k) {
+  uint32_t v;
+  memcpy(&v, p, 4);
+  uint32_t e = (v >> 23) & 0xFF;
+  if (__builtin_expect(e == 0xFF, 0)) count_special(v & 0x7FFFFF, b);
+  b->bin[k][e] += (v & 0x7FFFFF) | hidden_f32[e];
+}
+
+static void f32_bins_sq(const float *x, size_t n, bx_bins *b) {
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    f32_sq_one(x + i, b, 0);
+    f32_sq_one(x + i + 1, b, 1);
+    f32_sq_one(x + i + 2, b, 2);
+    f32_sq_one(x + i + 3, b, 3);
+  }
+  for (; i < n; i++) f32_sq_one(x + i, b, 0);
+}
 
 void bx_sumsq_f32_scalar(const float *x, size_t n, bx_acc *acc) {
-  uint64_t bin[256] = {0};
-  int64_t nan = 0, inf = 0;
-  for (size_t i = 0; i < n;) {
-    size_t end = n - i > F32_FLUSH ? i + F32_FLUSH : n;
-    for (; i < end; i++) {
-      uint32_t b;
-      memcpy(&b, &x[i], 4);
-      uint32_t e = (b >> 23) & 0xFF, m = b & 0x7FFFFF;
-      if (e == 0xFF) {
-        if (m) nan++; else inf++;
-        continue;
-      }
-      if (e) m |= 0x800000; else e = 1;
-      bin[e] += (uint64_t)m * m;
-    }
-    /* bin e holds m^2 at 2^(2e - 300) */
-    flush_bins_u64(acc, bin, 1, 254, -300, 2);
+  bx_bins b;
+  bx_bins_init(&b, BX_BINS_F32_ROOM);
+  for (size_t i = 0; i < n; i += BX_BINS_F32_ROOM) {
+    size_t m = n - i < BX_BINS_F32_ROOM ? n - i : BX_BINS_F32_ROOM;
+    bx_bins_touch(&b, 0, 254);
+    f32_bins_sq(x + i, m, &b);
+    bx_bins_flush(&b, acc, 2, -300);
   }
-  acc->nan_count += nan;
-  acc->inf_count += inf;
+  bx_bins_done(&b, acc, 2, -300);
   acc->count += (int64_t)n;
 }
 
 void bx_sumabs_f32_scalar(const float *x, size_t n, bx_acc *acc) {
-  uint64_t bin[256] = {0};
-  int64_t nan = 0, inf = 0;
-  for (size_t i = 0; i < n;) {
-    size_t end = n - i > F32_FLUSH ? i + F32_FLUSH : n;
-    for (; i < end; i++) {
-      uint32_t b;
-      memcpy(&b, &x[i], 4);
-      uint32_t e = (b >> 23) & 0xFF, m = b & 0x7FFFFF;
-      if (e == 0xFF) {
-        if (m) nan++; else inf++;
-        continue;
-      }
-      if (e) m |= 0x800000; else e = 1;
-      bin[e] += m;
-    }
-    flush_bins_u64(acc, bin, 1, 254, -150, 1);
+  bx_bins b; /* m < 2^24: 2^22 elements a call cannot overflow */
+  bx_bins_init(&b, n);
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    f32_abs_one(x + i, &b, 0);
+    f32_abs_one(x + i + 1, &b, 1);
+    f32_abs_one(x + i + 2, &b, 2);
+    f32_abs_one(x + i + 3, &b, 3);
   }
-  acc->nan_count += nan;
-  acc->inf_count += inf;
+  for (; i < n; i++) f32_abs_one(x + i, &b, 0);
+  bx_bins_touch(&b, 0, 254);
+  bx_bins_done(&b, acc, 1, -150);
   acc->count += (int64_t)n;
 }
 
-/* ---- bf16: seeeeeeeemmmmmmm, x = m * 2^(e - 134); m^2 < 2^16 ---------- */
+/* ---- bf16: seeeeeeeemmmmmmm, x = m * 2^(e - 134); m^2 < 2^16 ----------
+ * 2^22 elements * 2^16 < 2^64: no flush within a call. */
+
+static inline void bf16_one(const uint16_t *p, bx_bins *b, int k, int squares) {
+  uint32_t v = *p;
+  uint32_t e = (v >> 7) & 0xFF;
+  if (__builtin_expect(e == 0xFF, 0)) count_special(v & 0x7F, b);
+  uint32_t m = (v & 0x7F) | hidden_bf16[e];
+  b->bin[k][e] += squares ? m * m : m;
+}
+
+static inline void bf16_bins(const uint16_t *x, size_t n, bx_bins *b, int squares) {
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    bf16_one(x + i, b, 0, squares);
+    bf16_one(x + i + 1, b, 1, squares);
+    bf16_one(x + i + 2, b, 2, squares);
+    bf16_one(x + i + 3, b, 3, squares);
+  }
+  for (; i < n; i++) bf16_one(x + i, b, 0, squares);
+  bx_bins_touch(b, 0, 254);
+}
 
 void bx_sumsq_bf16_scalar(const uint16_t *x, size_t n, bx_acc *acc) {
-  uint64_t bin[256] = {0}; /* 2^22 elements * 2^16 < 2^64: one flush */
-  int64_t nan = 0, inf = 0;
-  for (size_t i = 0; i < n; i++) {
-    uint32_t b = x[i];
-    uint32_t e = (b >> 7) & 0xFF, m = b & 0x7F;
-    if (e == 0xFF) {
-      if (m) nan++; else inf++;
-      continue;
-    }
-    if (e) m |= 0x80; else e = 1;
-    bin[e] += m * m;
-  }
-  flush_bins_u64(acc, bin, 1, 254, -268, 2);
-  acc->nan_count += nan;
-  acc->inf_count += inf;
+  bx_bins b;
+  bx_bins_init(&b, n);
+  bf16_bins(x, n, &b, 1);
+  bx_bins_done(&b, acc, 2, -268);
   acc->count += (int64_t)n;
 }
 
 void bx_sumabs_bf16_scalar(const uint16_t *x, size_t n, bx_acc *acc) {
-  uint64_t bin[256] = {0};
-  int64_t nan = 0, inf = 0;
-  for (size_t i = 0; i < n; i++) {
-    uint32_t b = x[i];
-    uint32_t e = (b >> 7) & 0xFF, m = b & 0x7F;
-    if (e == 0xFF) {
-      if (m) nan++; else inf++;
-      continue;
-    }
-    if (e) m |= 0x80; else e = 1;
-    bin[e] += m;
-  }
-  flush_bins_u64(acc, bin, 1, 254, -134, 1);
-  acc->nan_count += nan;
-  acc->inf_count += inf;
+  bx_bins b;
+  bx_bins_init(&b, n);
+  bf16_bins(x, n, &b, 0);
+  bx_bins_done(&b, acc, 1, -134);
   acc->count += (int64_t)n;
 }
 
-/* ---- fp16: seeeeemmmmmmmmmm, x = m * 2^(e - 25); m^2 < 2^22 ----------- */
+/* ---- fp16: seeeeemmmmmmmmmm, x = m * 2^(e - 25); m^2 < 2^22 -----------
+ * 2^22 elements * 2^22 < 2^64: no flush within a call. */
+
+static inline void f16_one(const uint16_t *p, bx_bins *b, int k, int squares) {
+  uint32_t v = *p;
+  uint32_t e = (v >> 10) & 0x1F;
+  if (__builtin_expect(e == 0x1F, 0)) count_special(v & 0x3FF, b);
+  uint64_t m = (v & 0x3FF) | hidden_f16[e];
+  b->bin[k][e] += squares ? m * m : m;
+}
+
+static inline void f16_bins(const uint16_t *x, size_t n, bx_bins *b, int squares) {
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    f16_one(x + i, b, 0, squares);
+    f16_one(x + i + 1, b, 1, squares);
+    f16_one(x + i + 2, b, 2, squares);
+    f16_one(x + i + 3, b, 3, squares);
+  }
+  for (; i < n; i++) f16_one(x + i, b, 0, squares);
+  bx_bins_touch(b, 0, 30);
+}
 
 void bx_sumsq_f16_scalar(const uint16_t *x, size_t n, bx_acc *acc) {
-  uint64_t bin[32] = {0}; /* 2^22 elements * 2^22 < 2^64: one flush */
-  int64_t nan = 0, inf = 0;
-  for (size_t i = 0; i < n; i++) {
-    uint32_t b = x[i];
-    uint32_t e = (b >> 10) & 0x1F, m = b & 0x3FF;
-    if (e == 0x1F) {
-      if (m) nan++; else inf++;
-      continue;
-    }
-    if (e) m |= 0x400; else e = 1;
-    bin[e] += (uint64_t)m * m;
-  }
-  flush_bins_u64(acc, bin, 1, 30, -50, 2);
-  acc->nan_count += nan;
-  acc->inf_count += inf;
+  bx_bins b;
+  bx_bins_init(&b, n);
+  f16_bins(x, n, &b, 1);
+  bx_bins_done(&b, acc, 2, -50);
   acc->count += (int64_t)n;
 }
 
 void bx_sumabs_f16_scalar(const uint16_t *x, size_t n, bx_acc *acc) {
-  uint64_t bin[32] = {0};
-  int64_t nan = 0, inf = 0;
-  for (size_t i = 0; i < n; i++) {
-    uint32_t b = x[i];
-    uint32_t e = (b >> 10) & 0x1F, m = b & 0x3FF;
-    if (e == 0x1F) {
-      if (m) nan++; else inf++;
-      continue;
-    }
-    if (e) m |= 0x400; else e = 1;
-    bin[e] += m;
-  }
-  flush_bins_u64(acc, bin, 1, 30, -25, 1);
-  acc->nan_count += nan;
-  acc->inf_count += inf;
+  bx_bins b;
+  bx_bins_init(&b, n);
+  f16_bins(x, n, &b, 0);
+  bx_bins_done(&b, acc, 1, -25);
   acc->count += (int64_t)n;
 }
 
