@@ -191,6 +191,15 @@ typedef struct bx_comm {
   int (*allreduce_i64)(int64_t *buf, size_t n, bx_op op, void *ctx);
   void *ctx;
   int rank;
+  /* Device communicators (bitexact_nccl.h) only; zero for host ones, so
+   * {fn, ctx, rank} initialisers keep meaning a host communicator.
+   * on_device = 1: buf is CUDA device memory, allreduce_i64 enqueues the
+   * all-reduce on `stream` (a cudaStream_t) and waits for it, and
+   * allreduce_i64_async(buf, n, op, ctx, s) enqueues it on stream s
+   * without waiting (the stream-ordered API of bitexact_cuda.h). */
+  int on_device;
+  void *stream;
+  int (*allreduce_i64_async)(int64_t *buf, size_t n, bx_op op, void *ctx, void *s);
 } bx_comm;
 
 /* ------------------------------------------------------------------------

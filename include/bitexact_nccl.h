@@ -1,0 +1,42 @@
+/*
+ * bitexact_nccl.h — the NCCL adapter: a bx_comm whose int64 all-reduces run
+ * on a CUDA stream with NCCL (ncclInt64, ncclSum / ncclMax). Lives in its
+ * own library (libbitexact_nccl) so that libbitexact never needs NCCL. Link
+ * with -lbitexact_nccl -lbitexact -lnccl.
+ *
+ * Integer all-reduce is exact and associative: whatever algorithm NCCL picks
+ * (ring, tree, NVLS) every rank gets the same words.
+ */
+#ifndef BITEXACT_NCCL_H
+#define BITEXACT_NCCL_H
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include "bitexact.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A device communicator (bx_comm.on_device = 1): allreduce_i64 receives a
+ * device pointer and enqueues ncclAllReduce(buf, buf, n, ncclInt64,
+ * ncclSum or ncclMax, comm, stream) in place, without waiting. The struct
+ * holds both handles by value (nothing to free); both must stay valid
+ * while it is used. rank comes from ncclCommUserRank (-1 if that fails).
+ *
+ * With the stream-ordered API (bitexact_cuda.h) the all-reduces are
+ * enqueued on the stream given to bx_cuda_norm_async / _clip_async, not
+ * on this one: the plan orders them after its kernels. With the blocking
+ * API (bx_total_norm on CUDA tensors) they run on this stream and the
+ * call waits for it. A NCCL error becomes BX_ECOMM (asynchronous errors
+ * surface at the next call or through ncclCommGetAsyncError).
+ *
+ * Every rank of comm must make the same bitexact calls in the same order
+ * (they are collective), from one host thread per communicator. */
+bx_comm bx_comm_nccl(ncclComm_t comm, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* BITEXACT_NCCL_H */
