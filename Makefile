@@ -52,7 +52,7 @@ examples: $(EX_BIN)
 bench: $(BENCH_BIN)
 dev: $(DEV_BIN)
 
-$(BUILD)/%.o: %.c $(wildcard include/*.h src/core/*.h src/cpu/*.h) Makefile
+$(BUILD)/%.o: %.c $(wildcard include/*.h src/core/*.h src/cpu/*.h src/cuda/*.h) Makefile
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -c $< -o $@
 

@@ -119,6 +119,12 @@ static const test_entry TESTS[] = {
     {"errors_scale_overlap", test_errors_scale_overlap},
     {"errors_scale_bad_input", test_errors_scale_bad_input},
     {"errors_last_error_thread_local", test_errors_last_error_thread_local},
+    /* the CUDA kernels' exact arithmetic on the CPU (test_cuda_sim.c) */
+    {"cuda_sim_squares", test_cuda_sim_squares},
+    {"cuda_sim_abs", test_cuda_sim_abs},
+    {"cuda_sim_megatron", test_cuda_sim_megatron},
+    {"cuda_sim_pow", test_cuda_sim_pow},
+    {"cuda_sim_adversarial", test_cuda_sim_adversarial},
 };
 #define NTESTS (sizeof TESTS / sizeof TESTS[0])
 

@@ -103,4 +103,11 @@ void test_errors_scale_overlap(void);
 void test_errors_scale_bad_input(void);
 void test_errors_last_error_thread_local(void);
 
+/* test_cuda_sim.c */
+void test_cuda_sim_squares(void);
+void test_cuda_sim_abs(void);
+void test_cuda_sim_megatron(void);
+void test_cuda_sim_pow(void);
+void test_cuda_sim_adversarial(void);
+
 #endif /* BX_TEST_TESTS_H */

@@ -1,7 +1,11 @@
 /*
- * _bxpy.h — what the two C files of bitexact._core share: the DLPack 1.0
+ * _bxpy.h — what the C files of bitexact._core share: the DLPack 1.0
  * managed tensor (Debian's dlpack 0.6 header predates it), the record of
- * one consumed capsule, and the error helpers.
+ * one consumed capsule, the Views object, and the error helpers.
+ *
+ *   _core.c    module, exceptions, Views (blocking calls: bx_total_norm, ...)
+ *   _dlpack.c  consuming DLPack capsules
+ *   _cuda.c    the CUDA side: device checks, cached stream-ordered plans
  */
 #ifndef BXPY_H
 #define BXPY_H
@@ -37,6 +41,27 @@ typedef struct bxpy_owner {
   uint8_t flags; /* BXPY_FLAG_* */
 } bxpy_owner;
 
+/* Views: the exported tensors of one call, grouped (_core.c). */
+typedef struct Views {
+  PyObject_HEAD
+  Py_ssize_t n, ngroups;
+  DLTensor *dl;      /* n views, group after group */
+  bxpy_owner *own;   /* n */
+  bx_group *groups;  /* ngroups, pointing into dl */
+  unsigned dtypes;   /* bit mask: 1 f16, 2 bf16, 4 f32, 8 f64, 16 other */
+  int busy;          /* a call is running with the GIL released */
+  int released;
+  /* devices: kDLCUDA tensors are the GPU's; every other type is left to
+   * the library (host-readable ones are read, the rest refused) */
+  Py_ssize_t ncuda;   /* kDLCUDA tensors */
+  Py_ssize_t first_cuda, first_host; /* flat indices, -1 if none */
+  int cuda_device;    /* device_id of the first kDLCUDA tensor */
+  Py_ssize_t other_cuda; /* flat index of a kDLCUDA tensor on another device, or -1 */
+} Views;
+
+/* flat index k -> (group, index in group) */
+void bxpy_views_where(const Views *v, Py_ssize_t k, Py_ssize_t *g, Py_ssize_t *i);
+
 /* The exception class of each bx_status (_core.c). */
 extern PyObject *bxpy_status_exc[BX_EINTERNAL + 1];
 
@@ -58,5 +83,23 @@ void bxpy_release_owner(bxpy_owner *own);
 PyObject *bxpy_register_exporter(PyObject *self, PyObject *args);
 /* Module init of _dlpack.c; -1 on failure. */
 int bxpy_dlpack_init(void);
+
+/* ---- _cuda.c ---------------------------------------------------------- */
+/* 1 when this build has the CUDA backend (BX_HAVE_CUDA). */
+extern const int bxpy_have_cuda;
+/* Before a blocking call on v: 0 when v holds no kDLCUDA tensor, or when
+ * all of them are on one device of a usable CUDA backend and no tensor is
+ * elsewhere; else -1 with DeviceError set (no backend in this build, no
+ * device, CPU and CUDA tensors mixed, several devices). */
+int bxpy_views_check_device(Views *v);
+/* acc += sum of squares (or |x|) of t, for any tensor the library accepts:
+ * kDLCUDA ones are copied to the host in pieces first (a rare path: the
+ * exact tie-break of a narrower norm). Call without the GIL. */
+bx_status bxpy_acc_add(bx_acc *acc, const DLTensor *t, int squares);
+/* Views.cuda_plan(...) (a method of Views, see _cuda.c). */
+PyObject *bxpy_views_cuda_plan(Views *v, PyObject *args, PyObject *kwds);
+/* Module functions of _cuda.c and its init (the CudaPlan type); -1 on failure. */
+extern PyMethodDef bxpy_cuda_methods[];
+int bxpy_cuda_init(PyObject *module);
 
 #endif /* BXPY_H */

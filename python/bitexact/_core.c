@@ -137,16 +137,17 @@ static PyObject *raise_call(bx_status st, pycomm *pc) {
 /* ------------------------------------------------------------------------
  * Views: the exported tensors of one call, grouped.
  * ---------------------------------------------------------------------- */
-typedef struct Views {
-  PyObject_HEAD
-  Py_ssize_t n, ngroups;
-  DLTensor *dl;      /* n views, group after group */
-  bxpy_owner *own;        /* n */
-  bx_group *groups;  /* ngroups, pointing into dl */
-  unsigned dtypes;   /* bit mask: 1 f16, 2 bf16, 4 f32, 8 f64, 16 other */
-  int busy;          /* a call is running with the GIL released */
-  int released;
-} Views;
+/* (struct Views is in _bxpy.h: _cuda.c reads it too) */
+
+void bxpy_views_where(const Views *v, Py_ssize_t k, Py_ssize_t *g, Py_ssize_t *i) {
+  Py_ssize_t gg = 0;
+  while (gg < v->ngroups - 1 && k >= (Py_ssize_t)v->groups[gg].count) {
+    k -= (Py_ssize_t)v->groups[gg].count;
+    gg++;
+  }
+  *g = gg;
+  *i = k;
+}
 
 static void views_release_all(Views *v) {
   for (Py_ssize_t i = 0; i < v->n; i++) bxpy_release_owner(&v->own[i]);
@@ -188,6 +189,7 @@ static PyObject *Views_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     n += PySequence_Fast_GET_SIZE(inner[g]);
   }
   v->ngroups = ng;
+  v->first_cuda = v->first_host = v->other_cuda = -1;
   v->dl = PyMem_Calloc((size_t)(n ? n : 1), sizeof *v->dl);
   v->own = PyMem_Calloc((size_t)(n ? n : 1), sizeof *v->own);
   v->groups = PyMem_Calloc((size_t)(ng ? ng : 1), sizeof *v->groups);
@@ -202,7 +204,18 @@ static PyObject *Views_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     v->groups[g].count = (size_t)cnt;
     for (Py_ssize_t i = 0; i < cnt; i++) {
       if (bxpy_export_tensor(items[i], &v->dl[v->n], &v->own[v->n], g, i) < 0) goto fail;
-      v->dtypes |= dtype_bit(v->dl[v->n].dtype);
+      const DLTensor *t = &v->dl[v->n];
+      v->dtypes |= dtype_bit(t->dtype);
+      if (t->device.device_type == kDLCUDA) {
+        if (v->ncuda++ == 0) {
+          v->first_cuda = v->n;
+          v->cuda_device = t->device.device_id;
+        } else if (t->device.device_id != v->cuda_device && v->other_cuda < 0) {
+          v->other_cuda = v->n;
+        }
+      } else if (v->first_host < 0) {
+        v->first_host = v->n;
+      }
       v->n++;
     }
   }
@@ -274,8 +287,7 @@ static bx_status exact_sign(Views *v, Py_ssize_t ngroups, int squares, double d,
   bx_acc_init(&s);
   for (Py_ssize_t g = 0; g < ngroups; g++)
     for (size_t i = 0; i < v->groups[g].count && st == BX_OK; i++)
-      st = squares ? bx_acc_add_squares(&s, &v->groups[g].tensors[i])
-                   : bx_acc_add_abs(&s, &v->groups[g].tensors[i]);
+      st = bxpy_acc_add(&s, &v->groups[g].tensors[i], squares); /* CUDA ones: via the host */
   if (st != BX_OK) return st;
   if (comm && comm->allreduce_i64((int64_t *)&s, BX_ACC_WORDS, BX_OP_SUM, comm->ctx) != 0)
     return BX_ECOMM;
@@ -329,7 +341,7 @@ static PyObject *Views_norm(Views *v, PyObject *args, PyObject *kwds) {
                                    &o.error_if_nonfinite, &o.num_threads, &flavor, &comm_fn,
                                    &rank, &ng, &want_groups, &fmt))
     return NULL;
-  if (views_check(v) < 0) return NULL;
+  if (views_check(v) < 0 || bxpy_views_check_device(v) < 0) return NULL;
   if (ng < 0 || ng > v->ngroups) ng = v->ngroups;
   if (fmt < 0 || fmt > 3) return bxpy_raise_status(BX_EINVAL, "out_format must be 0..3", NULL);
   o.flavor = (bx_norm_flavor)flavor;
@@ -381,7 +393,8 @@ static PyObject *Views_scale(Views *v, PyObject *args, PyObject *kwds) {
   if (!PyArg_ParseTupleAndKeywords(args, kwds, "d|ii:scale", kwlist, &coef, &mode,
                                    &o.num_threads))
     return NULL;
-  if (views_check(v) < 0 || views_check_writable(v) < 0) return NULL;
+  if (views_check(v) < 0 || views_check_writable(v) < 0 || bxpy_views_check_device(v) < 0)
+    return NULL;
   o.mode = (bx_scale_mode)mode;
   bx_status st;
   v->busy = 1;
@@ -408,7 +421,8 @@ static PyObject *Views_clip(Views *v, PyObject *args, PyObject *kwds) {
                                    &o.norm.num_threads, &flavor, &mode, &o.eps, &formula,
                                    &comm_fn, &rank))
     return NULL;
-  if (views_check(v) < 0 || views_check_writable(v) < 0) return NULL;
+  if (views_check(v) < 0 || views_check_writable(v) < 0 || bxpy_views_check_device(v) < 0)
+    return NULL;
   o.norm.flavor = (bx_norm_flavor)flavor;
   o.scale.mode = (bx_scale_mode)mode;
   o.scale.num_threads = o.norm.num_threads;
@@ -458,6 +472,19 @@ static PyObject *Views_get_ngroups(Views *v, void *closure) {
   return PyLong_FromSsize_t(v->ngroups);
 }
 
+/* ("none" | "host" | "cuda" | "mixed", CUDA device id or -1): where the
+ * tensors live. "host": no kDLCUDA tensor (the library decides about the
+ * other device types); "mixed": kDLCUDA and other tensors, or kDLCUDA
+ * tensors on several devices. */
+static PyObject *Views_get_device(Views *v, void *closure) {
+  (void)closure;
+  const char *kind = v->n == 0        ? "none"
+                     : v->ncuda == 0  ? "host"
+                     : v->ncuda == v->n && v->other_cuda < 0 ? "cuda"
+                                                             : "mixed";
+  return Py_BuildValue("(si)", kind, v->ncuda ? v->cuda_device : -1);
+}
+
 static PyMethodDef Views_methods[] = {
     {"norm", (PyCFunction)(void (*)(void))Views_norm, METH_VARARGS | METH_KEYWORDS,
      "bx_total_norm over the first ngroups groups -> (total, group norms or None)"},
@@ -465,6 +492,9 @@ static PyMethodDef Views_methods[] = {
      "bx_scale over every tensor, in place"},
     {"clip", (PyCFunction)(void (*)(void))Views_clip, METH_VARARGS | METH_KEYWORDS,
      "bx_clip_grad_norm over every group -> (total, coef)"},
+    {"cuda_plan", (PyCFunction)(void (*)(void))bxpy_views_cuda_plan,
+     METH_VARARGS | METH_KEYWORDS,
+     "the cached stream-ordered CUDA plan of (some of) these tensors (see _cuda.c)"},
     {"release", (PyCFunction)Views_release, METH_NOARGS, "call the DLPack deleters now"},
     {"__enter__", (PyCFunction)Views_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)Views_exit, METH_VARARGS, NULL},
@@ -474,6 +504,8 @@ static PyGetSetDef Views_getset[] = {
     {"dtypes", (getter)Views_get_dtypes, NULL, "bit mask: 1 f16, 2 bf16, 4 f32, 8 f64, 16 other",
      NULL},
     {"ngroups", (getter)Views_get_ngroups, NULL, "number of groups", NULL},
+    {"device", (getter)Views_get_device, NULL,
+     "(kind, cuda device): kind 'none', 'host', 'cuda' or 'mixed'", NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 
 static PySequenceMethods Views_as_sequence = {.sq_length = (lenfunc)Views_len};
@@ -565,6 +597,7 @@ PyMODINIT_FUNC PyInit__core(void) {
     if (PyModule_AddObjectRef(m, exc_table[k].name, cls) < 0) goto fail;
   }
   if (bxpy_dlpack_init() < 0) goto fail;
+  if (PyModule_AddFunctions(m, bxpy_cuda_methods) < 0 || bxpy_cuda_init(m) < 0) goto fail;
   if (PyModule_AddIntConstant(m, "ACC_WORDS", BX_ACC_WORDS) < 0) goto fail;
   return m;
 fail:

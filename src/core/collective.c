@@ -8,6 +8,7 @@
 #include <stdio.h>
 
 #include "internal.h"
+#include "offender.h"
 
 bx_status bx_comm_allreduce(const bx_comm *comm, const char *fn, const char *what,
                             int64_t *buf, size_t n, bx_op op) {
@@ -70,33 +71,18 @@ bx_status bx_agree(const bx_comm *comm, const char *fn, const bx_agree_item *ite
   return BX_OK;
 }
 
-/* Offender keys: rank, group and tensor index packed so that a larger key
- * means a smaller (rank, group, tensor); indices beyond the field widths
- * are clamped (and then reported as "at least"). */
-#define RANK_BITS 20
-#define GROUP_BITS 20
-#define TENSOR_BITS 22
-
-static uint64_t clamp_field(uint64_t v, int bits) {
-  uint64_t max = (1ull << bits) - 1;
-  return v > max ? max : v;
-}
-
+/* Offender keys: see offender.h (shared with the CUDA kernels). */
 int64_t bx_offender_key(int rank, size_t group, size_t tensor, int is_nan) {
-  uint64_t k = clamp_field((uint64_t)(rank < 0 ? 0 : rank), RANK_BITS);
-  k = (k << GROUP_BITS) | clamp_field(group, GROUP_BITS);
-  k = (k << TENSOR_BITS) | clamp_field(tensor, TENSOR_BITS);
-  k = (k << 1) | (uint64_t)(is_nan ? 0 : 1); /* NaN first at the same place */
-  return (int64_t)((1ull << 63) - 1 - k);
+  return bx_offender_key_of(rank, group, tensor, is_nan);
 }
 
 void bx_offender_decode(int64_t key, int *rank, size_t *group, size_t *tensor, int *is_nan) {
   uint64_t k = (1ull << 63) - 1 - (uint64_t)key;
   *is_nan = !(k & 1);
   k >>= 1;
-  *tensor = (size_t)(k & ((1ull << TENSOR_BITS) - 1));
-  k >>= TENSOR_BITS;
-  *group = (size_t)(k & ((1ull << GROUP_BITS) - 1));
-  k >>= GROUP_BITS;
+  *tensor = (size_t)(k & ((1ull << BX_OFFENDER_TENSOR_BITS) - 1));
+  k >>= BX_OFFENDER_TENSOR_BITS;
+  *group = (size_t)(k & ((1ull << BX_OFFENDER_GROUP_BITS) - 1));
+  k >>= BX_OFFENDER_GROUP_BITS;
   *rank = (int)k;
 }

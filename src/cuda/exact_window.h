@@ -1,0 +1,471 @@
+/*
+ * exact_window.h — the exact per-thread reduction of the CUDA kernels,
+ * written once for the device and for the host: tests/test_cuda_sim.c runs
+ * this very code on the CPU (a simulated grid) and compares the words with
+ * the CPU backend, so the GPU's arithmetic is checked on every CI run even
+ * though CI has no GPU.
+ *
+ * Scheme. An element x = m * 2^k (m its integer significand) adds v = m^2
+ * (or m, for p = 1) at bit position q = 2k - BX_ACC_LSB_EXP (or k - LSB) of
+ * the accumulator. Each thread keeps a private integer window: an
+ * unsigned integer of W bits (64, 128 or 192) whose bit 0 sits at position
+ * `base`. An element whose shifted value fits (q - base in [0, smax]) is
+ * added with one shift and one wide add; smax leaves 8 bits of headroom
+ * for the at most BX_CU_PER_THREAD = 2^8 elements a thread adds per chunk.
+ * Anything else takes the slow path: an element below the window goes
+ * straight into the block's digits (integer atomics), one above it flushes
+ * the window and re-centres it. Every step is integer arithmetic on exact
+ * values, so the sum cannot depend on which thread took which element, on
+ * the order of the atomics, or on the window positions.
+ *
+ * The block's digits (a "sink": shared memory on the GPU) hold 32-bit
+ * pieces in int64 words; at the end of a chunk each word is split into its
+ * low 32 bits and the rest, added to the global digits (bx_flush_word), so
+ * every global add is below 2^32 and a group's words cannot overflow
+ * before 2^40 elements per call.
+ */
+#ifndef BX_EXACT_WINDOW_H
+#define BX_EXACT_WINDOW_H
+
+#include <math.h>
+#include <stdint.h>
+
+#include "bitexact.h"
+#include "hd.h"
+
+#define BX_CU_BLOCK 256                       /* threads per block */
+#define BX_CU_CHUNK ((uint32_t)1 << 16)       /* elements per chunk: a block's unit */
+#define BX_CU_PER_THREAD (BX_CU_CHUNK / BX_CU_BLOCK) /* 2^8: the windows' headroom */
+#define BX_CU_NO_BASE (-(1 << 29))            /* a window not placed yet */
+
+/* Where a block's exact pieces go: digits (BX_ACC_DIGITS words) and the
+ * NaN/Inf counters. Atomic adds on the GPU, plain adds on the host. */
+typedef struct bx_sink {
+  int64_t *digits;
+  int64_t *nan;
+  int64_t *inf;
+} bx_sink;
+
+static inline BX_HD void bx_sink_add(int64_t *w, int64_t v) {
+#ifdef __CUDA_ARCH__
+  atomicAdd((unsigned long long *)w, (unsigned long long)v);
+#else
+  *w += v;
+#endif
+}
+
+/* One 32-bit piece into digit d (the top digit takes whatever lies above). */
+static inline BX_HD void bx_sink_piece(const bx_sink *s, int d, uint64_t piece) {
+  if (piece == 0) return;
+  if (d >= BX_ACC_DIGITS - 1) {
+    /* unreachable for finite squares/values (they end below digit 133);
+     * kept exact anyway: piece * 2^(32*(d-133)) into the top digit */
+    int64_t v = (int64_t)piece;
+    for (int k = BX_ACC_DIGITS - 1; k < d; k++) v <<= 32;
+    bx_sink_add(&s->digits[BX_ACC_DIGITS - 1], v);
+    return;
+  }
+  bx_sink_add(&s->digits[d], (int64_t)piece);
+}
+
+/* v * 2^pos into the sink, exactly: pos >= 0 is the bit position of v's bit
+ * 0 in the accumulator (weight 2^(pos + BX_ACC_LSB_EXP)). */
+static inline BX_HD void bx_sink_deposit_u128(const bx_sink *s, bx_u128 v, int pos) {
+  int d = pos >> 5, sh = pos & 31;
+  bx_u128 lo = v << sh;
+  uint64_t top = sh ? (uint64_t)(v >> (128 - sh)) : 0;
+  bx_sink_piece(s, d, (uint64_t)(uint32_t)lo);
+  bx_sink_piece(s, d + 1, (uint64_t)(uint32_t)(lo >> 32));
+  bx_sink_piece(s, d + 2, (uint64_t)(uint32_t)(lo >> 64));
+  bx_sink_piece(s, d + 3, (uint64_t)(uint32_t)(lo >> 96));
+  bx_sink_piece(s, d + 4, top);
+}
+
+/* A block word w (any int64 made of 32-bit pieces) into the global digits:
+ * low 32 bits at digit i, the rest at i + 1 (the top digit takes it all). */
+static inline BX_HD void bx_flush_word(int64_t *global_digits, int i, int64_t w) {
+  if (w == 0) return;
+  if (i == BX_ACC_DIGITS - 1) {
+    bx_sink_add(&global_digits[i], w);
+    return;
+  }
+  int64_t lo = (int64_t)((uint64_t)w & 0xFFFFFFFFull);
+  int64_t hi = (w - lo) / ((int64_t)1 << 32); /* exact: w - lo is a multiple */
+  if (lo) bx_sink_add(&global_digits[i], lo);
+  if (hi) bx_sink_add(&global_digits[i + 1], hi);
+}
+
+/* ---- windows ------------------------------------------------------------
+ * add(v, q): q - base in [0, smax] → in the window; else the slow path.
+ * Callers pass q = base for v == 0 (zeros cost nothing) and never pass
+ * NaN/Inf. low: how far below a new element the window starts when it is
+ * (re)placed; smax - low bits stay above it for larger elements. */
+
+typedef struct bx_win64 {
+  uint64_t acc;
+  int base;
+} bx_win64;
+
+typedef struct bx_win128 {
+  bx_u128 acc;
+  int base;
+} bx_win128;
+
+typedef struct bx_win192 { /* acc = hi * 2^128 + lo */
+  bx_u128 lo;
+  uint64_t hi;
+  int base;
+} bx_win192;
+
+static inline BX_HD int bx_win_place(int q, int low) { return q > low ? q - low : 0; }
+
+static inline BX_HD void bx_win64_init(bx_win64 *w) {
+  w->acc = 0;
+  w->base = BX_CU_NO_BASE;
+}
+static inline BX_HD void bx_win64_flush(bx_win64 *w, const bx_sink *s) {
+  if (w->acc) bx_sink_deposit_u128(s, (bx_u128)w->acc, w->base);
+  w->acc = 0;
+}
+static inline BX_HD void bx_win64_slow(bx_win64 *w, uint64_t v, int q, int low,
+                                       const bx_sink *s) {
+  if (q < w->base) { /* below the window: straight into the block's digits */
+    bx_sink_deposit_u128(s, (bx_u128)v, q);
+    return;
+  }
+  bx_win64_flush(w, s); /* above it (or not placed yet): re-centre */
+  w->base = bx_win_place(q, low);
+  w->acc = v << (q - w->base);
+}
+static inline BX_HD void bx_win64_add(bx_win64 *w, uint64_t v, int q, int smax, int low,
+                                      const bx_sink *s) {
+  unsigned sft = (unsigned)(q - w->base);
+  if (sft <= (unsigned)smax) w->acc += v << sft;
+  else bx_win64_slow(w, v, q, low, s);
+}
+
+static inline BX_HD void bx_win128_init(bx_win128 *w) {
+  w->acc = 0;
+  w->base = BX_CU_NO_BASE;
+}
+static inline BX_HD void bx_win128_flush(bx_win128 *w, const bx_sink *s) {
+  if (w->acc) bx_sink_deposit_u128(s, w->acc, w->base);
+  w->acc = 0;
+}
+static inline BX_HD void bx_win128_slow(bx_win128 *w, uint64_t v, int q, int low,
+                                        const bx_sink *s) {
+  if (q < w->base) {
+    bx_sink_deposit_u128(s, (bx_u128)v, q);
+    return;
+  }
+  bx_win128_flush(w, s);
+  w->base = bx_win_place(q, low);
+  w->acc = (bx_u128)v << (q - w->base);
+}
+static inline BX_HD void bx_win128_add(bx_win128 *w, uint64_t v, int q, int smax, int low,
+                                       const bx_sink *s) {
+  unsigned sft = (unsigned)(q - w->base);
+  if (sft <= (unsigned)smax) w->acc += (bx_u128)v << sft;
+  else bx_win128_slow(w, v, q, low, s);
+}
+
+static inline BX_HD void bx_win192_init(bx_win192 *w) {
+  w->lo = 0;
+  w->hi = 0;
+  w->base = BX_CU_NO_BASE;
+}
+static inline BX_HD void bx_win192_flush(bx_win192 *w, const bx_sink *s) {
+  if (w->lo) bx_sink_deposit_u128(s, w->lo, w->base);
+  if (w->hi) bx_sink_deposit_u128(s, (bx_u128)w->hi, w->base + 128);
+  w->lo = 0;
+  w->hi = 0;
+}
+/* acc += v * 2^sft, v < 2^106, sft <= 78 (so v * 2^sft < 2^184) */
+static inline BX_HD void bx_win192_put(bx_win192 *w, bx_u128 v, unsigned sft) {
+  bx_u128 lo = v << sft;
+  uint64_t top = sft ? (uint64_t)(v >> (128 - sft)) : 0;
+  w->lo += lo;
+  w->hi += top + (w->lo < lo); /* carry out of the low 128 bits */
+}
+static inline BX_HD void bx_win192_slow(bx_win192 *w, bx_u128 v, int q, int low,
+                                        const bx_sink *s) {
+  if (q < w->base) {
+    bx_sink_deposit_u128(s, v, q);
+    return;
+  }
+  bx_win192_flush(w, s);
+  w->base = bx_win_place(q, low);
+  bx_win192_put(w, v, (unsigned)(q - w->base));
+}
+static inline BX_HD void bx_win192_add(bx_win192 *w, bx_u128 v, int q, int smax, int low,
+                                       const bx_sink *s) {
+  unsigned sft = (unsigned)(q - w->base);
+  if (sft <= (unsigned)smax) bx_win192_put(w, v, sft);
+  else bx_win192_slow(w, v, q, low, s);
+}
+
+/* Window widths: smax = W - (bits of v) - 8 (headroom for 2^8 adds). */
+#define BX_SQ_F32_SMAX 72   /* 128 - 48 - 8 */
+#define BX_SQ_F32_LOW 60
+#define BX_SQ_BF16_SMAX 40  /* 64 - 16 - 8 */
+#define BX_SQ_BF16_LOW 30
+#define BX_SQ_F16_SMAX 34   /* 64 - 22 - 8 */
+#define BX_SQ_F16_LOW 24
+#define BX_SQ_F64_SMAX 78   /* 192 - 106 - 8 */
+#define BX_SQ_F64_LOW 64
+#define BX_ABS_SMAX 67      /* 128 - 53 - 8: |x| of any dtype (and fp64 terms) */
+#define BX_ABS_LOW 59
+
+/* ---- per-dtype element decoding -----------------------------------------
+ * The bit position of x's ulp in the accumulator's units for |x| (qa) and
+ * for x^2 (2 * qa' where qa' counts from 0: see each function). Subnormals
+ * use the smallest normal exponent with no hidden bit. */
+
+/* fp32: x = m * 2^(E - 150), E = max(field, 1). */
+static inline BX_HD int bx_dec_f32(uint32_t b, uint64_t *m, int *e_ulp) {
+  uint32_t ef = (b >> 23) & 0xFF;
+  *m = (b & 0x7FFFFF) | (ef ? 0x800000u : 0u);
+  *e_ulp = (int)(ef ? ef : 1) - 150;
+  return ef == 0xFF; /* NaN or Inf */
+}
+/* bf16: x = m * 2^(E - 134). */
+static inline BX_HD int bx_dec_bf16(uint16_t b, uint64_t *m, int *e_ulp) {
+  uint32_t ef = (b >> 7) & 0xFF;
+  *m = (b & 0x7F) | (ef ? 0x80u : 0u);
+  *e_ulp = (int)(ef ? ef : 1) - 134;
+  return ef == 0xFF;
+}
+/* fp16: x = m * 2^(E - 25). */
+static inline BX_HD int bx_dec_f16(uint16_t b, uint64_t *m, int *e_ulp) {
+  uint32_t ef = (b >> 10) & 0x1F;
+  *m = (b & 0x3FF) | (ef ? 0x400u : 0u);
+  *e_ulp = (int)(ef ? ef : 1) - 25;
+  return ef == 0x1F;
+}
+/* fp64: x = m * 2^(E - 1075). */
+static inline BX_HD int bx_dec_f64(uint64_t b, uint64_t *m, int *e_ulp) {
+  uint32_t ef = (uint32_t)(b >> 52) & 0x7FF;
+  *m = (b & 0xFFFFFFFFFFFFFull) | (ef ? (1ull << 52) : 0ull);
+  *e_ulp = (int)(ef ? ef : 1) - 1075;
+  return ef == 0x7FF;
+}
+
+/* A NaN/Inf element: counted, never summed. mantissa_bits: the fraction
+ * field (non-zero means NaN). */
+static inline BX_HD void bx_count_special(const bx_sink *s, int is_nan) {
+  bx_sink_add(is_nan ? s->nan : s->inf, 1);
+}
+
+/* ---- one thread's share of a chunk: elements first, first + stride, ...
+ * of x[0..n). These are the loops of the GPU kernel. ---------------------- */
+
+static inline BX_HD void bx_thread_sumsq_f32(const uint32_t *x, uint32_t n, uint32_t first,
+                                             uint32_t stride, const bx_sink *s) {
+  bx_win128 w;
+  bx_win128_init(&w);
+  for (uint32_t i = first; i < n; i += stride) {
+    uint32_t b = x[i];
+    uint64_t m;
+    int e;
+    if (bx_dec_f32(b, &m, &e)) {
+      bx_count_special(s, (b & 0x7FFFFF) != 0);
+      continue;
+    }
+    int q = m ? 2 * e - BX_ACC_LSB_EXP : w.base;
+    bx_win128_add(&w, m * m, q, BX_SQ_F32_SMAX, BX_SQ_F32_LOW, s);
+  }
+  bx_win128_flush(&w, s);
+}
+
+static inline BX_HD void bx_thread_sumsq_bf16(const uint16_t *x, uint32_t n, uint32_t first,
+                                              uint32_t stride, const bx_sink *s) {
+  bx_win64 w;
+  bx_win64_init(&w);
+  for (uint32_t i = first; i < n; i += stride) {
+    uint16_t b = x[i];
+    uint64_t m;
+    int e;
+    if (bx_dec_bf16(b, &m, &e)) {
+      bx_count_special(s, (b & 0x7F) != 0);
+      continue;
+    }
+    int q = m ? 2 * e - BX_ACC_LSB_EXP : w.base;
+    bx_win64_add(&w, m * m, q, BX_SQ_BF16_SMAX, BX_SQ_BF16_LOW, s);
+  }
+  bx_win64_flush(&w, s);
+}
+
+static inline BX_HD void bx_thread_sumsq_f16(const uint16_t *x, uint32_t n, uint32_t first,
+                                             uint32_t stride, const bx_sink *s) {
+  bx_win64 w;
+  bx_win64_init(&w);
+  for (uint32_t i = first; i < n; i += stride) {
+    uint16_t b = x[i];
+    uint64_t m;
+    int e;
+    if (bx_dec_f16(b, &m, &e)) {
+      bx_count_special(s, (b & 0x3FF) != 0);
+      continue;
+    }
+    int q = m ? 2 * e - BX_ACC_LSB_EXP : w.base;
+    bx_win64_add(&w, m * m, q, BX_SQ_F16_SMAX, BX_SQ_F16_LOW, s);
+  }
+  bx_win64_flush(&w, s);
+}
+
+static inline BX_HD void bx_thread_sumsq_f64(const uint64_t *x, uint32_t n, uint32_t first,
+                                             uint32_t stride, const bx_sink *s) {
+  bx_win192 w;
+  bx_win192_init(&w);
+  for (uint32_t i = first; i < n; i += stride) {
+    uint64_t b = x[i];
+    uint64_t m;
+    int e;
+    if (bx_dec_f64(b, &m, &e)) {
+      bx_count_special(s, (b & 0xFFFFFFFFFFFFFull) != 0);
+      continue;
+    }
+    int q = m ? 2 * e - BX_ACC_LSB_EXP : w.base;
+    bx_win192_add(&w, (bx_u128)m * m, q, BX_SQ_F64_SMAX, BX_SQ_F64_LOW, s);
+  }
+  bx_win192_flush(&w, s);
+}
+
+/* sum |x| (p = 1): v = m at q = e - LSB, one 128-bit window for all dtypes */
+static inline BX_HD void bx_abs_add(bx_win128 *w, uint64_t m, int e, const bx_sink *s) {
+  int q = m ? e - BX_ACC_LSB_EXP : w->base;
+  bx_win128_add(w, m, q, BX_ABS_SMAX, BX_ABS_LOW, s);
+}
+
+static inline BX_HD void bx_thread_sumabs_f32(const uint32_t *x, uint32_t n, uint32_t first,
+                                              uint32_t stride, const bx_sink *s) {
+  bx_win128 w;
+  bx_win128_init(&w);
+  for (uint32_t i = first; i < n; i += stride) {
+    uint64_t m;
+    int e;
+    if (bx_dec_f32(x[i], &m, &e)) bx_count_special(s, (x[i] & 0x7FFFFF) != 0);
+    else bx_abs_add(&w, m, e, s);
+  }
+  bx_win128_flush(&w, s);
+}
+
+static inline BX_HD void bx_thread_sumabs_bf16(const uint16_t *x, uint32_t n, uint32_t first,
+                                               uint32_t stride, const bx_sink *s) {
+  bx_win128 w;
+  bx_win128_init(&w);
+  for (uint32_t i = first; i < n; i += stride) {
+    uint64_t m;
+    int e;
+    if (bx_dec_bf16(x[i], &m, &e)) bx_count_special(s, (x[i] & 0x7F) != 0);
+    else bx_abs_add(&w, m, e, s);
+  }
+  bx_win128_flush(&w, s);
+}
+
+static inline BX_HD void bx_thread_sumabs_f16(const uint16_t *x, uint32_t n, uint32_t first,
+                                              uint32_t stride, const bx_sink *s) {
+  bx_win128 w;
+  bx_win128_init(&w);
+  for (uint32_t i = first; i < n; i += stride) {
+    uint64_t m;
+    int e;
+    if (bx_dec_f16(x[i], &m, &e)) bx_count_special(s, (x[i] & 0x3FF) != 0);
+    else bx_abs_add(&w, m, e, s);
+  }
+  bx_win128_flush(&w, s);
+}
+
+static inline BX_HD void bx_thread_sumabs_f64(const uint64_t *x, uint32_t n, uint32_t first,
+                                              uint32_t stride, const bx_sink *s) {
+  bx_win128 w;
+  bx_win128_init(&w);
+  for (uint32_t i = first; i < n; i += stride) {
+    uint64_t m;
+    int e;
+    if (bx_dec_f64(x[i], &m, &e)) bx_count_special(s, (x[i] & 0xFFFFFFFFFFFFFull) != 0);
+    else bx_abs_add(&w, m, e, s);
+  }
+  bx_win128_flush(&w, s);
+}
+
+/* Element i of a span of dtype dt (BX_DT_* of internal.h: 0 f16, 1 bf16,
+ * 2 f32, 3 f64) widened to double, exactly. */
+static inline BX_HD double bx_elem_as_double(const void *x, int dt, uint32_t i) {
+  switch (dt) {
+    case 0: { /* fp16 */
+      uint16_t h = ((const uint16_t *)x)[i];
+      int e = (h >> 10) & 0x1F, m = h & 0x3FF;
+      double v;
+      if (e == 0x1F) v = m ? bx_f64_from_bits(0x7FF8000000000000ull)
+                           : bx_f64_from_bits(0x7FF0000000000000ull);
+      else if (e == 0) v = (double)m * 5.9604644775390625e-08; /* 2^-24 */
+      else v = (double)(m | 0x400) * bx_f64_from_bits((uint64_t)(e - 25 + 1023) << 52);
+      return (h & 0x8000) ? -v : v;
+    }
+    case 1: /* bf16 */
+      return (double)bx_f32_from_bits((uint32_t)((const uint16_t *)x)[i] << 16);
+    case 2:
+      return (double)bx_f32_from_bits(((const uint32_t *)x)[i]);
+    default:
+      return bx_f64_from_bits(((const uint64_t *)x)[i]);
+  }
+}
+
+/* BX_MEGATRON_FP32: fl32(fl32(x)^2), summed exactly like |.| of fp32. */
+static inline BX_HD void bx_thread_megatron(const void *x, int dt, uint32_t n, uint32_t first,
+                                            uint32_t stride, const bx_sink *s) {
+  bx_win128 w;
+  bx_win128_init(&w);
+  for (uint32_t i = first; i < n; i += stride) {
+    float f = (float)bx_elem_as_double(x, dt, i);
+    float sq = f * f; /* one fp32 rounding (no contraction: -ffp-contract=off, --fmad=false) */
+    uint32_t b = bx_f32_bits(sq);
+    uint64_t m;
+    int e;
+    if (bx_dec_f32(b, &m, &e)) bx_count_special(s, (b & 0x7FFFFF) != 0);
+    else bx_abs_add(&w, m, e, s);
+  }
+  bx_win128_flush(&w, s);
+}
+
+/* p = ±inf and p = 0: one thread's max |x|, min |x| (non-NaN), NaN count and
+ * non-zero count. |x| as double bits: non-negative doubles order like their
+ * bit patterns, so integer max/min (atomicMax/atomicMin) are exact. */
+typedef struct bx_extremes {
+  uint64_t maxbits, minbits; /* minbits starts at +Inf */
+  int64_t nan, nonzero;
+} bx_extremes;
+
+static inline BX_HD void bx_thread_extremes(const void *x, int dt, uint32_t n, uint32_t first,
+                                            uint32_t stride, bx_extremes *r) {
+  for (uint32_t i = first; i < n; i += stride) {
+    double a = fabs(bx_elem_as_double(x, dt, i));
+    if (a != a) {
+      r->nan++;
+      continue;
+    }
+    uint64_t b = bx_f64_bits(a);
+    if (b > r->maxbits) r->maxbits = b;
+    if (b < r->minbits) r->minbits = b;
+    r->nonzero += b != 0;
+  }
+}
+
+/* other p > 0: |x|^p per element (the platform's pow: see bitexact_cuda.h),
+ * each term summed exactly like |.| of fp64. */
+static inline BX_HD void bx_thread_pow(const void *x, int dt, uint32_t n, uint32_t first,
+                                       uint32_t stride, double p, const bx_sink *s) {
+  bx_win128 w;
+  bx_win128_init(&w);
+  for (uint32_t i = first; i < n; i += stride) {
+    uint64_t b = bx_f64_bits(pow(fabs(bx_elem_as_double(x, dt, i)), p));
+    uint64_t m;
+    int e;
+    if (bx_dec_f64(b, &m, &e)) bx_count_special(s, (b & 0xFFFFFFFFFFFFFull) != 0);
+    else bx_abs_add(&w, m, e, s);
+  }
+  bx_win128_flush(&w, s);
+}
+
+#endif /* BX_EXACT_WINDOW_H */
