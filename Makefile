@@ -31,6 +31,38 @@ AVX512_FLAGS := -mavx512f -mavx512dq -mavx512bw -mavx512vl -mavx2 -mfma -mf16c -
 LIB_SRC := $(wildcard src/core/*.c) $(wildcard src/cpu/*.c)
 LIB_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(LIB_SRC))
 
+# CUDA backend (src/cuda): built whenever nvcc is found, unless CUDA=0; not
+# under the sanitizers (ASan and the CUDA runtime do not mix). sm_90 code
+# plus PTX, so newer GPUs JIT it. The CUDA runtime is linked statically: the
+# library loads on machines without a GPU or driver and says so at the first
+# CUDA call (bx_cuda_available).
+CUDA      ?= auto
+CUDA_HOME ?= $(or $(patsubst %/bin/nvcc,%,$(shell command -v nvcc 2>/dev/null)),/usr/local/cuda)
+NVCC      ?= $(CUDA_HOME)/bin/nvcc
+ifneq ($(CUDA),0)
+ifneq ($(SAN),1)
+HAVE_CUDA := $(shell test -x $(NVCC) && echo 1)
+endif
+endif
+ifeq ($(CUDA),1)
+ifneq ($(HAVE_CUDA),1)
+$(error CUDA=1 but $(NVCC) was not found; set CUDA_HOME or NVCC)
+endif
+endif
+NVCC_ARCH  ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
+# --fmad=false: no contraction on the device either (exact paths, scaling)
+NVCC_FLAGS := -std=c++17 -O2 --fmad=false $(NVCC_ARCH) -Iinclude -Isrc/core -Isrc/cuda \
+              -DBX_HAVE_CUDA=1 -Werror all-warnings \
+              -Xcompiler -fPIC,-ffp-contract=off,-Wall,-Wextra,-Werror
+CUDA_LDLIBS :=
+ifeq ($(HAVE_CUDA),1)
+  CUDA_OBJ    := $(patsubst %.cu,$(BUILD)/%.o,$(wildcard src/cuda/*.cu))
+  LIB_OBJ     += $(CUDA_OBJ)
+  CFLAGS_ALL  += -DBX_HAVE_CUDA=1 -I$(CUDA_HOME)/include
+  CUDA_LDLIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
+  LDLIBS      += $(CUDA_LDLIBS)
+endif
+
 TEST_SRC  := $(wildcard tests/*.c)
 TEST_OBJ  := $(patsubst %.c,$(BUILD)/%.o,$(TEST_SRC))
 BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(wildcard bench/*.c))
@@ -51,6 +83,10 @@ lib: $(BUILD)/libbitexact.a $(BUILD)/libbitexact.so
 examples: $(EX_BIN)
 bench: $(BENCH_BIN)
 dev: $(DEV_BIN)
+
+$(BUILD)/src/cuda/%.o: src/cuda/%.cu $(wildcard include/*.h src/core/*.h src/cuda/*.h) Makefile
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -c $< -o $@
 
 $(BUILD)/%.o: %.c $(wildcard include/*.h src/core/*.h src/cpu/*.h src/cuda/*.h) Makefile
 	@mkdir -p $(dir $@)

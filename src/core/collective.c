@@ -14,7 +14,9 @@ bx_status bx_comm_allreduce(const bx_comm *comm, const char *fn, const char *wha
                             int64_t *buf, size_t n, bx_op op) {
   if (!comm->allreduce_i64)
     return bx_fail(BX_EINVAL, "%s: rank %d: comm->allreduce_i64 is NULL", fn, comm->rank);
-  int rc = comm->allreduce_i64(buf, n, op, comm->ctx);
+  /* a device communicator (NCCL) needs device memory: staged by src/cuda */
+  int rc = comm->on_device ? bx_cuda_allreduce_staged(comm, buf, n, op)
+                           : comm->allreduce_i64(buf, n, op, comm->ctx);
   if (rc != 0)
     return bx_fail(BX_ECOMM, "%s: rank %d: the communicator's all-reduce (%s, %zu words) "
                    "failed with code %d; no gradient was modified",

@@ -11,6 +11,10 @@
 
 #include "bitexact.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* Element types the kernels know. */
 typedef enum bx_dtype {
   BX_DT_F16 = 0,
@@ -208,5 +212,62 @@ typedef void (*bx_task_fn)(void *ctx, size_t task, int worker);
 int bx_parallel_run(int nthreads, size_t ntasks, bx_task_fn fn, void *ctx);
 int bx_default_threads(void);
 #define BX_MAX_THREADS 256
+
+/* ------------------------------------------------------------------------
+ * Devices. A call's tensors are all host-readable or all CUDA (kDLCUDA);
+ * anything else is refused before any work.
+ * ---------------------------------------------------------------------- */
+typedef enum bx_where { BX_ON_HOST = 0, BX_ON_CUDA = 1 } bx_where;
+
+/* Where the tensors of groups (or of flat[0..count) when groups is NULL)
+ * live; BX_EDEVICE naming the first tensor that differs from tensor 0 when
+ * they are mixed (NULL tensors are left to the full validation). */
+bx_status bx_tensors_where(const char *fn, const bx_group *groups, size_t ngroups,
+                           const DLTensor *flat, size_t count, bx_where *where);
+
+/* bx_tensor_span for CUDA tensors: the same checks, but the tensor must be
+ * kDLCUDA (the span's data is then a device address). */
+bx_status bx_tensor_span_cuda(const DLTensor *t, const char *fn, size_t group, size_t index,
+                              bx_span *out);
+
+/* Validate tensors for in-place scaling (dtype, layout, no overlaps), on
+ * the host (cuda = 0) or as CUDA tensors (cuda = 1). */
+bx_status bx_validate_scale_targets(const char *fn, const DLTensor *flat, size_t count,
+                                    const bx_group *groups, size_t ngroups, int cuda);
+
+/* Per-group partial results of a reduction (norm.c). */
+typedef struct bx_partial {
+  bx_acc acc;
+  double maxabs, minabs;
+  int64_t nan, nonzero;
+  int64_t pending; /* deposit budget used since the last normalisation */
+} bx_partial;
+
+/* Reduction modes, by number (the CUDA kernels use the same numbers). */
+typedef enum bx_mode { BX_M_SQ = 0, BX_M_ABS = 1, BX_M_EXT = 2, BX_M_POW = 3, BX_M_MEGATRON = 4 } bx_mode;
+
+/* Check norm options (p, flavor, threads) and pick the reduction mode. */
+bx_status bx_check_norm_opts(const char *fn, const bx_norm_opts *o, bx_mode *m);
+
+/* ---- CUDA backend hooks: src/cuda/ with BX_HAVE_CUDA, else cuda_stub.c ---- */
+
+/* Blocking: every group's partial of CUDA tensors (validated, one device),
+ * acc normalised; *offender = the first NaN/Inf key (with rank) or -1. */
+bx_status bx_cuda_partials(const char *fn, const bx_group *groups, size_t ngroups, bx_mode m,
+                           double p, int rank, bx_partial *parts, int64_t *offender);
+
+/* Blocking: scale CUDA tensors (validated already) by coef with the mode's
+ * rounding; skip_one: write nothing when coef == 1. */
+bx_status bx_cuda_scale_blocking(const char *fn, const DLTensor *flat, size_t count,
+                                 const bx_group *groups, size_t ngroups, double coef,
+                                 const bx_scale_opts *o, int skip_one);
+
+/* An all-reduce on a device communicator from host words (staged through
+ * device memory; blocking). */
+int bx_cuda_allreduce_staged(const bx_comm *comm, int64_t *buf, size_t n, bx_op op);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* BX_INTERNAL_H */

@@ -14,7 +14,7 @@
 #define MIN_PER_THREAD ((size_t)1 << 16) /* below this, fewer threads */
 #define DEPOSIT_BUDGET ((int64_t)1 << 28)
 
-typedef enum mode { M_SQ, M_ABS, M_EXT, M_POW, M_MEGATRON } mode;
+typedef bx_mode mode; /* internal.h: BX_M_SQ, ... (the CUDA kernels share the numbers) */
 
 typedef struct item {
   const void *data;
@@ -23,12 +23,7 @@ typedef struct item {
   size_t group;
 } item;
 
-typedef struct partial {
-  bx_acc acc;
-  double maxabs, minabs;
-  int64_t nan, nonzero;
-  int64_t pending; /* deposit budget used since the last normalisation */
-} partial;
+typedef bx_partial partial;
 
 typedef struct job {
   const bx_kernels *k;
@@ -101,11 +96,11 @@ static void run_item(void *ctx, size_t t, int worker) {
   const item *it = &j->items[t];
   partial *q = &j->parts[(size_t)worker * j->ngroups + it->group];
   switch (j->m) {
-    case M_SQ: j->k->sumsq[it->dt](it->data, it->n, &q->acc); break;
-    case M_ABS: j->k->sumabs[it->dt](it->data, it->n, &q->acc); break;
-    case M_POW: bx_sum_pow(it->data, it->dt, it->n, j->p, &q->acc); break;
-    case M_MEGATRON: bx_sum_megatron_sq(it->data, it->dt, it->n, &q->acc); break;
-    case M_EXT:
+    case BX_M_SQ: j->k->sumsq[it->dt](it->data, it->n, &q->acc); break;
+    case BX_M_ABS: j->k->sumabs[it->dt](it->data, it->n, &q->acc); break;
+    case BX_M_POW: bx_sum_pow(it->data, it->dt, it->n, j->p, &q->acc); break;
+    case BX_M_MEGATRON: bx_sum_megatron_sq(it->data, it->dt, it->n, &q->acc); break;
+    case BX_M_EXT:
       bx_extreme_abs(it->data, it->dt, it->n, &q->maxabs, &q->minabs, &q->nan, &q->nonzero);
       return;
   }
@@ -118,15 +113,15 @@ static void run_item(void *ctx, size_t t, int worker) {
 
 /* The norm held by a merged partial, per the rules in bitexact.h. */
 static double finish(mode m, double p, const partial *q) {
-  int64_t nan = m == M_EXT ? q->nan : q->acc.nan_count;
+  int64_t nan = m == BX_M_EXT ? q->nan : q->acc.nan_count;
   if (nan > 0) return NAN;
   switch (m) {
-    case M_SQ: return q->acc.inf_count ? INFINITY : bx_acc_sqrt(&q->acc);
-    case M_ABS: return q->acc.inf_count ? INFINITY : bx_acc_value(&q->acc);
-    case M_POW: return q->acc.inf_count ? INFINITY : pow(bx_acc_value(&q->acc), 1.0 / p);
-    case M_MEGATRON:
+    case BX_M_SQ: return q->acc.inf_count ? INFINITY : bx_acc_sqrt(&q->acc);
+    case BX_M_ABS: return q->acc.inf_count ? INFINITY : bx_acc_value(&q->acc);
+    case BX_M_POW: return q->acc.inf_count ? INFINITY : pow(bx_acc_value(&q->acc), 1.0 / p);
+    case BX_M_MEGATRON:
       return q->acc.inf_count ? INFINITY : (double)sqrtf(bx_acc_valuef(&q->acc));
-    case M_EXT:
+    case BX_M_EXT:
       if (p == 0.0) return (double)q->nonzero;
       if (p > 0) return q->maxabs;
       return q->minabs == INFINITY && q->maxabs == 0.0 && q->nonzero == 0 ? 0.0 : q->minabs;
@@ -178,11 +173,11 @@ static bx_status report_nonfinite(const char *fn, int64_t key, int distributed) 
 /* Words per group in the norm's collective, and its operation. */
 static size_t wire_words(mode m, double p) {
   (void)p; /* p = 0: nonzero, nan (SUM); p = ±inf: max, ~min (MAX) */
-  return m == M_EXT ? 2 : BX_ACC_WORDS;
+  return m == BX_M_EXT ? 2 : BX_ACC_WORDS;
 }
 
 static void to_wire(mode m, double p, partial *q, int64_t *w) {
-  if (m != M_EXT) {
+  if (m != BX_M_EXT) {
     bx_acc_normalize(&q->acc); /* the wire format promise: normalised words */
     memcpy(w, &q->acc, sizeof q->acc);
   } else if (p == 0.0) {
@@ -198,7 +193,7 @@ static void to_wire(mode m, double p, partial *q, int64_t *w) {
 }
 
 static void from_wire(mode m, double p, const int64_t *w, partial *q) {
-  if (m != M_EXT) {
+  if (m != BX_M_EXT) {
     memcpy(&q->acc, w, sizeof q->acc);
   } else if (p == 0.0) {
     q->nonzero = w[0];
@@ -219,7 +214,7 @@ static int64_t double_bits(double d) {
   return b;
 }
 
-static bx_status check_norm_opts(const char *fn, const bx_norm_opts *o, mode *m) {
+bx_status bx_check_norm_opts(const char *fn, const bx_norm_opts *o, bx_mode *m) {
   double p = o->norm_type;
   if (p != p) return bx_fail(BX_EINVAL, "%s: norm_type is NaN", fn);
   if (p < 0 && p != -INFINITY)
@@ -229,14 +224,14 @@ static bx_status check_norm_opts(const char *fn, const bx_norm_opts *o, mode *m)
   if (o->flavor == BX_MEGATRON_FP32) {
     if (p != 2.0)
       return bx_fail(BX_EINVAL, "%s: BX_MEGATRON_FP32 is defined for norm_type 2 only", fn);
-    *m = M_MEGATRON;
+    *m = BX_M_MEGATRON;
     return BX_OK;
   }
   if (o->flavor != BX_EXACT) return bx_fail(BX_EINVAL, "%s: unknown flavor %d", fn, o->flavor);
-  if (p == 2.0) *m = M_SQ;
-  else if (p == 1.0) *m = M_ABS;
-  else if (p == 0.0 || p == INFINITY || p == -INFINITY) *m = M_EXT;
-  else *m = M_POW;
+  if (p == 2.0) *m = BX_M_SQ;
+  else if (p == 1.0) *m = BX_M_ABS;
+  else if (p == 0.0 || p == INFINITY || p == -INFINITY) *m = BX_M_EXT;
+  else *m = BX_M_POW;
   return BX_OK;
 }
 
@@ -259,11 +254,11 @@ bx_status bx_norm_agreed(const char *fn, const bx_group *groups, size_t ngroups,
                          double *total_norm, double *group_norms) {
   bx_norm_opts o = BX_NORM_OPTS_DEFAULT;
   if (opts) o = *opts;
-  mode m = M_SQ;
+  mode m = BX_M_SQ;
   size_t nitems = 0, total = 0;
   bx_status st = prior;
   if (st != BX_OK) goto local_failed;
-  st = check_norm_opts(fn, &o, &m);
+  st = bx_check_norm_opts(fn, &o, &m);
   if (st != BX_OK) goto local_failed;
   if (!total_norm) {
     st = bx_fail(BX_EINVAL, "%s: total_norm is NULL", fn);
@@ -274,6 +269,29 @@ bx_status bx_norm_agreed(const char *fn, const bx_group *groups, size_t ngroups,
     goto local_failed;
   }
 
+  bx_where where = BX_ON_HOST;
+  st = bx_tensors_where(fn, groups, ngroups, NULL, 0, &where);
+  if (st != BX_OK) goto local_failed;
+  {
+  int rank = comm ? comm->rank : 0;
+  size_t ww = wire_words(m, o.norm_type), nwire = (ngroups ? ngroups : 1) * ww;
+  size_t parts_bytes;
+  char *ws;
+  partial *parts;
+  int used = 1;
+  int64_t gpu_offender = -1;
+  if (where == BX_ON_CUDA) {
+    /* the GPU fills one partial per group (src/cuda); the rest is shared */
+    parts_bytes = (ngroups ? ngroups : 1) * sizeof(partial);
+    ws = bx_workspace(parts_bytes + nwire * sizeof(int64_t));
+    if (!ws) {
+      st = bx_fail(BX_ENOMEM, "%s: cannot allocate workspace", fn);
+      goto local_failed;
+    }
+    parts = (partial *)ws;
+    st = bx_cuda_partials(fn, groups, ngroups, m, o.norm_type, rank, parts, &gpu_offender);
+    if (st != BX_OK) goto local_failed;
+  } else {
   /* pass 1: validate every tensor and count the pieces */
   for (size_t g = 0; g < ngroups; g++) {
     if (groups[g].count > 0 && !groups[g].tensors) {
@@ -289,7 +307,6 @@ bx_status bx_norm_agreed(const char *fn, const bx_group *groups, size_t ngroups,
       total += s.n;
     }
   }
-  {
   int nthreads = o.num_threads > 0 ? o.num_threads : bx_default_threads();
   if (nthreads > BX_MAX_THREADS) nthreads = BX_MAX_THREADS;
   size_t useful = total / MIN_PER_THREAD + 1;
@@ -297,17 +314,16 @@ bx_status bx_norm_agreed(const char *fn, const bx_group *groups, size_t ngroups,
   size_t nparts = (size_t)nthreads * (ngroups ? ngroups : 1);
 
   /* workspace: partials, then the items (later reused for the wire words) */
-  size_t parts_bytes = nparts * sizeof(partial);
-  size_t ww = wire_words(m, o.norm_type), nwire = (ngroups ? ngroups : 1) * ww;
+  parts_bytes = nparts * sizeof(partial);
   size_t tail_bytes = nitems * sizeof(item);
   if (comm && nwire * sizeof(int64_t) > tail_bytes) tail_bytes = nwire * sizeof(int64_t);
-  char *ws = bx_workspace(parts_bytes + tail_bytes);
+  ws = bx_workspace(parts_bytes + tail_bytes);
   if (!ws) {
     st = bx_fail(BX_ENOMEM, "%s: cannot allocate %zu bytes of workspace", fn,
                  parts_bytes + tail_bytes);
     goto local_failed;
   }
-  partial *parts = (partial *)ws;
+  parts = (partial *)ws;
   item *items = (item *)(ws + parts_bytes);
   for (size_t i = 0; i < nparts; i++) partial_init(&parts[i]);
 
@@ -328,7 +344,8 @@ bx_status bx_norm_agreed(const char *fn, const bx_group *groups, size_t ngroups,
     }
 
   job j = {bx_kernels_active(), m, o.norm_type, items, parts, ngroups};
-  int used = bx_parallel_run(nthreads, nitems, run_item, &j);
+  used = bx_parallel_run(nthreads, nitems, run_item, &j);
+  }
 
   /* merge workers into worker 0's partials, then groups into the total */
   partial all;
@@ -337,10 +354,11 @@ bx_status bx_norm_agreed(const char *fn, const bx_group *groups, size_t ngroups,
     for (int w = 1; w < used; w++) partial_merge(&parts[g], &parts[(size_t)w * ngroups + g]);
     partial_merge(&all, &parts[g]);
   }
-  int64_t bad = m == M_EXT ? all.nan + (all.maxabs == INFINITY)
+  int64_t bad = m == BX_M_EXT ? all.nan + (all.maxabs == INFINITY)
                            : all.acc.nan_count + all.acc.inf_count;
-  int rank = comm ? comm->rank : 0;
-  int64_t offender = o.error_if_nonfinite && bad > 0 ? first_nonfinite(groups, ngroups, rank) : -1;
+  int64_t offender = -1;
+  if (o.error_if_nonfinite && bad > 0)
+    offender = where == BX_ON_CUDA ? gpu_offender : first_nonfinite(groups, ngroups, rank);
 
   if (comm) {
     /* 1: the tiny agreement step (also spreads the first NaN/Inf location
@@ -360,14 +378,14 @@ bx_status bx_norm_agreed(const char *fn, const bx_group *groups, size_t ngroups,
     _Static_assert(sizeof(bx_acc) == BX_ACC_WORDS * sizeof(int64_t), "wire layout");
     for (size_t g = 0; g < (ngroups ? ngroups : 1); g++)
       to_wire(m, o.norm_type, ngroups ? &parts[g] : &empty, wire + g * ww);
-    bx_op op = m == M_EXT && o.norm_type != 0.0 ? BX_OP_MAX : BX_OP_SUM;
+    bx_op op = m == BX_M_EXT && o.norm_type != 0.0 ? BX_OP_MAX : BX_OP_SUM;
     st = bx_comm_allreduce(comm, fn, "norm", wire, nwire, op);
     if (st != BX_OK) return st;
     partial_init(&all);
     for (size_t g = 0; g < ngroups; g++) {
       partial_init(&parts[g]);
       from_wire(m, o.norm_type, wire + g * ww, &parts[g]);
-      if (m != M_EXT && (st = bx_acc_check(&parts[g].acc)) != BX_OK) return st;
+      if (m != BX_M_EXT && (st = bx_acc_check(&parts[g].acc)) != BX_OK) return st;
       partial_merge(&all, &parts[g]);
     }
   }

@@ -54,7 +54,7 @@ static void name_of(char *buf, size_t len, size_t group, size_t index) {
  * groups; every one is validated, spans must not overlap. On success the
  * workspace holds the scale items and *nitems their number. */
 static bx_status prepare_scale(const char *fn, const DLTensor *flat, size_t count,
-                               const bx_group *groups, size_t ngroups,
+                               const bx_group *groups, size_t ngroups, int cuda,
                                scale_item **items_out, size_t *nitems_out) {
   size_t ntensors = 0, nitems = 0;
   size_t ng = groups ? ngroups : 1;
@@ -67,7 +67,8 @@ static bx_status prepare_scale(const char *fn, const DLTensor *flat, size_t coun
                     : bx_fail(BX_EINVAL, "%s: tensors is NULL with count %zu", fn, cnt);
     for (size_t i = 0; i < cnt; i++) {
       bx_span s;
-      bx_status st = bx_tensor_span(&ts[i], fn, gid, i, &s);
+      bx_status st = cuda ? bx_tensor_span_cuda(&ts[i], fn, gid, i, &s)
+                          : bx_tensor_span(&ts[i], fn, gid, i, &s);
       if (st != BX_OK) return st;
       ntensors++;
       nitems += (s.n + PIECE - 1) / PIECE;
@@ -84,7 +85,8 @@ static bx_status prepare_scale(const char *fn, const DLTensor *flat, size_t coun
     size_t cnt = groups ? groups[g].count : count;
     for (size_t i = 0; i < cnt; i++) {
       bx_span s;
-      bx_tensor_span(&ts[i], fn, BX_NO_GROUP, i, &s);
+      if (cuda) bx_tensor_span_cuda(&ts[i], fn, BX_NO_GROUP, i, &s);
+      else bx_tensor_span(&ts[i], fn, BX_NO_GROUP, i, &s);
       if (s.n == 0) continue;
       size_t es = bx_dtype_size(s.dtype);
       iv[k].lo = (uintptr_t)s.data;
@@ -116,6 +118,13 @@ static bx_status prepare_scale(const char *fn, const DLTensor *flat, size_t coun
   return BX_OK;
 }
 
+bx_status bx_validate_scale_targets(const char *fn, const DLTensor *flat, size_t count,
+                                    const bx_group *groups, size_t ngroups, int cuda) {
+  scale_item *items;
+  size_t nitems;
+  return prepare_scale(fn, flat, count, groups, ngroups, cuda, &items, &nitems);
+}
+
 static bx_status check_scale_opts(const char *fn, const bx_scale_opts *o) {
   if (o->mode != BX_SCALE_TORCH && o->mode != BX_SCALE_EXACT)
     return bx_fail(BX_EINVAL, "%s: unknown scale mode %d", fn, o->mode);
@@ -139,10 +148,14 @@ bx_status bx_scale(DLTensor *tensors, size_t count, double coef, const bx_scale_
   bx_status st = check_scale_opts(fn, &o);
   if (st != BX_OK) return st;
   if (coef != coef) return bx_fail(BX_EINVAL, "%s: coef is NaN", fn);
+  bx_where where;
+  st = bx_tensors_where(fn, NULL, 0, tensors, count, &where);
+  if (st != BX_OK) return st;
   scale_item *items;
   size_t nitems;
-  st = prepare_scale(fn, tensors, count, NULL, 0, &items, &nitems);
+  st = prepare_scale(fn, tensors, count, NULL, 0, where == BX_ON_CUDA, &items, &nitems);
   if (st != BX_OK) return st;
+  if (where == BX_ON_CUDA) return bx_cuda_scale_blocking(fn, tensors, count, NULL, 0, coef, &o, 0);
   run_scale_items(items, nitems, coef, &o);
   return BX_OK;
 }
@@ -178,6 +191,7 @@ bx_status bx_clip_grad_norm(const bx_group *groups, size_t ngroups, const bx_com
   bx_status st = BX_OK;
   scale_item *items;
   size_t nitems;
+  bx_where where = BX_ON_HOST;
   if (!(max_norm >= 0)) st = bx_fail(BX_EINVAL, "%s: max_norm %g is negative or NaN", fn, max_norm);
   else if (!(o.eps >= 0)) st = bx_fail(BX_EINVAL, "%s: eps %g is negative or NaN", fn, o.eps);
   else if (o.formula != BX_COEF_TORCH && o.formula != BX_COEF_MAX)
@@ -186,8 +200,9 @@ bx_status bx_clip_grad_norm(const bx_group *groups, size_t ngroups, const bx_com
   else if ((st = check_scale_opts(fn, &o.scale)) != BX_OK) {
   } else if (ngroups > 0 && !groups)
     st = bx_fail(BX_EINVAL, "%s: groups is NULL with ngroups %zu", fn, ngroups);
-  else /* layout checks (overlap) before the expensive norm */
-    st = prepare_scale(fn, NULL, 0, groups, ngroups, &items, &nitems);
+  else if ((st = bx_tensors_where(fn, groups, ngroups, NULL, 0, &where)) != BX_OK) {
+  } else /* layout checks (overlap) before the expensive norm */
+    st = prepare_scale(fn, NULL, 0, groups, ngroups, where == BX_ON_CUDA, &items, &nitems);
   if (st != BX_OK && !comm) return st;
 
   double norm, c;
@@ -202,9 +217,12 @@ bx_status bx_clip_grad_norm(const bx_group *groups, size_t ngroups, const bx_com
   st = bx_norm_agreed(fn, groups, ngroups, comm, &o.norm, extra, 4, st, &norm, NULL);
   if (st != BX_OK) return st;
   bx_clip_coef(norm, max_norm, &o, &c);
-  if (c != 1.0) {
+  if (c != 1.0 && where == BX_ON_CUDA) {
+    st = bx_cuda_scale_blocking(fn, NULL, 0, groups, ngroups, c, &o.scale, 1);
+    if (st != BX_OK) return st;
+  } else if (c != 1.0) {
     /* the norm call reused the workspace: build the items again */
-    st = prepare_scale(fn, NULL, 0, groups, ngroups, &items, &nitems);
+    st = prepare_scale(fn, NULL, 0, groups, ngroups, 0, &items, &nitems);
     if (st != BX_OK) return st;
     run_scale_items(items, nitems, c, &o.scale);
   }

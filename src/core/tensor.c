@@ -36,20 +36,65 @@ static const char *dtype_code_name(uint8_t code) {
   }
 }
 
-static bx_status check_span(const DLTensor *t, const char *what, bx_span *out);
+static bx_status check_span(const DLTensor *t, const char *what, int cuda, bx_span *out);
 
-bx_status bx_tensor_span(const DLTensor *t, const char *fn, size_t group, size_t index,
-                         bx_span *out) {
-  bx_status st = check_span(t, "", out);
+static bx_status span_named(const DLTensor *t, const char *fn, size_t group, size_t index,
+                            int cuda, bx_span *out) {
+  bx_status st = check_span(t, "", cuda, out);
   if (st == BX_OK) return BX_OK;
   /* failure path only: redo the check with the tensor's name in the text */
   char what[96];
   if (group == BX_NO_GROUP) snprintf(what, sizeof what, "%s: tensor %zu", fn, index);
   else snprintf(what, sizeof what, "%s: group %zu, tensor %zu", fn, group, index);
-  return check_span(t, what, out);
+  return check_span(t, what, cuda, out);
 }
 
-static bx_status check_span(const DLTensor *t, const char *what, bx_span *out) {
+bx_status bx_tensor_span(const DLTensor *t, const char *fn, size_t group, size_t index,
+                         bx_span *out) {
+  return span_named(t, fn, group, index, 0, out);
+}
+
+bx_status bx_tensor_span_cuda(const DLTensor *t, const char *fn, size_t group, size_t index,
+                              bx_span *out) {
+  return span_named(t, fn, group, index, 1, out);
+}
+
+bx_status bx_tensors_where(const char *fn, const bx_group *groups, size_t ngroups,
+                           const DLTensor *flat, size_t count, bx_where *where) {
+  size_t ng = groups ? ngroups : 1;
+  int first = -1; /* 0 host, 1 CUDA */
+  size_t fg = 0, fi = 0;
+  *where = BX_ON_HOST;
+  for (size_t g = 0; g < ng; g++) {
+    const DLTensor *ts = groups ? groups[g].tensors : flat;
+    size_t cnt = groups ? groups[g].count : count;
+    if (!ts) continue; /* the full validation names it */
+    for (size_t i = 0; i < cnt; i++) {
+      int cuda = ts[i].device.device_type == kDLCUDA;
+      if (first < 0) {
+        first = cuda;
+        fg = g;
+        fi = i;
+      } else if (cuda != first) {
+        char a[64], b[64];
+        if (groups) {
+          snprintf(a, sizeof a, "group %zu, tensor %zu", fg, fi);
+          snprintf(b, sizeof b, "group %zu, tensor %zu", g, i);
+        } else {
+          snprintf(a, sizeof a, "tensor %zu", fi);
+          snprintf(b, sizeof b, "tensor %zu", i);
+        }
+        return bx_fail(BX_EDEVICE, "%s: %s is %s memory but %s is %s; one call works on "
+                       "host tensors or on CUDA tensors, not both", fn, a,
+                       first ? "CUDA device" : "host", b, cuda ? "CUDA device" : "host");
+      }
+    }
+  }
+  if (first == 1) *where = BX_ON_CUDA;
+  return BX_OK;
+}
+
+static bx_status check_span(const DLTensor *t, const char *what, int cuda, bx_span *out) {
   if (!t) return bx_fail(BX_EINVAL, "%s: DLTensor pointer is NULL", what);
   if (t->dtype.lanes != 1)
     return bx_fail(BX_EDTYPE, "%s: dtype has %u lanes; only lanes == 1 is supported",
@@ -60,10 +105,13 @@ static bx_status check_span(const DLTensor *t, const char *what, bx_span *out) {
                    "bfloat16, float32 or float64",
                    what, dtype_code_name(t->dtype.code), (unsigned)t->dtype.bits,
                    (unsigned)t->dtype.code);
-  if (!host_readable(t->device.device_type))
+  if (cuda && t->device.device_type != kDLCUDA)
+    return bx_fail(BX_EDEVICE, "%s: device type %d is not CUDA device memory", what,
+                   (int)t->device.device_type);
+  if (!cuda && !host_readable(t->device.device_type))
     return bx_fail(BX_EDEVICE,
-                   "%s: device type %d is not host-readable memory (this build "
-                   "has only the CPU backend)",
+                   "%s: device type %d is neither host-readable memory nor CUDA "
+                   "device memory (kDLCUDA)",
                    what, (int)t->device.device_type);
   if (t->ndim < 0) return bx_fail(BX_EINVAL, "%s: ndim %d is negative", what, t->ndim);
   if (t->ndim > 0 && !t->shape)

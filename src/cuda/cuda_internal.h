@@ -1,0 +1,87 @@
+/*
+ * cuda_internal.h — what the CUDA files share: the chunk table (the
+ * multi-tensor launch's work list), the plan, the kernel launchers.
+ */
+#ifndef BX_CUDA_INTERNAL_H
+#define BX_CUDA_INTERNAL_H
+
+#include <cuda_runtime_api.h>
+
+#include "acc_round.h"
+#include "bitexact_cuda.h"
+#include "exact_window.h"
+#include "internal.h"
+
+/* One block's unit of work: up to BX_CU_CHUNK elements of one tensor. */
+typedef struct bx_cu_chunk {
+  const void *data; /* first element of the chunk */
+  uint32_t n;       /* elements, 1..BX_CU_CHUNK */
+  uint16_t dtype;   /* bx_dtype */
+  uint16_t unused;
+  uint32_t group;
+  uint32_t tensor; /* index in its group (for the NaN/Inf location) */
+} bx_cu_chunk;
+
+/* Reduction modes (norm.c's, by number). */
+enum { BX_CU_SQ = 0, BX_CU_ABS = 1, BX_CU_EXT = 2, BX_CU_POW = 3, BX_CU_MEGATRON = 4 };
+
+/* Words per group on the wire (as norm.c): the accumulator, or 2 for p =
+ * 0 / +-inf. The raw per-group buffers the reduction kernel fills: */
+#define BX_CU_EXT_WORDS 4 /* max |x| bits, ~min |x| bits (0 = none), non-zeros, NaNs */
+
+/* The agreement step (collective.c's layout): 2 words per item, then the
+ * offender key and the failure key. */
+#define BX_CU_AGREE_ITEMS 9
+#define BX_CU_AGREE_WORDS (2 * BX_CU_AGREE_ITEMS + 2)
+#define BX_CU_AGREE_MAX_NORM 8 /* the slot filled per call */
+
+/* The agreement values, passed by value to the wire kernel: accumulator
+ * format, ngroups, norm_type bits, flavor, error_if_nonfinite, eps bits,
+ * formula, scale mode, max_norm bits. */
+typedef struct bx_cu_agree_vals {
+  int64_t v[BX_CU_AGREE_ITEMS];
+} bx_cu_agree_vals;
+
+struct bx_cuda_plan {
+  int device;
+  size_t ngroups, nchunks;
+  int mode;            /* BX_CU_* */
+  bx_clip_opts opts;
+  int has_comm;
+  bx_comm comm;
+  int grid;            /* blocks of the reduction and scaling kernels */
+  int64_t agree[BX_CU_AGREE_ITEMS]; /* this rank's values, max_norm's slot filled per call */
+  /* device memory, one allocation (base) */
+  void *base;
+  bx_cu_chunk *chunks;
+  int64_t *accs;     /* ngroups * BX_ACC_WORDS raw words */
+  uint64_t *ext;     /* ngroups * BX_CU_EXT_WORDS */
+  int64_t *offender; /* 1 word: first NaN/Inf key, -1 none */
+  int64_t *wire;     /* BX_CU_AGREE_WORDS + ngroups * wire words */
+  double *result;    /* blocking use: total, coef, then ngroups norms */
+  int32_t *status;   /* the last call's device status (the scaling kernel reads it) */
+  bx_mag *scratch;   /* the finishing kernel's magnitude view */
+  int64_t *total_digits; /* the finishing kernel's running total */
+  size_t wire_words;
+  cudaStream_t last_stream;
+};
+
+/* Launchers (reduce.cu, scale.cu). Each enqueues on stream and returns the
+ * launch error (cudaSuccess when enqueued). */
+cudaError_t bx_cu_launch_reduce(const bx_cuda_plan *plan, cudaStream_t stream, int rank);
+/* wire: the agreement words (agree[], max_norm bits in item slot 8, the
+ * failure key) and every group's words in norm.c's wire format. */
+cudaError_t bx_cu_launch_wire(const bx_cuda_plan *plan, cudaStream_t stream, int64_t max_norm_bits,
+                              int64_t failure_key);
+/* finish: checks the agreement words, rounds every group and the total,
+ * the coefficient (clip = 1) for max_norm; writes the outputs. */
+cudaError_t bx_cu_launch_finish(const bx_cuda_plan *plan, cudaStream_t stream, int clip,
+                                double max_norm, double *d_total, double *d_groups,
+                                double *d_coef, int32_t *d_status);
+/* scale every chunk by *d_coef (or coef_host when d_coef is NULL); skips
+ * all writes when *d_status != 0 or (skip_one and the coefficient is 1). */
+cudaError_t bx_cu_launch_scale(const bx_cuda_plan *plan, cudaStream_t stream,
+                               const double *d_coef, double coef_host, const int32_t *d_status,
+                               int skip_one);
+
+#endif /* BX_CUDA_INTERNAL_H */
