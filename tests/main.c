@@ -125,6 +125,7 @@ static const test_entry TESTS[] = {
     {"cuda_sim_megatron", test_cuda_sim_megatron},
     {"cuda_sim_pow", test_cuda_sim_pow},
     {"cuda_sim_adversarial", test_cuda_sim_adversarial},
+    {"cuda_refused_without_device", test_cuda_refused_without_device},
 };
 #define NTESTS (sizeof TESTS / sizeof TESTS[0])
 

@@ -198,3 +198,43 @@ void test_cuda_sim_adversarial(void) {
     bxt_tensor_free(&x);
   }
 }
+
+/* Without a usable GPU (no CUDA backend built in, or no device: CI), CUDA
+ * tensors are refused with BX_EDEVICE and a message that says why, mixed
+ * host/CUDA calls name the odd tensor, and nothing is written. */
+bx_status bx_cuda_available(void); /* bitexact_cuda.h, which needs CUDA's headers */
+
+void test_cuda_refused_without_device(void) {
+  if (bx_cuda_available() == BX_OK) {
+    bxt_skip("a CUDA device is present: tests/cuda covers CUDA tensors");
+    return;
+  }
+  CHECK(strlen(bx_last_error()) > 0, "bx_cuda_available says why");
+  bxt_tensor h;
+  bxt_tensor_alloc(&h, REF_F32, 4);
+  for (size_t i = 0; i < 4; i++) bxt_set(&h, i, 3.0);
+  int64_t shape = 4;
+  DLTensor d = {0};
+  d.data = (void *)(uintptr_t)0x10000; /* never dereferenced: refused first */
+  d.device.device_type = kDLCUDA;
+  d.ndim = 1;
+  d.shape = &shape;
+  d.dtype = bxt_dl_dtype(REF_F32);
+  double norm = -1.0, coef = -1.0;
+  bx_group g1 = {&d, 1};
+  CHECK_STATUS(bx_total_norm(&g1, 1, NULL, NULL, &norm, NULL), BX_EDEVICE, "CUDA tensor");
+  CHECK(strstr(bx_last_error(), "CUDA") != NULL, "message: %s", bx_last_error());
+  DLTensor mixed[2] = {h.t, d};
+  bx_group g2 = {mixed, 2};
+  CHECK_STATUS(bx_total_norm(&g2, 1, NULL, NULL, &norm, NULL), BX_EDEVICE, "mixed devices");
+  CHECK(strstr(bx_last_error(), "group 0, tensor 1") != NULL, "names the odd tensor: %s",
+        bx_last_error());
+  CHECK_STATUS(bx_clip_grad_norm(&g2, 1, NULL, 1e-3, NULL, &norm, &coef), BX_EDEVICE,
+               "mixed clip");
+  CHECK_STATUS(bx_clip_grad_norm(&g1, 1, NULL, 1e-3, NULL, &norm, &coef), BX_EDEVICE, "CUDA clip");
+  CHECK_STATUS(bx_scale(mixed, 2, 0.5, NULL), BX_EDEVICE, "mixed scale");
+  CHECK_STATUS(bx_scale(&d, 1, 0.5, NULL), BX_EDEVICE, "CUDA scale");
+  CHECK(norm == -1.0 && coef == -1.0, "outputs untouched");
+  for (size_t i = 0; i < 4; i++) CHECK(bxt_get(&h, i) == 3.0, "host tensor untouched at %zu", i);
+  bxt_tensor_free(&h);
+}

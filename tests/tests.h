@@ -109,5 +109,6 @@ void test_cuda_sim_abs(void);
 void test_cuda_sim_megatron(void);
 void test_cuda_sim_pow(void);
 void test_cuda_sim_adversarial(void);
+void test_cuda_refused_without_device(void);
 
 #endif /* BX_TEST_TESTS_H */
