@@ -118,13 +118,13 @@ def cuda_config():
     archs = os.environ.get("BITEXACT_CUDA_ARCHS", "90").replace(";", " ").replace(",", " ").split()
     if not archs or not all(a.isdigit() for a in archs):
         sys.exit(f"setup.py: BITEXACT_CUDA_ARCHS must list SM versions like '80 90', not {archs!r}")
+    archs = sorted(set(archs), key=int)
     gencode = []
-    for a in sorted(set(archs), key=int):
+    for a in archs:
         gencode += ["-gencode", f"arch=compute_{a},code=sm_{a}"]
-    top = max(archs, key=int)
-    gencode += ["-gencode", f"arch=compute_{top},code=compute_{top}"]
-    print(f"bitexact: building with the CUDA backend ({nvcc}, sm_{' sm_'.join(sorted(set(archs), key=int))}, "
-          f"{len(sources)} .cu files)")
+    gencode += ["-gencode", f"arch=compute_{archs[-1]},code=compute_{archs[-1]}"]  # PTX
+    print(f"bitexact: building with the CUDA backend ({nvcc}, "
+          f"{', '.join('sm_' + a for a in archs)}, {len(sources)} .cu files)")
     return {
         "nvcc": nvcc,
         "sources": sources,
@@ -187,6 +187,15 @@ class BuildExt(build_ext):
                              "BITEXACT_DLPACK_INCLUDE to the directory holding dlpack/")
         if os.environ.get("BITEXACT_DLPACK_INCLUDE"):
             ext.include_dirs.append(os.environ["BITEXACT_DLPACK_INCLUDE"])
+        # A different configuration (CUDA on/off, its flags) rebuilds
+        # everything: setuptools alone would keep objects made with the
+        # other BX_HAVE_CUDA.
+        config = repr((sorted(ext.extra_compile_args), ext.include_dirs, ext.extra_link_args,
+                       CUDA and CUDA["flags"]))
+        stamp = os.path.join(self.build_temp, "bitexact-config.txt")
+        old = open(stamp).read() if os.path.exists(stamp) else None
+        if old != config:
+            self.force = True
         plain, objects = [], []
         by_isa = {}
         for src in ext.sources:
@@ -203,6 +212,9 @@ class BuildExt(build_ext):
         ext.sources = plain
         ext.extra_objects = list(ext.extra_objects or []) + objects
         super().build_extension(ext)
+        os.makedirs(self.build_temp, exist_ok=True)
+        with open(stamp, "w") as f:
+            f.write(config)
 
 
 HEADERS = (glob.glob("include/*.h") + glob.glob("src/core/*.h") + glob.glob("src/cpu/*.h")

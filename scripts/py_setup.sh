@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # py_setup.sh — install what the Python package and its tests need, then
 # build and install the package itself (`pip install .`, which compiles the
-# C library from source into bitexact._core).
+# C library from source into bitexact._core, with the CUDA backend when nvcc
+# is found: BITEXACT_CUDA=0 / 1 forces it off / on, see setup.py).
 #
 # Idempotent: pinned Python packages already present at the pinned version
 # are not touched (torch from PyPI is a multi-GB download with its CUDA
@@ -54,6 +55,13 @@ echo "py_setup.sh: pip install . (builds the C library into bitexact._core)"
   | grep -v "Running pip as the 'root' user" || true
 "$PY" - <<'PYEOF'
 import bitexact
+cuda = bitexact.cuda_info()
+if not cuda["built"]:
+    backend = "no CUDA backend (nvcc not found, or BITEXACT_CUDA=0)"
+elif cuda["available"]:
+    backend = "CUDA backend, device usable"
+else:
+    backend = "CUDA backend built, no usable device here"
 print(f"py_setup.sh: bitexact {bitexact.__version__} (C library {bitexact.library_version()}, "
-      f"{bitexact.isa()} kernels) installed")
+      f"{bitexact.isa()} kernels, {backend}) installed")
 PYEOF

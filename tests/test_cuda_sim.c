@@ -64,19 +64,29 @@ static void sim_reduce(const void *x, int dt, size_t n, sim_mode m, double p, bx
 }
 
 /* The CPU backend's accumulator for the same tensor and mode. */
-static void cpu_reduce(const bxt_tensor *x, sim_mode m, double p, bx_acc *out) {
+/* The CPU backend's accumulator for elements [skip, n) of x and a mode. */
+static void cpu_reduce(const bxt_tensor *x, size_t skip, sim_mode m, double p, bx_acc *out) {
+  size_t es = bxt_dt_size(x->dt), n = x->n - skip;
+  const char *data = (const char *)x->buf + skip * es;
+  int64_t shape = (int64_t)n;
+  DLTensor view = x->t;
+  view.data = (void *)data;
+  view.byte_offset = 0;
+  view.ndim = 1;
+  view.shape = &shape;
+  view.strides = NULL;
   bx_acc_init(out);
   switch (m) {
-    case SIM_SQ: bx_acc_add_squares(out, &x->t); break;
-    case SIM_ABS: bx_acc_add_abs(out, &x->t); break;
+    case SIM_SQ: bx_acc_add_squares(out, &view); break;
+    case SIM_ABS: bx_acc_add_abs(out, &view); break;
     case SIM_MEGATRON:
-      bx_sum_megatron_sq(x->buf, (bx_dtype)x->dt, x->n, out);
-      out->count = (int64_t)x->n; /* the megatron kernel counts its fp32 squares */
+      bx_sum_megatron_sq(data, (bx_dtype)x->dt, n, out);
+      out->count = (int64_t)n; /* the megatron kernel counts its fp32 squares */
       break;
     case SIM_POW:
-      for (size_t off = 0; off < x->n; off += BX_CHUNK) {
-        size_t k = x->n - off < BX_CHUNK ? x->n - off : BX_CHUNK;
-        bx_sum_pow((const char *)x->buf + off * bxt_dt_size(x->dt), (bx_dtype)x->dt, k, p, out);
+      for (size_t off = 0; off < n; off += BX_CHUNK) {
+        size_t k = n - off < BX_CHUNK ? n - off : BX_CHUNK;
+        bx_sum_pow(data + off * es, (bx_dtype)x->dt, k, p, out);
       }
       break;
   }
@@ -89,10 +99,15 @@ static const char *mode_name(sim_mode m) {
 
 static int same_words(const bx_acc *a, const bx_acc *b) { return memcmp(a, b, sizeof *a) == 0; }
 
-static void compare(const bxt_tensor *x, sim_mode m, double p, const char *what) {
+/* Simulated GPU against the CPU on x, and on x from its second element
+ * (a chunk not aligned to 16 bytes: the kernels' element-wise path). */
+static void compare_from(const bxt_tensor *x, size_t skip, sim_mode m, double p,
+                         const char *what) {
   bx_acc gpu, cpu;
-  sim_reduce(x->buf, x->dt, x->n, m, p, &gpu);
-  cpu_reduce(x, m, p, &cpu);
+  if (skip > x->n) return;
+  size_t es = bxt_dt_size(x->dt);
+  sim_reduce((const char *)x->buf + skip * es, x->dt, x->n - skip, m, p, &gpu);
+  cpu_reduce(x, skip, m, p, &cpu);
   if (m == SIM_MEGATRON) cpu.count = gpu.count; /* see cpu_reduce */
   int first = -1;
   for (int i = 0; i < BX_ACC_WORDS; i++)
@@ -100,10 +115,16 @@ static void compare(const bxt_tensor *x, sim_mode m, double p, const char *what)
       first = i;
       break;
     }
-  CHECK(same_words(&gpu, &cpu), "%s %s n=%zu %s: simulated GPU words differ from the CPU's "
-        "(first at word %d: %lld vs %lld)", bxt_dt_name(x->dt), mode_name(m), x->n, what,
+  CHECK(same_words(&gpu, &cpu), "%s %s n=%zu from %zu, %s: simulated GPU words differ from "
+        "the CPU's (first at word %d: %lld vs %lld)", bxt_dt_name(x->dt), mode_name(m), x->n,
+        skip, what,
         first, first >= 0 ? (long long)((int64_t *)&gpu)[first] : 0LL,
         first >= 0 ? (long long)((int64_t *)&cpu)[first] : 0LL);
+}
+
+static void compare(const bxt_tensor *x, sim_mode m, double p, const char *what) {
+  compare_from(x, 0, m, p, what);
+  compare_from(x, 1, m, p, what);
 }
 
 static const size_t SIZES[] = {0, 1, 7, 255, 256, 257, 4099, BX_CU_CHUNK - 1, BX_CU_CHUNK,
@@ -137,8 +158,11 @@ void test_cuda_sim_pow(void) { random_sets(SIM_POW, 3.0); }
 void test_cuda_sim_adversarial(void) {
   bxt_rng r;
   bxt_rng_init(&r);
-  const size_t n = 2 * BX_CU_CHUNK + 77;
-  for (int dt = 0; dt < 4; dt++) {
+  static const size_t NS[] = {2 * BX_CU_CHUNK + 77, BX_CU_CHUNK - 1};
+  for (int run = 0; run < 8; run++) {
+    const int dt = run % 4;
+    const size_t n = NS[run / 4];
+    const size_t vec = 16 / bxt_dt_size(dt); /* elements per 16-byte load */
     bxt_tensor x;
     bxt_tensor_alloc(&x, dt, n);
     /* 1: the largest finite value everywhere: each thread fills its window's
@@ -174,20 +198,24 @@ void test_cuda_sim_adversarial(void) {
     compare(&x, SIM_SQ, 2, "subnormals and zeros");
     compare(&x, SIM_ABS, 1, "subnormals and zeros");
     compare(&x, SIM_MEGATRON, 2, "subnormals and zeros");
-    /* 5: each thread's first element places its window; all its others sit
-     * at the window's top with the largest significand: the full headroom */
+    /* 5: each thread's first element (the first of its first 16-byte
+     * vector) places its window; all its others sit at the window's top with
+     * the largest significand: the full headroom (with n = CHUNK - 1, thread
+     * 0 also takes a tail element: 2^8 + 1 adds) */
     int up = dt == BX_DT_F16 ? (BX_SQ_F16_SMAX - BX_SQ_F16_LOW) / 2
              : dt == BX_DT_BF16 ? (BX_SQ_BF16_SMAX - BX_SQ_BF16_LOW) / 2
              : dt == BX_DT_F32 ? (BX_SQ_F32_SMAX - BX_SQ_F32_LOW) / 2
                                : (BX_SQ_F64_SMAX - BX_SQ_F64_LOW) / 2;
     for (size_t i = 0; i < n; i++) {
-      uint64_t e = (uint64_t)(emax / 2) + ((i % BX_CU_CHUNK) < BX_CU_BLOCK ? 0 : (uint64_t)up);
+      int first = (i % BX_CU_CHUNK) < vec * BX_CU_BLOCK && i % vec == 0;
+      uint64_t e = (uint64_t)(emax / 2) + (first ? 0 : (uint64_t)up);
       bxt_set_bits(&x, i, (e << mbits) | ((1ull << mbits) - 1));
     }
     compare(&x, SIM_SQ, 2, "full window headroom");
     int upa = (BX_ABS_SMAX - BX_ABS_LOW);
     for (size_t i = 0; i < n; i++) {
       uint64_t e = (uint64_t)(emax / 2) + ((i % BX_CU_CHUNK) < BX_CU_BLOCK ? 0 : (uint64_t)upa);
+      /* (|x| loops are element-wise: thread t's first element is t) */
       bxt_set_bits(&x, i, (e << mbits) | ((1ull << mbits) - 1));
     }
     compare(&x, SIM_ABS, 1, "full window headroom");

@@ -24,9 +24,16 @@ also the builtin a Python user expects: :class:`InvalidArgumentError`,
 :class:`DTypeError` is a TypeError, :class:`OutOfMemoryError` a
 MemoryError. On any error no tensor has been modified.
 
-CPU tensors only in this version (also CUDA host-pinned and managed
-memory); a CUDA device tensor raises :class:`DeviceError`.
+Devices: CPU tensors (also CUDA host-pinned and managed memory) and, when
+the package was built with the CUDA backend (nvcc found at install time;
+:func:`cuda_available`), CUDA device tensors: all tensors of one call on
+one GPU. These functions return Python floats, so on CUDA they block: the
+work runs on the legacy default stream, which is what a DLPack producer
+orders its work before when no stream is requested (torch tensors exported
+from another current stream are joined to it first). For the
+stream-ordered, graph-capturable path use :mod:`bitexact.torch`.
 """
+import atexit as _atexit
 import re as _re
 import sys as _sys
 
@@ -47,6 +54,7 @@ from ._core import (
 __version__ = "0.1.0"
 __all__ = [
     "total_norm", "clip_grad_norm", "scale", "clip_coef", "Comm", "library_version", "isa",
+    "cuda_available", "cuda_info", "cuda_plan_cache",
     "Error", "InvalidArgumentError", "DTypeError", "DeviceError", "LayoutError",
     "NonFiniteError", "OutOfMemoryError", "CommError", "MismatchError", "InternalError",
 ]
@@ -64,6 +72,41 @@ def library_version():
 def isa():
     """The CPU kernels in use: 'avx512', 'avx2' or 'portable' (env BX_ISA forces one)."""
     return _core.isa()
+
+
+def cuda_available():
+    """True when this build has the CUDA backend and a CUDA device is usable
+    (bx_cuda_available()); :func:`cuda_info` says why not."""
+    return _core.cuda_available()[0]
+
+
+def cuda_info():
+    """``{"built": bool, "available": bool, "reason": str}``: whether the
+    package was built with the CUDA backend, whether a device is usable, and
+    if not, why (the library's message)."""
+    ok, reason = _core.cuda_available()
+    return {"built": bool(_core.HAVE_CUDA), "available": bool(ok), "reason": reason}
+
+
+def cuda_plan_cache(size=None, clear=False):
+    """The cache of stream-ordered CUDA plans (used by :mod:`bitexact.torch`
+    on CUDA gradients): one plan per set of gradient buffers and options,
+    built on first use (it allocates and synchronises) and reused by every
+    later call with the same buffers (which then only enqueues work). The
+    least recently used plan is dropped beyond ``size`` (default 8).
+    ``size``: set the size; ``clear``: drop every plan. Returns
+    ``(plans cached, size)``."""
+    if clear:
+        _core.cuda_plan_cache_clear()
+    if size is not None:
+        if int(size) < 0:
+            raise InvalidArgumentError(f"cuda_plan_cache: size must be >= 0, not {size}")
+        _core.cuda_plan_cache(int(size))
+    return _core.cuda_plan_cache(-1)
+
+
+# Plans hold device memory: free them while the CUDA runtime is still up.
+_atexit.register(_core.cuda_plan_cache_clear)
 
 
 class Comm:
@@ -119,6 +162,24 @@ def _torch_fast_export():
     if fn is not None:
         _core.register_exporter(torch.Tensor, fn)
         _core.register_exporter(torch.nn.Parameter, fn)
+
+
+def _join_legacy_stream(views):
+    """Before a blocking call on CUDA tensors (run on the legacy default
+    stream): make that stream wait for torch's current stream, as
+    Tensor.__dlpack__(stream=1) would. torch tensors are exported through
+    torch's C function, which does not; other producers were asked for no
+    stream, which per DLPack means the legacy default stream."""
+    kind, dev = views.device
+    if kind != "cuda":
+        return
+    views.check_device()  # a clear error first, naming the tensor
+    torch = _sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return  # torch has queued no CUDA work
+    cur = torch.cuda.current_stream(dev)
+    if cur.cuda_stream != 0:
+        torch.cuda.default_stream(dev).wait_stream(cur)
 
 
 def _as_list(tensors):
@@ -234,6 +295,7 @@ def total_norm(tensors, norm_type=2.0, error_if_nonfinite=False, groups=None, *,
     fl = _option(_FLAVORS, flavor, "flavor")
     try:
         with _core.Views(buckets) as views:
+            _join_legacy_stream(views)
             total, gn = views.norm(float(norm_type), bool(error_if_nonfinite), int(num_threads),
                                    fl, fn, rank, -1, groups is not None, 0)
     except Error as e:
@@ -270,6 +332,7 @@ def clip_grad_norm(tensors, max_norm, norm_type=2.0, error_if_nonfinite=False, g
     max_norm = float(max_norm)
     try:
         with _core.Views(buckets) as views:
+            _join_legacy_stream(views)
             if groups is None and unowned is None:
                 total, _ = views.clip(max_norm, float(norm_type), bool(error_if_nonfinite),
                                       int(num_threads), fl, mode, float(eps), form, fn, rank)
@@ -303,6 +366,7 @@ def scale(tensors, coef, *, mode="torch", num_threads=0):
     m = _option(_SCALE_MODES, mode, "mode")
     try:
         with _core.Views([tensors]) as views:
+            _join_legacy_stream(views)
             views.scale(float(coef), m, int(num_threads))
     except Error as e:
         raise _rename(e, lambda g, i: f"tensors[{i}]", None, lambda k: (0, k))

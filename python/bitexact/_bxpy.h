@@ -59,6 +59,16 @@ typedef struct Views {
   Py_ssize_t other_cuda; /* flat index of a kDLCUDA tensor on another device, or -1 */
 } Views;
 
+/* Views.dtypes' bit of a dtype: 1 f16, 2 bf16, 4 f32, 8 f64, 16 other. */
+static inline unsigned bxpy_dtype_bit(DLDataType t) {
+  if (t.lanes != 1) return 16;
+  if (t.code == kDLFloat && t.bits == 16) return 1;
+  if (t.code == kDLBfloat && t.bits == 16) return 2;
+  if (t.code == kDLFloat && t.bits == 32) return 4;
+  if (t.code == kDLFloat && t.bits == 64) return 8;
+  return 16;
+}
+
 /* flat index k -> (group, index in group) */
 void bxpy_views_where(const Views *v, Py_ssize_t k, Py_ssize_t *g, Py_ssize_t *i);
 

@@ -10,6 +10,11 @@
  * specification asks of a consumer) and its deleter is called by
  * Views.release() (or when the Views object dies). No data is copied.
  *
+ * CUDA tensors (kDLCUDA): the blocking calls below run on the legacy
+ * default stream (the library's blocking CUDA path), after a device check
+ * that names the tensor at fault (_cuda.c); the stream-ordered path is
+ * Views.cuda_plan (_cuda.c).
+ *
  * A Python communicator is a callable comm(buf, op): buf is a bytearray
  * holding n native int64 words, op is "sum" or "max"; it replaces buf's
  * contents with the all-reduced words (or returns a bytes-like object of
@@ -162,15 +167,6 @@ static void Views_dealloc(Views *v) {
   Py_TYPE(v)->tp_free((PyObject *)v);
 }
 
-static unsigned dtype_bit(DLDataType t) {
-  if (t.lanes != 1) return 16;
-  if (t.code == kDLFloat && t.bits == 16) return 1;
-  if (t.code == kDLBfloat && t.bits == 16) return 2;
-  if (t.code == kDLFloat && t.bits == 32) return 4;
-  if (t.code == kDLFloat && t.bits == 64) return 8;
-  return 16;
-}
-
 /* Views(groups): groups is a sequence of sequences of tensors. */
 static PyObject *Views_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
   static char *kwlist[] = {"groups", NULL};
@@ -205,7 +201,7 @@ static PyObject *Views_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     for (Py_ssize_t i = 0; i < cnt; i++) {
       if (bxpy_export_tensor(items[i], &v->dl[v->n], &v->own[v->n], g, i) < 0) goto fail;
       const DLTensor *t = &v->dl[v->n];
-      v->dtypes |= dtype_bit(t->dtype);
+      v->dtypes |= bxpy_dtype_bit(t->dtype);
       if (t->device.device_type == kDLCUDA) {
         if (v->ncuda++ == 0) {
           v->first_cuda = v->n;
@@ -346,7 +342,7 @@ static PyObject *Views_norm(Views *v, PyObject *args, PyObject *kwds) {
   if (fmt < 0 || fmt > 3) return bxpy_raise_status(BX_EINVAL, "out_format must be 0..3", NULL);
   o.flavor = (bx_norm_flavor)flavor;
   pycomm pc = {comm_fn, NULL};
-  bx_comm comm = {pycomm_allreduce, &pc, rank};
+  bx_comm comm = {.allreduce_i64 = pycomm_allreduce, .ctx = &pc, .rank = rank};
   const bx_comm *cp = comm_fn == Py_None ? NULL : &comm;
   double *gn = want_groups && ng ? PyMem_Malloc((size_t)ng * sizeof(double)) : NULL;
   if (want_groups && ng && !gn) return PyErr_NoMemory();
@@ -428,7 +424,7 @@ static PyObject *Views_clip(Views *v, PyObject *args, PyObject *kwds) {
   o.scale.num_threads = o.norm.num_threads;
   o.formula = (bx_coef_formula)formula;
   pycomm pc = {comm_fn, NULL};
-  bx_comm comm = {pycomm_allreduce, &pc, rank};
+  bx_comm comm = {.allreduce_i64 = pycomm_allreduce, .ctx = &pc, .rank = rank};
   double total = 0, coef = 1;
   bx_status st;
   v->busy = 1;
@@ -440,6 +436,14 @@ static PyObject *Views_clip(Views *v, PyObject *args, PyObject *kwds) {
   if (st != BX_OK) return raise_call(st, &pc);
   Py_XDECREF(pc.error);
   return Py_BuildValue("(dd)", total, coef);
+}
+
+/* Views.check_device(): raise DeviceError unless the blocking calls can
+ * run on these tensors' devices (see bxpy_views_check_device). */
+static PyObject *Views_check_device(Views *v, PyObject *unused) {
+  (void)unused;
+  if (bxpy_views_check_device(v) < 0) return NULL;
+  Py_RETURN_NONE;
 }
 
 static PyObject *Views_release(Views *v, PyObject *unused) {
@@ -495,6 +499,8 @@ static PyMethodDef Views_methods[] = {
     {"cuda_plan", (PyCFunction)(void (*)(void))bxpy_views_cuda_plan,
      METH_VARARGS | METH_KEYWORDS,
      "the cached stream-ordered CUDA plan of (some of) these tensors (see _cuda.c)"},
+    {"check_device", (PyCFunction)Views_check_device, METH_NOARGS,
+     "raise DeviceError unless one device holds every tensor and can be used"},
     {"release", (PyCFunction)Views_release, METH_NOARGS, "call the DLPack deleters now"},
     {"__enter__", (PyCFunction)Views_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)Views_exit, METH_VARARGS, NULL},

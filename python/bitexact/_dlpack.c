@@ -110,6 +110,10 @@ done:
 
 void bxpy_release_owner(bxpy_owner *own) {
   if (!own->managed) return;
+  /* A deleter may run Python code (a ctypes callback): it must not see, or
+   * clear, the exception pending when views die after a failed call. */
+  PyObject *t, *v, *tb;
+  PyErr_Fetch(&t, &v, &tb);
   if (own->v1) {
     bxpy_managed_v1 *m = own->managed;
     if (m->deleter) m->deleter(m);
@@ -118,6 +122,7 @@ void bxpy_release_owner(bxpy_owner *own) {
     if (m->deleter) m->deleter(m);
   }
   own->managed = NULL;
+  if (t) PyErr_Restore(t, v, tb);
 }
 
 PyObject *bxpy_register_exporter(PyObject *self, PyObject *args) {

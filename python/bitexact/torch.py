@@ -21,7 +21,29 @@ fp16/bf16/fp32 grads, bf16 for all-bf16 grads, ...); an empty list gives
   total counts the gradients with a non-zero element);
 - ``foreach`` is accepted and ignored (one multi-threaded path);
 - integer, complex, sparse or strided-with-gaps gradients raise (TypeError /
-  ValueError) instead of being summed; CPU tensors only in this version.
+  ValueError) instead of being summed; all gradients of one call must be on
+  one device (the CPU, or one GPU): torch would accept a mix.
+
+CUDA gradients (when the package has the CUDA backend,
+:func:`bitexact.cuda_available`) follow torch's stream semantics: the work
+is enqueued on ``torch.cuda.current_stream()`` and the host never waits, so
+``clip_grad_norm_`` can be captured in a CUDA graph (``torch.cuda.graph``)
+after one eager warm-up call. The first call with a given set of gradient
+buffers builds a plan (bitexact_cuda.h: it allocates and synchronises);
+later calls with the same buffers and options reuse it from a small cache
+(:func:`bitexact.cuda_plan_cache`). The norm is computed on the GPU with
+the CPU's bits in fp64 and converted on the device to torch's dtype (a
+narrower norm is rounded from the fp64 one: correctly rounded except when
+that fp64 value is exactly halfway between two values of the narrower
+format, where the CPU path consults the exact sum). The coefficient is
+torch's (its own tensor ops on the device); each dtype's gradients are
+scaled by it converted to their dtype, as torch's CUDA ``_foreach_mul_``
+does, so the gradients get torch's bits (NaN results are NaN, whatever
+their payload). Like torch, ``error_if_nonfinite=True`` synchronises (to
+raise). With ``process_group`` or DTensor gradients the norm is computed
+by the blocking path (the legacy default stream, joined to the current
+one; the int64 words travel through host memory to the collective) and
+the scaling is stream-ordered as above.
 
 Extensions (keyword-only):
 
@@ -77,6 +99,7 @@ _Tensor = torch.Tensor
 # (torch.stack promotes the per-tensor norms).
 _F16, _BF16, _F32, _F64 = 1, 2, 4, 8
 _FORMAT = {torch.float64: 0, torch.float32: 1, torch.bfloat16: 2, torch.float16: 3}
+_BIT = {torch.float16: _F16, torch.bfloat16: _BF16, torch.float32: _F32, torch.float64: _F64}
 
 
 def _result_dtype(mask):
@@ -194,7 +217,8 @@ class _Plan:
     only scaled; the result dtype and device; the communicator; names for
     error messages (name_of(k): the caller's name of tensors[k])."""
 
-    __slots__ = ("views", "dtype", "device", "fn", "rank", "pos", "name_of", "tensors")
+    __slots__ = ("views", "dtype", "device", "fn", "rank", "pos", "name_of", "tensors", "cuda",
+                 "nplan")
 
     def __init__(self, tensors, items, owned, process_group, name_of):
         self.name_of = name_of
@@ -217,8 +241,13 @@ class _Plan:
         self.tensors = (mine, others)
         try:
             self.views = _core.Views([mine, others])
+            kind = self.views.device[0]
+            if kind == "mixed" or (kind == "cuda" and not _core.HAVE_CUDA):
+                self.views.check_device()  # raises, naming the tensors
         except Error as e:
             raise self.renamed(e)
+        self.cuda = kind == "cuda"
+        self.nplan = None  # the CUDA norm plan, once used
         self.dtype = _result_dtype(self.views.dtypes)
 
     def renamed(self, e):
@@ -231,20 +260,64 @@ class _Plan:
         def flat(k):
             n0 = len(pos[0]) if pos is not None else 1 << 62
             return (0, k) if k < n0 else (1, k - n0)
-        if isinstance(e, _core.DeviceError) and "device type" in str(e):
-            e.args = (str(e.args[0]) + "; bitexact.torch supports CPU tensors in this "
-                      "version",)
+        if (isinstance(e, _core.DeviceError) and "device type" in str(e)
+                and "cuda:" not in str(e)):
+            e.args = (str(e.args[0]) + "; bitexact.torch supports CPU and CUDA tensors",)
         return _rename(e, namer, self.rank if self.fn else None, flat)
 
-    def norm(self, norm_type, error_if_nonfinite, num_threads, flavor):
-        """The total norm as a 0-dim tensor of torch's dtype and device."""
+    def norm(self, norm_type, error_if_nonfinite, num_threads, flavor, scale_mode=0):
+        """The total norm as a 0-dim tensor of torch's dtype and device.
+        CUDA without a communicator: enqueued on the current stream (no
+        host synchronisation unless error_if_nonfinite)."""
+        if self.cuda and self.fn is None:
+            return self._cuda_norm(norm_type, error_if_nonfinite, num_threads, flavor,
+                                   scale_mode)
         try:
+            if self.cuda:
+                _join_legacy_stream(self.device)
             total, _ = self.views.norm(norm_type, error_if_nonfinite, num_threads, flavor,
                                        self.fn, self.rank, 1, False, _FORMAT[self.dtype])
         except Error as e:
             raise self.renamed(e)
         # total is exactly representable in self.dtype: the conversion is exact
         return torch.tensor(total, dtype=self.dtype, device=self.device)
+
+    def _cuda_norm(self, norm_type, error_if_nonfinite, num_threads, flavor, scale_mode):
+        dev = self.device
+        stream = torch.cuda.current_stream(dev).cuda_stream
+        if not self.tensors[0]:  # this rank counts nothing
+            return torch.zeros((), dtype=self.dtype, device=dev)
+        try:
+            # the plan of group 0 (the counted gradients), with the scale
+            # mode too: when it covers every gradient it also scales them
+            self.nplan = self.views.cuda_plan(1, 0, stream, norm_type, error_if_nonfinite,
+                                              flavor, scale_mode)
+            total = torch.empty((), dtype=torch.float64, device=dev)
+            # the finishing kernel always writes the status (0 or a bx_status)
+            status = (torch.empty((), dtype=torch.int32, device=dev) if error_if_nonfinite
+                      else None)
+            self.nplan.norm_async(stream, total.data_ptr(), 0,
+                                  status.data_ptr() if status is not None else 0)
+            if status is not None and int(status.item()) != 0:  # synchronises, as torch
+                # the blocking call names the first NaN/Inf tensor
+                self.views.norm(norm_type, True, num_threads, flavor, None, 0, 1, False, 0)
+                raise _core.NonFiniteError(
+                    f"the total norm of order {norm_type} is non-finite (status "
+                    f"{int(status.item())})")
+        except Error as e:
+            raise self.renamed(e)
+        return total if self.dtype == torch.float64 else total.to(self.dtype)
+
+    def cuda_scale(self, coef, mode):
+        """Enqueue every gradient (counted and not) *= coef (a 0-dim tensor
+        on the device, torch's clamped coefficient) on the current stream."""
+        try:
+            _cuda_scale(self.views, coef, mode, self.nplan if not self.tensors[1] else None,
+                        self.device)
+        except Error as e:
+            raise self.renamed(e)
+        _bump_versions(self.tensors[0])
+        _bump_versions(self.tensors[1])
 
     def scale(self, coef, num_threads, mode):
         try:
@@ -256,6 +329,44 @@ class _Plan:
 
     def release(self):
         self.views.release()
+
+
+def _join_legacy_stream(device):
+    """Before a blocking call (the library's legacy-default-stream path):
+    order the legacy default stream after the current stream, as
+    Tensor.__dlpack__(stream=1) would."""
+    cur = torch.cuda.current_stream(device)
+    if cur.cuda_stream != 0:
+        torch.cuda.default_stream(device).wait_stream(cur)
+
+
+def _cuda_scale(views, coef, mode, nplan, device):
+    """Enqueue tensors *= coef on the current stream, bitwise as torch's
+    CUDA ``_foreach_mul_(grads, coef)``: each dtype's tensors by coef
+    converted to that dtype (torch's kernels load the 0-dim coefficient as
+    the tensors' dtype; fp32 and fp64 share one fp64 value, from which the
+    library's torch mode takes fp32 for fp32 tensors). mode 1 ("exact"):
+    every tensor by coef itself, the exact product rounded once. nplan: the
+    norm plan, used when it holds every tensor and one coefficient serves
+    them all."""
+    stream = torch.cuda.current_stream(device).cuda_stream
+    coef = coef.to(device)
+    present = views.dtypes & (_F16 | _BF16 | _F32 | _F64)
+    # scale_mode "exact" (1): one coefficient, the exact product rounded once
+    main = present if mode == 1 else (_F32 | _F64 | _BIT.get(coef.dtype, 0)) & present
+    classes = [(main, coef)] if main else []
+    for bit, dt in ((_BF16, torch.bfloat16), (_F16, torch.float16)):
+        if present & bit and not main & bit:
+            classes.append((bit, coef.to(dt)))
+    with torch.no_grad():
+        if nplan is not None and len(classes) == 1 and classes[0][0] == present:
+            c64 = classes[0][1].to(torch.float64)  # exact widening
+            nplan.scale_async(c64.data_ptr(), 0, stream)
+            return
+        for bits, c in classes:
+            c64 = c.to(torch.float64)
+            views.cuda_plan(-1, bits, stream, 2.0, False, 0, mode).scale_async(
+                c64.data_ptr(), 0, stream)
 
 
 def _validate_max_norm(max_norm):
@@ -326,6 +437,17 @@ def clip_grads_with_norm_(parameters, max_norm, total_norm, foreach=None, *,
 
 
 def _scale_locals(tensors, coef, num_threads, mode, label):
+    if tensors[0].device.type == "cuda":
+        try:
+            with _core.Views([tensors]) as views:
+                kind, dev = views.device
+                if kind != "cuda" or not _core.HAVE_CUDA:
+                    views.check_device()
+                _cuda_scale(views, coef, mode, None, torch.device("cuda", dev))
+        except Error as e:
+            raise _rename(e, lambda g, i: f"{label}[{i}]", None, lambda k: (0, k))
+        _bump_versions(tensors)
+        return
     c = float(coef)
     if c != c:
         with torch.no_grad():
@@ -376,8 +498,10 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
         return torch.tensor(0.0)
     plan = _Plan(grads, params, owned, process_group, _param_namer(parameters, params))
     try:
-        total = plan.norm(float(norm_type), bool(error_if_nonfinite), int(num_threads), fl)
-        if grads:
+        total = plan.norm(float(norm_type), bool(error_if_nonfinite), int(num_threads), fl, mode)
+        if grads and plan.cuda:  # stream-ordered: no host synchronisation
+            plan.cuda_scale(_coef(max_norm, total), mode)
+        elif grads:
             coef = _coef(max_norm, total)
             c = float(coef)
             if c != c:  # NaN norm: torch's own multiply (NaN everywhere)

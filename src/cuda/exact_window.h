@@ -10,8 +10,8 @@
  * the accumulator. Each thread keeps a private integer window: an
  * unsigned integer of W bits (64, 128 or 192) whose bit 0 sits at position
  * `base`. An element whose shifted value fits (q - base in [0, smax]) is
- * added with one shift and one wide add; smax leaves 8 bits of headroom
- * for the at most BX_CU_PER_THREAD = 2^8 elements a thread adds per chunk.
+ * added with one shift and one wide add; smax leaves 9 bits of headroom
+ * for the at most 2^8 + 3 elements a thread adds per chunk.
  * Anything else takes the slow path: an element below the window goes
  * straight into the block's digits (integer atomics), one above it flushes
  * the window and re-centres it. Every step is integer arithmetic on exact
@@ -35,7 +35,7 @@
 
 #define BX_CU_BLOCK 256                       /* threads per block */
 #define BX_CU_CHUNK ((uint32_t)1 << 16)       /* elements per chunk: a block's unit */
-#define BX_CU_PER_THREAD (BX_CU_CHUNK / BX_CU_BLOCK) /* 2^8: the windows' headroom */
+#define BX_CU_PER_THREAD (BX_CU_CHUNK / BX_CU_BLOCK) /* 2^8 elements per thread per chunk */
 #define BX_CU_NO_BASE (-(1 << 29))            /* a window not placed yet */
 
 /* Where a block's exact pieces go: digits (BX_ACC_DIGITS words) and the
@@ -204,17 +204,21 @@ static inline BX_HD void bx_win192_add(bx_win192 *w, bx_u128 v, int q, int smax,
   else bx_win192_slow(w, v, q, low, s);
 }
 
-/* Window widths: smax = W - (bits of v) - 8 (headroom for 2^8 adds). */
-#define BX_SQ_F32_SMAX 72   /* 128 - 48 - 8 */
-#define BX_SQ_F32_LOW 60
-#define BX_SQ_BF16_SMAX 40  /* 64 - 16 - 8 */
-#define BX_SQ_BF16_LOW 30
-#define BX_SQ_F16_SMAX 34   /* 64 - 22 - 8 */
-#define BX_SQ_F16_LOW 24
-#define BX_SQ_F64_SMAX 78   /* 192 - 106 - 8 */
-#define BX_SQ_F64_LOW 64
-#define BX_ABS_SMAX 67      /* 128 - 53 - 8: |x| of any dtype (and fp64 terms) */
-#define BX_ABS_LOW 59
+/* Window widths: smax = W - (bits of v) - 9. A thread adds at most
+ * BX_CU_PER_THREAD + 3 elements per chunk (whole 16-byte vectors, then at
+ * most 3 tail elements), fewer than 2^9: 9 bits of headroom. low: the new
+ * element sits low bits above the window's bottom, (smax - low) / 2
+ * binades of larger squares fit above it. */
+#define BX_SQ_F32_SMAX 71   /* 128 - 48 - 9 */
+#define BX_SQ_F32_LOW 59
+#define BX_SQ_BF16_SMAX 39  /* 64 - 16 - 9 */
+#define BX_SQ_BF16_LOW 29
+#define BX_SQ_F16_SMAX 33   /* 64 - 22 - 9 */
+#define BX_SQ_F16_LOW 23
+#define BX_SQ_F64_SMAX 77   /* 192 - 106 - 9 */
+#define BX_SQ_F64_LOW 63
+#define BX_ABS_SMAX 66      /* 128 - 53 - 9: |x| of any dtype (and fp64 terms) */
+#define BX_ABS_LOW 58
 
 /* ---- per-dtype element decoding -----------------------------------------
  * The bit position of x's ulp in the accumulator's units for |x| (qa) and
@@ -256,24 +260,102 @@ static inline BX_HD void bx_count_special(const bx_sink *s, int is_nan) {
   bx_sink_add(is_nan ? s->nan : s->inf, 1);
 }
 
-/* ---- one thread's share of a chunk: elements first, first + stride, ...
- * of x[0..n). These are the loops of the GPU kernel. ---------------------- */
+/* ---- one element into a window, per dtype (squares) -------------------- */
+
+static inline BX_HD void bx_sq_f32_one(bx_win128 *w, uint32_t b, const bx_sink *s) {
+  uint64_t m;
+  int e;
+  if (bx_dec_f32(b, &m, &e)) {
+    bx_count_special(s, (b & 0x7FFFFF) != 0);
+    return;
+  }
+  int q = m ? 2 * e - BX_ACC_LSB_EXP : w->base;
+  bx_win128_add(w, m * m, q, BX_SQ_F32_SMAX, BX_SQ_F32_LOW, s);
+}
+
+static inline BX_HD void bx_sq_bf16_one(bx_win64 *w, uint16_t b, const bx_sink *s) {
+  uint64_t m;
+  int e;
+  if (bx_dec_bf16(b, &m, &e)) {
+    bx_count_special(s, (b & 0x7F) != 0);
+    return;
+  }
+  int q = m ? 2 * e - BX_ACC_LSB_EXP : w->base;
+  bx_win64_add(w, m * m, q, BX_SQ_BF16_SMAX, BX_SQ_BF16_LOW, s);
+}
+
+static inline BX_HD void bx_sq_f16_one(bx_win64 *w, uint16_t b, const bx_sink *s) {
+  uint64_t m;
+  int e;
+  if (bx_dec_f16(b, &m, &e)) {
+    bx_count_special(s, (b & 0x3FF) != 0);
+    return;
+  }
+  int q = m ? 2 * e - BX_ACC_LSB_EXP : w->base;
+  bx_win64_add(w, m * m, q, BX_SQ_F16_SMAX, BX_SQ_F16_LOW, s);
+}
+
+static inline BX_HD void bx_sq_f64_one(bx_win192 *w, uint64_t b, const bx_sink *s) {
+  uint64_t m;
+  int e;
+  if (bx_dec_f64(b, &m, &e)) {
+    bx_count_special(s, (b & 0xFFFFFFFFFFFFFull) != 0);
+    return;
+  }
+  int q = m ? 2 * e - BX_ACC_LSB_EXP : w->base;
+  bx_win192_add(w, (bx_u128)m * m, q, BX_SQ_F64_SMAX, BX_SQ_F64_LOW, s);
+}
+
+/* ---- 16-byte loads ---------------------------------------------------------
+ * The square loops read whole 16-byte vectors when the chunk is 16-byte
+ * aligned (one load instruction per 4 fp32 / 8 bf16 on the GPU, two in
+ * flight per thread), then the < 16-byte tail element by element. */
+typedef struct bx_vec16 {
+  uint32_t w[4];
+} bx_vec16;
+
+static inline BX_HD int bx_aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+static inline BX_HD bx_vec16 bx_load16(const void *p) {
+  bx_vec16 v;
+#ifdef __CUDA_ARCH__
+  uint4 u = __ldg((const uint4 *)p);
+  v.w[0] = u.x;
+  v.w[1] = u.y;
+  v.w[2] = u.z;
+  v.w[3] = u.w;
+#else
+  __builtin_memcpy(&v, p, 16);
+#endif
+  return v;
+}
+
+/* Halves and doubles of a vector (little-endian element order). */
+static inline BX_HD uint16_t bx_vec_u16(const bx_vec16 *v, int k) {
+  return (uint16_t)(v->w[k >> 1] >> (16 * (k & 1)));
+}
+static inline BX_HD uint64_t bx_vec_u64(const bx_vec16 *v, int k) {
+  return (uint64_t)v->w[2 * k] | ((uint64_t)v->w[2 * k + 1] << 32);
+}
+
+/* ---- one thread's share of a chunk: vectors first, first + stride, ... of
+ * x[0..n) (two per step), then tail elements. These are the loops of the
+ * GPU kernel. --------------------------------------------------------------- */
 
 static inline BX_HD void bx_thread_sumsq_f32(const uint32_t *x, uint32_t n, uint32_t first,
                                              uint32_t stride, const bx_sink *s) {
   bx_win128 w;
   bx_win128_init(&w);
-  for (uint32_t i = first; i < n; i += stride) {
-    uint32_t b = x[i];
-    uint64_t m;
-    int e;
-    if (bx_dec_f32(b, &m, &e)) {
-      bx_count_special(s, (b & 0x7FFFFF) != 0);
-      continue;
-    }
-    int q = m ? 2 * e - BX_ACC_LSB_EXP : w.base;
-    bx_win128_add(&w, m * m, q, BX_SQ_F32_SMAX, BX_SQ_F32_LOW, s);
+  uint32_t nvec = bx_aligned16(x) ? n / 4 : 0;
+  for (uint32_t v = first; v < nvec; v += 2 * stride) {
+    int two = v + stride < nvec;
+    bx_vec16 a = bx_load16(x + 4 * (size_t)v), b = a;
+    if (two) b = bx_load16(x + 4 * (size_t)(v + stride));
+    for (int k = 0; k < 4; k++) bx_sq_f32_one(&w, a.w[k], s);
+    if (two)
+      for (int k = 0; k < 4; k++) bx_sq_f32_one(&w, b.w[k], s);
   }
+  for (uint32_t i = 4 * nvec + first; i < n; i += stride) bx_sq_f32_one(&w, x[i], s);
   bx_win128_flush(&w, s);
 }
 
@@ -281,17 +363,16 @@ static inline BX_HD void bx_thread_sumsq_bf16(const uint16_t *x, uint32_t n, uin
                                               uint32_t stride, const bx_sink *s) {
   bx_win64 w;
   bx_win64_init(&w);
-  for (uint32_t i = first; i < n; i += stride) {
-    uint16_t b = x[i];
-    uint64_t m;
-    int e;
-    if (bx_dec_bf16(b, &m, &e)) {
-      bx_count_special(s, (b & 0x7F) != 0);
-      continue;
-    }
-    int q = m ? 2 * e - BX_ACC_LSB_EXP : w.base;
-    bx_win64_add(&w, m * m, q, BX_SQ_BF16_SMAX, BX_SQ_BF16_LOW, s);
+  uint32_t nvec = bx_aligned16(x) ? n / 8 : 0;
+  for (uint32_t v = first; v < nvec; v += 2 * stride) {
+    int two = v + stride < nvec;
+    bx_vec16 a = bx_load16(x + 8 * (size_t)v), b = a;
+    if (two) b = bx_load16(x + 8 * (size_t)(v + stride));
+    for (int k = 0; k < 8; k++) bx_sq_bf16_one(&w, bx_vec_u16(&a, k), s);
+    if (two)
+      for (int k = 0; k < 8; k++) bx_sq_bf16_one(&w, bx_vec_u16(&b, k), s);
   }
+  for (uint32_t i = 8 * nvec + first; i < n; i += stride) bx_sq_bf16_one(&w, x[i], s);
   bx_win64_flush(&w, s);
 }
 
@@ -299,17 +380,16 @@ static inline BX_HD void bx_thread_sumsq_f16(const uint16_t *x, uint32_t n, uint
                                              uint32_t stride, const bx_sink *s) {
   bx_win64 w;
   bx_win64_init(&w);
-  for (uint32_t i = first; i < n; i += stride) {
-    uint16_t b = x[i];
-    uint64_t m;
-    int e;
-    if (bx_dec_f16(b, &m, &e)) {
-      bx_count_special(s, (b & 0x3FF) != 0);
-      continue;
-    }
-    int q = m ? 2 * e - BX_ACC_LSB_EXP : w.base;
-    bx_win64_add(&w, m * m, q, BX_SQ_F16_SMAX, BX_SQ_F16_LOW, s);
+  uint32_t nvec = bx_aligned16(x) ? n / 8 : 0;
+  for (uint32_t v = first; v < nvec; v += 2 * stride) {
+    int two = v + stride < nvec;
+    bx_vec16 a = bx_load16(x + 8 * (size_t)v), b = a;
+    if (two) b = bx_load16(x + 8 * (size_t)(v + stride));
+    for (int k = 0; k < 8; k++) bx_sq_f16_one(&w, bx_vec_u16(&a, k), s);
+    if (two)
+      for (int k = 0; k < 8; k++) bx_sq_f16_one(&w, bx_vec_u16(&b, k), s);
   }
+  for (uint32_t i = 8 * nvec + first; i < n; i += stride) bx_sq_f16_one(&w, x[i], s);
   bx_win64_flush(&w, s);
 }
 
@@ -317,17 +397,16 @@ static inline BX_HD void bx_thread_sumsq_f64(const uint64_t *x, uint32_t n, uint
                                              uint32_t stride, const bx_sink *s) {
   bx_win192 w;
   bx_win192_init(&w);
-  for (uint32_t i = first; i < n; i += stride) {
-    uint64_t b = x[i];
-    uint64_t m;
-    int e;
-    if (bx_dec_f64(b, &m, &e)) {
-      bx_count_special(s, (b & 0xFFFFFFFFFFFFFull) != 0);
-      continue;
-    }
-    int q = m ? 2 * e - BX_ACC_LSB_EXP : w.base;
-    bx_win192_add(&w, (bx_u128)m * m, q, BX_SQ_F64_SMAX, BX_SQ_F64_LOW, s);
+  uint32_t nvec = bx_aligned16(x) ? n / 2 : 0;
+  for (uint32_t v = first; v < nvec; v += 2 * stride) {
+    int two = v + stride < nvec;
+    bx_vec16 a = bx_load16(x + 2 * (size_t)v), b = a;
+    if (two) b = bx_load16(x + 2 * (size_t)(v + stride));
+    for (int k = 0; k < 2; k++) bx_sq_f64_one(&w, bx_vec_u64(&a, k), s);
+    if (two)
+      for (int k = 0; k < 2; k++) bx_sq_f64_one(&w, bx_vec_u64(&b, k), s);
   }
+  for (uint32_t i = 2 * nvec + first; i < n; i += stride) bx_sq_f64_one(&w, x[i], s);
   bx_win192_flush(&w, s);
 }
 

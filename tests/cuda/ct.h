@@ -117,6 +117,10 @@ void ct_set_free(ct_set *s);
 void ct_fill(ct_set *s, int data, ct_rng *r);
 /* host -> dev and host -> work. */
 int ct_upload(ct_set *s);
+/* n bytes host -> device, complete before it returns: cudaMemcpy from
+ * pageable memory may return before its last DMA lands, and it runs on the
+ * legacy stream, which work on a non-blocking stream does not wait for. */
+int ct_h2d(void *dev, const void *host, size_t n);
 /* dev -> out (s->bytes bytes). */
 int ct_download(const ct_set *s, void *out);
 /* A set of `count` tensors of random sizes in [0, maxn] and dtypes (dt < 0:

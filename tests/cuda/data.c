@@ -217,6 +217,7 @@ fail:
 }
 
 int ct_set_random(ct_set *s, size_t count, int64_t maxn, int dt, int misalign, ct_rng *r) {
+  memset(s, 0, sizeof *s);
   int *dts = malloc((count ? count : 1) * sizeof *dts);
   int64_t *ns = malloc((count ? count : 1) * sizeof *ns);
   int ok = 0;
@@ -232,9 +233,13 @@ int ct_set_random(ct_set *s, size_t count, int64_t maxn, int dt, int misalign, c
   return ok;
 }
 
+int ct_h2d(void *dev, const void *host, size_t n) {
+  return CT_CUDA(cudaMemcpy(dev, host, n, cudaMemcpyHostToDevice)) && CT_CUDA(cudaDeviceSynchronize());
+}
+
 int ct_upload(ct_set *s) {
   memcpy(s->work, s->host, s->bytes);
-  return CT_CUDA(cudaMemcpy(s->dev, s->host, s->bytes, cudaMemcpyHostToDevice));
+  return ct_h2d(s->dev, s->host, s->bytes);
 }
 
 int ct_download(const ct_set *s, void *out) {

@@ -1,0 +1,207 @@
+#!/usr/bin/env bash
+# gpu_check.sh — the one prepared run for a machine with a GPU (an H200:
+# 16 cores, nvcc and NCCL under /usr/local/cuda, no network). From the
+# repository root of a fresh checkout it:
+#
+#   1. records the environment (GPU, driver, nvcc, NCCL, torch);
+#   2. builds the library with the CUDA backend (make lib);
+#   3. builds the GPU tests, the GPU benchmark and the NCCL adapter
+#      (make cuda-tests);
+#   4. runs the GPU test runner (build/tests/cuda/bx_cuda_tests);
+#   5. runs the GPU benchmark (build/bench/cuda/bench_cuda);
+#   6. if torch with CUDA is importable: installs the Python package
+#      (pip install --no-build-isolation --no-deps --no-index .) and runs
+#      bench/cuda/bench_torch.py and tests/python/test_cuda.py (pytest);
+#      skipped with a message otherwise.
+#
+# Every step has its own timeout and the whole run a budget (default 470 s,
+# GPU_CHECK_BUDGET to change): a step that would start with too little time
+# left is skipped. Eight files go to $OUT (default ./gpu_out): summary.txt
+# (the summary, the test failures and the benchmark tables, also printed at
+# the end), env.log, build.log, gpu_tests.log, bench_cuda.log,
+# pip_install.log, bench_torch.log, pytest_cuda.log. Exit status 0 only if
+# every step that ran succeeded.
+#
+# <dlpack/dlpack.h> (Debian's libdlpack-dev) may be missing on a bare CUDA
+# image with no network: the script then uses a copy at
+# .dlpack/dlpack/dlpack.h in the checkout (to send one along: mkdir -p
+# .dlpack/dlpack && cp /usr/include/dlpack/dlpack.h .dlpack/dlpack/ before
+# the run; untracked files travel), else the one PyTorch ships
+# (torch/include/ATen/dlpack.h), through CPATH and BITEXACT_DLPACK_INCLUDE.
+#
+#   bash scripts/gpu_check.sh            # OUT=./gpu_out
+#   OUT=/tmp/x GPU_CHECK_BUDGET=600 bash scripts/gpu_check.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+OUT="${OUT:-./gpu_out}"
+mkdir -p "$OUT"
+BUDGET="${GPU_CHECK_BUDGET:-470}"
+START=$(date +%s)
+JOBS="$(nproc 2>/dev/null || echo 16)"
+PY="${PYTHON:-python3}"
+SUMMARY="$OUT/summary.txt"
+FAILED=0
+: > "$SUMMARY"
+rm -f "$OUT"/{env,build,gpu_tests,bench_cuda,pip_install,bench_torch,pytest_cuda}.log
+
+left() { echo $((BUDGET - ($(date +%s) - START))); }
+
+record() { # record STEP STATUS DETAIL
+  printf '%-28s %-14s %s\n' "$1" "$2" "$3" | tee -a "$SUMMARY"
+  case "$2" in FAIL* | TIMEOUT*) FAILED=1 ;; esac
+}
+
+# step NAME LOGFILE MAX_SECONDS COMMAND... — runs COMMAND with a timeout of
+# min(MAX_SECONDS, time left), output to $OUT/LOGFILE; returns its status.
+step() {
+  local name=$1 log=$2 max=$3
+  shift 3
+  local rem t0 rc st dt
+  rem=$(left)
+  if [ "$rem" -lt 20 ]; then
+    record "$name" SKIPPED "out of the ${BUDGET}s budget"
+    return 99
+  fi
+  [ "$max" -gt "$rem" ] && max=$rem
+  printf '==== gpu_check: %s (timeout %ss, %ss left) ====\n' "$name" "$max" "$rem"
+  local cmd="$*"
+  printf '$ %.300s\n' "${cmd//$'\n'/ }" >> "$OUT/$log"
+  t0=$(date +%s)
+  timeout -k 5 "$max" "$@" >> "$OUT/$log" 2>&1
+  rc=$?
+  dt=$(($(date +%s) - t0))
+  if [ $rc -eq 0 ]; then st=OK
+  elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then st="TIMEOUT(${max}s)"
+  else st="FAIL(rc=$rc)"
+  fi
+  record "$name" "$st" "${dt}s, $OUT/$log"
+  return $rc
+}
+
+env_info() {
+  echo "date: $(date -u +%FT%TZ)"
+  echo "git: $(git log -1 --format='%h %s' 2>/dev/null || echo 'not a git checkout')"
+  echo "git status (short):"
+  git status --short 2>/dev/null | head -40
+  echo "cpus: $JOBS; memory: $(free -g 2>/dev/null | awk '/Mem:/{print $2 " GiB"}')"
+  nvidia-smi 2>&1 | head -20 || echo "nvidia-smi: not found"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv 2>&1 || true
+  local nvcc
+  nvcc="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
+  "$nvcc" --version 2>&1 | tail -2 || echo "nvcc: not found"
+  echo "gcc: $(${CC:-cc} --version | head -1)"
+  grep -hE '^#define NCCL_(MAJOR|MINOR|PATCH)' /usr/local/cuda/include/nccl.h /usr/include/nccl.h 2>/dev/null || echo "nccl.h: not found"
+  ls /usr/local/cuda/lib64/libnccl* /usr/lib/x86_64-linux-gnu/libnccl* 2>/dev/null || true
+  "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())' 2>&1 || true
+}
+
+# <dlpack/dlpack.h>: the system's, else a carried copy, else PyTorch's.
+dlpack_header() {
+  local d src=""
+  for d in /usr/include /usr/local/include; do
+    if [ -f "$d/dlpack/dlpack.h" ]; then echo "$d/dlpack/dlpack.h (system)"; return 0; fi
+  done
+  if [ -f .dlpack/dlpack/dlpack.h ]; then
+    src=.dlpack/dlpack/dlpack.h
+  else
+    src=$("$PY" -c 'import os, torch; p = os.path.join(os.path.dirname(torch.__file__), "include", "ATen", "dlpack.h"); print(p if os.path.exists(p) else "")' 2>/dev/null)
+  fi
+  [ -n "$src" ] || return 1
+  mkdir -p /tmp/bx_dlpack/dlpack && cp "$src" /tmp/bx_dlpack/dlpack/dlpack.h || return 1
+  echo "$src (through CPATH)"
+}
+
+echo "gpu_check: budget ${BUDGET}s, $JOBS jobs, output in $OUT"
+step "environment" env.log 30 bash -c "$(declare -f env_info); JOBS=$JOBS PY=$PY env_info"
+grep -v '^\$ ' "$OUT/env.log" | grep -E 'NVIDIA|Driver|release|^torch|NCCL_' | head -12
+if where=$(dlpack_header); then
+  record "  <dlpack/dlpack.h>" found "$where"
+  case "$where" in *CPATH*)
+    export CPATH="/tmp/bx_dlpack${CPATH:+:$CPATH}" BITEXACT_DLPACK_INCLUDE=/tmp/bx_dlpack ;;
+  esac
+else
+  record "  <dlpack/dlpack.h>" "FAIL(missing)" "no libdlpack-dev, no .dlpack/ copy, no torch header"
+fi
+
+if step "build library (make lib)" build.log 240 make -j"$JOBS" lib; then
+  if ls build/src/cuda/*.o >/dev/null 2>&1; then
+    record "  CUDA backend built" yes ""
+  else
+    record "  CUDA backend built" "FAIL(no)" "nvcc not found? see build.log"
+  fi
+  step "build GPU tests (cuda-tests)" build.log 150 make -j"$JOBS" cuda-tests
+  if [ -x build/tests/cuda/bx_cuda_tests ]; then
+    step "GPU test runner" gpu_tests.log 240 build/tests/cuda/bx_cuda_tests
+    record "  tests" "" "$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$OUT/gpu_tests.log" | tail -1)"
+    grep -q '^GPU tests NOT RUN' "$OUT/gpu_tests.log" && record "  tests" "FAIL(not run)" \
+      "$(grep '^GPU tests NOT RUN' "$OUT/gpu_tests.log")"
+  else
+    record "GPU test runner" SKIPPED "not built"
+  fi
+  if [ -x build/bench/cuda/bench_cuda ]; then
+    step "GPU benchmark (bench_cuda)" bench_cuda.log 120 build/bench/cuda/bench_cuda
+  else
+    record "GPU benchmark (bench_cuda)" SKIPPED "not built"
+  fi
+else
+  record "GPU tests and benchmark" SKIPPED "the library did not build"
+fi
+
+if "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; then
+  if step "pip install . (Python package)" pip_install.log 180 \
+      env BITEXACT_CUDA=1 "$PY" -m pip install --no-build-isolation --no-deps --no-index --no-cache-dir . ; then
+    # run from outside the checkout so that the installed package is imported
+    step "PyTorch comparison (bench_torch.py)" bench_torch.log 150 \
+      bash -c "cd /tmp && '$PY' '$PWD/bench/cuda/bench_torch.py'"
+    if "$PY" -c 'import pytest' >/dev/null 2>&1 && [ -f tests/python/test_cuda.py ]; then
+      step "Python CUDA tests (pytest)" pytest_cuda.log 150 \
+        "$PY" -m pytest -p no:cacheprovider -q -rs --rootdir tests/python tests/python/test_cuda.py
+      record "  pytest" "" "$(grep -E '(passed|failed|error|skipped).* in [0-9.]+s' "$OUT/pytest_cuda.log" | tail -1)"
+    else
+      record "Python CUDA tests (pytest)" SKIPPED "pytest or tests/python/test_cuda.py missing"
+    fi
+  else
+    record "PyTorch comparison (bench_torch.py)" SKIPPED "pip install failed (see pip_install.log)"
+  fi
+else
+  record "PyTorch comparison" SKIPPED "torch with CUDA is not importable by $PY"
+fi
+
+total=$(($(date +%s) - START))
+{
+  echo
+  echo "total: ${total}s of a ${BUDGET}s budget; overall: $([ $FAILED -eq 0 ] && echo PASS || echo FAIL)"
+} | tee -a "$SUMMARY"
+
+# The details worth reading in the tool's output tail, also kept in $OUT.
+{
+  if [ -f "$OUT/gpu_tests.log" ]; then
+    echo
+    echo "---- GPU tests: failures, notes and counts ----"
+    grep -E '^\[FAIL\]|^  FAIL|^  note|^  skip|^\[SKIP\]|NOT RUN|passed, [0-9]+ failed|^bx_cuda_tests:' \
+      "$OUT/gpu_tests.log" | head -80
+  fi
+  if [ -f "$OUT/bench_cuda.log" ]; then
+    echo
+    echo "---- bench_cuda ----"
+    grep -v '^\$ ' "$OUT/bench_cuda.log" | tail -40
+  fi
+  if [ -f "$OUT/pytest_cuda.log" ]; then
+    echo
+    echo "---- pytest tests/python/test_cuda.py (failures) ----"
+    grep -E '^(FAILED|ERROR)|Error|assert' "$OUT/pytest_cuda.log" | head -20
+  fi
+  if [ -f "$OUT/bench_torch.log" ]; then
+    echo
+    echo "---- bench_torch.py ----"
+    grep -v '^\$ ' "$OUT/bench_torch.log" | tail -30
+  fi
+} > "$OUT/details.tmp"
+cat "$OUT/details.tmp"
+echo
+echo "==== gpu_check summary ($OUT/summary.txt) ===="
+cat "$SUMMARY"
+cat "$OUT/details.tmp" >> "$SUMMARY"
+rm -f "$OUT/details.tmp"
+exit $FAILED
