@@ -193,10 +193,11 @@ typedef struct bx_comm {
   int rank;
   /* Device communicators (bitexact_nccl.h) only; zero for host ones, so
    * {fn, ctx, rank} initialisers keep meaning a host communicator.
-   * on_device = 1: buf is CUDA device memory, allreduce_i64 enqueues the
-   * all-reduce on `stream` (a cudaStream_t) and waits for it, and
-   * allreduce_i64_async(buf, n, op, ctx, s) enqueues it on stream s
-   * without waiting (the stream-ordered API of bitexact_cuda.h). */
+   * on_device = 1: buf is CUDA device memory; allreduce_i64_async(buf, n,
+   * op, ctx, s) enqueues the all-reduce on stream s (a cudaStream_t)
+   * without waiting. The stream-ordered API (bitexact_cuda.h) uses it on
+   * the caller's stream; the blocking calls stage host words through
+   * device memory and use it on `stream`, then wait. */
   int on_device;
   void *stream;
   int (*allreduce_i64_async)(int64_t *buf, size_t n, bx_op op, void *ctx, void *s);

@@ -21,10 +21,11 @@
  *     gradient buffers (validation, device buffers, the chunk table), then
  *     enqueue the norm, the clip or the scaling on any stream, as often as
  *     needed. Enqueueing never synchronises the host, never allocates, and
- *     launches a constant number of kernels whatever the tensor count:
- *       norm:  1 memset + 1 reduction kernel + 1 finishing kernel
- *              (+ 1 normalising kernel and 2 all-reduces with a device
- *              communicator);
+ *     enqueues a constant number of operations whatever the tensor count:
+ *       norm:  2 memsets + the multi-tensor reduction kernel + the wire
+ *              kernel (normalised words in the wire format) + the
+ *              finishing kernel (+ 2 all-reduces with a device
+ *              communicator, between the wire and finishing kernels);
  *       clip:  the norm + 1 multi-tensor scaling kernel.
  *     So a clip step can be captured into a CUDA graph and replayed.
  *     Results (norm, coefficient, status) are left in device memory.
@@ -61,9 +62,11 @@ bx_status bx_cuda_available(void);
 /* A prepared multi-tensor launch for one fixed set of CUDA tensors. */
 typedef struct bx_cuda_plan bx_cuda_plan;
 
-/* Validate groups (every tensor kDLCUDA on one device, dtype, dense
- * layout, no two tensors overlapping) and build a plan on that device:
- * the chunk table and the accumulator buffers in device memory.
+/* Validate groups (every tensor kDLCUDA on one existing device, dtype,
+ * dense layout) and build a plan on that device: the chunk table and the
+ * accumulator buffers in device memory. Tensors that share memory are
+ * allowed for norms (counted twice, as on the CPU); the clip and scaling
+ * calls of such a plan fail with BX_ELAYOUT.
  *   groups, ngroups  borrowed for the call; the plan KEEPS the tensors'
  *                    data addresses (not the DLTensor structs): the
  *                    buffers must stay allocated, at the same addresses,
@@ -104,6 +107,16 @@ void bx_cuda_plan_destroy(bx_cuda_plan *plan);
 bx_status bx_cuda_norm_async(bx_cuda_plan *plan, cudaStream_t stream,
                              double *d_total_norm, double *d_group_norms,
                              int32_t *d_status);
+
+/* As bx_cuda_norm_async, but the total norm is written in out_dtype
+ * (float16, bfloat16, float32 or float64; BX_EDTYPE otherwise) at
+ * d_total_norm: for p = 2 and 1 it is the exact value's sqrt (or sum)
+ * correctly rounded ONCE into out_dtype — what a framework that reports the
+ * norm in the gradients' dtype needs (rounding the fp64 norm again could be
+ * off by one unit in the last place at a tie). Other norms: the fp64 value
+ * converted (nearest-even, through fp32 for the 16-bit types). */
+bx_status bx_cuda_norm_async_dtype(bx_cuda_plan *plan, cudaStream_t stream, DLDataType out_dtype,
+                                   void *d_total_norm, int32_t *d_status);
 
 /* Enqueue a whole clip step on stream: the norm as bx_cuda_norm_async,
  * the coefficient (bx_clip_coef's formula, from the plan's options; 1 when

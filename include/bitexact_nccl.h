@@ -28,9 +28,12 @@ extern "C" {
  * With the stream-ordered API (bitexact_cuda.h) the all-reduces are
  * enqueued on the stream given to bx_cuda_norm_async / _clip_async, not
  * on this one: the plan orders them after its kernels. With the blocking
- * API (bx_total_norm on CUDA tensors) they run on this stream and the
- * call waits for it. A NCCL error becomes BX_ECOMM (asynchronous errors
- * surface at the next call or through ncclCommGetAsyncError).
+ * API (bx_total_norm and friends) bitexact stages the words through device
+ * memory and runs allreduce_i64_async on `stream`, then waits for it. The
+ * plain allreduce_i64 entry (for other callers) runs on the legacy default
+ * stream of the communicator's device and waits. A NCCL error becomes
+ * BX_ECOMM (asynchronous errors surface at the next call or through
+ * ncclCommGetAsyncError).
  *
  * Every rank of comm must make the same bitexact calls in the same order
  * (they are collective), from one host thread per communicator. */

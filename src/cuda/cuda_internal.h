@@ -63,7 +63,9 @@ struct bx_cuda_plan {
   bx_mag *scratch;   /* the finishing kernel's magnitude view */
   int64_t *total_digits; /* the finishing kernel's running total */
   size_t wire_words;
-  cudaStream_t last_stream;
+  cudaEvent_t done;   /* recorded after each enqueue outside graph capture */
+  int overlap;        /* two tensors share memory: norms fine, scaling refused */
+  char overlap_msg[256];
 };
 
 /* Launchers (reduce.cu, scale.cu). Each enqueues on stream and returns the
@@ -75,8 +77,11 @@ cudaError_t bx_cu_launch_wire(const bx_cuda_plan *plan, cudaStream_t stream, int
                               int64_t failure_key);
 /* finish: checks the agreement words, rounds every group and the total,
  * the coefficient (clip = 1) for max_norm; writes the outputs. */
+/* out_code: the dtype of d_total (BX_DT_F64, _F32, _BF16, _F16): the norm
+ * rounded once into it from the exact sum (p = 2, 1); other p: the fp64
+ * norm converted. */
 cudaError_t bx_cu_launch_finish(const bx_cuda_plan *plan, cudaStream_t stream, int clip,
-                                double max_norm, double *d_total, double *d_groups,
+                                double max_norm, int out_code, void *d_total, double *d_groups,
                                 double *d_coef, int32_t *d_status);
 /* scale every chunk by *d_coef (or coef_host when d_coef is NULL); skips
  * all writes when *d_status != 0 or (skip_one and the coefficient is 1). */

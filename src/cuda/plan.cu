@@ -10,6 +10,7 @@
  *   · finish [· scale]
  * No host synchronisation, no allocation: capturable in a CUDA graph.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -61,24 +62,38 @@ static bx_status plan_build(const char *fn, const bx_group *groups, size_t ngrou
                             const bx_clip_opts *o, int mode, bx_cuda_plan **out) {
   *out = NULL;
   if (ngroups > 0 && !groups) return bx_fail(BX_EINVAL, "%s: groups is NULL with ngroups %zu", fn, ngroups);
-  /* every tensor: CUDA, one device, dense, no overlaps (scaling writes) */
-  bx_status st = bx_validate_scale_targets(fn, NULL, 0, groups, ngroups, 1);
-  if (st != BX_OK) return st;
+  int ndev = 0;
+  if (cudaGetDeviceCount(&ndev) != cudaSuccess) ndev = 0;
+  cudaGetLastError();
+  /* every tensor: CUDA, on one existing device, dense */
   int device = -1;
   size_t nchunks = 0;
-  for (size_t g = 0; g < ngroups; g++)
+  for (size_t g = 0; g < ngroups; g++) {
+    if (groups[g].count > 0 && !groups[g].tensors)
+      return bx_fail(BX_EINVAL, "%s: group %zu: tensors is NULL with count %zu", fn, g,
+                     groups[g].count);
     for (size_t i = 0; i < groups[g].count; i++) {
       const DLTensor *t = &groups[g].tensors[i];
+      bx_span s;
+      bx_status st = bx_tensor_span_cuda(t, fn, g, i, &s);
+      if (st != BX_OK) return st;
+      if (t->device.device_id < 0 || t->device.device_id >= ndev)
+        return bx_fail(BX_EDEVICE, "%s: group %zu, tensor %zu is on CUDA device %d, but this "
+                       "process sees %d device(s)", fn, g, i, t->device.device_id, ndev);
       if (device < 0) device = t->device.device_id;
       else if (t->device.device_id != device)
         return bx_fail(BX_EDEVICE, "%s: group %zu, tensor %zu is on CUDA device %d, the "
                        "others on device %d; one call works on one device", fn, g, i,
                        t->device.device_id, device);
-      bx_span s;
-      bx_tensor_span_cuda(t, fn, g, i, &s);
       nchunks += (s.n + BX_CU_CHUNK - 1) / BX_CU_CHUNK;
     }
+  }
   if (device < 0 && cudaGetDevice(&device) != cudaSuccess) device = 0;
+  /* tensors sharing memory: a norm counts them twice (as on the CPU), a
+   * scaling would scale an element twice: refused when scaling */
+  char overlap_msg[256] = "";
+  if (bx_validate_scale_targets(fn, NULL, 0, groups, ngroups, 1) != BX_OK)
+    snprintf(overlap_msg, sizeof overlap_msg, "%s", bx_last_error());
   device_guard guard(device);
 
   bx_cuda_plan *plan = (bx_cuda_plan *)calloc(1, sizeof *plan);
@@ -89,6 +104,8 @@ static bx_status plan_build(const char *fn, const bx_group *groups, size_t ngrou
     return bx_fail(BX_ENOMEM, "%s: cannot allocate the plan (%zu chunks)", fn, nchunks);
   }
   plan->device = device;
+  plan->overlap = overlap_msg[0] != 0;
+  memcpy(plan->overlap_msg, overlap_msg, sizeof overlap_msg);
   plan->ngroups = ngroups;
   plan->nchunks = nchunks;
   plan->mode = mode;
@@ -138,8 +155,11 @@ static bx_status plan_build(const char *fn, const bx_group *groups, size_t ngrou
   plan->total_digits = (int64_t *)p;
   if (nchunks) e = cudaMemcpy(plan->chunks, host, nchunks * sizeof *host, cudaMemcpyHostToDevice);
   if (e == cudaSuccess) e = cudaMemset(plan->status, 0, sizeof(int32_t));
+  if (e == cudaSuccess) e = cudaEventCreateWithFlags(&plan->done, cudaEventDisableTiming);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(0); /* the uploads have landed */
   free(host);
   if (e != cudaSuccess) {
+    if (plan->done) cudaEventDestroy(plan->done);
     cudaFree(plan->base);
     free(plan);
     return cuda_fail(fn, "uploading the chunk table", e);
@@ -166,7 +186,8 @@ static bx_status plan_build(const char *fn, const bx_group *groups, size_t ngrou
 static void plan_free(bx_cuda_plan *plan) {
   if (!plan) return;
   device_guard guard(plan->device);
-  cudaStreamSynchronize(plan->last_stream); /* work enqueued on the plan is done */
+  cudaEventSynchronize(plan->done); /* work enqueued on the plan is done */
+  cudaEventDestroy(plan->done);
   cudaGetLastError();
   cudaFree(plan->base);
   free(plan);
@@ -232,14 +253,27 @@ bx_status bx_cuda_plan_create(const bx_group *groups, size_t ngroups, const bx_c
 }
 
 /* The whole stream-ordered norm (and clip) of a plan. */
+/* Marks the end of the plan's work on stream (for bx_cuda_plan_destroy);
+ * not while the stream is being captured (the graph's replays are the
+ * caller's to wait for). */
+static void mark_done(bx_cuda_plan *plan, cudaStream_t stream) {
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &cs) == cudaSuccess && cs == cudaStreamCaptureStatusNone)
+    cudaEventRecord(plan->done, stream);
+  cudaGetLastError();
+}
+
 static bx_status enqueue(const char *fn, bx_cuda_plan *plan, cudaStream_t stream, int clip,
-                         double max_norm, double *d_total, double *d_groups, double *d_coef,
-                         int32_t *d_status) {
+                         double max_norm, int out_code, void *d_total, double *d_groups,
+                         double *d_coef, int32_t *d_status) {
   if (!plan) return bx_fail(BX_EINVAL, "%s: plan is NULL", fn);
   if (!d_total) return bx_fail(BX_EINVAL, "%s: d_total_norm is NULL", fn);
   bx_status local = BX_OK;
-  if (clip && !(max_norm >= 0)) {
+  if (clip && !(max_norm >= 0))
     local = bx_fail(BX_EINVAL, "%s: max_norm %g is negative or NaN", fn, max_norm);
+  else if (clip && plan->overlap)
+    local = bx_fail(BX_ELAYOUT, "%s", plan->overlap_msg);
+  if (local != BX_OK) {
     if (!plan->has_comm) return local; /* alone: nothing enqueued */
     max_norm = 0.0; /* with others: take part, so they fail instead of hanging */
   }
@@ -266,24 +300,42 @@ static bx_status enqueue(const char *fn, bx_cuda_plan *plan, cudaStream_t stream
       return bx_fail(BX_ECOMM, "%s: rank %d: the device communicator's all-reduce failed with "
                      "code %d; no gradient will be modified", fn, rank, rc);
   }
-  e = bx_cu_launch_finish(plan, stream, clip, max_norm, d_total, d_groups, coef_out, d_status);
+  e = bx_cu_launch_finish(plan, stream, clip, max_norm, out_code, d_total, d_groups, coef_out,
+                          d_status);
   if (e == cudaSuccess && clip)
     e = bx_cu_launch_scale(plan, stream, coef_out, 1.0, plan->status, 1);
   if (e != cudaSuccess) return cuda_fail(fn, "enqueueing the norm", e);
-  plan->last_stream = stream;
+  mark_done(plan, stream);
   return local;
 }
 
 bx_status bx_cuda_norm_async(bx_cuda_plan *plan, cudaStream_t stream, double *d_total_norm,
                              double *d_group_norms, int32_t *d_status) {
-  return enqueue("bx_cuda_norm_async", plan, stream, 0, 0.0, d_total_norm, d_group_norms, NULL,
-                 d_status);
+  return enqueue("bx_cuda_norm_async", plan, stream, 0, 0.0, BX_DT_F64, d_total_norm,
+                 d_group_norms, NULL, d_status);
+}
+
+bx_status bx_cuda_norm_async_dtype(bx_cuda_plan *plan, cudaStream_t stream, DLDataType out_dtype,
+                                   void *d_total_norm, int32_t *d_status) {
+  static const char *fn = "bx_cuda_norm_async_dtype";
+  int code;
+  if (out_dtype.lanes != 1) code = -1;
+  else if (out_dtype.code == kDLFloat && out_dtype.bits == 64) code = BX_DT_F64;
+  else if (out_dtype.code == kDLFloat && out_dtype.bits == 32) code = BX_DT_F32;
+  else if (out_dtype.code == kDLFloat && out_dtype.bits == 16) code = BX_DT_F16;
+  else if (out_dtype.code == kDLBfloat && out_dtype.bits == 16) code = BX_DT_BF16;
+  else code = -1;
+  if (code < 0)
+    return bx_fail(BX_EDTYPE, "%s: out_dtype (code %u, %u bits, %u lanes) is not float16, "
+                   "bfloat16, float32 or float64", fn, (unsigned)out_dtype.code,
+                   (unsigned)out_dtype.bits, (unsigned)out_dtype.lanes);
+  return enqueue(fn, plan, stream, 0, 0.0, code, d_total_norm, NULL, NULL, d_status);
 }
 
 bx_status bx_cuda_clip_async(bx_cuda_plan *plan, double max_norm, cudaStream_t stream,
                              double *d_total_norm, double *d_coef, int32_t *d_status) {
-  return enqueue("bx_cuda_clip_async", plan, stream, 1, max_norm, d_total_norm, NULL, d_coef,
-                 d_status);
+  return enqueue("bx_cuda_clip_async", plan, stream, 1, max_norm, BX_DT_F64, d_total_norm, NULL,
+                 d_coef, d_status);
 }
 
 bx_status bx_cuda_scale_async(bx_cuda_plan *plan, const double *d_coef, const int32_t *d_status,
@@ -291,10 +343,11 @@ bx_status bx_cuda_scale_async(bx_cuda_plan *plan, const double *d_coef, const in
   static const char *fn = "bx_cuda_scale_async";
   if (!plan) return bx_fail(BX_EINVAL, "%s: plan is NULL", fn);
   if (!d_coef) return bx_fail(BX_EINVAL, "%s: d_coef is NULL", fn);
+  if (plan->overlap) return bx_fail(BX_ELAYOUT, "%s", plan->overlap_msg);
   device_guard guard(plan->device);
   cudaError_t e = bx_cu_launch_scale(plan, stream, d_coef, 1.0, d_status, 1);
   if (e != cudaSuccess) return cuda_fail(fn, "enqueueing the scaling", e);
-  plan->last_stream = stream;
+  mark_done(plan, stream);
   return BX_OK;
 }
 
@@ -361,6 +414,11 @@ bx_status bx_cuda_scale_blocking(const char *fn, const DLTensor *flat, size_t co
   st = groups ? plan_build(fn, groups, ngroups, &co, BX_CU_SQ, &plan)
               : plan_build(fn, &one, 1, &co, BX_CU_SQ, &plan);
   if (st != BX_OK) return st;
+  if (plan->overlap) {
+    st = bx_fail(BX_ELAYOUT, "%s", plan->overlap_msg);
+    plan_free(plan);
+    return st;
+  }
   device_guard guard(plan->device);
   cudaError_t e = bx_cu_launch_scale(plan, 0, NULL, coef, NULL, skip_one);
   if (e == cudaSuccess) e = cudaStreamSynchronize(0);
@@ -370,17 +428,22 @@ bx_status bx_cuda_scale_blocking(const char *fn, const DLTensor *flat, size_t co
 }
 
 int bx_cuda_allreduce_staged(const bx_comm *comm, int64_t *buf, size_t n, bx_op op) {
+  /* on the communicator's stream (bx_comm_nccl's), then wait for it */
+  cudaStream_t st = (cudaStream_t)comm->stream;
   int64_t *d = NULL;
-  if (cudaMalloc(&d, n * sizeof(int64_t) + 8) != cudaSuccess) {
+  if (!comm->allreduce_i64_async || cudaMalloc(&d, n * sizeof(int64_t) + 8) != cudaSuccess) {
     cudaGetLastError();
     return -1;
   }
   int rc = -1;
-  if (cudaMemcpy(d, buf, n * sizeof(int64_t), cudaMemcpyHostToDevice) == cudaSuccess) {
-    rc = comm->allreduce_i64(d, n, op, comm->ctx); /* waits for its stream */
-    if (rc == 0 && cudaMemcpy(buf, d, n * sizeof(int64_t), cudaMemcpyDeviceToHost) != cudaSuccess)
+  if (cudaMemcpyAsync(d, buf, n * sizeof(int64_t), cudaMemcpyHostToDevice, st) == cudaSuccess) {
+    rc = comm->allreduce_i64_async(d, n, op, comm->ctx, (void *)st);
+    if (rc == 0 &&
+        (cudaMemcpyAsync(buf, d, n * sizeof(int64_t), cudaMemcpyDeviceToHost, st) != cudaSuccess ||
+         cudaStreamSynchronize(st) != cudaSuccess))
       rc = -1;
   }
+  cudaStreamSynchronize(st);
   cudaGetLastError();
   cudaFree(d);
   return rc;

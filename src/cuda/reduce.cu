@@ -11,6 +11,7 @@
 #include "acc_round.h"
 #include "cuda_internal.h"
 #include "offender.h"
+#include "scale_round.h"
 
 #define INF_BITS 0x7FF0000000000000ull
 
@@ -161,9 +162,20 @@ typedef struct dev_partial {
   int64_t nan, inf, nonzero;
 } dev_partial;
 
-/* The norm of one set of words (a group's, or the total's digits). */
+/* The format a norm is rounded into: the out dtype's (BX_DT_*). */
+__device__ static bx_fmt fmt_of(int code) {
+  bx_fmt f = bx_fmt_f64();
+  if (code == BX_DT_F32) f = bx_fmt_f32();
+  else if (code == BX_DT_BF16) { f.p = 8; f.emin = -133; f.emax = 128; }
+  else if (code == BX_DT_F16) { f.p = 11; f.emin = -24; f.emax = 16; }
+  return f;
+}
+
+/* The norm of one set of words (a group's, or the total's digits), rounded
+ * once into fmt for p = 2 and 1 (the result is exact in fmt); the other
+ * modes give their double (converted later). */
 __device__ static double norm_of(int mode, double p, const int64_t *digits, const dev_partial *q,
-                                 bx_mag *scratch) {
+                                 bx_fmt fmt, bx_mag *scratch) {
   if (q->nan > 0) return bx_f64_from_bits(0x7FF8000000000000ull);
   if (mode == BX_CU_EXT) {
     if (p == 0.0) return (double)q->nonzero;
@@ -174,11 +186,21 @@ __device__ static double norm_of(int mode, double p, const int64_t *digits, cons
   int ovf;
   bx_mag_from_digits(digits, scratch);
   switch (mode) {
-    case BX_CU_SQ: return scratch->negative ? NAN : bx_mag_sqrt(scratch, bx_fmt_f64(), &ovf);
-    case BX_CU_ABS: return bx_mag_round(scratch, bx_fmt_f64(), &ovf);
+    case BX_CU_SQ: return scratch->negative ? NAN : bx_mag_sqrt(scratch, fmt, &ovf);
+    case BX_CU_ABS: return bx_mag_round(scratch, fmt, &ovf);
     case BX_CU_POW: return pow(bx_mag_round(scratch, bx_fmt_f64(), &ovf), 1.0 / p);
     default: /* BX_CU_MEGATRON */
       return (double)sqrtf((float)bx_mag_round(scratch, bx_fmt_f32(), &ovf));
+  }
+}
+
+/* Store a norm in the out dtype (exact when norm_of rounded into it). */
+__device__ static void store_as(int code, void *out, double v) {
+  switch (code) {
+    case BX_DT_F32: *(float *)out = (float)v; break;
+    case BX_DT_BF16: *(uint16_t *)out = bx_f32_to_bf16((float)v); break;
+    case BX_DT_F16: *(uint16_t *)out = bx_f32_to_f16((float)v); break;
+    default: *(double *)out = v; break;
   }
 }
 
@@ -204,7 +226,7 @@ __device__ static void partial_of(int mode, double p, const int64_t *w, dev_part
 __global__ void bx_cu_finish_kernel(int64_t *wire, size_t ngroups, size_t ww, int mode, double p,
                                     int error_if_nonfinite, int clip, double max_norm, double eps,
                                     int formula, bx_mag *scratch, int64_t *total_digits,
-                                    double *d_total, double *d_groups, double *d_coef,
+                                    int out_code, void *d_total, double *d_groups, double *d_coef,
                                     int32_t *plan_status, int32_t *d_status) {
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
   int32_t status = BX_OK;
@@ -235,7 +257,7 @@ __global__ void bx_cu_finish_kernel(int64_t *wire, size_t ngroups, size_t ww, in
       const int64_t *w = wire + BX_CU_AGREE_WORDS + g * ww;
       dev_partial q;
       partial_of(mode, p, w, &q);
-      if (d_groups) d_groups[g] = norm_of(mode, p, w, &q, scratch);
+      if (d_groups) d_groups[g] = norm_of(mode, p, w, &q, bx_fmt_f64(), scratch);
       if (mode != BX_CU_EXT) { /* exact: normalised digits, carries kept in int64 */
         for (int i = 0; i < BX_ACC_DIGITS; i++) total_digits[i] += w[i];
         bx_digits_normalize(total_digits, total_digits);
@@ -246,11 +268,16 @@ __global__ void bx_cu_finish_kernel(int64_t *wire, size_t ngroups, size_t ww, in
       all.inf += q.inf;
       all.nonzero += q.nonzero;
     }
-    total = norm_of(mode, p, total_digits, &all, scratch);
-  } else if (d_groups) {
-    for (size_t g = 0; g < ngroups; g++) d_groups[g] = NAN;
+    total = norm_of(mode, p, total_digits, &all, bx_fmt_f64(), scratch);
+    if (out_code != BX_DT_F64)
+      store_as(out_code, d_total, norm_of(mode, p, total_digits, &all, fmt_of(out_code), scratch));
+    else
+      store_as(out_code, d_total, total);
+  } else {
+    store_as(out_code, d_total, NAN);
+    if (d_groups)
+      for (size_t g = 0; g < ngroups; g++) d_groups[g] = NAN;
   }
-  *d_total = total;
   if (d_coef) {
     double c = 1.0; /* bx_clip_coef's arithmetic, step by step */
     if (clip && max_norm != 0.0) {
@@ -265,12 +292,13 @@ __global__ void bx_cu_finish_kernel(int64_t *wire, size_t ngroups, size_t ww, in
 }
 
 cudaError_t bx_cu_launch_finish(const bx_cuda_plan *plan, cudaStream_t stream, int clip,
-                                double max_norm, double *d_total, double *d_groups,
+                                double max_norm, int out_code, void *d_total, double *d_groups,
                                 double *d_coef, int32_t *d_status) {
   bx_cu_finish_kernel<<<1, 1, 0, stream>>>(
       plan->wire, plan->ngroups, plan->wire_words, plan->mode, plan->opts.norm.norm_type,
       plan->opts.norm.error_if_nonfinite != 0, clip, max_norm, plan->opts.eps,
-      (int)plan->opts.formula, plan->scratch, plan->total_digits, d_total, d_groups, d_coef,
+      (int)plan->opts.formula, plan->scratch, plan->total_digits, out_code, d_total, d_groups,
+      d_coef,
       plan->status, d_status);
   return cudaGetLastError();
 }
