@@ -41,6 +41,10 @@ make -j"$JOBS"
 stage "C test suite (make test)"
 counted make -j"$JOBS" test
 
+stage "GPU tests: built always (CUDA code compiles and links), run only where a GPU is present"
+make -j"$JOBS" cuda-tests
+counted make -j"$JOBS" test-cuda
+
 stage "multi-rank tests under mpirun (make test-mpi)"
 counted make -j"$JOBS" test-mpi
 
