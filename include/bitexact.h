@@ -98,9 +98,10 @@ typedef enum bx_norm_flavor {
 
 typedef struct bx_norm_opts {
   /* 2.0 (default), 1.0, 0.0 (count of non-zeros), INFINITY (max |x|),
-   * -INFINITY (min |x|), or any other p > 0 (|x|^p in fp64 then exact sum:
-   * deterministic on a platform, not exact). NaN and other p < 0 are
-   * rejected with BX_EINVAL. */
+   * -INFINITY (min |x|), or any other p > 0 (|x|^p rounded to fp64, then
+   * an exact sum, then the p-th root: not exact, but the same bits on every
+   * CPU and GPU — the power function is built from IEEE basic operations
+   * only). NaN and other p < 0 are rejected with BX_EINVAL. */
   double norm_type;
   /* non-zero: any NaN or ±Inf element fails the call with BX_ENONFINITE,
    * naming the first offending tensor (lowest group, then lowest index);

@@ -33,10 +33,11 @@
  * Numerics: the norm's bits are those of the CPU backend for every dtype
  * and norm_type 2, 1, 0, +-inf and BX_MEGATRON_FP32 (the kernels fold exact
  * integer partials with integer atomics, whose order cannot change a
- * sum; the final rounding runs the same code as bx_acc_sqrt). For other
- * p the per-element |x|^p uses the GPU's pow(): deterministic on the GPU
- * for any layout, but not bitwise equal to the CPU's pow (documented as
- * not exact in bitexact.h). Scaling gives the CPU's bits in both modes.
+ * sum; the final rounding runs the same code as bx_acc_sqrt). Other p use
+ * bx_pow_det (src/core/pow_det.h), one power function built from IEEE
+ * basic operations only, compiled for both: |x|^p per element is not
+ * exact, but it is the same bits on the CPU and the GPU. Scaling gives the
+ * CPU's bits in both modes.
  *
  * Thread-safety: a plan may be used from one host thread at a time; work
  * enqueued on it must be ordered (one stream, or streams joined by
@@ -114,7 +115,7 @@ bx_status bx_cuda_norm_async(bx_cuda_plan *plan, cudaStream_t stream,
  * correctly rounded ONCE into out_dtype — what a framework that reports the
  * norm in the gradients' dtype needs (rounding the fp64 norm again could be
  * off by one unit in the last place at a tie). Other norms: the fp64 value
- * converted (nearest-even, through fp32 for the 16-bit types). */
+ * rounded once into out_dtype (nearest-even). */
 bx_status bx_cuda_norm_async_dtype(bx_cuda_plan *plan, cudaStream_t stream, DLDataType out_dtype,
                                    void *d_total_norm, int32_t *d_status);
 

@@ -126,6 +126,14 @@ static const test_entry TESTS[] = {
     {"cuda_sim_pow", test_cuda_sim_pow},
     {"cuda_sim_adversarial", test_cuda_sim_adversarial},
     {"cuda_refused_without_device", test_cuda_refused_without_device},
+    {"cuda_sim_finish", test_cuda_sim_finish},
+    {"cuda_sim_store_rounding", test_cuda_sim_store_rounding},
+    /* the shared deterministic power function vs MPFR (test_pow_det.c) */
+    {"pow_det_special", test_pow_det_special},
+    {"pow_det_random", test_pow_det_random},
+    {"pow_det_edges", test_pow_det_edges},
+    {"pow_det_roots", test_pow_det_roots},
+    {"pow_det_flush_to_zero", test_pow_det_flush_to_zero},
 };
 #define NTESTS (sizeof TESTS / sizeof TESTS[0])
 

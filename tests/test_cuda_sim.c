@@ -266,3 +266,233 @@ void test_cuda_refused_without_device(void) {
   for (size_t i = 0; i < 4; i++) CHECK(bxt_get(&h, i) == 3.0, "host tensor untouched at %zu", i);
   bxt_tensor_free(&h);
 }
+
+/* ---- the end of a GPU norm (src/cuda/finish.h) on the CPU ----------------
+ * Raw words as the reduction kernel leaves them (simulated above), the wire
+ * words, a simulated all-reduce over ranks, and the finish: the total, the
+ * group norms and the coefficient must be bx_total_norm's and bx_clip_coef's
+ * bits; the norm rounded into fp32/bf16/fp16 must be the exact value's
+ * correct rounding (MPFR); broken agreement words give the right status. */
+#include "../src/cuda/finish.h"
+
+/* The p = 0 / ±inf raw words of one tensor, as the kernel builds them. */
+static void sim_extremes(const void *x, int dt, size_t n, uint64_t ext[BX_CU_EXT_WORDS]) {
+  size_t es = bx_dtype_size((bx_dtype)dt);
+  for (size_t start = 0; start < n; start += BX_CU_CHUNK) {
+    uint32_t cn = (uint32_t)(n - start < BX_CU_CHUNK ? n - start : BX_CU_CHUNK);
+    uint64_t smax = 0, smin = BX_CU_INF_BITS, snz = 0, snan = 0;
+    for (uint32_t t = 0; t < BX_CU_BLOCK; t++) {
+      bx_extremes r = {0, BX_CU_INF_BITS, 0, 0};
+      bx_thread_extremes((const char *)x + start * es, dt, cn, t, BX_CU_BLOCK, &r);
+      if (r.maxbits > smax) smax = r.maxbits;
+      if (r.minbits < smin) smin = r.minbits;
+      snz += (uint64_t)r.nonzero;
+      snan += (uint64_t)r.nan;
+    }
+    if (smax > ext[0]) ext[0] = smax;
+    if (smin != BX_CU_INF_BITS && ~smin > ext[1]) ext[1] = ~smin;
+    ext[2] += snz;
+    ext[3] += snan;
+  }
+}
+
+typedef struct finish_case {
+  const char *name;
+  int mode;
+  double p;
+  bx_norm_flavor flavor;
+} finish_case;
+
+static const finish_case FINISH_CASES[] = {
+    {"p=2", BX_M_SQ, 2.0, BX_EXACT},         {"p=1", BX_M_ABS, 1.0, BX_EXACT},
+    {"p=0", BX_M_EXT, 0.0, BX_EXACT},        {"p=inf", BX_M_EXT, INFINITY, BX_EXACT},
+    {"p=-inf", BX_M_EXT, -INFINITY, BX_EXACT}, {"megatron", BX_M_MEGATRON, 2.0, BX_MEGATRON_FP32},
+    {"p=3", BX_M_POW, 3.0, BX_EXACT},
+};
+
+#define FIN_GROUPS 3
+#define FIN_RANKS 2
+
+/* Every rank's wire for its share (rank r owns elements i % FIN_RANKS == r
+ * of each group, as separate tensors), summed (or MAXed) word by word. */
+static void sim_wire(const finish_case *c, bxt_tensor parts[FIN_RANKS][FIN_GROUPS], size_t ww,
+                     int64_t *wire) {
+  size_t nw = BX_CU_AGREE_WORDS + FIN_GROUPS * ww;
+  int64_t *mine = calloc(nw, sizeof *mine);
+  for (int r = 0; r < FIN_RANKS; r++) {
+    bx_cu_agree_vals a = {{BX_ACC_VERSION_TAG, FIN_GROUPS, 7, 0, 0, 11, 0, 0, 13}};
+    bx_cu_wire_agreement(mine, &a, -1, -1);
+    for (int g = 0; g < FIN_GROUPS; g++) {
+      const bxt_tensor *x = &parts[r][g];
+      int64_t raw[BX_ACC_WORDS] = {0};
+      uint64_t ext[BX_CU_EXT_WORDS] = {0};
+      if (c->mode == BX_M_EXT) {
+        sim_extremes(x->buf, x->dt, x->n, ext);
+      } else {
+        bx_acc acc;
+        sim_reduce(x->buf, x->dt, x->n,
+                   c->mode == BX_M_SQ ? SIM_SQ : c->mode == BX_M_ABS ? SIM_ABS
+                   : c->mode == BX_M_MEGATRON ? SIM_MEGATRON : SIM_POW, c->p, &acc);
+        memcpy(raw, &acc, BX_ACC_DIGITS * sizeof(int64_t) + 3 * sizeof(int64_t));
+      }
+      bx_cu_wire_group(c->mode, c->p, raw, ext, mine + BX_CU_AGREE_WORDS + g * ww);
+    }
+    /* the all-reduce: agreement words by MAX, the norm words by SUM (MAX
+     * for p = ±inf) */
+    int max_words = c->mode == BX_M_EXT && c->p != 0.0;
+    for (size_t i = 0; i < nw; i++) {
+      int by_max = i < BX_CU_AGREE_WORDS || max_words;
+      if (r == 0) wire[i] = mine[i];
+      else if (by_max) wire[i] = mine[i] > wire[i] ? mine[i] : wire[i];
+      else wire[i] += mine[i];
+    }
+  }
+  free(mine);
+}
+
+void test_cuda_sim_finish(void) {
+  bxt_rng r;
+  bxt_rng_init(&r);
+  const int dts[FIN_GROUPS] = {REF_F32, REF_BF16, REF_F64};
+  const size_t ns[FIN_GROUPS] = {3 * BX_CU_CHUNK + 5, 999, 70001};
+  for (int set = 0; set < 4 && bxt_failures() < 5; set++) {
+    bxt_tensor whole[FIN_GROUPS], parts[FIN_RANKS][FIN_GROUPS];
+    for (int g = 0; g < FIN_GROUPS; g++) {
+      bxt_tensor_alloc(&whole[g], dts[g], ns[g]);
+      if (set == 0) bxt_fill_gradient(&r, &whole[g], 1e-2);
+      else if (set == 1) bxt_fill_wide(&r, &whole[g]);
+      else bxt_fill_mixed(&r, &whole[g]);
+      if (set == 3 && g == 1) bxt_set(&whole[g], 17, INFINITY); /* an Inf */
+      for (int k = 0; k < FIN_RANKS; k++) {
+        size_t cnt = (ns[g] + FIN_RANKS - 1 - (size_t)k) / FIN_RANKS;
+        bxt_tensor_alloc(&parts[k][g], dts[g], cnt);
+        for (size_t i = 0; i < cnt; i++)
+          bxt_set_bits(&parts[k][g], i, bxt_get_bits(&whole[g], i * FIN_RANKS + (size_t)k));
+      }
+    }
+    DLTensor views[FIN_GROUPS];
+    bx_group groups[FIN_GROUPS];
+    for (int g = 0; g < FIN_GROUPS; g++) {
+      views[g] = whole[g].t;
+      groups[g] = (bx_group){&views[g], 1};
+    }
+    for (size_t k = 0; k < sizeof FINISH_CASES / sizeof FINISH_CASES[0]; k++) {
+      const finish_case *c = &FINISH_CASES[k];
+      size_t ww = c->mode == BX_M_EXT ? 2 : BX_ACC_WORDS;
+      int64_t *wire = calloc(BX_CU_AGREE_WORDS + FIN_GROUPS * ww, sizeof *wire);
+      sim_wire(c, parts, ww, wire);
+      bx_norm_opts o = BX_NORM_OPTS_DEFAULT;
+      o.norm_type = c->p;
+      o.flavor = c->flavor;
+      double cpu_total, cpu_groups[FIN_GROUPS];
+      CHECK_STATUS(bx_total_norm(groups, FIN_GROUPS, NULL, &o, &cpu_total, cpu_groups), BX_OK,
+                   "CPU norm");
+      static bx_mag scratch;
+      int64_t total_digits[BX_ACC_DIGITS];
+      /* clipping, no clipping, disabled, and a coefficient just above 1
+       * (clamped) */
+      const double MAX_NORMS[4] = {0.5, 1e30, 0.0, cpu_total * 1.25};
+      for (int fm = 0; fm < 8; fm++) {
+        int formula = fm % 2;
+        double max_norm = MAX_NORMS[fm / 2];
+        if (!(max_norm >= 0)) continue;
+        bx_cu_finish_args a = {c->mode, c->p, 0, 1, max_norm, 1e-6, formula, BX_DT_F64};
+        double total = -1, gn[FIN_GROUPS], coef = -1;
+        int32_t st = bx_cu_finish(wire, FIN_GROUPS, ww, &a, &scratch, total_digits, &total, gn, &coef);
+        CHECK(st == BX_OK, "set %d %s: status %d", set, c->name, st);
+        CHECK_BITS_D(total, cpu_total, "set %d %s: total", set, c->name);
+        for (int g = 0; g < FIN_GROUPS; g++)
+          CHECK_BITS_D(gn[g], cpu_groups[g], "set %d %s: group %d", set, c->name, g);
+        bx_clip_opts co = BX_CLIP_OPTS_DEFAULT;
+        co.formula = (bx_coef_formula)formula;
+        double want;
+        bx_clip_coef(cpu_total, max_norm, &co, &want);
+        CHECK_BITS_D(coef, want, "set %d %s formula %d max_norm %g: coefficient", set, c->name,
+                     formula, max_norm);
+      }
+      /* the norm rounded once into the narrower dtypes (p = 2 and 1) */
+      if ((c->mode == BX_M_SQ || c->mode == BX_M_ABS) && set != 3) {
+        ref_sum exact;
+        ref_sum_init(&exact);
+        for (int g = 0; g < FIN_GROUPS; g++) {
+          if (c->mode == BX_M_SQ) ref_add_squares(&exact, dts[g], whole[g].buf, ns[g]);
+          else ref_add_abs(&exact, dts[g], whole[g].buf, ns[g]);
+        }
+        for (int dt = 0; dt < 3; dt++) { /* f16, bf16, f32 */
+          bx_cu_finish_args a = {c->mode, c->p, 0, 0, 0.0, 1e-6, 0, dt};
+          uint32_t out = 0;
+          int32_t st = bx_cu_finish(wire, FIN_GROUPS, ww, &a, &scratch, total_digits, &out, NULL, NULL);
+          CHECK(st == BX_OK, "set %d %s: status %d", set, c->name, st);
+          double want = c->mode == BX_M_SQ ? ref_sqrt_fmt(exact.sum, REF_FMT[dt])
+                                           : ref_round_fmt(exact.sum, REF_FMT[dt]);
+          uint64_t want_bits = ref_encode(dt, want);
+          uint64_t got_bits = dt == REF_F32 ? out : (out & 0xFFFF);
+          CHECK(got_bits == want_bits, "set %d %s: norm in %s: 0x%llx, want 0x%llx", set, c->name,
+                bxt_dt_name(dt), (unsigned long long)got_bits, (unsigned long long)want_bits);
+        }
+        ref_sum_clear(&exact);
+      }
+      /* statuses: a disagreement, a rank's failure, NaN/Inf with
+       * error_if_nonfinite, a wrong accumulator version */
+      {
+        bx_cu_finish_args a = {c->mode, c->p, 1, 1, 0.5, 1e-6, 0, BX_DT_F64};
+        double total = 0, coef = 0;
+        int64_t save = wire[1];
+        wire[1] = ~(wire[0] - 1); /* min != max for item 0 */
+        CHECK(bx_cu_finish(wire, FIN_GROUPS, ww, &a, &scratch, total_digits, &total, NULL, &coef) ==
+                  BX_EMISMATCH && total != total && coef == 1.0,
+              "%s: disagreement gives BX_EMISMATCH, NaN, coef 1", c->name);
+        wire[1] = save;
+        wire[2 * BX_CU_AGREE_ITEMS + 1] = bx_failure_key(1, BX_EDTYPE);
+        CHECK(bx_cu_finish(wire, FIN_GROUPS, ww, &a, &scratch, total_digits, &total, NULL, &coef) ==
+                  BX_EDTYPE, "%s: a rank's local failure", c->name);
+        wire[2 * BX_CU_AGREE_ITEMS + 1] = -1;
+        wire[2 * BX_CU_AGREE_ITEMS] = bx_offender_key(1, 2, 0, 1);
+        CHECK(bx_cu_finish(wire, FIN_GROUPS, ww, &a, &scratch, total_digits, &total, NULL, &coef) ==
+                  BX_ENONFINITE, "%s: error_if_nonfinite", c->name);
+        wire[2 * BX_CU_AGREE_ITEMS] = -1;
+        if (c->mode != BX_M_EXT) {
+          wire[BX_CU_AGREE_WORDS + BX_ACC_DIGITS + 4] += 1;
+          CHECK(bx_cu_finish(wire, FIN_GROUPS, ww, &a, &scratch, total_digits, &total, NULL,
+                             &coef) == BX_EMISMATCH, "%s: accumulator version", c->name);
+        }
+      }
+      free(wire);
+    }
+    for (int g = 0; g < FIN_GROUPS; g++) {
+      bxt_tensor_free(&whole[g]);
+      for (int k = 0; k < FIN_RANKS; k++) bxt_tensor_free(&parts[k][g]);
+    }
+  }
+}
+
+/* A norm stored in a 16-bit dtype is rounded once from its double (no
+ * double rounding through fp32), fp32 by the conversion itself. */
+void test_cuda_sim_store_rounding(void) {
+  bxt_rng r;
+  bxt_rng_init(&r);
+  mpfr_t v;
+  mpfr_init2(v, 64);
+  for (int k = 0; k < 200000 && bxt_failures() < 5; k++) {
+    int dt = k % 3; /* f16, bf16, f32 */
+    double d;
+    if (k % 4 != 3 && dt != REF_F32) {
+      /* just off a 16-bit format's midpoint, closer than fp32's half ulp:
+       * through fp32 it would land on the midpoint and round to even */
+      int frac = dt == REF_F16 ? 10 : 7, e = (int)bxt_below(&r, 28) - 14;
+      double base = ldexp(1.0 + (double)bxt_below(&r, 1u << frac) / (double)(1u << frac), e);
+      double off = ldexp((double)((int64_t)bxt_below(&r, 7) - 3), e - 40);
+      d = base + ldexp(1.0, e - frac - 1) + off;
+    } else {
+      d = ldexp(bxt_uniform(&r) + 0.5, (int)bxt_below(&r, 80) - 40);
+    }
+    uint32_t out = 0;
+    bx_cu_store_as(dt, &out, d);
+    mpfr_set_d(v, d, MPFR_RNDN); /* exact: 64 bits */
+    uint64_t want = ref_encode(dt, ref_round_fmt(v, REF_FMT[dt]));
+    uint64_t got = dt == REF_F32 ? out : (out & 0xFFFF);
+    CHECK(got == want, "%s of %a: 0x%llx, want 0x%llx", bxt_dt_name(dt), d,
+          (unsigned long long)got, (unsigned long long)want);
+  }
+  mpfr_clear(v);
+}

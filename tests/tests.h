@@ -110,5 +110,14 @@ void test_cuda_sim_megatron(void);
 void test_cuda_sim_pow(void);
 void test_cuda_sim_adversarial(void);
 void test_cuda_refused_without_device(void);
+void test_cuda_sim_finish(void);
+void test_cuda_sim_store_rounding(void);
+
+/* test_pow_det.c */
+void test_pow_det_special(void);
+void test_pow_det_random(void);
+void test_pow_det_edges(void);
+void test_pow_det_roots(void);
+void test_pow_det_flush_to_zero(void);
 
 #endif /* BX_TEST_TESTS_H */

@@ -24,6 +24,7 @@
 #include "_bxpy.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Not in the public header: the kernel table chosen for this CPU. */
@@ -263,6 +264,83 @@ static int views_check_writable(Views *v) {
   return 0;
 }
 
+/* ---- memory shared between tensors to be scaled ----------------------
+ * The stream-ordered CUDA scaling goes through plans of subsets of the
+ * tensors (one per dtype class), each of which only sees overlaps among its
+ * own tensors, and only when it is enqueued. So before enqueueing any of
+ * them, bitexact.torch checks the whole call here (host-side, from the
+ * DLPack metadata alone): a tensor that shares memory with another would be
+ * scaled twice. The span of a tensor is the byte range its strides reach;
+ * the library refuses strided-with-gaps layouts anyway, so for the tensors
+ * that get this far the span is exactly their memory. */
+typedef struct span {
+  int64_t dev; /* device type and id: addresses compare within one device */
+  uintptr_t lo, hi;
+  Py_ssize_t k; /* flat index */
+} span;
+
+static int span_cmp(const void *a, const void *b) {
+  const span *x = a, *y = b;
+  if (x->dev != y->dev) return x->dev < y->dev ? -1 : 1;
+  if (x->lo != y->lo) return x->lo < y->lo ? -1 : 1;
+  return x->k < y->k ? -1 : x->k > y->k;
+}
+
+/* 0 when no two tensors of v share memory; else -1 with LayoutError set,
+ * naming the first pair found (the earlier tensor first). */
+static int views_check_disjoint(Views *v) {
+  if (v->n < 2) return 0;
+  span *sp = PyMem_Malloc((size_t)v->n * sizeof *sp);
+  if (!sp) {
+    PyErr_NoMemory();
+    return -1;
+  }
+  Py_ssize_t m = 0;
+  for (Py_ssize_t k = 0; k < v->n; k++) {
+    const DLTensor *t = &v->dl[k];
+    uint64_t es = ((uint64_t)t->dtype.bits * (t->dtype.lanes ? t->dtype.lanes : 1) + 7) / 8;
+    int64_t neg = 0, pos = 0, n = 1;
+    for (int d = 0; d < t->ndim; d++) {
+      int64_t len = t->shape ? t->shape[d] : 0;
+      if (len <= 0) n = 0;
+      if (n == 0) break;
+      n *= len;
+      if (t->strides) {
+        int64_t reach = (len - 1) * t->strides[d];
+        if (reach < 0) neg += reach;
+        else pos += reach;
+      }
+    }
+    if (n == 0 || !es) continue; /* no element: shares nothing */
+    if (!t->strides) pos = n - 1;  /* compact row-major */
+    uintptr_t base = (uintptr_t)t->data + (uintptr_t)t->byte_offset;
+    sp[m].dev = ((int64_t)t->device.device_type << 32) | (uint32_t)t->device.device_id;
+    sp[m].lo = base - (uintptr_t)((uint64_t)(-neg) * es);
+    sp[m].hi = base + (uintptr_t)(((uint64_t)pos + 1) * es);
+    sp[m].k = k;
+    m++;
+  }
+  qsort(sp, (size_t)m, sizeof *sp, span_cmp);
+  Py_ssize_t a = -1, b = -1;
+  for (Py_ssize_t j = 1; j < m; j++)
+    if (sp[j].dev == sp[j - 1].dev && sp[j].lo < sp[j - 1].hi) {
+      a = sp[j - 1].k < sp[j].k ? sp[j - 1].k : sp[j].k;
+      b = sp[j - 1].k < sp[j].k ? sp[j].k : sp[j - 1].k;
+      break;
+    }
+  PyMem_Free(sp);
+  if (a < 0) return 0;
+  Py_ssize_t ga, ia, gb, ib;
+  bxpy_views_where(v, a, &ga, &ia);
+  bxpy_views_where(v, b, &gb, &ib);
+  PyErr_Format(bxpy_status_exc[BX_ELAYOUT],
+               "group %zd, tensor %zd and group %zd, tensor %zd share memory (the same tensor "
+               "twice, or overlapping views): each element must be scaled once; nothing was "
+               "modified (a norm alone accepts them, counting shared elements twice)",
+               ga, ia, gb, ib);
+  return -1;
+}
+
 /* ---- correctly rounded norms in fp32 / bf16 / fp16 --------------------
  * bx_total_norm returns the correctly rounded fp64 norm d. Rounding d again
  * to a narrower format is correct unless d is exactly a midpoint of that
@@ -438,6 +516,17 @@ static PyObject *Views_clip(Views *v, PyObject *args, PyObject *kwds) {
   return Py_BuildValue("(dd)", total, coef);
 }
 
+/* Views.check_scale_targets(): raise unless every tensor may be scaled in
+ * place by one call: writable exports (not read-only, not copies) and no
+ * two tensors sharing memory (LayoutError naming both). Host-side only;
+ * bitexact.torch calls it before enqueueing a stream-ordered scaling. */
+static PyObject *Views_check_scale_targets(Views *v, PyObject *unused) {
+  (void)unused;
+  if (views_check(v) < 0 || views_check_writable(v) < 0 || views_check_disjoint(v) < 0)
+    return NULL;
+  Py_RETURN_NONE;
+}
+
 /* Views.check_device(): raise DeviceError unless the blocking calls can
  * run on these tensors' devices (see bxpy_views_check_device). */
 static PyObject *Views_check_device(Views *v, PyObject *unused) {
@@ -499,6 +588,8 @@ static PyMethodDef Views_methods[] = {
     {"cuda_plan", (PyCFunction)(void (*)(void))bxpy_views_cuda_plan,
      METH_VARARGS | METH_KEYWORDS,
      "the cached stream-ordered CUDA plan of (some of) these tensors (see _cuda.c)"},
+    {"check_scale_targets", (PyCFunction)Views_check_scale_targets, METH_NOARGS,
+     "raise unless every tensor is writable and no two share memory (LayoutError)"},
     {"check_device", (PyCFunction)Views_check_device, METH_NOARGS,
      "raise DeviceError unless one device holds every tensor and can be used"},
     {"release", (PyCFunction)Views_release, METH_NOARGS, "call the DLPack deleters now"},

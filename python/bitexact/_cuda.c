@@ -23,6 +23,14 @@
  * for it first (never during capture, where torch.cuda.graph has already
  * synchronised, and events recorded in capture do not exist outside it).
  *
+ * A plan accepts tensors that share memory: its norms count them twice (as
+ * on the CPU), its clip and scaling calls fail with BX_ELAYOUT. The scaling
+ * of bitexact.torch spans several plans (one per dtype class), so it checks
+ * the whole call first (Views.check_scale_targets, _core.c).
+ *
+ * The norm can be written in the gradients' dtype (norm_async_dtype:
+ * bx_cuda_norm_async_dtype, for p = 2 and 1 the exact value rounded once).
+ *
  * The CUDA calls here use this extension's own (static) CUDA runtime; its
  * streams, events and device pointers are the driver's, shared with every
  * other runtime in the process (torch's, CuPy's).
@@ -222,6 +230,35 @@ static PyObject *CudaPlan_norm_async(CudaPlan *p, PyObject *args, PyObject *kwds
   Py_RETURN_NONE;
 }
 
+/* CudaPlan.norm_async_dtype(stream, out_format, d_total, d_status=0):
+ * bx_cuda_norm_async_dtype, the total norm written at d_total in
+ * out_format (Views.norm's numbering: 0 float64, 1 float32, 2 bfloat16,
+ * 3 float16). For p = 2 and 1 it is the exact norm rounded once into that
+ * format; other norms: the fp64 value converted through fp32. */
+static PyObject *CudaPlan_norm_async_dtype(CudaPlan *p, PyObject *args, PyObject *kwds) {
+  static char *kwlist[] = {"stream", "out_format", "d_total", "d_status", NULL};
+  static const DLDataType dts[4] = {
+      {kDLFloat, 64, 1}, {kDLFloat, 32, 1}, {kDLBfloat, 16, 1}, {kDLFloat, 16, 1}};
+  unsigned long long stream, total, status = 0;
+  int fmt;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "KiK|K:norm_async_dtype", kwlist, &stream, &fmt,
+                                   &total, &status))
+    return NULL;
+  if (fmt < 0 || fmt > 3)
+    return bxpy_raise_status(BX_EINVAL,
+                             "norm_async_dtype: out_format must be 0 (float64), 1 (float32), "
+                             "2 (bfloat16) or 3 (float16)",
+                             NULL);
+  cudaStream_t s = (cudaStream_t)(uintptr_t)stream;
+  int cap;
+  if (join_before(p, s, &cap) < 0) return NULL;
+  bx_status st = bx_cuda_norm_async_dtype(p->plan, s, dts[fmt], (void *)(uintptr_t)total,
+                                          (int32_t *)(uintptr_t)status);
+  if (st != BX_OK) return enqueue_failed(st);
+  record_after(p, s, cap);
+  Py_RETURN_NONE;
+}
+
 /* CudaPlan.clip_async(max_norm, stream, d_total, d_coef=0, d_status=0) */
 static PyObject *CudaPlan_clip_async(CudaPlan *p, PyObject *args, PyObject *kwds) {
   static char *kwlist[] = {"max_norm", "stream", "d_total", "d_coef", "d_status", NULL};
@@ -274,6 +311,10 @@ static PyMethodDef CudaPlan_methods[] = {
     {"norm_async", (PyCFunction)(void (*)(void))CudaPlan_norm_async,
      METH_VARARGS | METH_KEYWORDS,
      "norm_async(stream, d_total, d_group_norms=0, d_status=0): bx_cuda_norm_async"},
+    {"norm_async_dtype", (PyCFunction)(void (*)(void))CudaPlan_norm_async_dtype,
+     METH_VARARGS | METH_KEYWORDS,
+     "norm_async_dtype(stream, out_format, d_total, d_status=0): bx_cuda_norm_async_dtype "
+     "(out_format: 0 float64, 1 float32, 2 bfloat16, 3 float16)"},
     {"clip_async", (PyCFunction)(void (*)(void))CudaPlan_clip_async,
      METH_VARARGS | METH_KEYWORDS,
      "clip_async(max_norm, stream, d_total, d_coef=0, d_status=0): bx_cuda_clip_async"},

@@ -32,10 +32,14 @@ after one eager warm-up call. The first call with a given set of gradient
 buffers builds a plan (bitexact_cuda.h: it allocates and synchronises);
 later calls with the same buffers and options reuse it from a small cache
 (:func:`bitexact.cuda_plan_cache`). The norm is computed on the GPU with
-the CPU's bits in fp64 and converted on the device to torch's dtype (a
-narrower norm is rounded from the fp64 one: correctly rounded except when
-that fp64 value is exactly halfway between two values of the narrower
-format, where the CPU path consults the exact sum). The coefficient is
+the CPU path's bits, in torch's dtype: for ``norm_type`` 2 and 1 the exact
+sum's sqrt (or the sum) is rounded once into that dtype on the device
+(``bx_cuda_norm_async_dtype``; rounding the fp64 norm again could be off by
+one unit in the last place at a tie), and the other norms' fp64 value is
+rounded once, to nearest-even, into it, as on the CPU. Gradients that
+share memory (the same tensor twice, overlapping views) are counted twice
+by the norm, as on the CPU; scaling them raises LayoutError naming both,
+before anything is enqueued. The coefficient is
 torch's (its own tensor ops on the device); each dtype's gradients are
 scaled by it converted to their dtype, as torch's CUDA ``_foreach_mul_``
 does, so the gradients get torch's bits (NaN results are NaN, whatever
@@ -292,12 +296,26 @@ class _Plan:
             # mode too: when it covers every gradient it also scales them
             self.nplan = self.views.cuda_plan(1, 0, stream, norm_type, error_if_nonfinite,
                                               flavor, scale_mode)
-            total = torch.empty((), dtype=torch.float64, device=dev)
             # the finishing kernel always writes the status (0 or a bx_status)
             status = (torch.empty((), dtype=torch.int32, device=dev) if error_if_nonfinite
                       else None)
-            self.nplan.norm_async(stream, total.data_ptr(), 0,
-                                  status.data_ptr() if status is not None else 0)
+            status_ptr = status.data_ptr() if status is not None else 0
+            if self.dtype == torch.float64:
+                total = torch.empty((), dtype=torch.float64, device=dev)
+                self.nplan.norm_async(stream, total.data_ptr(), 0, status_ptr)
+            elif flavor == 0 and norm_type in (2.0, 1.0):
+                # the exact sum's sqrt (or the sum) rounded once into the
+                # result dtype, on the device: as the CPU path, which
+                # consults the exact sum where the fp64 norm is a midpoint
+                total = torch.empty((), dtype=self.dtype, device=dev)
+                self.nplan.norm_async_dtype(stream, _FORMAT[self.dtype], total.data_ptr(),
+                                            status_ptr)
+            else:
+                # the other norms: the fp64 value rounded once (nearest-even)
+                # into the result dtype, as the CPU path does
+                total = torch.empty((), dtype=torch.float64, device=dev)
+                self.nplan.norm_async(stream, total.data_ptr(), 0, status_ptr)
+                total = _round_f64(total, self.dtype)
             if status is not None and int(status.item()) != 0:  # synchronises, as torch
                 # the blocking call names the first NaN/Inf tensor
                 self.views.norm(norm_type, True, num_threads, flavor, None, 0, 1, False, 0)
@@ -306,7 +324,7 @@ class _Plan:
                     f"{int(status.item())})")
         except Error as e:
             raise self.renamed(e)
-        return total if self.dtype == torch.float64 else total.to(self.dtype)
+        return total
 
     def cuda_scale(self, coef, mode):
         """Enqueue every gradient (counted and not) *= coef (a 0-dim tensor
@@ -331,6 +349,29 @@ class _Plan:
         self.views.release()
 
 
+def _round_f64(d, dtype):
+    """The fp64 tensor d rounded once, to nearest (ties to even), into dtype,
+    with tensor ops only (stream-ordered, no host synchronisation, capturable).
+    torch converts fp64 to fp16/bf16 through fp32, which can round twice;
+    here the fp32 step rounds to odd instead (an inexact result gets its
+    last bit set: 24 bits, >= 2 more than fp16's or bf16's, even for bf16's
+    subnormals), after which the nearest-even conversion to the 16-bit type
+    is the correct rounding of d. NaN stays NaN, +-inf stays +-inf."""
+    if dtype == torch.float64:
+        return d
+    f = d.to(torch.float32)  # nearest-even: correct for fp32 itself
+    if dtype == torch.float32:
+        return f
+    back = f.to(torch.float64)
+    bits = f.view(torch.int32)
+    # truncated toward zero: one step down in magnitude where f rounded away
+    # (sign-magnitude: the bit pattern's magnitude moves with the value's)
+    trunc = bits - (back.abs() > d.abs()).to(torch.int32)
+    inexact = (back != d) & (d == d)
+    odd = torch.where(inexact, trunc | 1, bits)
+    return odd.view(torch.float32).to(dtype)
+
+
 def _join_legacy_stream(device):
     """Before a blocking call (the library's legacy-default-stream path):
     order the legacy default stream after the current stream, as
@@ -349,6 +390,10 @@ def _cuda_scale(views, coef, mode, nplan, device):
     every tensor by coef itself, the exact product rounded once. nplan: the
     norm plan, used when it holds every tensor and one coefficient serves
     them all."""
+    # every check before the first enqueue (all-or-nothing): read-only or
+    # copied exports, and tensors sharing memory (LayoutError naming both:
+    # the per-dtype plans below each see only their own tensors)
+    views.check_scale_targets()
     stream = torch.cuda.current_stream(device).cuda_stream
     coef = coef.to(device)
     present = views.dtypes & (_F16 | _BF16 | _F32 | _F64)

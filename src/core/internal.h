@@ -75,7 +75,7 @@ double bx_load_as_double(const void *data, bx_dtype dt, size_t i);
 /* Updates max/min of |x| over non-NaN elements, counts NaN and non-zeros. */
 void bx_extreme_abs(const void *data, bx_dtype dt, size_t n, double *maxabs,
                     double *minabs, int64_t *nan_count, int64_t *nonzero);
-/* acc += sum |x|^p, each term pow()-rounded, the sum exact. */
+/* acc += sum |x|^p, each term by bx_pow_det (pow_det.h), the sum exact. */
 void bx_sum_pow(const void *data, bx_dtype dt, size_t n, double p, bx_acc *acc);
 /* acc += sum of fl32(fl32(x)^2), exact sum (BX_MEGATRON_FP32). */
 void bx_sum_megatron_sq(const void *data, bx_dtype dt, size_t n, bx_acc *acc);

@@ -8,7 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ext_wire.h"
 #include "internal.h"
+#include "pow_det.h"
 
 #define PIECE ((size_t)1 << 18)         /* elements per task: load balance */
 #define MIN_PER_THREAD ((size_t)1 << 16) /* below this, fewer threads */
@@ -118,7 +120,7 @@ static double finish(mode m, double p, const partial *q) {
   switch (m) {
     case BX_M_SQ: return q->acc.inf_count ? INFINITY : bx_acc_sqrt(&q->acc);
     case BX_M_ABS: return q->acc.inf_count ? INFINITY : bx_acc_value(&q->acc);
-    case BX_M_POW: return q->acc.inf_count ? INFINITY : pow(bx_acc_value(&q->acc), 1.0 / p);
+    case BX_M_POW: return q->acc.inf_count ? INFINITY : bx_pow_det(bx_acc_value(&q->acc), 1.0 / p);
     case BX_M_MEGATRON:
       return q->acc.inf_count ? INFINITY : (double)sqrtf(bx_acc_valuef(&q->acc));
     case BX_M_EXT:
@@ -180,31 +182,22 @@ static void to_wire(mode m, double p, partial *q, int64_t *w) {
   if (m != BX_M_EXT) {
     bx_acc_normalize(&q->acc); /* the wire format promise: normalised words */
     memcpy(w, &q->acc, sizeof q->acc);
-  } else if (p == 0.0) {
-    w[0] = q->nonzero;
-    w[1] = q->nan;
-  } else { /* non-negative doubles order like their bit patterns */
-    int64_t mx, mn;
-    memcpy(&mx, &q->maxabs, 8);
-    memcpy(&mn, &q->minabs, 8);
-    w[0] = q->nan ? INT64_MAX : mx;
-    w[1] = q->nan ? INT64_MAX : ~mn;
+  } else {
+    bx_ext e = {q->maxabs, q->minabs, q->nan, q->nonzero};
+    bx_ext_to_wire(p, &e, w);
   }
 }
 
 static void from_wire(mode m, double p, const int64_t *w, partial *q) {
   if (m != BX_M_EXT) {
     memcpy(&q->acc, w, sizeof q->acc);
-  } else if (p == 0.0) {
-    q->nonzero = w[0];
-    q->nan = w[1];
-  } else if (w[0] == INT64_MAX) {
-    q->nan = 1;
   } else {
-    int64_t mn = ~w[1];
-    memcpy(&q->maxabs, &w[0], 8);
-    memcpy(&q->minabs, &mn, 8);
-    q->nan = 0;
+    bx_ext e;
+    bx_ext_from_wire(p, w, &e);
+    q->maxabs = e.maxabs;
+    q->minabs = e.minabs;
+    q->nan = e.nan;
+    q->nonzero = e.nonzero;
   }
 }
 

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "pow_det.h"
 
 /* Element i of a span widened to double (exact for every dtype). */
 static double f16_to_double(uint16_t h) {
@@ -61,7 +62,7 @@ void bx_sum_pow(const void *data, bx_dtype dt, size_t n, double p, bx_acc *acc) 
   double buf[512];
   for (size_t i = 0; i < n;) {
     size_t k = 0;
-    for (; k < 512 && i < n; i++, k++) buf[k] = pow(fabs(bx_load_as_double(data, dt, i)), p);
+    for (; k < 512 && i < n; i++, k++) buf[k] = bx_pow_det(fabs(bx_load_as_double(data, dt, i)), p);
     bx_sumabs_f64_scalar(buf, k, acc); /* counts NaN/Inf terms too */
   }
 }

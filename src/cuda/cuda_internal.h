@@ -7,9 +7,9 @@
 
 #include <cuda_runtime_api.h>
 
-#include "acc_round.h"
 #include "bitexact_cuda.h"
 #include "exact_window.h"
+#include "finish.h"
 #include "internal.h"
 
 /* One block's unit of work: up to BX_CU_CHUNK elements of one tensor. */
@@ -22,30 +22,10 @@ typedef struct bx_cu_chunk {
   uint32_t tensor; /* index in its group (for the NaN/Inf location) */
 } bx_cu_chunk;
 
-/* Reduction modes (norm.c's, by number). */
-enum { BX_CU_SQ = 0, BX_CU_ABS = 1, BX_CU_EXT = 2, BX_CU_POW = 3, BX_CU_MEGATRON = 4 };
-
-/* Words per group on the wire (as norm.c): the accumulator, or 2 for p =
- * 0 / +-inf. The raw per-group buffers the reduction kernel fills: */
-#define BX_CU_EXT_WORDS 4 /* max |x| bits, ~min |x| bits (0 = none), non-zeros, NaNs */
-
-/* The agreement step (collective.c's layout): 2 words per item, then the
- * offender key and the failure key. */
-#define BX_CU_AGREE_ITEMS 9
-#define BX_CU_AGREE_WORDS (2 * BX_CU_AGREE_ITEMS + 2)
-#define BX_CU_AGREE_MAX_NORM 8 /* the slot filled per call */
-
-/* The agreement values, passed by value to the wire kernel: accumulator
- * format, ngroups, norm_type bits, flavor, error_if_nonfinite, eps bits,
- * formula, scale mode, max_norm bits. */
-typedef struct bx_cu_agree_vals {
-  int64_t v[BX_CU_AGREE_ITEMS];
-} bx_cu_agree_vals;
-
 struct bx_cuda_plan {
   int device;
   size_t ngroups, nchunks;
-  int mode;            /* BX_CU_* */
+  int mode;            /* bx_mode (internal.h) */
   bx_clip_opts opts;
   int has_comm;
   bx_comm comm;

@@ -32,6 +32,7 @@
 
 #include "bitexact.h"
 #include "hd.h"
+#include "pow_det.h"
 
 #define BX_CU_BLOCK 256                       /* threads per block */
 #define BX_CU_CHUNK ((uint32_t)1 << 16)       /* elements per chunk: a block's unit */
@@ -531,14 +532,14 @@ static inline BX_HD void bx_thread_extremes(const void *x, int dt, uint32_t n, u
   }
 }
 
-/* other p > 0: |x|^p per element (the platform's pow: see bitexact_cuda.h),
+/* other p > 0: |x|^p per element (bx_pow_det: the CPU's bits too),
  * each term summed exactly like |.| of fp64. */
 static inline BX_HD void bx_thread_pow(const void *x, int dt, uint32_t n, uint32_t first,
                                        uint32_t stride, double p, const bx_sink *s) {
   bx_win128 w;
   bx_win128_init(&w);
   for (uint32_t i = first; i < n; i += stride) {
-    uint64_t b = bx_f64_bits(pow(fabs(bx_elem_as_double(x, dt, i)), p));
+    uint64_t b = bx_f64_bits(bx_pow_det(fabs(bx_elem_as_double(x, dt, i)), p));
     uint64_t m;
     int e;
     if (bx_dec_f64(b, &m, &e)) bx_count_special(s, (b & 0xFFFFFFFFFFFFFull) != 0);

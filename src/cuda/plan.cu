@@ -110,7 +110,7 @@ static bx_status plan_build(const char *fn, const bx_group *groups, size_t ngrou
   plan->nchunks = nchunks;
   plan->mode = mode;
   plan->opts = *o;
-  plan->wire_words = mode == BX_CU_EXT ? 2 : BX_ACC_WORDS;
+  plan->wire_words = mode == BX_M_EXT ? 2 : BX_ACC_WORDS;
   size_t k = 0;
   for (size_t g = 0; g < ngroups; g++)
     for (size_t i = 0; i < groups[g].count; i++) {
@@ -291,7 +291,7 @@ static bx_status enqueue(const char *fn, bx_cuda_plan *plan, cudaStream_t stream
   if (e != cudaSuccess) return cuda_fail(fn, "enqueueing the norm", e);
   if (plan->has_comm) {
     const bx_comm *c = &plan->comm;
-    bx_op op = plan->mode == BX_CU_EXT && plan->opts.norm.norm_type != 0.0 ? BX_OP_MAX : BX_OP_SUM;
+    bx_op op = plan->mode == BX_M_EXT && plan->opts.norm.norm_type != 0.0 ? BX_OP_MAX : BX_OP_SUM;
     int rc = c->allreduce_i64_async(plan->wire, BX_CU_AGREE_WORDS, BX_OP_MAX, c->ctx, (void *)stream);
     if (rc == 0)
       rc = c->allreduce_i64_async(plan->wire + BX_CU_AGREE_WORDS, ng * plan->wire_words, op,
@@ -411,8 +411,8 @@ bx_status bx_cuda_scale_blocking(const char *fn, const DLTensor *flat, size_t co
   co.scale = *o;
   bx_group one = {flat, count};
   bx_cuda_plan *plan;
-  st = groups ? plan_build(fn, groups, ngroups, &co, BX_CU_SQ, &plan)
-              : plan_build(fn, &one, 1, &co, BX_CU_SQ, &plan);
+  st = groups ? plan_build(fn, groups, ngroups, &co, BX_M_SQ, &plan)
+              : plan_build(fn, &one, 1, &co, BX_M_SQ, &plan);
   if (st != BX_OK) return st;
   if (plan->overlap) {
     st = bx_fail(BX_ELAYOUT, "%s", plan->overlap_msg);

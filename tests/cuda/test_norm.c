@@ -2,8 +2,8 @@
  * test_norm.c — bx_total_norm on kDLCUDA tensors (the blocking API) against
  * the CPU backend on the same bytes, bit for bit: every dtype, every exact
  * norm_type, every data set, per-group norms, thousands of small tensors, a
- * few large ones and one tensor of more than 2^31 elements; other p with a
- * justified tolerance.
+ * few large ones and one tensor of more than 2^31 elements; other p too
+ * (one power function, bx_pow_det, on both).
  */
 #include <math.h>
 #include <pthread.h>
@@ -147,16 +147,10 @@ void test_norm_layout_invariance(void) {
     }
 }
 
-/* p other than 0, 1, 2, +-inf: |x|^p is computed per element in fp64 with
- * the device's pow() on the GPU and the C library's pow() on the CPU. Both
- * are faithful (CUDA documents pow to 2 ulp, glibc to 1 ulp) but not
- * correctly rounded, so the terms may differ by a few ulp each; the sum
- * itself is exact on both, so the relative difference of the sums is at
- * most ~4 ulp = 2^-50, and the final root (also pow) adds ~2 ulp: 1e-12
- * leaves margin while still catching any real error (a lost or doubled
- * element changes the norm by far more for these data). What must hold
- * exactly is the GPU's determinism: the same bits for any partition and
- * order of the same values. */
+/* p other than 0, 1, 2, +-inf: |x|^p is not exact, but it is computed by
+ * the same function (bx_pow_det, IEEE basic operations only, --fmad=false
+ * on the device) on both sides, so the GPU's norm must have the CPU's bits,
+ * and the same bits for any partition and order of the same values. */
 void test_norm_other_p(void) {
   ct_rng r;
   ct_rng_init(&r);
@@ -183,12 +177,8 @@ void test_norm_other_p(void) {
         CT_STATUS(sc, BX_OK, "CPU p=%g", ps[k]);
         CT_BITS(nb, na, "%s %s p=%g: GPU determinism across partitions", ct_dt_name(dt),
                 ct_data_name(datas[d]), ps[k]);
-        if (isfinite(nc) && nc != 0)
-          CT_CHECK(fabs(na - nc) <= 1e-12 * nc, "%s %s p=%g: GPU %.17g vs CPU %.17g (rel %.3g)",
-                   ct_dt_name(dt), ct_data_name(datas[d]), ps[k], na, nc, fabs(na - nc) / nc);
-        else
-          CT_BITS(na, nc, "%s %s p=%g: non-finite or zero norm", ct_dt_name(dt),
-                  ct_data_name(datas[d]), ps[k]);
+        CT_BITS(na, nc, "%s %s p=%g: GPU vs CPU", ct_dt_name(dt), ct_data_name(datas[d]),
+                ps[k]);
       }
       ct_set_free(&b);
       ct_set_free(&a);

@@ -116,6 +116,110 @@ def test_plan_cache_settings():
         bitexact.cuda_plan_cache(size=size)
 
 
+def _round_ref(d, dtype):
+    """d (a float) rounded once, nearest-even, into dtype: what the CPU path
+    does with the fp64 norm of the non-exact norms (_core.c's round_norm)."""
+    p, emin, emax = {torch.float32: (24, -126, 127), torch.bfloat16: (8, -126, 127),
+                     torch.float16: (11, -14, 15)}[dtype]
+    if not d > 0 or math.isinf(d):
+        return d
+    e = max(math.frexp(d)[1] - 1, emin)
+    q = math.ldexp(1.0, e - p + 1)
+    r = math.fmod(d, q)
+    lo = d - r
+    res = lo + q if r > q / 2 else lo if r < q / 2 else (lo if math.fmod(lo / q, 2) == 0
+                                                         else lo + q)
+    return math.inf if res > math.ldexp(2.0 - math.ldexp(1.0, 1 - p), emax) else res
+
+
+def test_round_f64_rounds_once():
+    """The device-side rounding of an fp64 norm into the result dtype (the
+    stream-ordered path's, for norms other than 2 and 1): one rounding, not
+    torch's two (fp64 -> fp32 -> 16 bits). Tensor ops only, so it is
+    checked here on CPU tensors; torch's CUDA conversions round the same."""
+    import random
+    rng = random.Random(3)
+    vals = [0.0, math.inf, 1.0, 65504.0, 65520.0, 65519.99, 2.0 ** -24, 2.0 ** -25,
+            3 * 2.0 ** -26, 1 + 2.0 ** -8 + 2.0 ** -30, 1 + 2.0 ** -11 + 2.0 ** -40,
+            2.0 ** -133, 2.0 ** -134, 1.5 * 2.0 ** -134, 3.4e38, 3.5e38, 1e300, 1e-300,
+            2.0 ** 24 + 2.0 ** 16 + 1]
+    for _ in range(20000):
+        p, e = rng.choice([8, 11]), rng.randint(-20, 14)
+        mid = math.ldexp(rng.randint(2 ** (p - 1), 2 ** p - 1) + 0.5, e - p + 1)
+        vals.append(mid + rng.choice([-1, 1]) * mid * 2.0 ** -rng.randint(25, 52))
+        vals.append(math.ldexp(rng.random() + 0.5, rng.randint(-150, 130)))
+    d = torch.tensor(vals, dtype=torch.float64)
+    twice = 0
+    for dt in (torch.float32, torch.bfloat16, torch.float16):
+        got = bt._round_f64(d, dt)
+        assert got.dtype == dt
+        for v, g in zip(vals, got.double().tolist()):
+            assert g == _round_ref(v, dt), f"{v!r} -> {dt}: {g!r}, not {_round_ref(v, dt)!r}"
+        twice += sum(float(x) != _round_ref(v, dt) for v, x in zip(vals, d.to(dt).double()))
+    assert twice > 0  # the cases do catch torch's double rounding
+    assert math.isnan(float(bt._round_f64(torch.tensor(math.nan, dtype=torch.float64),
+                                          torch.bfloat16)))
+
+
+class _Raw:
+    """A tensor-like over another tensor's memory with arbitrary strides
+    (for Producer): data_ptr(), shape, stride(), dtype."""
+
+    def __init__(self, base, offset, shape, strides):
+        self.base, self.shape, self.strides = base, tuple(shape), tuple(strides)
+        self.ptr = base.data_ptr() + offset * base.element_size()
+        self.dtype = base.dtype
+
+    def data_ptr(self):
+        return self.ptr
+
+    def stride(self):
+        return self.strides
+
+
+def test_check_scale_targets():
+    """The host-side check the stream-ordered scaling runs first (the
+    per-dtype plans only see their own tensors): any two tensors sharing
+    memory, LayoutError naming both; disjoint pieces of one buffer pass."""
+    from bitexact import _core
+    t = torch.zeros(12)
+    with _core.Views([[t[:6], t[6:]], [torch.zeros(3), t[:0]]]) as v:
+        v.check_scale_targets()
+    cases = [([[t, t]], "group 0, tensor 0 and group 0, tensor 1"),
+             ([[t[:7]], [torch.ones(2), t[6:]]], "group 0, tensor 0 and group 1, tensor 1"),
+             ([[t.view(torch.int32)[2:3], torch.ones(1), t[::2]]],
+              "group 0, tensor 0 and group 0, tensor 2"),
+             ([[t.view(3, 4).t(), t[11:]]], "group 0, tensor 0 and group 0, tensor 1")]
+    for groups, names in cases:
+        with _core.Views(groups) as v:
+            with pytest.raises(bitexact.LayoutError, match=names + " share memory"):
+                v.check_scale_targets()
+    # negative strides: the span reaches below the data pointer
+    rev = Producer(_Raw(t, 5, [6], [-1]))  # t[5], t[4], ..., t[0]
+    with _core.Views([[t[5:], rev]]) as v:
+        with pytest.raises(bitexact.LayoutError):
+            v.check_scale_targets()
+    rev = Producer(_Raw(t, 5, [6], [-1]))
+    with _core.Views([[t[6:], rev]]) as v:
+        v.check_scale_targets()
+
+
+@pytest.mark.skipif(INFO["available"], reason="a CUDA device is usable: the fake CUDA "
+                    "tensors of this test (host memory) must not reach it; the GPU tests "
+                    "check the same on real ones")
+def test_cuda_scaling_refuses_shared_memory_before_any_cuda_call():
+    """bitexact.torch's stream-ordered scaling checks the whole call before
+    it asks torch or the library for anything: tensors sharing memory give
+    LayoutError naming both, nothing is touched (fake CUDA tensors here)."""
+    from bitexact import _core
+    t = torch.full((8,), 2.0)
+    with _core.Views([[Producer(t[:5], device_type=KDLCUDA), torch.ones(1),
+                       Producer(t[4:], device_type=KDLCUDA)]]) as v:
+        with pytest.raises(bitexact.LayoutError, match="tensor 0 and group 0, tensor 2"):
+            bt._cuda_scale(v, torch.tensor(0.5), 0, None, torch.device("cuda", 0))
+    assert torch.all(t == 2)
+
+
 # ---- on the GPU ------------------------------------------------------------
 
 @needs_gpu
@@ -138,7 +242,8 @@ def test_norm_equals_cpu_and_close_to_torch(mix, seed):
 
 @needs_gpu
 @pytest.mark.parametrize("norm_type", [1.0, math.inf, 0.0, -math.inf])
-@pytest.mark.parametrize("mix", [["float32"], ["float32", "bfloat16"], ["float64"]],
+@pytest.mark.parametrize("mix", [["float32"], ["float32", "bfloat16"], ["float64"],
+                                 ["bfloat16"], ["float16"]],
                          ids=lambda m: "+".join(m))
 def test_other_norms_equal_cpu(norm_type, mix):
     grads = random_tensors(7, mix, count=6)
@@ -398,16 +503,101 @@ def test_process_group_on_cuda_single_rank():
         dist.destroy_process_group()
 
 
+# The sum of squares is (midpoint)^2 + tiny: the fp64 norm is exactly the
+# midpoint between two values of the result dtype, the exact norm is above it.
 @needs_gpu
-@pytest.mark.xfail(strict=True, reason="the stream-ordered norm is fp64 (bx_cuda_norm_async) "
-                   "and is rounded to fp32/bf16 on the device: at an exact midpoint of the "
-                   "narrower format this is double rounding (the CPU path and the blocking "
-                   "path consult the exact sum)")
 @pytest.mark.parametrize("dtype,values,expect", [
     (torch.float32, [1.0, 2.0 ** -12, 2.0 ** -12, 2.0 ** -24, 2.0 ** -40], 1 + 2.0 ** -23),
     (torch.bfloat16, [1.0, 2.0 ** -4, 2.0 ** -4, 2.0 ** -8, 2.0 ** -40], 1 + 2.0 ** -7),
-])
+    (torch.float16, [16.0, 0.5, 2.0 ** -7, 2.0 ** -24], 16 + 2.0 ** -6),
+], ids=["float32", "bfloat16", "float16"])
 def test_no_double_rounding_stream_ordered(dtype, values, expect):
+    """The stream-ordered norm in a narrower dtype is the exact norm rounded
+    once (bx_cuda_norm_async_dtype), not the fp64 norm rounded again (which
+    would round the midpoint to even, one unit low): get_total_norm and
+    clip_grad_norm_'s returned norm, as on the CPU."""
     g = torch.tensor(values, dtype=dtype)
     assert float(bt.get_total_norm([g])) == expect  # CPU: exact
-    assert float(bt.get_total_norm([g.cuda()])) == expect
+    # the fp64 norm (correctly rounded) is the midpoint: rounding it again is low
+    assert float(torch.tensor(bitexact.total_norm([g]), dtype=torch.float64).to(dtype)) != expect
+    ours = bt.get_total_norm([g.cuda()])
+    assert ours.dtype == dtype and float(ours) == expect
+    p = torch.nn.Parameter(g.cuda())
+    p.grad = g.cuda()
+    assert float(bt.clip_grad_norm_([p], 1e9)) == expect
+
+
+@needs_gpu
+def test_other_norm_rounded_once_stream_ordered():
+    """A norm other than 2 and 1 (here the count of non-zeros, 2^24+2^16+1,
+    in bf16): its fp64 value rounded once into the result dtype, as on the
+    CPU (through fp32 it would land on a bf16 midpoint and round down)."""
+    n = 2 ** 24 + 2 ** 16 + 1
+    g = torch.ones(n, dtype=torch.bfloat16)
+    expect = 2.0 ** 24 + 2.0 ** 17
+    assert float(bt.get_total_norm([g], 0)) == expect
+    ours = bt.get_total_norm([g.cuda()], 0)
+    assert ours.dtype == torch.bfloat16 and float(ours) == expect
+
+
+@needs_gpu
+def test_shared_memory_counted_twice_by_norms():
+    """Tensors sharing memory (the same tensor twice, overlapping views) are
+    counted twice by a norm, as on the CPU and as torch does."""
+    for mix in (["float32"], ["bfloat16"], ["float32", "float16"]):
+        grads = random_tensors(29, mix, count=3)
+        c = cuda(grads)
+        t = c[0].reshape(-1)
+        sets = [([c[0], c[0]], [grads[0], grads[0]]),
+                (c + [c[1]], grads + [grads[1]]),
+                ([t[: t.numel() // 2 + 1], t[t.numel() // 3:]] + c[1:],
+                 [grads[0].reshape(-1)[: t.numel() // 2 + 1],
+                  grads[0].reshape(-1)[t.numel() // 3:]] + grads[1:])]
+        for on_gpu, on_cpu in sets:
+            ours = bt.get_total_norm(on_gpu)
+            assert same_bits(ours.cpu(), bt.get_total_norm(on_cpu)), mix
+            theirs = torch.nn.utils.get_total_norm(on_gpu)
+            assert ours.dtype == theirs.dtype
+            prec = {torch.float32: 24, torch.bfloat16: 8}[ours.dtype]
+            assert abs(float(ours) - float(theirs)) <= (4 * 2.0 ** -prec + 1e-6) * float(ours)
+            for p in (1.0, math.inf):
+                assert same_bits(bt.get_total_norm(on_gpu, p).cpu(),
+                                 bt.get_total_norm(on_cpu, p))
+        assert bitexact.total_norm([c[0], c[0]]) == bitexact.total_norm([grads[0], grads[0]])
+
+
+@needs_gpu
+def test_shared_memory_refused_by_scaling():
+    """Clipping gradients that share memory would scale an element twice:
+    LayoutError naming both parameters, nothing modified (also when the two
+    are views of different dtypes, scaled by different per-dtype plans)."""
+    grads = random_tensors(37, ["float32", "bfloat16"], count=4)
+    ps = cuda_params(grads)
+    ps[3] = torch.nn.Parameter(torch.zeros_like(ps[1]))
+    ps[3].grad = ps[1].grad  # the same tensor twice
+    snap = [p.grad.clone() for p in ps]
+    with pytest.raises(bitexact.LayoutError, match=r"parameters\[1\] and parameters\[3\] "
+                       "share memory"):
+        bt.clip_grad_norm_(ps, 1e-3)
+    with pytest.raises(bitexact.LayoutError, match=r"parameters\[1\] and parameters\[3\]"):
+        bt.clip_grads_with_norm_(ps, 1e-3, torch.tensor(5.0, device="cuda"))
+    torch.cuda.synchronize()
+    assert all(same_bits(p.grad, s) for p, s in zip(ps, snap))
+    # a bf16 view of an fp32 gradient's memory
+    a = torch.nn.Parameter(torch.zeros(8, device="cuda"))
+    a.grad = torch.randn(8, device="cuda")
+    b = torch.nn.Parameter(torch.zeros(16, dtype=torch.bfloat16, device="cuda"))
+    b.grad = a.grad.view(torch.bfloat16)
+    snap = a.grad.clone()
+    with pytest.raises(bitexact.LayoutError, match=r"parameters\[0\] and parameters\[1\]"):
+        bt.clip_grad_norm_([a, b], 1e-3)
+    torch.cuda.synchronize()
+    assert same_bits(a.grad, snap)
+    # the norm alone accepts them
+    assert bt.get_total_norm([a.grad, b.grad]).dtype == torch.float32
+    # the neutral (blocking) API: the norm counts twice, clipping refuses
+    g = cuda(grads[:2])
+    assert bitexact.total_norm([g[0], g[0]]) == bitexact.total_norm([grads[0], grads[0]])
+    with pytest.raises(bitexact.LayoutError):
+        bitexact.clip_grad_norm([g[0], g[1], g[0]], 1e-3)
+    assert same_bits(g[0].cpu(), grads[0])
