@@ -30,7 +30,7 @@ make_seeds() {
   name=$1
   mkdir -p "$work/$name"
   case $name in
-  fuzz_sumsq|fuzz_sumabs)
+  fuzz_sumsq|fuzz_sumabs|fuzz_cuda_window)
     # dtype, misalignment, tiling in byte 0; then element bytes
     for b in '\000' '\001' '\002' '\003' '\066' '\147' '\162' '\377'; do
       seed "$name" "rand_$(printf "$b" | od -An -tx1 | tr -d ' ')" "$b" 509

@@ -1,0 +1,92 @@
+/*
+ * fuzz_cuda_window.c — the CUDA kernels' exact arithmetic
+ * (src/cuda/exact_window.h, src/cuda/finish.h) run on the CPU as a
+ * simulated grid, against the MPFR reference.
+ *
+ * Input: byte 0 = dtype (bits 0-1), mode (bit 2: squares or |x|), an
+ * offset of one element (bit 3: the element-wise path instead of 16-byte
+ * vectors), tiling 2^k (bits 4-7: the element data repeated up to 2^15
+ * times, so that whole chunks of BX_CU_CHUNK elements and the windows'
+ * headroom are reached from a short input); the rest is raw element data.
+ * The simulated words, rounded by the finishing code, must give MPFR's
+ * value and sqrt, and the counters; any difference traps.
+ */
+#include "fuzz_common.h"
+
+#include "../src/cuda/exact_window.h"
+#include "../src/cuda/finish.h"
+
+#define FZ_MAX_ELEMS (1u << 19)
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  if (size < 1) return 0;
+  int dt = data[0] & 3, abs_mode = (data[0] >> 2) & 1, off = (data[0] >> 3) & 1;
+  int rep_log = (data[0] >> 4) & 15;
+  size_t es = fz_dt_size[dt], n0 = (size - 1) / es, rep = (size_t)1 << rep_log;
+  if (n0 == 0) return 0;
+  if (n0 * rep > FZ_MAX_ELEMS) rep = FZ_MAX_ELEMS / n0 ? FZ_MAX_ELEMS / n0 : 1;
+  size_t n = n0 * rep;
+  char *buf = aligned_alloc(64, ((n + 1) * es + 63) / 64 * 64);
+  char *x = buf + (size_t)off * es;
+  for (size_t r = 0; r < rep; r++) memcpy(x + r * n0 * es, data + 1, n0 * es);
+
+  ref_sum want;
+  ref_sum_init(&want);
+  (abs_mode ? ref_add_abs : ref_add_squares)(&want, dt, data + 1, n0);
+  mpfr_mul_ui(want.sum, want.sum, (unsigned long)rep, MPFR_RNDN); /* exact */
+  double wv = ref_round_d(want.sum), ws = ref_sqrt_d(want.sum);
+  if (ref_inexact_events) FZ_FAIL("the reference lost exactness");
+
+  /* the reduction kernel: chunks, BX_CU_BLOCK threads each, block digits
+   * flushed into the group's words */
+  static int64_t raw[BX_ACC_WORDS];
+  memset(raw, 0, sizeof raw);
+  for (size_t start = 0; start < n; start += BX_CU_CHUNK) {
+    uint32_t cn = (uint32_t)(n - start < BX_CU_CHUNK ? n - start : BX_CU_CHUNK);
+    const char *c = x + start * es;
+    int64_t sdig[BX_ACC_DIGITS] = {0}, snan = 0, sinf = 0;
+    bx_sink s = {sdig, &snan, &sinf};
+    for (uint32_t t = 0; t < BX_CU_BLOCK; t++) {
+      if (!abs_mode) {
+        if (dt == 2) bx_thread_sumsq_f32((const uint32_t *)c, cn, t, BX_CU_BLOCK, &s);
+        else if (dt == 1) bx_thread_sumsq_bf16((const uint16_t *)c, cn, t, BX_CU_BLOCK, &s);
+        else if (dt == 0) bx_thread_sumsq_f16((const uint16_t *)c, cn, t, BX_CU_BLOCK, &s);
+        else bx_thread_sumsq_f64((const uint64_t *)c, cn, t, BX_CU_BLOCK, &s);
+      } else {
+        if (dt == 2) bx_thread_sumabs_f32((const uint32_t *)c, cn, t, BX_CU_BLOCK, &s);
+        else if (dt == 1) bx_thread_sumabs_bf16((const uint16_t *)c, cn, t, BX_CU_BLOCK, &s);
+        else if (dt == 0) bx_thread_sumabs_f16((const uint16_t *)c, cn, t, BX_CU_BLOCK, &s);
+        else bx_thread_sumabs_f64((const uint64_t *)c, cn, t, BX_CU_BLOCK, &s);
+      }
+    }
+    for (int i = 0; i < BX_ACC_DIGITS; i++) bx_flush_word(raw, i, sdig[i]);
+    raw[BX_ACC_DIGITS] += snan;
+    raw[BX_ACC_DIGITS + 1] += sinf;
+    raw[BX_ACC_DIGITS + 2] += cn;
+  }
+  /* the wire and finishing kernels */
+  static int64_t wire[BX_CU_AGREE_WORDS + BX_ACC_WORDS];
+  bx_cu_agree_vals a = {{0}};
+  bx_cu_wire_agreement(wire, &a, -1, -1);
+  bx_cu_wire_group(abs_mode ? BX_M_ABS : BX_M_SQ, abs_mode ? 1.0 : 2.0, raw, NULL,
+                   wire + BX_CU_AGREE_WORDS);
+  const int64_t *w = wire + BX_CU_AGREE_WORDS;
+  if (w[BX_ACC_DIGITS] != want.nan_count * (int64_t)rep ||
+      w[BX_ACC_DIGITS + 1] != want.inf_count * (int64_t)rep || w[BX_ACC_DIGITS + 2] != (int64_t)n)
+    FZ_FAIL("counters nan %lld inf %lld count %lld", (long long)w[BX_ACC_DIGITS],
+            (long long)w[BX_ACC_DIGITS + 1], (long long)w[BX_ACC_DIGITS + 2]);
+  static bx_mag scratch;
+  static int64_t total_digits[BX_ACC_DIGITS];
+  bx_cu_finish_args fa = {abs_mode ? BX_M_ABS : BX_M_SQ, abs_mode ? 1.0 : 2.0, 0, 0, 0.0, 0.0, 0,
+                          BX_DT_F64};
+  double got = -1;
+  int32_t st = bx_cu_finish(wire, 1, BX_ACC_WORDS, &fa, &scratch, total_digits, &got, NULL, NULL);
+  if (st != BX_OK) FZ_FAIL("finish status %d", (int)st);
+  if (!want.nan_count && !want.inf_count) fz_same_d(got, abs_mode ? wv : ws, "norm", "cuda-sim");
+  else if (want.nan_count ? got == got : got != INFINITY) FZ_FAIL("non-finite norm %a", got);
+  ref_sum_clear(&want);
+  free(buf);
+  return 0;
+}
