@@ -46,9 +46,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   for (size_t start = 0; start < n; start += BX_CU_CHUNK) {
     uint32_t cn = (uint32_t)(n - start < BX_CU_CHUNK ? n - start : BX_CU_CHUNK);
     const char *c = x + start * es;
-    int64_t sdig[BX_ACC_DIGITS] = {0}, snan = 0, sinf = 0;
-    bx_sink s = {sdig, &snan, &sinf};
+    static int64_t sdig[BX_CU_WARPS][BX_ACC_DIGITS];
+    int64_t snan = 0, sinf = 0;
+    memset(sdig, 0, sizeof sdig);
     for (uint32_t t = 0; t < BX_CU_BLOCK; t++) {
+      bx_sink s = {sdig[t / 32], &snan, &sinf}; /* the kernel's per-warp copies */
       if (!abs_mode) {
         if (dt == 2) bx_thread_sumsq_f32((const uint32_t *)c, cn, t, BX_CU_BLOCK, &s);
         else if (dt == 1) bx_thread_sumsq_bf16((const uint16_t *)c, cn, t, BX_CU_BLOCK, &s);
@@ -61,7 +63,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         else bx_thread_sumabs_f64((const uint64_t *)c, cn, t, BX_CU_BLOCK, &s);
       }
     }
-    for (int i = 0; i < BX_ACC_DIGITS; i++) bx_flush_word(raw, i, sdig[i]);
+    for (int i = 0; i < BX_ACC_DIGITS; i++) {
+      int64_t w = 0;
+      for (int k = 0; k < BX_CU_WARPS; k++) w += sdig[k][i];
+      bx_flush_word(raw, i, w);
+    }
     raw[BX_ACC_DIGITS] += snan;
     raw[BX_ACC_DIGITS + 1] += sinf;
     raw[BX_ACC_DIGITS + 2] += cn;

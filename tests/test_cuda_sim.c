@@ -31,9 +31,9 @@ static void sim_reduce(const void *x, int dt, size_t n, sim_mode m, double p, bx
   for (size_t start = 0; start < n; start += BX_CU_CHUNK) {
     uint32_t cn = (uint32_t)(n - start < BX_CU_CHUNK ? n - start : BX_CU_CHUNK);
     const void *c = (const char *)x + start * es;
-    int64_t sdig[BX_ACC_DIGITS] = {0}, snan = 0, sinf = 0;
-    bx_sink s = {sdig, &snan, &sinf};
+    int64_t sdig[BX_CU_WARPS][BX_ACC_DIGITS] = {{0}}, snan = 0, sinf = 0;
     for (uint32_t t = 0; t < BX_CU_BLOCK; t++) {
+      bx_sink s = {sdig[t / 32], &snan, &sinf}; /* the kernel's per-warp copies */
       switch (m) {
         case SIM_SQ:
           if (dt == BX_DT_F32) bx_thread_sumsq_f32(c, cn, t, BX_CU_BLOCK, &s);
@@ -51,7 +51,11 @@ static void sim_reduce(const void *x, int dt, size_t n, sim_mode m, double p, bx
         case SIM_POW: bx_thread_pow(c, dt, cn, t, BX_CU_BLOCK, p, &s); break;
       }
     }
-    for (int i = 0; i < BX_ACC_DIGITS; i++) bx_flush_word(gdig, i, sdig[i]);
+    for (int i = 0; i < BX_ACC_DIGITS; i++) {
+      int64_t w = 0;
+      for (int k = 0; k < BX_CU_WARPS; k++) w += sdig[k][i];
+      bx_flush_word(gdig, i, w);
+    }
     gnan += snan;
     ginf += sinf;
   }

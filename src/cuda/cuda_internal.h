@@ -29,7 +29,8 @@ struct bx_cuda_plan {
   bx_clip_opts opts;
   int has_comm;
   bx_comm comm;
-  int grid;            /* blocks of the reduction and scaling kernels */
+  int grid;            /* blocks of the reduction kernel: all resident at once */
+  int grid_scale;      /* blocks of the scaling kernel */
   int64_t agree[BX_CU_AGREE_ITEMS]; /* this rank's values, max_norm's slot filled per call */
   /* device memory, one allocation (base) */
   void *base;
@@ -47,6 +48,11 @@ struct bx_cuda_plan {
   int overlap;        /* two tensors share memory: norms fine, scaling refused */
   char overlap_msg[256];
 };
+
+/* Blocks of 256 threads of each kernel that fit on one SM at once (the
+ * occupancy calculator; at least 1). */
+int bx_cu_reduce_blocks_per_sm(void);
+int bx_cu_scale_blocks_per_sm(void);
 
 /* Launchers (reduce.cu, scale.cu). Each enqueues on stream and returns the
  * launch error (cudaSuccess when enqueued). */

@@ -10,19 +10,21 @@
  * the accumulator. Each thread keeps a private integer window: an
  * unsigned integer of W bits (64, 128 or 192) whose bit 0 sits at position
  * `base`. An element whose shifted value fits (q - base in [0, smax]) is
- * added with one shift and one wide add; smax leaves 9 bits of headroom
- * for the at most 2^8 + 3 elements a thread adds per chunk.
+ * added with one shift and one wide add; smax leaves BX_CU_HEADROOM bits
+ * of headroom for the at most BX_CU_PER_THREAD + 3 elements a thread adds
+ * per chunk.
  * Anything else takes the slow path: an element below the window goes
  * straight into the block's digits (integer atomics), one above it flushes
  * the window and re-centres it. Every step is integer arithmetic on exact
  * values, so the sum cannot depend on which thread took which element, on
  * the order of the atomics, or on the window positions.
  *
- * The block's digits (a "sink": shared memory on the GPU) hold 32-bit
- * pieces in int64 words; at the end of a chunk each word is split into its
- * low 32 bits and the rest, added to the global digits (bx_flush_word), so
- * every global add is below 2^32 and a group's words cannot overflow
- * before 2^40 elements per call.
+ * The block's digits (a "sink": shared memory on the GPU, one copy per
+ * warp so that fewer threads contend for one word) hold 32-bit pieces in
+ * int64 words; at the end of a chunk the copies are added and each word is
+ * split into its low 32 bits and the rest, added to the global digits
+ * (bx_flush_word), so every global add is below 2^32 and a group's words
+ * cannot overflow before 2^40 elements per call.
  */
 #ifndef BX_EXACT_WINDOW_H
 #define BX_EXACT_WINDOW_H
@@ -35,8 +37,17 @@
 #include "pow_det.h"
 
 #define BX_CU_BLOCK 256                       /* threads per block */
-#define BX_CU_CHUNK ((uint32_t)1 << 16)       /* elements per chunk: a block's unit */
-#define BX_CU_PER_THREAD (BX_CU_CHUNK / BX_CU_BLOCK) /* 2^8 elements per thread per chunk */
+#define BX_CU_WARPS (BX_CU_BLOCK / 32)        /* a copy of the block digits each */
+#define BX_CU_CHUNK ((uint32_t)1 << 14)       /* elements per chunk: a block's unit */
+#define BX_CU_PER_THREAD (BX_CU_CHUNK / BX_CU_BLOCK) /* 2^6 elements per thread per chunk */
+/* A thread adds at most BX_CU_PER_THREAD + 3 elements per chunk (whole
+ * 16-byte vectors, then at most 3 tail elements): below 2^BX_CU_HEADROOM. */
+#define BX_CU_HEADROOM 7
+#ifdef __cplusplus
+static_assert(BX_CU_PER_THREAD + 3 < (1 << BX_CU_HEADROOM), "window headroom");
+#else
+_Static_assert(BX_CU_PER_THREAD + 3 < (1 << BX_CU_HEADROOM), "window headroom");
+#endif
 #define BX_CU_NO_BASE (-(1 << 29))            /* a window not placed yet */
 
 /* Where a block's exact pieces go: digits (BX_ACC_DIGITS words) and the
@@ -205,21 +216,19 @@ static inline BX_HD void bx_win192_add(bx_win192 *w, bx_u128 v, int q, int smax,
   else bx_win192_slow(w, v, q, low, s);
 }
 
-/* Window widths: smax = W - (bits of v) - 9. A thread adds at most
- * BX_CU_PER_THREAD + 3 elements per chunk (whole 16-byte vectors, then at
- * most 3 tail elements), fewer than 2^9: 9 bits of headroom. low: the new
+/* Window widths: smax = W - (bits of v) - BX_CU_HEADROOM. low: the new
  * element sits low bits above the window's bottom, (smax - low) / 2
  * binades of larger squares fit above it. */
-#define BX_SQ_F32_SMAX 71   /* 128 - 48 - 9 */
-#define BX_SQ_F32_LOW 59
-#define BX_SQ_BF16_SMAX 39  /* 64 - 16 - 9 */
-#define BX_SQ_BF16_LOW 29
-#define BX_SQ_F16_SMAX 33   /* 64 - 22 - 9 */
-#define BX_SQ_F16_LOW 23
-#define BX_SQ_F64_SMAX 77   /* 192 - 106 - 9 */
-#define BX_SQ_F64_LOW 63
-#define BX_ABS_SMAX 66      /* 128 - 53 - 9: |x| of any dtype (and fp64 terms) */
-#define BX_ABS_LOW 58
+#define BX_SQ_F32_SMAX 73   /* 128 - 48 - 7 */
+#define BX_SQ_F32_LOW 61
+#define BX_SQ_BF16_SMAX 41  /* 64 - 16 - 7 */
+#define BX_SQ_BF16_LOW 31
+#define BX_SQ_F16_SMAX 35   /* 64 - 22 - 7 */
+#define BX_SQ_F16_LOW 25
+#define BX_SQ_F64_SMAX 79   /* 192 - 106 - 7 */
+#define BX_SQ_F64_LOW 65
+#define BX_ABS_SMAX 68      /* 128 - 53 - 7: |x| of any dtype (and fp64 terms) */
+#define BX_ABS_LOW 60
 
 /* ---- per-dtype element decoding -----------------------------------------
  * The bit position of x's ulp in the accumulator's units for |x| (qa) and

@@ -167,8 +167,13 @@ static bx_status plan_build(const char *fn, const bx_group *groups, size_t ngrou
   int sms = 0;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms < 1)
     sms = 1;
-  size_t grid = (size_t)sms * 8; /* 8 blocks of 256 threads fill an SM (38 registers) */
-  plan->grid = (int)(nchunks < grid ? (nchunks ? nchunks : 1) : grid);
+  /* exactly the blocks that are resident at once: a second wave of a
+   * grid-stride kernel would run its share with the GPU mostly idle */
+  size_t gr = (size_t)sms * (size_t)bx_cu_reduce_blocks_per_sm();
+  size_t gs = (size_t)sms * (size_t)bx_cu_scale_blocks_per_sm();
+  size_t nc = nchunks ? nchunks : 1;
+  plan->grid = (int)(nc < gr ? nc : gr);
+  plan->grid_scale = (int)(nc < gs ? nc : gs);
   /* the agreement values (collective.c's items, and the clip's) */
   plan->agree[0] = BX_ACC_VERSION_TAG;
   plan->agree[1] = (int64_t)ngroups;

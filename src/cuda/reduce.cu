@@ -19,13 +19,13 @@
 __global__ void __launch_bounds__(BX_CU_BLOCK)
     bx_cu_reduce_kernel(const bx_cu_chunk *chunks, uint32_t nchunks, int mode, double p,
                         int rank, int64_t *accs, uint64_t *ext, int64_t *offender) {
-  __shared__ int64_t sdig[BX_ACC_DIGITS];
+  __shared__ int64_t sdig[BX_CU_WARPS][BX_ACC_DIGITS]; /* a copy per warp: less contention */
   __shared__ int64_t snan, sinf;
   __shared__ unsigned long long smax, smin, snz, snanx;
   const uint32_t tid = threadIdx.x, nt = blockDim.x;
   for (uint32_t c = blockIdx.x; c < nchunks; c += gridDim.x) {
     const bx_cu_chunk ch = chunks[c];
-    for (uint32_t i = tid; i < BX_ACC_DIGITS; i += nt) sdig[i] = 0;
+    for (uint32_t i = tid; i < BX_CU_WARPS * BX_ACC_DIGITS; i += nt) (&sdig[0][0])[i] = 0;
     if (tid == 0) {
       snan = sinf = 0;
       smax = 0;
@@ -33,7 +33,7 @@ __global__ void __launch_bounds__(BX_CU_BLOCK)
       snz = snanx = 0;
     }
     __syncthreads();
-    bx_sink s = {sdig, &snan, &sinf};
+    bx_sink s = {sdig[tid / 32], &snan, &sinf};
     if (mode == BX_M_SQ) {
       switch (ch.dtype) {
         case BX_DT_F32: bx_thread_sumsq_f32((const uint32_t *)ch.data, ch.n, tid, nt, &s); break;
@@ -63,7 +63,11 @@ __global__ void __launch_bounds__(BX_CU_BLOCK)
     __syncthreads();
     if (mode != BX_M_EXT) {
       int64_t *g = accs + (size_t)ch.group * BX_ACC_WORDS;
-      for (uint32_t i = tid; i < BX_ACC_DIGITS; i += nt) bx_flush_word(g, (int)i, sdig[i]);
+      for (uint32_t i = tid; i < BX_ACC_DIGITS; i += nt) {
+        int64_t w = 0; /* the warps' copies: each below 2^63 / BX_CU_WARPS */
+        for (int k = 0; k < BX_CU_WARPS; k++) w += sdig[k][i];
+        bx_flush_word(g, (int)i, w);
+      }
       if (tid == 0) {
         if (snan) atomicAdd((unsigned long long *)&g[BX_ACC_DIGITS], (unsigned long long)snan);
         if (sinf) atomicAdd((unsigned long long *)&g[BX_ACC_DIGITS + 1], (unsigned long long)sinf);
@@ -84,6 +88,16 @@ __global__ void __launch_bounds__(BX_CU_BLOCK)
     }
     __syncthreads(); /* the shared words are reset for the next chunk */
   }
+}
+
+int bx_cu_reduce_blocks_per_sm(void) {
+  int n = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, bx_cu_reduce_kernel, BX_CU_BLOCK, 0) !=
+          cudaSuccess || n < 1) {
+    cudaGetLastError();
+    n = 1;
+  }
+  return n;
 }
 
 cudaError_t bx_cu_launch_reduce(const bx_cuda_plan *plan, cudaStream_t stream, int rank) {

@@ -54,11 +54,21 @@ __global__ void __launch_bounds__(BX_CU_BLOCK)
   }
 }
 
+int bx_cu_scale_blocks_per_sm(void) {
+  int n = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, bx_cu_scale_kernel, BX_CU_BLOCK, 0) !=
+          cudaSuccess || n < 1) {
+    cudaGetLastError();
+    n = 1;
+  }
+  return n;
+}
+
 cudaError_t bx_cu_launch_scale(const bx_cuda_plan *plan, cudaStream_t stream,
                                const double *d_coef, double coef_host, const int32_t *d_status,
                                int skip_one) {
   if (plan->nchunks == 0) return cudaSuccess;
-  bx_cu_scale_kernel<<<plan->grid, BX_CU_BLOCK, 0, stream>>>(
+  bx_cu_scale_kernel<<<plan->grid_scale, BX_CU_BLOCK, 0, stream>>>(
       plan->chunks, (uint32_t)plan->nchunks, plan->opts.scale.mode == BX_SCALE_EXACT, d_coef,
       coef_host, d_status, skip_one);
   return cudaGetLastError();
