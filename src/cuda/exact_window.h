@@ -109,8 +109,8 @@ static inline BX_HD void bx_flush_word(int64_t *global_digits, int i, int64_t w)
 
 /* ---- windows ------------------------------------------------------------
  * add(v, q): q - base in [0, smax] → in the window; else the slow path.
- * Callers pass q = base for v == 0 (zeros cost nothing) and never pass
- * NaN/Inf. low: how far below a new element the window starts when it is
+ * Callers never pass NaN/Inf; zeros are either skipped or passed with
+ * q = base (then they cost nothing). low: how far below a new element the window starts when it is
  * (re)placed; smax - low bits stay above it for larger elements. */
 
 typedef struct bx_win64 {
@@ -270,50 +270,88 @@ static inline BX_HD void bx_count_special(const bx_sink *s, int is_nan) {
   bx_sink_add(is_nan ? s->nan : s->inf, 1);
 }
 
-/* ---- one element into a window, per dtype (squares) -------------------- */
+/* ---- one element into a window, per dtype (squares) --------------------
+ * Normal numbers take the short path (no subnormal or zero selects); zeros,
+ * subnormals and NaN/Inf the general one. */
 
-static inline BX_HD void bx_sq_f32_one(bx_win128 *w, uint32_t b, const bx_sink *s) {
+static inline BX_HD void bx_sq_f32_rare(bx_win128 *w, uint32_t b, const bx_sink *s) {
   uint64_t m;
   int e;
   if (bx_dec_f32(b, &m, &e)) {
     bx_count_special(s, (b & 0x7FFFFF) != 0);
     return;
   }
-  int q = m ? 2 * e - BX_ACC_LSB_EXP : w->base;
-  bx_win128_add(w, m * m, q, BX_SQ_F32_SMAX, BX_SQ_F32_LOW, s);
+  if (m) bx_win128_add(w, m * m, 2 * e - BX_ACC_LSB_EXP, BX_SQ_F32_SMAX, BX_SQ_F32_LOW, s);
+}
+static inline BX_HD void bx_sq_f32_one(bx_win128 *w, uint32_t b, const bx_sink *s) {
+  uint32_t ef = (b >> 23) & 0xFF;
+  if (ef - 1u < 254u) {
+    uint64_t m = (b & 0x7FFFFF) | 0x800000;
+    bx_win128_add(w, m * m, 2 * ((int)ef - 150) - BX_ACC_LSB_EXP, BX_SQ_F32_SMAX, BX_SQ_F32_LOW,
+                  s);
+  } else {
+    bx_sq_f32_rare(w, b, s);
+  }
 }
 
-static inline BX_HD void bx_sq_bf16_one(bx_win64 *w, uint16_t b, const bx_sink *s) {
+static inline BX_HD void bx_sq_bf16_rare(bx_win64 *w, uint16_t b, const bx_sink *s) {
   uint64_t m;
   int e;
   if (bx_dec_bf16(b, &m, &e)) {
     bx_count_special(s, (b & 0x7F) != 0);
     return;
   }
-  int q = m ? 2 * e - BX_ACC_LSB_EXP : w->base;
-  bx_win64_add(w, m * m, q, BX_SQ_BF16_SMAX, BX_SQ_BF16_LOW, s);
+  if (m) bx_win64_add(w, m * m, 2 * e - BX_ACC_LSB_EXP, BX_SQ_BF16_SMAX, BX_SQ_BF16_LOW, s);
+}
+static inline BX_HD void bx_sq_bf16_one(bx_win64 *w, uint16_t b, const bx_sink *s) {
+  uint32_t ef = (b >> 7) & 0xFF;
+  if (ef - 1u < 254u) {
+    uint64_t m = (b & 0x7F) | 0x80;
+    bx_win64_add(w, m * m, 2 * ((int)ef - 134) - BX_ACC_LSB_EXP, BX_SQ_BF16_SMAX,
+                 BX_SQ_BF16_LOW, s);
+  } else {
+    bx_sq_bf16_rare(w, b, s);
+  }
 }
 
-static inline BX_HD void bx_sq_f16_one(bx_win64 *w, uint16_t b, const bx_sink *s) {
+static inline BX_HD void bx_sq_f16_rare(bx_win64 *w, uint16_t b, const bx_sink *s) {
   uint64_t m;
   int e;
   if (bx_dec_f16(b, &m, &e)) {
     bx_count_special(s, (b & 0x3FF) != 0);
     return;
   }
-  int q = m ? 2 * e - BX_ACC_LSB_EXP : w->base;
-  bx_win64_add(w, m * m, q, BX_SQ_F16_SMAX, BX_SQ_F16_LOW, s);
+  if (m) bx_win64_add(w, m * m, 2 * e - BX_ACC_LSB_EXP, BX_SQ_F16_SMAX, BX_SQ_F16_LOW, s);
+}
+static inline BX_HD void bx_sq_f16_one(bx_win64 *w, uint16_t b, const bx_sink *s) {
+  uint32_t ef = (b >> 10) & 0x1F;
+  if (ef - 1u < 30u) {
+    uint64_t m = (b & 0x3FF) | 0x400;
+    bx_win64_add(w, m * m, 2 * ((int)ef - 25) - BX_ACC_LSB_EXP, BX_SQ_F16_SMAX, BX_SQ_F16_LOW,
+                 s);
+  } else {
+    bx_sq_f16_rare(w, b, s);
+  }
 }
 
-static inline BX_HD void bx_sq_f64_one(bx_win192 *w, uint64_t b, const bx_sink *s) {
+static inline BX_HD void bx_sq_f64_rare(bx_win192 *w, uint64_t b, const bx_sink *s) {
   uint64_t m;
   int e;
   if (bx_dec_f64(b, &m, &e)) {
     bx_count_special(s, (b & 0xFFFFFFFFFFFFFull) != 0);
     return;
   }
-  int q = m ? 2 * e - BX_ACC_LSB_EXP : w->base;
-  bx_win192_add(w, (bx_u128)m * m, q, BX_SQ_F64_SMAX, BX_SQ_F64_LOW, s);
+  if (m) bx_win192_add(w, (bx_u128)m * m, 2 * e - BX_ACC_LSB_EXP, BX_SQ_F64_SMAX, BX_SQ_F64_LOW, s);
+}
+static inline BX_HD void bx_sq_f64_one(bx_win192 *w, uint64_t b, const bx_sink *s) {
+  uint32_t ef = (uint32_t)(b >> 52) & 0x7FF;
+  if (ef - 1u < 2046u) {
+    uint64_t m = (b & 0xFFFFFFFFFFFFFull) | (1ull << 52);
+    bx_win192_add(w, (bx_u128)m * m, 2 * ((int)ef - 1075) - BX_ACC_LSB_EXP, BX_SQ_F64_SMAX,
+                  BX_SQ_F64_LOW, s);
+  } else {
+    bx_sq_f64_rare(w, b, s);
+  }
 }
 
 /* ---- 16-byte loads ---------------------------------------------------------
@@ -340,12 +378,43 @@ static inline BX_HD bx_vec16 bx_load16(const void *p) {
   return v;
 }
 
-/* Halves and doubles of a vector (little-endian element order). */
-static inline BX_HD uint16_t bx_vec_u16(const bx_vec16 *v, int k) {
-  return (uint16_t)(v->w[k >> 1] >> (16 * (k & 1)));
-}
+/* The doubles of a vector (little-endian element order). */
 static inline BX_HD uint64_t bx_vec_u64(const bx_vec16 *v, int k) {
   return (uint64_t)v->w[2 * k] | ((uint64_t)v->w[2 * k + 1] << 32);
+}
+
+/* One vector's elements into a window, written out (no loop: the vector
+ * must stay in registers; a loop over its lanes may be left rolled and put
+ * it in local memory). */
+static inline BX_HD void bx_sq_f32_vec(bx_win128 *w, const bx_vec16 *v, const bx_sink *s) {
+  bx_sq_f32_one(w, v->w[0], s);
+  bx_sq_f32_one(w, v->w[1], s);
+  bx_sq_f32_one(w, v->w[2], s);
+  bx_sq_f32_one(w, v->w[3], s);
+}
+static inline BX_HD void bx_sq_bf16_vec(bx_win64 *w, const bx_vec16 *v, const bx_sink *s) {
+  bx_sq_bf16_one(w, (uint16_t)v->w[0], s);
+  bx_sq_bf16_one(w, (uint16_t)(v->w[0] >> 16), s);
+  bx_sq_bf16_one(w, (uint16_t)v->w[1], s);
+  bx_sq_bf16_one(w, (uint16_t)(v->w[1] >> 16), s);
+  bx_sq_bf16_one(w, (uint16_t)v->w[2], s);
+  bx_sq_bf16_one(w, (uint16_t)(v->w[2] >> 16), s);
+  bx_sq_bf16_one(w, (uint16_t)v->w[3], s);
+  bx_sq_bf16_one(w, (uint16_t)(v->w[3] >> 16), s);
+}
+static inline BX_HD void bx_sq_f16_vec(bx_win64 *w, const bx_vec16 *v, const bx_sink *s) {
+  bx_sq_f16_one(w, (uint16_t)v->w[0], s);
+  bx_sq_f16_one(w, (uint16_t)(v->w[0] >> 16), s);
+  bx_sq_f16_one(w, (uint16_t)v->w[1], s);
+  bx_sq_f16_one(w, (uint16_t)(v->w[1] >> 16), s);
+  bx_sq_f16_one(w, (uint16_t)v->w[2], s);
+  bx_sq_f16_one(w, (uint16_t)(v->w[2] >> 16), s);
+  bx_sq_f16_one(w, (uint16_t)v->w[3], s);
+  bx_sq_f16_one(w, (uint16_t)(v->w[3] >> 16), s);
+}
+static inline BX_HD void bx_sq_f64_vec(bx_win192 *w, const bx_vec16 *v, const bx_sink *s) {
+  bx_sq_f64_one(w, bx_vec_u64(v, 0), s);
+  bx_sq_f64_one(w, bx_vec_u64(v, 1), s);
 }
 
 /* ---- one thread's share of a chunk: vectors first, first + stride, ... of
@@ -361,9 +430,8 @@ static inline BX_HD void bx_thread_sumsq_f32(const uint32_t *x, uint32_t n, uint
     int two = v + stride < nvec;
     bx_vec16 a = bx_load16(x + 4 * (size_t)v), b = a;
     if (two) b = bx_load16(x + 4 * (size_t)(v + stride));
-    for (int k = 0; k < 4; k++) bx_sq_f32_one(&w, a.w[k], s);
-    if (two)
-      for (int k = 0; k < 4; k++) bx_sq_f32_one(&w, b.w[k], s);
+    bx_sq_f32_vec(&w, &a, s);
+    if (two) bx_sq_f32_vec(&w, &b, s);
   }
   for (uint32_t i = 4 * nvec + first; i < n; i += stride) bx_sq_f32_one(&w, x[i], s);
   bx_win128_flush(&w, s);
@@ -378,9 +446,8 @@ static inline BX_HD void bx_thread_sumsq_bf16(const uint16_t *x, uint32_t n, uin
     int two = v + stride < nvec;
     bx_vec16 a = bx_load16(x + 8 * (size_t)v), b = a;
     if (two) b = bx_load16(x + 8 * (size_t)(v + stride));
-    for (int k = 0; k < 8; k++) bx_sq_bf16_one(&w, bx_vec_u16(&a, k), s);
-    if (two)
-      for (int k = 0; k < 8; k++) bx_sq_bf16_one(&w, bx_vec_u16(&b, k), s);
+    bx_sq_bf16_vec(&w, &a, s);
+    if (two) bx_sq_bf16_vec(&w, &b, s);
   }
   for (uint32_t i = 8 * nvec + first; i < n; i += stride) bx_sq_bf16_one(&w, x[i], s);
   bx_win64_flush(&w, s);
@@ -395,9 +462,8 @@ static inline BX_HD void bx_thread_sumsq_f16(const uint16_t *x, uint32_t n, uint
     int two = v + stride < nvec;
     bx_vec16 a = bx_load16(x + 8 * (size_t)v), b = a;
     if (two) b = bx_load16(x + 8 * (size_t)(v + stride));
-    for (int k = 0; k < 8; k++) bx_sq_f16_one(&w, bx_vec_u16(&a, k), s);
-    if (two)
-      for (int k = 0; k < 8; k++) bx_sq_f16_one(&w, bx_vec_u16(&b, k), s);
+    bx_sq_f16_vec(&w, &a, s);
+    if (two) bx_sq_f16_vec(&w, &b, s);
   }
   for (uint32_t i = 8 * nvec + first; i < n; i += stride) bx_sq_f16_one(&w, x[i], s);
   bx_win64_flush(&w, s);
@@ -412,9 +478,8 @@ static inline BX_HD void bx_thread_sumsq_f64(const uint64_t *x, uint32_t n, uint
     int two = v + stride < nvec;
     bx_vec16 a = bx_load16(x + 2 * (size_t)v), b = a;
     if (two) b = bx_load16(x + 2 * (size_t)(v + stride));
-    for (int k = 0; k < 2; k++) bx_sq_f64_one(&w, bx_vec_u64(&a, k), s);
-    if (two)
-      for (int k = 0; k < 2; k++) bx_sq_f64_one(&w, bx_vec_u64(&b, k), s);
+    bx_sq_f64_vec(&w, &a, s);
+    if (two) bx_sq_f64_vec(&w, &b, s);
   }
   for (uint32_t i = 2 * nvec + first; i < n; i += stride) bx_sq_f64_one(&w, x[i], s);
   bx_win192_flush(&w, s);
