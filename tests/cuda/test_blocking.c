@@ -267,14 +267,35 @@ void test_blocking_bad_input(void) {
   plan = NULL;
   unchanged(&s, back, "calls with a bad dtype left the gradients");
 
-  /* overlapping tensors cannot be scaled */
-  DLTensor ov[2] = {s.gpu[0], s.gpu[0]};
+  /* overlapping tensors: a norm counts the shared elements twice (as the
+   * CPU does), scaling them is refused */
+  DLTensor ov[2] = {s.gpu[0], s.gpu[0]}, ovc[2] = {s.cpu[0], s.cpu[0]};
   int64_t half = 500;
-  ov[1].shape = &half;
-  ov[1].byte_offset += 1000; /* elements 250..749 of tensor 0 */
+  ov[1].shape = ovc[1].shape = &half;
+  ov[1].byte_offset += 1000; /* elements 250..749 of tensor 0 (fp32) */
+  ovc[1].byte_offset += 1000;
   CT_STATUS(bx_scale(ov, 2, 0.5, NULL), BX_ELAYOUT, "scale of overlapping CUDA tensors");
-  bx_group go = {ov, 2};
-  CT_STATUS(bx_cuda_plan_create(&go, 1, NULL, NULL, &plan), BX_ELAYOUT, "plan of overlapping tensors");
+  bx_group go = {ov, 2}, goc = {ovc, 2};
+  double tg = -1, tc = -2;
+  CT_STATUS(bx_total_norm(&go, 1, NULL, NULL, &tg, NULL), BX_OK, "norm of overlapping CUDA tensors");
+  CT_STATUS(bx_total_norm(&goc, 1, NULL, NULL, &tc, NULL), BX_OK, "norm of overlapping host tensors");
+  CT_BITS(tg, tc, "overlapping tensors counted twice on both");
+  CT_STATUS(bx_clip_grad_norm(&go, 1, NULL, 1e-6, NULL, &t, &c), BX_ELAYOUT,
+            "clip of overlapping CUDA tensors");
+  CT_STATUS(bx_cuda_plan_create(&go, 1, NULL, NULL, &plan), BX_OK, "plan of overlapping tensors");
+  if (plan) {
+    double *d = NULL;
+    if (cudaMalloc((void **)&d, 2 * sizeof(double)) == cudaSuccess) {
+      CT_STATUS(bx_cuda_norm_async(plan, 0, d, NULL, NULL), BX_OK, "plan norm, overlapping");
+      CT_STATUS(bx_cuda_clip_async(plan, 1e-6, 0, d, d + 1, NULL), BX_ELAYOUT,
+                "plan clip, overlapping");
+      CT_STATUS(bx_cuda_scale_async(plan, d + 1, NULL, 0), BX_ELAYOUT, "plan scale, overlapping");
+      double hd = -3;
+      cudaMemcpy(&hd, d, sizeof hd, cudaMemcpyDeviceToHost);
+      CT_BITS(hd, tc, "plan norm of overlapping tensors");
+      cudaFree(d);
+    }
+  }
   bx_cuda_plan_destroy(plan);
   plan = NULL;
 
