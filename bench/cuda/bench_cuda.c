@@ -326,6 +326,24 @@ int main(int argc, char **argv) {
   }
   printf("launch count %s with the tensor count\n",
          nodes[0][0] == nodes[1][0] && nodes[0][1] == nodes[1][1] ? "constant" : "NOT constant");
+
+  /* ---- fixed cost: a norm and a clip of 4096 elements ---------------------
+   * (launch latencies, the single-thread finishing kernel): what a 1 GiB
+   * call pays on top of streaming its bytes */
+  {
+    layout l = make_layout(buf, 4096, 1, 0, 13);
+    bx_cuda_plan *p = plan_of(&l);
+    op nm = {OP_NORM, 0, buf, NULL, 4096 * 4, sink, p, 0, d_out, d_status};
+    timing tn = time_op(&nm, s);
+    double norm = 0;
+    CK(cudaMemcpy(&norm, d_out, 8, cudaMemcpyDeviceToHost));
+    op cl = {OP_CLIP, 0, buf, backup, 4096 * 4, sink, p, norm / 2, d_out, d_status};
+    timing tc = time_op(&cl, s);
+    printf("\nfixed cost (1 tensor of 4096 fp32): norm %.1f us GPU (%.1f us to enqueue), clip %.1f "
+           "us GPU\n", 1e3 * tn.gpu_ms, tn.host_us, 1e3 * tc.gpu_ms);
+    bx_cuda_plan_destroy(p);
+    free_layout(&l);
+  }
   cudaStreamDestroy(s);
   cudaFree(buf);
   cudaFree(backup);
