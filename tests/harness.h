@@ -21,6 +21,7 @@
 #include <stdint.h>
 
 #include "bitexact.h"
+#include "rng.h"
 
 #if defined(__GNUC__)
 #define BXT_PRINTF(a, b) __attribute__((format(printf, a, b)))
@@ -62,10 +63,8 @@ void bxt_skip(const char *why);
  * early after the first few failures). */
 int bxt_failures(void);
 
-/* ---- deterministic random numbers (xoshiro256**, seeded by splitmix64) */
-typedef struct bxt_rng {
-  uint64_t s[4];
-} bxt_rng;
+/* ---- deterministic random numbers (rng.h: xoshiro256**, splitmix64) --- */
+typedef bx_test_rng bxt_rng;
 
 /* The run's base seed (BX_TEST_SEED or the default). */
 uint64_t bxt_seed(void);

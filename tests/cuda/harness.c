@@ -113,53 +113,12 @@ void ct_note(const char *fmt, ...) {
 }
 
 /* ---- random numbers --------------------------------------------------- */
-static uint64_t splitmix64(uint64_t *x) {
-  uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-void ct_rng_seed(ct_rng *r, uint64_t seed) {
-  for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&seed);
-}
-
-void ct_rng_init(ct_rng *r) {
-  uint64_t h = 1469598103934665603ull; /* FNV-1a of the test name */
-  for (const char *p = g_test ? g_test : ""; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
-  ct_rng_seed(r, g_seed ^ h);
-}
-
-static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-uint64_t ct_next(ct_rng *r) {
-  uint64_t *s = r->s;
-  uint64_t result = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
-  s[2] ^= s[0];
-  s[3] ^= s[1];
-  s[1] ^= s[2];
-  s[0] ^= s[3];
-  s[2] ^= t;
-  s[3] = rotl(s[3], 45);
-  return result;
-}
-
-uint64_t ct_below(ct_rng *r, uint64_t n) {
-  if (n <= 1) return 0;
-  uint64_t lim = UINT64_MAX - UINT64_MAX % n, x;
-  do
-    x = ct_next(r);
-  while (x >= lim);
-  return x % n;
-}
-
-double ct_uniform(ct_rng *r) { return (double)(ct_next(r) >> 11) * 0x1p-53; }
-
-double ct_normal(ct_rng *r) {
-  double u = ct_uniform(r), v = ct_uniform(r);
-  if (u < 0x1p-60) u = 0x1p-60;
-  return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
-}
+void ct_rng_seed(ct_rng *r, uint64_t seed) { bx_test_rng_seed(r, seed); }
+void ct_rng_init(ct_rng *r) { bx_test_rng_named(r, g_seed, g_test); }
+uint64_t ct_next(ct_rng *r) { return bx_test_next(r); }
+uint64_t ct_below(ct_rng *r, uint64_t n) { return bx_test_below(r, n); }
+double ct_uniform(ct_rng *r) { return bx_test_uniform(r); }
+double ct_normal(ct_rng *r) { return bx_test_normal(r); }
 
 /* ---- norms ------------------------------------------------------------ */
 bx_norm_opts ct_norm_opts(int k) {
