@@ -9,7 +9,8 @@
  * times, so that whole chunks of BX_CU_CHUNK elements and the windows'
  * headroom are reached from a short input); the rest is raw element data.
  * The simulated words, rounded by the finishing code, must give MPFR's
- * value and sqrt, and the counters; any difference traps.
+ * value and sqrt, and the counters; squares by the fp64 grid and by the
+ * integer windows must give the same words; any difference traps.
  */
 #include "fuzz_common.h"
 
@@ -19,6 +20,51 @@
 #define FZ_MAX_ELEMS (1u << 19)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+static void sim_kernel(const char *x, int dt, size_t n, int abs_mode, int int_squares,
+                       int64_t *raw);
+
+/* The reduction kernel's work on x[0..n), as a simulated grid, into raw
+ * (BX_ACC_WORDS words: digits, NaN, Inf, count). int_squares: integer
+ * windows for the squares of every dtype instead of the fp64 grid. */
+static void sim_kernel(const char *x, int dt, size_t n, int abs_mode, int int_squares,
+                       int64_t *raw) {
+  size_t es = fz_dt_size[dt];
+  memset(raw, 0, BX_ACC_WORDS * sizeof *raw);
+  for (size_t start = 0; start < n; start += BX_CU_CHUNK) {
+    uint32_t cn = (uint32_t)(n - start < BX_CU_CHUNK ? n - start : BX_CU_CHUNK);
+    const char *c = x + start * es;
+    static int64_t sdig[BX_CU_WARPS][BX_ACC_DIGITS];
+    int64_t snan = 0, sinf = 0;
+    memset(sdig, 0, sizeof sdig);
+    for (uint32_t t = 0; t < BX_CU_BLOCK; t++) {
+      bx_sink s = {sdig[t / 32], &snan, &sinf}; /* the kernel's per-warp copies */
+      if (abs_mode) {
+        if (dt == 2) bx_thread_sumabs_f32((const uint32_t *)c, cn, t, BX_CU_BLOCK, &s);
+        else if (dt == 1) bx_thread_sumabs_bf16((const uint16_t *)c, cn, t, BX_CU_BLOCK, &s);
+        else if (dt == 0) bx_thread_sumabs_f16((const uint16_t *)c, cn, t, BX_CU_BLOCK, &s);
+        else bx_thread_sumabs_f64((const uint64_t *)c, cn, t, BX_CU_BLOCK, &s);
+      } else if (!int_squares) {
+        if (dt == 2) bx_thread_gridsq_f32((const uint32_t *)c, cn, t, BX_CU_BLOCK, &s);
+        else if (dt == 1) bx_thread_gridsq_bf16((const uint16_t *)c, cn, t, BX_CU_BLOCK, &s);
+        else if (dt == 0) bx_thread_gridsq_f16((const uint16_t *)c, cn, t, BX_CU_BLOCK, &s);
+        else bx_thread_sumsq_f64((const uint64_t *)c, cn, t, BX_CU_BLOCK, &s);
+      } else {
+        if (dt == 2) bx_thread_sumsq_f32((const uint32_t *)c, cn, t, BX_CU_BLOCK, &s);
+        else if (dt == 1) bx_thread_sumsq_bf16((const uint16_t *)c, cn, t, BX_CU_BLOCK, &s);
+        else if (dt == 0) bx_thread_sumsq_f16((const uint16_t *)c, cn, t, BX_CU_BLOCK, &s);
+        else bx_thread_sumsq_f64((const uint64_t *)c, cn, t, BX_CU_BLOCK, &s);
+      }
+    }
+    for (int i = 0; i < BX_ACC_DIGITS; i++) {
+      int64_t w = 0;
+      for (int k = 0; k < BX_CU_WARPS; k++) w += sdig[k][i];
+      bx_flush_word(raw, i, w);
+    }
+    raw[BX_ACC_DIGITS] += snan;
+    raw[BX_ACC_DIGITS + 1] += sinf;
+    raw[BX_ACC_DIGITS + 2] += cn;
+  }
+}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size < 1) return 0;
@@ -40,37 +86,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (ref_inexact_events) FZ_FAIL("the reference lost exactness");
 
   /* the reduction kernel: chunks, BX_CU_BLOCK threads each, block digits
-   * flushed into the group's words */
-  static int64_t raw[BX_ACC_WORDS];
-  memset(raw, 0, sizeof raw);
-  for (size_t start = 0; start < n; start += BX_CU_CHUNK) {
-    uint32_t cn = (uint32_t)(n - start < BX_CU_CHUNK ? n - start : BX_CU_CHUNK);
-    const char *c = x + start * es;
-    static int64_t sdig[BX_CU_WARPS][BX_ACC_DIGITS];
-    int64_t snan = 0, sinf = 0;
-    memset(sdig, 0, sizeof sdig);
-    for (uint32_t t = 0; t < BX_CU_BLOCK; t++) {
-      bx_sink s = {sdig[t / 32], &snan, &sinf}; /* the kernel's per-warp copies */
-      if (!abs_mode) {
-        if (dt == 2) bx_thread_sumsq_f32((const uint32_t *)c, cn, t, BX_CU_BLOCK, &s);
-        else if (dt == 1) bx_thread_sumsq_bf16((const uint16_t *)c, cn, t, BX_CU_BLOCK, &s);
-        else if (dt == 0) bx_thread_sumsq_f16((const uint16_t *)c, cn, t, BX_CU_BLOCK, &s);
-        else bx_thread_sumsq_f64((const uint64_t *)c, cn, t, BX_CU_BLOCK, &s);
-      } else {
-        if (dt == 2) bx_thread_sumabs_f32((const uint32_t *)c, cn, t, BX_CU_BLOCK, &s);
-        else if (dt == 1) bx_thread_sumabs_bf16((const uint16_t *)c, cn, t, BX_CU_BLOCK, &s);
-        else if (dt == 0) bx_thread_sumabs_f16((const uint16_t *)c, cn, t, BX_CU_BLOCK, &s);
-        else bx_thread_sumabs_f64((const uint64_t *)c, cn, t, BX_CU_BLOCK, &s);
-      }
-    }
-    for (int i = 0; i < BX_ACC_DIGITS; i++) {
-      int64_t w = 0;
-      for (int k = 0; k < BX_CU_WARPS; k++) w += sdig[k][i];
-      bx_flush_word(raw, i, w);
-    }
-    raw[BX_ACC_DIGITS] += snan;
-    raw[BX_ACC_DIGITS + 1] += sinf;
-    raw[BX_ACC_DIGITS + 2] += cn;
+   * flushed into the group's words; squares by both schemes (the fp64 grid
+   * and the integer windows), which must give the same words */
+  static int64_t raw[BX_ACC_WORDS], raw_int[BX_ACC_WORDS];
+  sim_kernel(x, dt, n, abs_mode, 0, raw);
+  if (!abs_mode) {
+    sim_kernel(x, dt, n, 0, 1, raw_int);
+    int64_t a[BX_ACC_DIGITS], b[BX_ACC_DIGITS];
+    bx_digits_normalize(a, raw);
+    bx_digits_normalize(b, raw_int);
+    if (memcmp(a, b, sizeof a) != 0 || memcmp(raw + BX_ACC_DIGITS, raw_int + BX_ACC_DIGITS, 24))
+      FZ_FAIL("the fp64 grid and the integer windows give different words");
   }
   /* the wire and finishing kernels */
   static int64_t wire[BX_CU_AGREE_WORDS + BX_ACC_WORDS];

@@ -21,7 +21,10 @@
 
 #include "../src/cuda/exact_window.h"
 
-typedef enum sim_mode { SIM_SQ, SIM_ABS, SIM_MEGATRON, SIM_POW } sim_mode;
+/* SIM_SQ: the kernel's default for squares (the fp64 grid for fp32, bf16
+ * and fp16; integer windows for fp64); SIM_SQ_INT: integer windows for
+ * every dtype (BX_CUDA_SQUARES=int). */
+typedef enum sim_mode { SIM_SQ, SIM_ABS, SIM_MEGATRON, SIM_POW, SIM_SQ_INT } sim_mode;
 
 /* The reduction kernel's work on one tensor, as the GPU schedules it (any
  * schedule gives the same words: that is what is being tested). */
@@ -36,6 +39,12 @@ static void sim_reduce(const void *x, int dt, size_t n, sim_mode m, double p, bx
       bx_sink s = {sdig[t / 32], &snan, &sinf}; /* the kernel's per-warp copies */
       switch (m) {
         case SIM_SQ:
+          if (dt == BX_DT_F32) bx_thread_gridsq_f32(c, cn, t, BX_CU_BLOCK, &s);
+          else if (dt == BX_DT_BF16) bx_thread_gridsq_bf16(c, cn, t, BX_CU_BLOCK, &s);
+          else if (dt == BX_DT_F16) bx_thread_gridsq_f16(c, cn, t, BX_CU_BLOCK, &s);
+          else bx_thread_sumsq_f64(c, cn, t, BX_CU_BLOCK, &s);
+          break;
+        case SIM_SQ_INT:
           if (dt == BX_DT_F32) bx_thread_sumsq_f32(c, cn, t, BX_CU_BLOCK, &s);
           else if (dt == BX_DT_BF16) bx_thread_sumsq_bf16(c, cn, t, BX_CU_BLOCK, &s);
           else if (dt == BX_DT_F16) bx_thread_sumsq_f16(c, cn, t, BX_CU_BLOCK, &s);
@@ -81,7 +90,8 @@ static void cpu_reduce(const bxt_tensor *x, size_t skip, sim_mode m, double p, b
   view.strides = NULL;
   bx_acc_init(out);
   switch (m) {
-    case SIM_SQ: bx_acc_add_squares(out, &view); break;
+    case SIM_SQ:
+    case SIM_SQ_INT: bx_acc_add_squares(out, &view); break;
     case SIM_ABS: bx_acc_add_abs(out, &view); break;
     case SIM_MEGATRON:
       bx_sum_megatron_sq(data, (bx_dtype)x->dt, n, out);
@@ -98,7 +108,8 @@ static void cpu_reduce(const bxt_tensor *x, size_t skip, sim_mode m, double p, b
 }
 
 static const char *mode_name(sim_mode m) {
-  return m == SIM_SQ ? "squares" : m == SIM_ABS ? "abs" : m == SIM_MEGATRON ? "megatron" : "pow";
+  return m == SIM_SQ ? "squares" : m == SIM_SQ_INT ? "squares (integer windows)"
+         : m == SIM_ABS ? "abs" : m == SIM_MEGATRON ? "megatron" : "pow";
 }
 
 static int same_words(const bx_acc *a, const bx_acc *b) { return memcmp(a, b, sizeof *a) == 0; }
@@ -131,6 +142,11 @@ static void compare(const bxt_tensor *x, sim_mode m, double p, const char *what)
   compare_from(x, 1, m, p, what);
 }
 
+static void compare_sq(const bxt_tensor *x, const char *what) {
+  compare(x, SIM_SQ, 2.0, what);
+  compare(x, SIM_SQ_INT, 2.0, what);
+}
+
 static const size_t SIZES[] = {0, 1, 7, 255, 256, 257, 4099, BX_CU_CHUNK - 1, BX_CU_CHUNK,
                                BX_CU_CHUNK + 3, 3 * BX_CU_CHUNK + 1000};
 #define NSIZES (sizeof SIZES / sizeof SIZES[0])
@@ -153,7 +169,10 @@ static void random_sets(sim_mode m, double p) {
       }
 }
 
-void test_cuda_sim_squares(void) { random_sets(SIM_SQ, 2.0); }
+void test_cuda_sim_squares(void) {
+  random_sets(SIM_SQ, 2.0);
+  random_sets(SIM_SQ_INT, 2.0);
+}
 void test_cuda_sim_abs(void) { random_sets(SIM_ABS, 1.0); }
 void test_cuda_sim_megatron(void) { random_sets(SIM_MEGATRON, 2.0); }
 void test_cuda_sim_pow(void) { random_sets(SIM_POW, 3.0); }
@@ -174,7 +193,7 @@ void test_cuda_sim_adversarial(void) {
     uint64_t maxbits = dt == BX_DT_F16 ? 0x7BFF : dt == BX_DT_BF16 ? 0x7F7F
                        : dt == BX_DT_F32 ? 0x7F7FFFFF : 0x7FEFFFFFFFFFFFFFull;
     for (size_t i = 0; i < n; i++) bxt_set_bits(&x, i, maxbits);
-    compare(&x, SIM_SQ, 2, "all max");
+    compare_sq(&x, "all max");
     compare(&x, SIM_ABS, 1, "all max");
     /* 2: largest significand at every exponent, each thread climbing: a
      * rebase at almost every element */
@@ -184,14 +203,14 @@ void test_cuda_sim_adversarial(void) {
       uint64_t e = (uint64_t)((i / BX_CU_BLOCK) % (size_t)(emax + 1));
       bxt_set_bits(&x, i, (e << mbits) | ((1ull << mbits) - 1));
     }
-    compare(&x, SIM_SQ, 2, "climbing exponents");
+    compare_sq(&x, "climbing exponents");
     compare(&x, SIM_ABS, 1, "climbing exponents");
     /* 3: falling exponents: everything after the first lands below the window */
     for (size_t i = 0; i < n; i++) {
       uint64_t e = (uint64_t)emax - (uint64_t)((i / BX_CU_BLOCK) % (size_t)(emax + 1));
       bxt_set_bits(&x, i, (e << mbits) | (bxt_next(&r) & ((1ull << mbits) - 1)));
     }
-    compare(&x, SIM_SQ, 2, "falling exponents");
+    compare_sq(&x, "falling exponents");
     compare(&x, SIM_ABS, 1, "falling exponents");
     /* 4: subnormals and zeros only, signs random */
     for (size_t i = 0; i < n; i++) {
@@ -199,7 +218,7 @@ void test_cuda_sim_adversarial(void) {
       uint64_t frac = i % 3 ? (bxt_next(&r) & ((1ull << mbits) - 1)) : 0;
       bxt_set_bits(&x, i, sign | frac);
     }
-    compare(&x, SIM_SQ, 2, "subnormals and zeros");
+    compare_sq(&x, "subnormals and zeros");
     compare(&x, SIM_ABS, 1, "subnormals and zeros");
     compare(&x, SIM_MEGATRON, 2, "subnormals and zeros");
     /* 5: each thread's first element (the first of its first 16-byte
@@ -215,7 +234,7 @@ void test_cuda_sim_adversarial(void) {
       uint64_t e = (uint64_t)(emax / 2) + (first ? 0 : (uint64_t)up);
       bxt_set_bits(&x, i, (e << mbits) | ((1ull << mbits) - 1));
     }
-    compare(&x, SIM_SQ, 2, "full window headroom");
+    compare_sq(&x, "full window headroom");
     int upa = (BX_ABS_SMAX - BX_ABS_LOW);
     for (size_t i = 0; i < n; i++) {
       uint64_t e = (uint64_t)(emax / 2) + ((i % BX_CU_CHUNK) < BX_CU_BLOCK ? 0 : (uint64_t)upa);
@@ -223,10 +242,22 @@ void test_cuda_sim_adversarial(void) {
       bxt_set_bits(&x, i, (e << mbits) | ((1ull << mbits) - 1));
     }
     compare(&x, SIM_ABS, 1, "full window headroom");
+    /* 5b: the same for the fp64 grid (fp32/bf16/fp16): each thread's first
+     * square places the window 2^13 above itself, the others sit just below
+     * the window's top (sqrt(2) * 2^7 times the first element) */
+    if (dt != BX_DT_F64) {
+      uint64_t sqrt2 = dt == BX_DT_F32 ? 0x3504F3 : dt == BX_DT_BF16 ? 0x35 : 0x1A8;
+      for (size_t i = 0; i < n; i++) {
+        int first = (i % BX_CU_CHUNK) < vec * BX_CU_BLOCK && i % vec == 0;
+        uint64_t e = (uint64_t)(emax / 2) + (first ? 0 : 7);
+        bxt_set_bits(&x, i, (e << mbits) | (first ? ((1ull << mbits) - 1) : sqrt2));
+      }
+      compare(&x, SIM_SQ, 2, "fp64 grid: squares at the window's top");
+    }
     /* 6: a tiny first element per thread, then gradient-like values */
     bxt_fill_gradient(&r, &x, 1.0);
     for (size_t i = 0; i < BX_CU_BLOCK && i < n; i++) bxt_set_bits(&x, i, 1);
-    compare(&x, SIM_SQ, 2, "tiny first elements");
+    compare_sq(&x, "tiny first elements");
     bxt_tensor_free(&x);
   }
 }

@@ -26,6 +26,8 @@ struct bx_cuda_plan {
   int device;
   size_t ngroups, nchunks;
   int mode;            /* bx_mode (internal.h) */
+  int int_squares;     /* squares of fp32/bf16/fp16 by integer windows instead of the
+                          fp64 grid (BX_CUDA_SQUARES=int; the same bits either way) */
   bx_clip_opts opts;
   int has_comm;
   bx_comm comm;

@@ -35,6 +35,7 @@
 #include "bitexact.h"
 #include "hd.h"
 #include "pow_det.h"
+#include "scale_round.h"
 
 #define BX_CU_BLOCK 256                       /* threads per block */
 #define BX_CU_WARPS (BX_CU_BLOCK / 32)        /* a copy of the block digits each */
@@ -483,6 +484,188 @@ static inline BX_HD void bx_thread_sumsq_f64(const uint64_t *x, uint32_t n, uint
   }
   for (uint32_t i = 2 * nvec + first; i < n; i += stride) bx_sq_f64_one(&w, x[i], s);
   bx_win192_flush(&w, s);
+}
+
+/* ---- the fp64 grid: squares of values with <= 24 significant bits --------
+ * (fp32, bf16, fp16). The square s = x*x is exact in fp64 (<= 48 bits).
+ * Each thread keeps a window [0, 2^E) for its squares and two fp64
+ * accumulators on fixed grids (the extraction of Demmel & Nguyen's
+ * reproducible summation, here used to stay exact):
+ *   q1 = (s + M1) - M1, r1 = s - q1     M1 = 1.5 * 2^(E+K)
+ *   q2 = (r1 + M2) - M2, r2 = r1 - q2   M2 = 1.5 * 2^(E+2K-53)
+ * With 0 <= s < 2^E <= 2^(E+K-1), fl(s + M1) stays in M1's binade, so q1
+ * is s rounded to a multiple of 2^(E+K-52) and q1, r1 are exact (Fast2Sum);
+ * |r1| <= 2^(E+K-53) and the same holds one level down. At most 2^K terms
+ * (a thread's elements per chunk, BX_CU_HEADROOM = K) keep acc1 below
+ * 2^(E+K) on the grid 2^(E+K-52) and acc2 below 2^(E+2K-53) on the grid
+ * 2^(E+2K-105): 53 bits each, every addition exact. r2 != 0 (bits of s
+ * below 2^(E+2K-105): squares ~2^-44 below the window top) goes to the
+ * block's digits exactly. Every operation is an IEEE fp64 add/mul rounded
+ * to nearest (no FMA: --fmad=false, -ffp-contract=off), so the CPU runs
+ * the same steps with the same results: tests/test_cuda_sim.c. Per element
+ * about a dozen fp64 operations instead of ~25 integer ones. */
+#define BX_GRID_K BX_CU_HEADROOM
+#define BX_GRID_UP 13 /* the placing square sits 2^-13 below the window top */
+
+typedef struct bx_grid {
+  double top;      /* 2^E; 0 while not placed */
+  double m1, m2;   /* 1.5 * 2^(E+K), 1.5 * 2^(E+2K-53) */
+  double acc1, acc2;
+} bx_grid;
+
+/* 2^e for a normal exponent, from its bits. */
+static inline BX_HD double bx_pow2(int e) { return bx_f64_from_bits((uint64_t)(e + 1023) << 52); }
+
+/* d (a finite double, any sign) into the sink, exactly. */
+static inline BX_HD void bx_sink_deposit_f64(const bx_sink *s, double d) {
+  uint64_t b = bx_f64_bits(d);
+  int ef = (int)((b >> 52) & 0x7FF);
+  uint64_t m = (b & 0xFFFFFFFFFFFFFull) | (ef ? 1ull << 52 : 0);
+  if (!m) return;
+  int pos = (ef ? ef : 1) - 1075 - BX_ACC_LSB_EXP;
+  if (!(b >> 63)) {
+    bx_sink_deposit_u128(s, (bx_u128)m, pos);
+    return;
+  }
+  /* negative: the same pieces, subtracted (carry-save words may go below
+   * zero; normalisation later settles them) */
+  int d32 = pos >> 5, sh = pos & 31;
+  bx_u128 v = (bx_u128)m << sh; /* m < 2^53, sh < 32: fits */
+  for (int k = 0; k < 3; k++) {
+    int64_t piece = (int64_t)(uint32_t)(v >> (32 * k));
+    if (piece) bx_sink_add(&s->digits[d32 + k], -piece);
+  }
+}
+
+static inline BX_HD void bx_grid_init(bx_grid *g) {
+  g->top = 0.0;
+  g->m1 = g->m2 = 0.0;
+  g->acc1 = g->acc2 = 0.0;
+}
+
+static inline BX_HD void bx_grid_flush(bx_grid *g, const bx_sink *s) {
+  bx_sink_deposit_f64(s, g->acc1);
+  bx_sink_deposit_f64(s, g->acc2);
+  g->acc1 = g->acc2 = 0.0;
+}
+
+/* s (finite, > 0) at or above the window's top, or no window yet:
+ * flush and place the window above s. */
+static inline BX_HD void bx_grid_place(bx_grid *g, double s, const bx_sink *s_) {
+  bx_grid_flush(g, s_);
+  int e = (int)((bx_f64_bits(s) >> 52) & 0x7FF) - 1023; /* s is normal: >= 2^-298 */
+  int top = e + 1 + BX_GRID_UP;
+  g->top = bx_pow2(top);
+  g->m1 = 1.5 * bx_pow2(top + BX_GRID_K);
+  g->m2 = 1.5 * bx_pow2(top + 2 * BX_GRID_K - 53);
+}
+
+static inline BX_HD void bx_grid_add(bx_grid *g, double s, const bx_sink *sink) {
+  if (!(s < g->top)) {
+    if (s == 0.0) return; /* only before the window is placed */
+    bx_grid_place(g, s, sink);
+  }
+  double q1 = (s + g->m1) - g->m1, r1 = s - q1;
+  double q2 = (r1 + g->m2) - g->m2, r2 = r1 - q2;
+  g->acc1 += q1;
+  g->acc2 += q2;
+  if (r2 != 0.0) bx_sink_deposit_f64(sink, r2);
+}
+
+/* One element (its exact fp32 value, or the NaN/Inf flag) into the grid. */
+static inline BX_HD void bx_grid_f32_one(bx_grid *g, uint32_t b, const bx_sink *s) {
+  if (((b >> 23) & 0xFF) == 0xFF) {
+    bx_count_special(s, (b & 0x7FFFFF) != 0);
+    return;
+  }
+  double x = (double)bx_f32_from_bits(b);
+  bx_grid_add(g, x * x, s);
+}
+static inline BX_HD void bx_grid_bf16_one(bx_grid *g, uint16_t b, const bx_sink *s) {
+  bx_grid_f32_one(g, (uint32_t)b << 16, s); /* bf16 is the top half of an fp32 */
+}
+static inline BX_HD void bx_grid_f16_one(bx_grid *g, uint16_t b, const bx_sink *s) {
+  if (((b >> 10) & 0x1F) == 0x1F) {
+    bx_count_special(s, (b & 0x3FF) != 0);
+    return;
+  }
+  double x = (double)bx_f16_to_f32(b); /* exact */
+  bx_grid_add(g, x * x, s);
+}
+
+static inline BX_HD void bx_grid_f32_vec(bx_grid *g, const bx_vec16 *v, const bx_sink *s) {
+  bx_grid_f32_one(g, v->w[0], s);
+  bx_grid_f32_one(g, v->w[1], s);
+  bx_grid_f32_one(g, v->w[2], s);
+  bx_grid_f32_one(g, v->w[3], s);
+}
+static inline BX_HD void bx_grid_bf16_vec(bx_grid *g, const bx_vec16 *v, const bx_sink *s) {
+  bx_grid_bf16_one(g, (uint16_t)v->w[0], s);
+  bx_grid_bf16_one(g, (uint16_t)(v->w[0] >> 16), s);
+  bx_grid_bf16_one(g, (uint16_t)v->w[1], s);
+  bx_grid_bf16_one(g, (uint16_t)(v->w[1] >> 16), s);
+  bx_grid_bf16_one(g, (uint16_t)v->w[2], s);
+  bx_grid_bf16_one(g, (uint16_t)(v->w[2] >> 16), s);
+  bx_grid_bf16_one(g, (uint16_t)v->w[3], s);
+  bx_grid_bf16_one(g, (uint16_t)(v->w[3] >> 16), s);
+}
+static inline BX_HD void bx_grid_f16_vec(bx_grid *g, const bx_vec16 *v, const bx_sink *s) {
+  bx_grid_f16_one(g, (uint16_t)v->w[0], s);
+  bx_grid_f16_one(g, (uint16_t)(v->w[0] >> 16), s);
+  bx_grid_f16_one(g, (uint16_t)v->w[1], s);
+  bx_grid_f16_one(g, (uint16_t)(v->w[1] >> 16), s);
+  bx_grid_f16_one(g, (uint16_t)v->w[2], s);
+  bx_grid_f16_one(g, (uint16_t)(v->w[2] >> 16), s);
+  bx_grid_f16_one(g, (uint16_t)v->w[3], s);
+  bx_grid_f16_one(g, (uint16_t)(v->w[3] >> 16), s);
+}
+
+static inline BX_HD void bx_thread_gridsq_f32(const uint32_t *x, uint32_t n, uint32_t first,
+                                              uint32_t stride, const bx_sink *s) {
+  bx_grid g;
+  bx_grid_init(&g);
+  uint32_t nvec = bx_aligned16(x) ? n / 4 : 0;
+  for (uint32_t v = first; v < nvec; v += 2 * stride) {
+    int two = v + stride < nvec;
+    bx_vec16 a = bx_load16(x + 4 * (size_t)v), b = a;
+    if (two) b = bx_load16(x + 4 * (size_t)(v + stride));
+    bx_grid_f32_vec(&g, &a, s);
+    if (two) bx_grid_f32_vec(&g, &b, s);
+  }
+  for (uint32_t i = 4 * nvec + first; i < n; i += stride) bx_grid_f32_one(&g, x[i], s);
+  bx_grid_flush(&g, s);
+}
+
+static inline BX_HD void bx_thread_gridsq_bf16(const uint16_t *x, uint32_t n, uint32_t first,
+                                               uint32_t stride, const bx_sink *s) {
+  bx_grid g;
+  bx_grid_init(&g);
+  uint32_t nvec = bx_aligned16(x) ? n / 8 : 0;
+  for (uint32_t v = first; v < nvec; v += 2 * stride) {
+    int two = v + stride < nvec;
+    bx_vec16 a = bx_load16(x + 8 * (size_t)v), b = a;
+    if (two) b = bx_load16(x + 8 * (size_t)(v + stride));
+    bx_grid_bf16_vec(&g, &a, s);
+    if (two) bx_grid_bf16_vec(&g, &b, s);
+  }
+  for (uint32_t i = 8 * nvec + first; i < n; i += stride) bx_grid_bf16_one(&g, x[i], s);
+  bx_grid_flush(&g, s);
+}
+
+static inline BX_HD void bx_thread_gridsq_f16(const uint16_t *x, uint32_t n, uint32_t first,
+                                              uint32_t stride, const bx_sink *s) {
+  bx_grid g;
+  bx_grid_init(&g);
+  uint32_t nvec = bx_aligned16(x) ? n / 8 : 0;
+  for (uint32_t v = first; v < nvec; v += 2 * stride) {
+    int two = v + stride < nvec;
+    bx_vec16 a = bx_load16(x + 8 * (size_t)v), b = a;
+    if (two) b = bx_load16(x + 8 * (size_t)(v + stride));
+    bx_grid_f16_vec(&g, &a, s);
+    if (two) bx_grid_f16_vec(&g, &b, s);
+  }
+  for (uint32_t i = 8 * nvec + first; i < n; i += stride) bx_grid_f16_one(&g, x[i], s);
+  bx_grid_flush(&g, s);
 }
 
 /* sum |x| (p = 1): v = m at q = e - LSB, one 128-bit window for all dtypes */

@@ -109,6 +109,8 @@ static bx_status plan_build(const char *fn, const bx_group *groups, size_t ngrou
   plan->ngroups = ngroups;
   plan->nchunks = nchunks;
   plan->mode = mode;
+  const char *sq = getenv("BX_CUDA_SQUARES"); /* a tuning switch: the bits never change */
+  plan->int_squares = sq && strcmp(sq, "int") == 0;
   plan->opts = *o;
   plan->wire_words = mode == BX_M_EXT ? 2 : BX_ACC_WORDS;
   size_t k = 0;

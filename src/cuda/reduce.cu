@@ -16,9 +16,10 @@
 
 /* One block's share of the chunk table: exact pieces into shared memory,
  * flushed into the group's global words after each chunk. */
-__global__ void __launch_bounds__(BX_CU_BLOCK)
-    bx_cu_reduce_kernel(const bx_cu_chunk *chunks, uint32_t nchunks, int mode, double p,
-                        int rank, int64_t *accs, uint64_t *ext, int64_t *offender) {
+/* 5 blocks per SM: 48 registers, no spills (ptxas -v, sm_90) */
+__global__ void __launch_bounds__(BX_CU_BLOCK, 5)
+    bx_cu_reduce_kernel(const bx_cu_chunk *chunks, uint32_t nchunks, int mode, int int_squares,
+                        double p, int rank, int64_t *accs, uint64_t *ext, int64_t *offender) {
   __shared__ int64_t sdig[BX_CU_WARPS][BX_ACC_DIGITS]; /* a copy per warp: less contention */
   __shared__ int64_t snan, sinf;
   __shared__ unsigned long long smax, smin, snz, snanx;
@@ -34,7 +35,14 @@ __global__ void __launch_bounds__(BX_CU_BLOCK)
     }
     __syncthreads();
     bx_sink s = {sdig[tid / 32], &snan, &sinf};
-    if (mode == BX_M_SQ) {
+    if (mode == BX_M_SQ && !int_squares) { /* the fp64 grid (fp64 data: integer windows) */
+      switch (ch.dtype) {
+        case BX_DT_F32: bx_thread_gridsq_f32((const uint32_t *)ch.data, ch.n, tid, nt, &s); break;
+        case BX_DT_BF16: bx_thread_gridsq_bf16((const uint16_t *)ch.data, ch.n, tid, nt, &s); break;
+        case BX_DT_F16: bx_thread_gridsq_f16((const uint16_t *)ch.data, ch.n, tid, nt, &s); break;
+        default: bx_thread_sumsq_f64((const uint64_t *)ch.data, ch.n, tid, nt, &s); break;
+      }
+    } else if (mode == BX_M_SQ) { /* integer windows for every dtype */
       switch (ch.dtype) {
         case BX_DT_F32: bx_thread_sumsq_f32((const uint32_t *)ch.data, ch.n, tid, nt, &s); break;
         case BX_DT_BF16: bx_thread_sumsq_bf16((const uint16_t *)ch.data, ch.n, tid, nt, &s); break;
@@ -103,7 +111,8 @@ int bx_cu_reduce_blocks_per_sm(void) {
 cudaError_t bx_cu_launch_reduce(const bx_cuda_plan *plan, cudaStream_t stream, int rank) {
   if (plan->nchunks == 0) return cudaSuccess;
   bx_cu_reduce_kernel<<<plan->grid, BX_CU_BLOCK, 0, stream>>>(
-      plan->chunks, (uint32_t)plan->nchunks, plan->mode, plan->opts.norm.norm_type, rank,
+      plan->chunks, (uint32_t)plan->nchunks, plan->mode, plan->int_squares,
+      plan->opts.norm.norm_type, rank,
       plan->accs, plan->ext, plan->offender);
   return cudaGetLastError();
 }
