@@ -141,6 +141,9 @@ if step "build library (make lib)" build.log 240 make -j"$JOBS" lib; then
   fi
   if [ -x build/bench/cuda/bench_cuda ]; then
     step "GPU benchmark (bench_cuda)" bench_cuda.log 120 build/bench/cuda/bench_cuda
+    # the other scheme for the squares (same bits, maybe another speed)
+    step "GPU benchmark, integer windows" bench_cuda.log 60 \
+      env BX_CUDA_SQUARES=int build/bench/cuda/bench_cuda --quick
   else
     record "GPU benchmark (bench_cuda)" SKIPPED "not built"
   fi
