@@ -37,7 +37,10 @@
  * bx_pow_det (src/core/pow_det.h), one power function built from IEEE
  * basic operations only, compiled for both: |x|^p per element is not
  * exact, but it is the same bits on the CPU and the GPU. Scaling gives the
- * CPU's bits in both modes.
+ * CPU's bits in both modes. The environment variable BX_CUDA_SQUARES=int,
+ * read when a plan is made, switches the squares of fp32/bf16/fp16 from
+ * the exact fp64 grid to exact integer windows: the same bits, another
+ * speed (for measurements).
  *
  * Thread-safety: a plan may be used from one host thread at a time; work
  * enqueued on it must be ordered (one stream, or streams joined by
