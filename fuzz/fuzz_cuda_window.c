@@ -39,10 +39,7 @@ static void sim_kernel(const char *x, int dt, size_t n, int abs_mode, int int_sq
     for (uint32_t t = 0; t < BX_CU_BLOCK; t++) {
       bx_sink s = {sdig[t / 32], &snan, &sinf}; /* the kernel's per-warp copies */
       if (abs_mode) {
-        if (dt == 2) bx_thread_sumabs_f32((const uint32_t *)c, cn, t, BX_CU_BLOCK, &s);
-        else if (dt == 1) bx_thread_sumabs_bf16((const uint16_t *)c, cn, t, BX_CU_BLOCK, &s);
-        else if (dt == 0) bx_thread_sumabs_f16((const uint16_t *)c, cn, t, BX_CU_BLOCK, &s);
-        else bx_thread_sumabs_f64((const uint64_t *)c, cn, t, BX_CU_BLOCK, &s);
+        bx_thread_sumabs(c, dt, cn, t, BX_CU_BLOCK, &s);
       } else if (!int_squares) {
         if (dt == 2) bx_thread_gridsq_f32((const uint32_t *)c, cn, t, BX_CU_BLOCK, &s);
         else if (dt == 1) bx_thread_gridsq_bf16((const uint16_t *)c, cn, t, BX_CU_BLOCK, &s);

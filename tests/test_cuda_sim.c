@@ -51,10 +51,7 @@ static void sim_reduce(const void *x, int dt, size_t n, sim_mode m, double p, bx
           else bx_thread_sumsq_f64(c, cn, t, BX_CU_BLOCK, &s);
           break;
         case SIM_ABS:
-          if (dt == BX_DT_F32) bx_thread_sumabs_f32(c, cn, t, BX_CU_BLOCK, &s);
-          else if (dt == BX_DT_BF16) bx_thread_sumabs_bf16(c, cn, t, BX_CU_BLOCK, &s);
-          else if (dt == BX_DT_F16) bx_thread_sumabs_f16(c, cn, t, BX_CU_BLOCK, &s);
-          else bx_thread_sumabs_f64(c, cn, t, BX_CU_BLOCK, &s);
+          bx_thread_sumabs(c, dt, cn, t, BX_CU_BLOCK, &s);
           break;
         case SIM_MEGATRON: bx_thread_megatron(c, dt, cn, t, BX_CU_BLOCK, &s); break;
         case SIM_POW: bx_thread_pow(c, dt, cn, t, BX_CU_BLOCK, p, &s); break;

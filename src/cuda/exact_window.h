@@ -674,53 +674,50 @@ static inline BX_HD void bx_abs_add(bx_win128 *w, uint64_t m, int e, const bx_si
   bx_win128_add(w, m, q, BX_ABS_SMAX, BX_ABS_LOW, s);
 }
 
-static inline BX_HD void bx_thread_sumabs_f32(const uint32_t *x, uint32_t n, uint32_t first,
-                                              uint32_t stride, const bx_sink *s) {
-  bx_win128 w;
-  bx_win128_init(&w);
-  for (uint32_t i = first; i < n; i += stride) {
-    uint64_t m;
-    int e;
-    if (bx_dec_f32(x[i], &m, &e)) bx_count_special(s, (x[i] & 0x7FFFFF) != 0);
-    else bx_abs_add(&w, m, e, s);
+/* Element i of a span of dtype dt (BX_DT_* numbering: 0 f16, 1 bf16, 2 f32,
+ * 3 f64) decoded: x = m * 2^e; returns 1 for NaN/Inf (*is_nan tells). */
+static inline BX_HD int bx_dec_elem(const void *x, int dt, uint32_t i, uint64_t *m, int *e,
+                                    int *is_nan) {
+  int special;
+  switch (dt) {
+    case 0: {
+      uint16_t b = ((const uint16_t *)x)[i];
+      special = bx_dec_f16(b, m, e);
+      *is_nan = (b & 0x3FF) != 0;
+      break;
+    }
+    case 1: {
+      uint16_t b = ((const uint16_t *)x)[i];
+      special = bx_dec_bf16(b, m, e);
+      *is_nan = (b & 0x7F) != 0;
+      break;
+    }
+    case 2: {
+      uint32_t b = ((const uint32_t *)x)[i];
+      special = bx_dec_f32(b, m, e);
+      *is_nan = (b & 0x7FFFFF) != 0;
+      break;
+    }
+    default: {
+      uint64_t b = ((const uint64_t *)x)[i];
+      special = bx_dec_f64(b, m, e);
+      *is_nan = (b & 0xFFFFFFFFFFFFFull) != 0;
+      break;
+    }
   }
-  bx_win128_flush(&w, s);
+  return special;
 }
 
-static inline BX_HD void bx_thread_sumabs_bf16(const uint16_t *x, uint32_t n, uint32_t first,
-                                               uint32_t stride, const bx_sink *s) {
+/* sum |x| (p = 1), any dtype: the dtype switch is uniform across a block
+ * (one chunk, one dtype), and p = 1 is not the hot path. */
+static inline BX_HD void bx_thread_sumabs(const void *x, int dt, uint32_t n, uint32_t first,
+                                          uint32_t stride, const bx_sink *s) {
   bx_win128 w;
   bx_win128_init(&w);
   for (uint32_t i = first; i < n; i += stride) {
     uint64_t m;
-    int e;
-    if (bx_dec_bf16(x[i], &m, &e)) bx_count_special(s, (x[i] & 0x7F) != 0);
-    else bx_abs_add(&w, m, e, s);
-  }
-  bx_win128_flush(&w, s);
-}
-
-static inline BX_HD void bx_thread_sumabs_f16(const uint16_t *x, uint32_t n, uint32_t first,
-                                              uint32_t stride, const bx_sink *s) {
-  bx_win128 w;
-  bx_win128_init(&w);
-  for (uint32_t i = first; i < n; i += stride) {
-    uint64_t m;
-    int e;
-    if (bx_dec_f16(x[i], &m, &e)) bx_count_special(s, (x[i] & 0x3FF) != 0);
-    else bx_abs_add(&w, m, e, s);
-  }
-  bx_win128_flush(&w, s);
-}
-
-static inline BX_HD void bx_thread_sumabs_f64(const uint64_t *x, uint32_t n, uint32_t first,
-                                              uint32_t stride, const bx_sink *s) {
-  bx_win128 w;
-  bx_win128_init(&w);
-  for (uint32_t i = first; i < n; i += stride) {
-    uint64_t m;
-    int e;
-    if (bx_dec_f64(x[i], &m, &e)) bx_count_special(s, (x[i] & 0xFFFFFFFFFFFFFull) != 0);
+    int e, is_nan;
+    if (bx_dec_elem(x, dt, i, &m, &e, &is_nan)) bx_count_special(s, is_nan);
     else bx_abs_add(&w, m, e, s);
   }
   bx_win128_flush(&w, s);

@@ -50,12 +50,7 @@ __global__ void __launch_bounds__(BX_CU_BLOCK, 5)
         default: bx_thread_sumsq_f64((const uint64_t *)ch.data, ch.n, tid, nt, &s); break;
       }
     } else if (mode == BX_M_ABS) {
-      switch (ch.dtype) {
-        case BX_DT_F32: bx_thread_sumabs_f32((const uint32_t *)ch.data, ch.n, tid, nt, &s); break;
-        case BX_DT_BF16: bx_thread_sumabs_bf16((const uint16_t *)ch.data, ch.n, tid, nt, &s); break;
-        case BX_DT_F16: bx_thread_sumabs_f16((const uint16_t *)ch.data, ch.n, tid, nt, &s); break;
-        default: bx_thread_sumabs_f64((const uint64_t *)ch.data, ch.n, tid, nt, &s); break;
-      }
+      bx_thread_sumabs(ch.data, ch.dtype, ch.n, tid, nt, &s);
     } else if (mode == BX_M_MEGATRON) {
       bx_thread_megatron(ch.data, ch.dtype, ch.n, tid, nt, &s);
     } else if (mode == BX_M_POW) {
