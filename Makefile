@@ -16,7 +16,7 @@ OPT     ?= -O2
 WARN    := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes
 # -ffp-contract=off: a contracted a*b+c would change bits on exact paths.
 BASEFLAGS := -std=c11 -D_GNU_SOURCE -fPIC -ffp-contract=off -fno-math-errno \
-             -pthread -Iinclude -Isrc/core $(WARN)
+             -pthread -Iinclude -Isrc/core -Isrc/common $(WARN)
 ifeq ($(SAN),1)
   BUILD   := build-san
   SANFLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -g
@@ -51,7 +51,7 @@ endif
 endif
 NVCC_ARCH  ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
 # --fmad=false: no contraction on the device either (exact paths, scaling)
-NVCC_FLAGS := -std=c++17 -O2 --fmad=false $(NVCC_ARCH) -Iinclude -Isrc/core -Isrc/cuda \
+NVCC_FLAGS := -std=c++17 -O2 --fmad=false $(NVCC_ARCH) -Iinclude -Isrc/core -Isrc/common -Isrc/cuda \
               -DBX_HAVE_CUDA=1 -Werror all-warnings \
               -Xcompiler -fPIC,-ffp-contract=off,-Wall,-Wextra,-Werror
 CUDA_LDLIBS :=
@@ -84,11 +84,11 @@ examples: $(EX_BIN)
 bench: $(BENCH_BIN)
 dev: $(DEV_BIN)
 
-$(BUILD)/src/cuda/%.o: src/cuda/%.cu $(wildcard include/*.h src/core/*.h src/cuda/*.h) Makefile
+$(BUILD)/src/cuda/%.o: src/cuda/%.cu $(wildcard include/*.h src/core/*.h src/common/*.h src/cuda/*.h) Makefile
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) -c $< -o $@
 
-$(BUILD)/%.o: %.c $(wildcard include/*.h src/core/*.h src/cpu/*.h src/cuda/*.h) Makefile
+$(BUILD)/%.o: %.c $(wildcard include/*.h src/core/*.h src/common/*.h src/cpu/*.h src/cuda/*.h) Makefile
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -c $< -o $@
 
@@ -154,10 +154,10 @@ $(BUILD)/dev/%: dev/%.c $(BUILD)/libbitexact.a
 # libFuzzer: clang builds the library sources together with each harness.
 FUZZ_CC    ?= clang
 FUZZ_FLAGS := -std=c11 -D_GNU_SOURCE -g -O1 -ffp-contract=off -pthread \
-              -Iinclude -Isrc/core -fsanitize=fuzzer,address,undefined
+              -Iinclude -Isrc/core -Isrc/common -fsanitize=fuzzer,address,undefined
 FUZZ_BIN   := $(patsubst fuzz/%.c,build-fuzz/%,$(wildcard fuzz/*.c))
 fuzz: $(FUZZ_BIN)
-build-fuzz/%: fuzz/%.c $(LIB_SRC) $(wildcard include/*.h src/core/*.h)
+build-fuzz/%: fuzz/%.c $(LIB_SRC) $(wildcard include/*.h src/core/*.h src/common/*.h)
 	@mkdir -p build-fuzz/obj
 	@set -e; objs=""; for f in $(LIB_SRC); do \
 	  o=build-fuzz/obj/$$(echo $$f | tr / _).o; extra=""; \

@@ -131,14 +131,14 @@ def cuda_config():
         "include": os.path.join(root, "include"),
         "libdir": libdirs[0],
         "flags": ["-std=c++17", "-O2", "--fmad=false"] + gencode
-                 + ["-Iinclude", "-Isrc/core", "-Isrc/cuda",
+                 + ["-Iinclude", "-Isrc/core", "-Isrc/common", "-Isrc/cuda",
                     "-Xcompiler", "-fPIC,-ffp-contract=off", "-DBX_HAVE_CUDA=1"],
     }
 
 
 def nvcc_compile(cfg, build_temp, include_dirs, depends, force=False):
     """Compile the .cu sources (in parallel) into objects; returns their paths."""
-    extra_inc = [f"-I{d}" for d in include_dirs if d not in ("include", "src/core")]
+    extra_inc = [f"-I{d}" for d in include_dirs if d not in ("include", "src/core", "src/common")]
     out = os.path.join(build_temp, "cuda")
     os.makedirs(out, exist_ok=True)
     newest_header = max((os.path.getmtime(h) for h in depends if os.path.exists(h)), default=0)
@@ -217,7 +217,7 @@ class BuildExt(build_ext):
             f.write(config)
 
 
-HEADERS = (glob.glob("include/*.h") + glob.glob("src/core/*.h") + glob.glob("src/cpu/*.h")
+HEADERS = (glob.glob("include/*.h") + glob.glob("src/core/*.h") + glob.glob("src/common/*.h") + glob.glob("src/cpu/*.h")
            + glob.glob("src/cuda/*.h") + glob.glob("src/cuda/*.cuh")
            + glob.glob("python/bitexact/*.h"))
 
@@ -226,14 +226,14 @@ if CUDA:
     # every C file of the library (and the binding) sees BX_HAVE_CUDA=1:
     # the core routes kDLCUDA tensors to the GPU, the binding exposes plans
     COMPILE_FLAGS = BASE_FLAGS + ["-DBX_HAVE_CUDA=1"]
-    INCLUDE_DIRS = ["include", "src/core"] + DLPACK_DIRS + [CUDA["include"]]
+    INCLUDE_DIRS = ["include", "src/core", "src/common"] + DLPACK_DIRS + [CUDA["include"]]
     # static CUDA runtime: nothing to find at run time; the driver
     # (libcuda.so) is opened at the first CUDA call, so importing works
     # without a GPU or driver
     LINK_ARGS = ["-pthread", "-L" + CUDA["libdir"], "-lcudart_static", "-ldl", "-lrt",
                  "-lstdc++"]
 else:
-    COMPILE_FLAGS, INCLUDE_DIRS, LINK_ARGS = BASE_FLAGS, ["include", "src/core"] + DLPACK_DIRS, \
+    COMPILE_FLAGS, INCLUDE_DIRS, LINK_ARGS = BASE_FLAGS, ["include", "src/core", "src/common"] + DLPACK_DIRS, \
         ["-pthread"]
 
 setup(

@@ -41,7 +41,7 @@
 
 #include "baselines.h"
 #include "bench_util.h"
-#include "internal.h" /* bx_force_isa, bx_isa_name: benchmark hooks */
+#include "kernels.h" /* bx_force_isa, bx_isa_name: benchmark hooks */
 
 #define MAX_REPS 101
 #define MAX_SIZES 8

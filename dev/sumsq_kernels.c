@@ -36,7 +36,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "internal.h"
+#include "kernels.h"
 
 /* ---- random numbers ---------------------------------------------------- */
 static uint64_t rng_state;

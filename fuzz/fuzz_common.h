@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "bitexact.h"
-#include "internal.h"
+#include "kernels.h"
 
 #include "../tests/mpfr_ref.c" /* the exact reference, independent of src/ */
 

@@ -14,8 +14,8 @@
  */
 #include "fuzz_common.h"
 
-#include "../src/cuda/exact_window.h"
-#include "../src/cuda/finish.h"
+#include "exact_window.h"
+#include "norm_finish.h"
 
 #define FZ_MAX_ELEMS (1u << 19)
 

@@ -10,10 +10,33 @@
  * tensor order, partition, thread count, rank count or machine.
  *
  * Assumptions (checked at build time where possible): IEEE-754 binary16,
- * bfloat16, binary32 and binary64 data; the host's double is binary64 and
- * its arithmetic rounds to nearest, ties to even (the default mode; the
- * library never changes it and does not depend on the caller's mode for the
- * exact paths, which use integer arithmetic for every decision).
+ * bfloat16, binary32 and binary64 data; the host's double is binary64.
+ *
+ * Floating-point environment: results never depend on it. Every call runs
+ * its arithmetic, on the calling thread and on the worker threads, in the
+ * library's own environment (x86-64: MXCSR with round to nearest even, no
+ * flush-to-zero, no denormals-are-zero, every exception masked), whatever
+ * the caller set (fesetround, torch.set_flush_denormal, feenableexcept),
+ * and gives the caller's control word and status flags back unchanged
+ * before it returns. A communicator callback runs in the caller's
+ * environment, not the library's.
+ *
+ * Re-entry: a call may be made from inside a communicator callback of
+ * another call on the same thread (a logging hook that computes another
+ * norm), nested up to BX_MAX_NESTING deep; deeper nesting fails with
+ * BX_EINVAL naming the cause. Each nesting level has its own scratch memory.
+ *
+ * fork(): a child process forked while no call of the library is running
+ * in any thread may call the library at once; it starts its own worker
+ * threads when it needs them.
+ *
+ * Threads: the default number of worker threads is the number of CPUs this
+ * process may run on: the CPU affinity mask (sched_getaffinity, set by
+ * taskset, numactl or an MPI launcher's binding), lowered to the cgroup CPU
+ * quota when one is set (cpu.max, or cfs_quota_us / cfs_period_us),
+ * rounded up; read once per process (again in a forked child). The
+ * environment variable BX_NUM_THREADS overrides it, and an options struct's
+ * num_threads overrides both. The result never depends on any of them.
  *
  * Conventions for every function below unless its comment says otherwise:
  *  - returns a bx_status; BX_OK is 0; on error bx_last_error() holds a
@@ -22,7 +45,8 @@
  *    given: DLTensor views are borrowed for the duration of the call only;
  *  - functions are thread-safe: several threads may call the library at
  *    once on different data (internal worker threads are shared);
- *  - on any error no output and no gradient has been modified.
+ *  - on any error no output and no gradient has been modified;
+ *  - a call that succeeds leaves bx_last_error() as it was.
  *
  * Simple API first: bx_total_norm, bx_clip_grad_norm, bx_scale.
  * Then the accumulator, for callers that build their own reductions.
@@ -81,6 +105,29 @@ const char *bx_status_str(bx_status status);
  * call. "" when this thread has not failed yet. */
 const char *bx_last_error(void);
 
+/* Where the last failing call of this thread failed, as numbers (so that
+ * bindings can name a parameter without parsing the text): the rank (-1
+ * when the call had no communicator or the rank is not known), the group
+ * and the tensor index within it (-1 when the error names none; for
+ * bx_scale and bx_acc_* calls group is -1 and tensor is the index in the
+ * array). A rank's own local failure carries its own location; the other
+ * ranks of the call report the lowest failing rank and its location.
+ * Thread-local, static storage, updated together with bx_last_error(). */
+typedef struct bx_error_location {
+  int rank;
+  long long group;
+  long long tensor;
+} bx_error_location;
+const bx_error_location *bx_last_error_location(void);
+
+/* BX_OK if this build has the CUDA backend (bitexact_cuda.h) and a CUDA
+ * device is usable, else BX_EDEVICE with the reason in bx_last_error().
+ * Callable in every build, without CUDA headers. Thread-safe. */
+bx_status bx_cuda_available(void);
+
+/* Deepest nesting of calls from communicator callbacks (see Re-entry). */
+#define BX_MAX_NESTING 4
+
 /* ------------------------------------------------------------------------
  * Options (versioned by initializer macros: new fields go at the end, so
  * code written with the _DEFAULT macros keeps compiling and meaning the
@@ -96,6 +143,23 @@ typedef enum bx_norm_flavor {
   BX_MEGATRON_FP32 = 1
 } bx_norm_flavor;
 
+/* The floating-point format the norms are rounded into (the returned
+ * doubles hold values of that format exactly). p = 2 and p = 1 are rounded
+ * once, correctly, from the exact sum; p = 0, +-inf and the Megatron
+ * flavour round their exact value once; other p round bx_pow_det's fp64
+ * result again (not exact anyway). */
+typedef enum bx_norm_dtype {
+  BX_NORM_F64 = 0,   /* fp64 (the default) */
+  /* the gradients' dtype, promoted as torch does over all tensors of all
+   * groups of all ranks: one dtype → that dtype; fp16 and bf16 mixed →
+   * fp32; any fp32 → fp32; any fp64 → fp64; no tensor → fp32. The format
+   * torch.nn.utils.clip_grad_norm_ returns its norm in. */
+  BX_NORM_GRADS = 1,
+  BX_NORM_F32 = 2,
+  BX_NORM_BF16 = 3,
+  BX_NORM_F16 = 4
+} bx_norm_dtype;
+
 typedef struct bx_norm_opts {
   /* 2.0 (default), 1.0, 0.0 (count of non-zeros), INFINITY (max |x|),
    * -INFINITY (min |x|), or any other p > 0 (|x|^p rounded to fp64, then
@@ -109,13 +173,16 @@ typedef struct bx_norm_opts {
    * ±Inf gives +Inf (for p > 0; p = 0 counts Inf as non-zero and p = -inf
    * takes min |x| with Inf as a value). */
   int error_if_nonfinite;
-  /* worker threads; 0 = library default (online CPUs, or the BX_NUM_THREADS
-   * environment variable). The result never depends on it. */
+  /* worker threads; 0 = library default (the CPUs this process may run
+   * on, or BX_NUM_THREADS: see Threads above). The result never depends on
+   * it. */
   int num_threads;
   bx_norm_flavor flavor;
+  /* the format of total_norm and group_norms (BX_NORM_F64 by default) */
+  bx_norm_dtype norm_dtype;
 } bx_norm_opts;
 
-#define BX_NORM_OPTS_DEFAULT {2.0, 0, 0, BX_EXACT}
+#define BX_NORM_OPTS_DEFAULT {2.0, 0, 0, BX_EXACT, BX_NORM_F64}
 
 typedef enum bx_scale_mode {
   /* torch-compatible: c32 = (float)coef (nearest-even); fp32 grads
@@ -333,20 +400,37 @@ void bx_acc_normalize(bx_acc *acc);
  * BX_EMISMATCH with a message. */
 bx_status bx_acc_check(const bx_acc *acc);
 
-/* The sum held, correctly rounded to double (nearest, ties to even);
- * +Inf if it exceeds DBL_MAX after rounding. Ignores the NaN/Inf counters
- * (see bx_acc_norm_value for the norm rules). acc may be un-normalised;
- * it is not modified. */
+/* The reads below follow DESIGN §2's non-finite rules: NaN if any NaN was
+ * counted (nan_count > 0); otherwise +Inf if any +-Inf was counted
+ * (inf_count > 0); otherwise the exact sum held, correctly rounded (nearest,
+ * ties to even; +-Inf past the format's largest finite value). Never a
+ * finite number that silently leaves out a NaN/Inf element. acc may be
+ * un-normalised (the words after an all-reduce); it is not modified.
+ * Thread-safe; acc is only read. */
+
+/* The sum, rounded to double. */
 double bx_acc_value(const bx_acc *acc);
 
-/* Correctly rounded square root of the sum (double / float). NaN if the
- * sum is negative (never the case for sums of squares). */
+/* The sum, rounded to float. */
+float bx_acc_valuef(const bx_acc *acc);
+
+/* The square root of the sum, correctly rounded to double / float (NaN if
+ * the sum is negative, never the case for sums of squares). */
 double bx_acc_sqrt(const bx_acc *acc);
 float bx_acc_sqrtf(const bx_acc *acc);
 
-/* The sum correctly rounded to float (nearest, ties to even; +Inf past
- * FLT_MAX). */
-float bx_acc_valuef(const bx_acc *acc);
+/* The norm an accumulator holds, rounded once into a chosen dtype: for
+ * norm_type 2 (acc holds squares: bx_acc_add_squares) the correctly
+ * rounded square root of the sum, for norm_type 1 (bx_acc_add_abs) the
+ * correctly rounded sum, with the non-finite rules above. acc may be the
+ * un-normalised words after an all-reduce of several ranks' accumulators.
+ *   dtype  fp64, fp32, bf16 or fp16 (DLPack codes, lanes 1): BX_EDTYPE
+ *          otherwise; norm_type other than 1 or 2: BX_EINVAL; a version
+ *          word that does not match (bx_acc_check): BX_EMISMATCH.
+ *   out    the norm's bits in dtype (8, 4 or 2 bytes, any alignment),
+ *          written only on success.
+ * Thread-safe; acc is only read. */
+bx_status bx_acc_norm(const bx_acc *acc, double norm_type, DLDataType dtype, void *out);
 
 /* Exact comparison of the sums held by two accumulators: -1, 0, 1. */
 int bx_acc_compare(const bx_acc *a, const bx_acc *b);

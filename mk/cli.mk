@@ -14,7 +14,7 @@
 
 CLI_SRC  := $(wildcard src/cli/*.c)
 CLI_OBJ  := $(patsubst %.c,$(BUILD)/%.o,$(CLI_SRC))
-CLI_HDRS := $(wildcard src/cli/*.h include/*.h src/core/*.h)
+CLI_HDRS := $(wildcard src/cli/*.h include/*.h src/core/*.h src/common/*.h)
 CLI_LIBS := -ljansson -lxxhash
 CLI_CC   := $(CC)
 CLI_DEFS :=

@@ -26,7 +26,7 @@ HAVE_CUDA := $(if $(and $(NVCC),$(filter-out 0,$(CUDA)),$(filter-out 1,$(SAN))),
 endif
 CUDA_LDLIBS ?= -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
 NVCC_FLAGS  ?= -std=c++17 -O2 --fmad=false -gencode arch=compute_90,code=sm_90 \
-               -gencode arch=compute_90,code=compute_90 -Iinclude -Isrc/core \
+               -gencode arch=compute_90,code=compute_90 -Iinclude -Isrc/core -Isrc/common \
                -Xcompiler -fPIC,-ffp-contract=off
 
 NCCL_HOME   ?= $(CUDA_HOME)

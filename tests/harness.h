@@ -63,8 +63,8 @@ void bxt_skip(const char *why);
  * early after the first few failures). */
 int bxt_failures(void);
 
-/* ---- deterministic random numbers (rng.h: xoshiro256**, splitmix64) --- */
-typedef bx_test_rng bxt_rng;
+/* ---- deterministic random numbers (src/common/rng.h: xoshiro256**, splitmix64) --- */
+typedef bx_rng bxt_rng;
 
 /* The run's base seed (BX_TEST_SEED or the default). */
 uint64_t bxt_seed(void);

@@ -20,7 +20,7 @@
 #include <mpfr.h>
 
 #include "harness.h"
-#include "internal.h"
+#include "kernels.h"
 #include "mpfr_ref.h"
 #include "tests.h"
 
@@ -223,12 +223,12 @@ int bxt_failures(void) { return g_failures; }
 /* ---- random numbers -------------------------------------------------- */
 uint64_t bxt_seed(void) { return g_seed; }
 
-void bxt_rng_seed(bxt_rng *r, uint64_t seed) { bx_test_rng_seed(r, seed); }
-void bxt_rng_init(bxt_rng *r) { bx_test_rng_named(r, g_seed, g_test); }
-uint64_t bxt_next(bxt_rng *r) { return bx_test_next(r); }
-uint64_t bxt_below(bxt_rng *r, uint64_t n) { return bx_test_below(r, n); }
-double bxt_uniform(bxt_rng *r) { return bx_test_uniform(r); }
-double bxt_normal(bxt_rng *r) { return bx_test_normal(r); }
+void bxt_rng_seed(bxt_rng *r, uint64_t seed) { bx_rng_seed(r, seed); }
+void bxt_rng_init(bxt_rng *r) { bx_rng_named(r, g_seed, g_test); }
+uint64_t bxt_next(bxt_rng *r) { return bx_rng_next(r); }
+uint64_t bxt_below(bxt_rng *r, uint64_t n) { return bx_rng_below(r, n); }
+double bxt_uniform(bxt_rng *r) { return bx_rng_uniform(r); }
+double bxt_normal(bxt_rng *r) { return bx_rng_normal(r); }
 
 void bxt_shuffle(bxt_rng *r, void *base, size_t n, size_t sz) {
   char tmp[256];

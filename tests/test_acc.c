@@ -15,7 +15,7 @@
 
 #include "checks.h"
 #include "harness.h"
-#include "internal.h"
+#include "kernels.h"
 #include "tests.h"
 #include "util.h"
 

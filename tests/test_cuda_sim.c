@@ -15,11 +15,11 @@
 #include <string.h>
 
 #include "harness.h"
-#include "internal.h"
+#include "kernels.h"
 #include "tests.h"
 #include "util.h"
 
-#include "../src/cuda/exact_window.h"
+#include "exact_window.h"
 
 /* SIM_SQ: the kernel's default for squares (the fp64 grid for fp32, bf16
  * and fp16; integer windows for fp64); SIM_SQ_INT: integer windows for
@@ -305,16 +305,17 @@ void test_cuda_refused_without_device(void) {
  * group norms and the coefficient must be bx_total_norm's and bx_clip_coef's
  * bits; the norm rounded into fp32/bf16/fp16 must be the exact value's
  * correct rounding (MPFR); broken agreement words give the right status. */
-#include "../src/cuda/finish.h"
+#include "cuda_finish.h"
+#include "collective.h"
 
 /* The p = 0 / ±inf raw words of one tensor, as the kernel builds them. */
 static void sim_extremes(const void *x, int dt, size_t n, uint64_t ext[BX_CU_EXT_WORDS]) {
   size_t es = bx_dtype_size((bx_dtype)dt);
   for (size_t start = 0; start < n; start += BX_CU_CHUNK) {
     uint32_t cn = (uint32_t)(n - start < BX_CU_CHUNK ? n - start : BX_CU_CHUNK);
-    uint64_t smax = 0, smin = BX_CU_INF_BITS, snz = 0, snan = 0;
+    uint64_t smax = 0, smin = BX_F64_INF_BITS, snz = 0, snan = 0;
     for (uint32_t t = 0; t < BX_CU_BLOCK; t++) {
-      bx_extremes r = {0, BX_CU_INF_BITS, 0, 0};
+      bx_extremes r = {0, BX_F64_INF_BITS, 0, 0};
       bx_thread_extremes((const char *)x + start * es, dt, cn, t, BX_CU_BLOCK, &r);
       if (r.maxbits > smax) smax = r.maxbits;
       if (r.minbits < smin) smin = r.minbits;
@@ -322,7 +323,7 @@ static void sim_extremes(const void *x, int dt, size_t n, uint64_t ext[BX_CU_EXT
       snan += (uint64_t)r.nan;
     }
     if (smax > ext[0]) ext[0] = smax;
-    if (smin != BX_CU_INF_BITS && ~smin > ext[1]) ext[1] = ~smin;
+    if (smin != BX_F64_INF_BITS && ~smin > ext[1]) ext[1] = ~smin;
     ext[2] += snz;
     ext[3] += snan;
   }
@@ -349,11 +350,11 @@ static const finish_case FINISH_CASES[] = {
  * of each group, as separate tensors), summed (or MAXed) word by word. */
 static void sim_wire(const finish_case *c, bxt_tensor parts[FIN_RANKS][FIN_GROUPS], size_t ww,
                      int64_t *wire) {
-  size_t nw = BX_CU_AGREE_WORDS + FIN_GROUPS * ww;
+  size_t nw = BX_AGREE_WORDS + FIN_GROUPS * ww;
   int64_t *mine = calloc(nw, sizeof *mine);
   for (int r = 0; r < FIN_RANKS; r++) {
-    bx_cu_agree_vals a = {{BX_ACC_VERSION_TAG, FIN_GROUPS, 7, 0, 0, 11, 0, 0, 13}};
-    bx_cu_wire_agreement(mine, &a, -1, -1);
+    int64_t items[BX_AGREE_ITEMS] = {BX_ACC_VERSION_TAG, BX_CALL_CLIP, FIN_GROUPS, 7, 0, 0, 0, 11, 0, 0, 13};
+    bx_agree_fill(mine, items, -1, -1, -1, 1u << (r == 0 ? BX_DT_F32 : BX_DT_BF16));
     for (int g = 0; g < FIN_GROUPS; g++) {
       const bxt_tensor *x = &parts[r][g];
       int64_t raw[BX_ACC_WORDS] = {0};
@@ -367,13 +368,13 @@ static void sim_wire(const finish_case *c, bxt_tensor parts[FIN_RANKS][FIN_GROUP
                    : c->mode == BX_M_MEGATRON ? SIM_MEGATRON : SIM_POW, c->p, &acc);
         memcpy(raw, &acc, BX_ACC_DIGITS * sizeof(int64_t) + 3 * sizeof(int64_t));
       }
-      bx_cu_wire_group(c->mode, c->p, raw, ext, mine + BX_CU_AGREE_WORDS + g * ww);
+      bx_cu_wire_group(c->mode, c->p, raw, ext, mine + BX_AGREE_WORDS + g * ww);
     }
     /* the all-reduce: agreement words by MAX, the norm words by SUM (MAX
      * for p = ±inf) */
     int max_words = c->mode == BX_M_EXT && c->p != 0.0;
     for (size_t i = 0; i < nw; i++) {
-      int by_max = i < BX_CU_AGREE_WORDS || max_words;
+      int by_max = i < BX_AGREE_WORDS || max_words;
       if (r == 0) wire[i] = mine[i];
       else if (by_max) wire[i] = mine[i] > wire[i] ? mine[i] : wire[i];
       else wire[i] += mine[i];
@@ -411,7 +412,7 @@ void test_cuda_sim_finish(void) {
     for (size_t k = 0; k < sizeof FINISH_CASES / sizeof FINISH_CASES[0]; k++) {
       const finish_case *c = &FINISH_CASES[k];
       size_t ww = c->mode == BX_M_EXT ? 2 : BX_ACC_WORDS;
-      int64_t *wire = calloc(BX_CU_AGREE_WORDS + FIN_GROUPS * ww, sizeof *wire);
+      int64_t *wire = calloc(BX_AGREE_WORDS + FIN_GROUPS * ww, sizeof *wire);
       sim_wire(c, parts, ww, wire);
       bx_norm_opts o = BX_NORM_OPTS_DEFAULT;
       o.norm_type = c->p;
@@ -430,7 +431,7 @@ void test_cuda_sim_finish(void) {
         if (!(max_norm >= 0)) continue;
         bx_cu_finish_args a = {c->mode, c->p, 0, 1, max_norm, 1e-6, formula, BX_DT_F64};
         double total = -1, gn[FIN_GROUPS], coef = -1;
-        int32_t st = bx_cu_finish(wire, FIN_GROUPS, ww, &a, &scratch, total_digits, &total, gn, &coef);
+        int32_t st = bx_cu_finish(wire, FIN_GROUPS, &a, &scratch, total_digits, &total, gn, &coef);
         CHECK(st == BX_OK, "set %d %s: status %d", set, c->name, st);
         CHECK_BITS_D(total, cpu_total, "set %d %s: total", set, c->name);
         for (int g = 0; g < FIN_GROUPS; g++)
@@ -453,7 +454,7 @@ void test_cuda_sim_finish(void) {
         for (int dt = 0; dt < 3; dt++) { /* f16, bf16, f32 */
           bx_cu_finish_args a = {c->mode, c->p, 0, 0, 0.0, 1e-6, 0, dt};
           uint32_t out = 0;
-          int32_t st = bx_cu_finish(wire, FIN_GROUPS, ww, &a, &scratch, total_digits, &out, NULL, NULL);
+          int32_t st = bx_cu_finish(wire, FIN_GROUPS, &a, &scratch, total_digits, &out, NULL, NULL);
           CHECK(st == BX_OK, "set %d %s: status %d", set, c->name, st);
           double want = c->mode == BX_M_SQ ? ref_sqrt_fmt(exact.sum, REF_FMT[dt])
                                            : ref_round_fmt(exact.sum, REF_FMT[dt]);
@@ -471,21 +472,28 @@ void test_cuda_sim_finish(void) {
         double total = 0, coef = 0;
         int64_t save = wire[1];
         wire[1] = ~(wire[0] - 1); /* min != max for item 0 */
-        CHECK(bx_cu_finish(wire, FIN_GROUPS, ww, &a, &scratch, total_digits, &total, NULL, &coef) ==
+        CHECK(bx_cu_finish(wire, FIN_GROUPS, &a, &scratch, total_digits, &total, NULL, &coef) ==
                   BX_EMISMATCH && total != total && coef == 1.0,
               "%s: disagreement gives BX_EMISMATCH, NaN, coef 1", c->name);
         wire[1] = save;
-        wire[2 * BX_CU_AGREE_ITEMS + 1] = bx_failure_key(1, BX_EDTYPE);
-        CHECK(bx_cu_finish(wire, FIN_GROUPS, ww, &a, &scratch, total_digits, &total, NULL, &coef) ==
+        wire[BX_AGREE_W_FAILURE] = bx_agree_failure_key(1, BX_EDTYPE);
+        CHECK(bx_cu_finish(wire, FIN_GROUPS, &a, &scratch, total_digits, &total, NULL, &coef) ==
                   BX_EDTYPE, "%s: a rank's local failure", c->name);
-        wire[2 * BX_CU_AGREE_ITEMS + 1] = -1;
-        wire[2 * BX_CU_AGREE_ITEMS] = bx_offender_key(1, 2, 0, 1);
-        CHECK(bx_cu_finish(wire, FIN_GROUPS, ww, &a, &scratch, total_digits, &total, NULL, &coef) ==
-                  BX_ENONFINITE, "%s: error_if_nonfinite", c->name);
-        wire[2 * BX_CU_AGREE_ITEMS] = -1;
+        wire[BX_AGREE_W_FAILURE] = -1;
+        /* error_if_nonfinite: the device fails exactly when the CPU does
+         * (a non-finite total: torch's rule) */
+        bx_norm_opts oe = o;
+        oe.error_if_nonfinite = 1;
+        double t_cpu;
+        bx_status want_st = bx_total_norm(groups, FIN_GROUPS, NULL, &oe, &t_cpu, NULL);
+        int32_t got_st = bx_cu_finish(wire, FIN_GROUPS, &a, &scratch, total_digits, &total, NULL, &coef);
+        CHECK(got_st == (int32_t)want_st, "set %d %s: error_if_nonfinite: status %d, CPU %d", set,
+              c->name, got_st, (int)want_st);
+        CHECK(want_st == BX_OK || (total != total && coef == 1.0),
+              "set %d %s: a failed finish gives NaN and coef 1", set, c->name);
         if (c->mode != BX_M_EXT) {
-          wire[BX_CU_AGREE_WORDS + BX_ACC_DIGITS + 4] += 1;
-          CHECK(bx_cu_finish(wire, FIN_GROUPS, ww, &a, &scratch, total_digits, &total, NULL,
+          wire[BX_AGREE_WORDS + BX_ACC_DIGITS + 4] += 1;
+          CHECK(bx_cu_finish(wire, FIN_GROUPS, &a, &scratch, total_digits, &total, NULL,
                              &coef) == BX_EMISMATCH, "%s: accumulator version", c->name);
         }
       }
@@ -519,7 +527,7 @@ void test_cuda_sim_store_rounding(void) {
       d = ldexp(bxt_uniform(&r) + 0.5, (int)bxt_below(&r, 80) - 40);
     }
     uint32_t out = 0;
-    bx_cu_store_as(dt, &out, d);
+    bx_norm_store(dt, &out, d);
     mpfr_set_d(v, d, MPFR_RNDN); /* exact: 64 bits */
     uint64_t want = ref_encode(dt, ref_round_fmt(v, REF_FMT[dt]));
     uint64_t got = dt == REF_F32 ? out : (out & 0xFFFF);

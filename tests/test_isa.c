@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "harness.h"
-#include "internal.h"
+#include "kernels.h"
 #include "tests.h"
 
 void test_isa_force_and_names(void) {

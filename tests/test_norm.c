@@ -180,7 +180,8 @@ void test_norm_other_p(void) {
 }
 
 /* NaN anywhere -> NaN; otherwise any ±Inf -> +Inf for p > 0; p = 0 counts
- * Inf as non-zero; p = -inf takes min |x| with Inf as a value. Per group
+ * NaN and Inf as non-zero (a finite count, as torch); p = -inf takes min
+ * |x| with Inf as a value. Per group
  * too: a group without non-finite elements keeps its finite norm. */
 void test_norm_nan_inf_rules(void) {
   static const double ps[] = {2.0, 1.0, INFINITY, 3.0, 0.5, 0.0, -INFINITY};
@@ -210,7 +211,10 @@ void test_norm_nan_inf_rules(void) {
       double want_total = bxt_ref_norm(ptrs, 6, p), want_g0 = bxt_ref_norm(ptrs, 3, p),
              want_g1 = bxt_ref_norm(ptrs + 3, 3, p);
       /* spell the rules out (independently of bxt_ref_norm's code) */
-      if (kind == 0 || kind == 3)
+      if (p == 0)
+        CHECK(isfinite(total) && isfinite(gn[1]) && gn[1] >= 1,
+              "p=0: NaN and Inf count as non-zero, the count stays finite (%g, %g)", total, gn[1]);
+      else if (kind == 0 || kind == 3)
         CHECK(isnan(total) && isnan(gn[1]), "p=%g: NaN gives NaN (%g, %g)", p, total, gn[1]);
       else if (p > 0)
         CHECK(total == INFINITY && gn[1] == INFINITY, "p=%g: Inf gives +Inf (%g, %g)", p, total,
@@ -253,6 +257,16 @@ void test_norm_error_if_nonfinite(void) {
       bx_norm_opts o = opts_p(ps[pi], 3);
       o.error_if_nonfinite = 1;
       double total = SENTINEL, gn[3] = {SENTINEL, SENTINEL, SENTINEL};
+      if (ps[pi] == 0.0) {
+        /* torch's rule: the call fails exactly when the total is non-finite,
+         * and a count of non-zeros (NaN and Inf included) never is */
+        CHECK_STATUS(bx_total_norm(g, 3, NULL, &o, &total, gn), BX_OK, "p=0 kind %d", kind);
+        bxt_tensor *ptrs[8];
+        for (size_t k = 0; k < 8; k++) ptrs[k] = &xs[k];
+        CHECK_BITS_D(total, bxt_ref_norm(ptrs, 8, 0.0), "p=0 kind %d: the count", kind);
+        bxt_tensors_free(xs, 8);
+        continue;
+      }
       CHECK_STATUS(bx_total_norm(g, 3, NULL, &o, &total, gn), BX_ENONFINITE, "p=%g kind %d",
                    ps[pi], kind);
       const char *msg = bx_last_error();

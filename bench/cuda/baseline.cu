@@ -5,6 +5,7 @@
  * blocks to fill every SM. Not part of the library.
  */
 #include "baseline.h"
+#include "rng.h"
 
 namespace {
 
@@ -74,10 +75,7 @@ __global__ void scale_bf16_kernel(uint4 *x, size_t n8, float c) {
 }
 
 __device__ float gauss_like(uint64_t i, uint64_t seed) {
-  uint64_t z = (i + seed) * 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
+  uint64_t z = bx_rng_hash64(seed, i);
   float s = 0.0f;
   for (int k = 0; k < 4; k++) s += (float)((z >> (16 * k)) & 0xFFFF) * (1.0f / 65536.0f);
   return (s - 2.0f) * 1.7320508f * 1e-2f;

@@ -31,6 +31,7 @@
 #include "baseline.h"
 #include "bitexact.h"
 #include "bitexact_cuda.h"
+#include "rng.h"
 
 #define MAX_REPS 200
 
@@ -140,12 +141,6 @@ typedef struct layout {
   int64_t *n;
 } layout;
 
-static uint64_t mix(uint64_t *x) {
-  uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
 
 /* count tensors of log-uniform sizes (multiples of 128 elements, 512-byte
  * aligned as torch's caching allocator gives) covering `elems` elements. */
@@ -156,7 +151,7 @@ static layout make_layout(void *buf, size_t elems, size_t count, int bf16, uint6
   l.n = calloc(count, sizeof *l.n);
   double *w = calloc(count, sizeof *w), sum = 0;
   if (!l.t || !l.n || !w) exit(1);
-  for (size_t i = 0; i < count; i++) sum += w[i] = exp(log(1024.0) + (double)(mix(&seed) >> 11) * 0x1p-53 * log(4096.0));
+  for (size_t i = 0; i < count; i++) sum += w[i] = exp(log(1024.0) + (double)(bx_rng_splitmix64(&seed) >> 11) * 0x1p-53 * log(4096.0));
   size_t es = bf16 ? 2 : 4, at = 0, blocks = elems / 128;
   for (size_t i = 0; i < count; i++) {
     size_t b = i + 1 == count ? blocks - at / 128 : (size_t)(w[i] / sum * (double)blocks);

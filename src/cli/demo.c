@@ -20,6 +20,7 @@
 
 #include "cli.h"
 #include "demo.h"
+#include "rng.h"
 
 enum { LAYERS = 4, HIDDEN = 256, VOCAB = 4096, EXPERTS = 8, EXPERT_FFN = 256, DENSE_FFN = 512 };
 
@@ -34,19 +35,6 @@ typedef struct dgrad {
 static dgrad model[DEMO_MAX_TENSORS];
 static int ntensors;
 
-static uint64_t splitmix(uint64_t *s) {
-  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-static double uniform01(uint64_t *s) { return ((double)(splitmix(s) >> 11) + 0.5) * 0x1p-53; }
-
-static double gaussian(uint64_t *s) {
-  double u = uniform01(s), v = uniform01(s);
-  return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
-}
 
 static uint16_t to_bf16(float f) { /* nearest even; finite f */
   uint32_t b;
@@ -64,7 +52,8 @@ static float from_bf16(uint16_t h) {
 
 static int add_grad(const char *name, int expert, int bf16, int64_t n, double scale, int sparse) {
   dgrad *g = &model[ntensors];
-  uint64_t s = 0xB17E4AC7ull + (uint64_t)ntensors * 7919u;
+  bx_rng s;
+  bx_rng_seed(&s, 0xB17E4AC7ull + (uint64_t)ntensors * 7919u);
   snprintf(g->name, sizeof g->name, "%s", name);
   g->expert = expert;
   g->bf16 = bf16;
@@ -73,8 +62,8 @@ static int add_grad(const char *name, int expert, int bf16, int64_t n, double sc
   if (!g->data) return -1;
   int on = 1;
   for (int64_t i = 0; i < n; i++) {
-    if (sparse && i % HIDDEN == 0) on = uniform01(&s) < 0.3; /* rows the batch saw */
-    float v = on ? (float)(scale * gaussian(&s)) : 0.0f;
+    if (sparse && i % HIDDEN == 0) on = bx_rng_uniform(&s) < 0.3; /* rows the batch saw */
+    float v = on ? (float)(scale * bx_rng_normal(&s)) : 0.0f;
     if (bf16) ((uint16_t *)g->data)[i] = to_bf16(v);
     else ((float *)g->data)[i] = v;
   }
@@ -125,9 +114,10 @@ static int rank_order(int R, int r, int shuffled, int *idx) {
   for (int i = 0; i < ntensors; i++)
     if (model[i].expert < 0 || model[i].expert % R == r) idx[n++] = i;
   if (shuffled) {
-    uint64_t s = 0xD15EA5Eull + (uint64_t)(R * 16 + r);
+    bx_rng s;
+    bx_rng_seed(&s, 0xD15EA5Eull + (uint64_t)(R * 16 + r));
     for (int i = n - 1; i > 0; i--) {
-      int j = (int)(splitmix(&s) % (uint64_t)(i + 1)), t = idx[i];
+      int j = (int)bx_rng_below(&s, (uint64_t)(i + 1)), t = idx[i];
       idx[i] = idx[j];
       idx[j] = t;
     }

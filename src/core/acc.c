@@ -4,14 +4,22 @@
  *
  * Every decision here is integer arithmetic; the only floating-point
  * operations are exact ones (ldexp of an integer that fits, and an initial
- * sqrt estimate that integer steps then correct), so results do not depend
- * on the FPU's mode or the compiler's contraction choices.
+ * sqrt estimate that integer steps then correct), run in the library's own
+ * floating-point environment (call.h: a caller's flush-to-zero would
+ * otherwise flush a subnormal result of ldexp or of the conversion to
+ * float). The non-finite rules and the rounding into a format are
+ * norm_finish.h's, shared with the norm driver and the CUDA finish.
  */
 #include <math.h>
 #include <string.h>
 
+#include "acc_internal.h"
 #include "acc_round.h"
-#include "internal.h"
+#include "call.h"
+#include "error.h"
+#include "kernels.h"
+#include "norm_finish.h"
+#include "tensor.h"
 
 typedef bx_u128 u128;
 typedef bx_i128 i128;
@@ -49,37 +57,6 @@ void bx_acc_deposit_u64(bx_acc *acc, uint64_t v, int exp) {
   add_at_digit(acc, pos >> 5, (i128)((u128)v << (pos & 31)));
 }
 
-void bx_acc_deposit_f64(bx_acc *acc, double v) {
-  uint64_t bits;
-  memcpy(&bits, &v, sizeof bits);
-  int e = (int)((bits >> 52) & 0x7FF);
-  int64_t m = (int64_t)(bits & ((1ull << 52) - 1));
-  if (e == 0) {
-    e = 1; /* subnormal: same scale as the smallest normal, no hidden bit */
-  } else {
-    m |= (int64_t)1 << 52;
-  }
-  if (m == 0) return;
-  bx_acc_deposit_i64(acc, (bits >> 63) ? -m : m, e - 1075);
-}
-
-void bx_acc_deposit_sq_f64(bx_acc *acc, double x) {
-  uint64_t bits;
-  memcpy(&bits, &x, sizeof bits);
-  int e = (int)((bits >> 52) & 0x7FF);
-  uint64_t m = bits & ((1ull << 52) - 1);
-  if (e == 0) {
-    e = 1;
-  } else {
-    m |= 1ull << 52;
-  }
-  if (m == 0) return;
-  u128 sq = (u128)m * m; /* < 2^106, exact */
-  int exp = 2 * (e - 1075);
-  bx_acc_deposit_u64(acc, (uint64_t)sq, exp);
-  bx_acc_deposit_u64(acc, (uint64_t)(sq >> 64), exp + 64);
-}
-
 void bx_acc_normalize(bx_acc *acc) { bx_digits_normalize(acc->digit, acc->digit); }
 
 void bx_acc_merge(bx_acc *into, const bx_acc *from) {
@@ -100,46 +77,98 @@ void bx_acc_merge(bx_acc *into, const bx_acc *from) {
 
 bx_status bx_acc_check(const bx_acc *acc) {
   if (!acc) return bx_fail(BX_EINVAL, "bx_acc_check: acc is NULL");
-  if (acc->naccs < 1 || acc->version != BX_ACC_VERSION_TAG * acc->naccs)
-    return bx_fail(BX_EMISMATCH,
-                   "accumulator version word %lld does not match %lld "
-                   "accumulator(s) of format %d (summed with a different "
-                   "bitexact build, or not initialised)",
-                   (long long)acc->version, (long long)acc->naccs,
-                   BX_ACC_FORMAT);
-  return BX_OK;
+  if (bx_wire_version_ok((const int64_t *)acc)) return BX_OK;
+  return bx_fail(BX_EMISMATCH,
+                 "accumulator version word %lld does not match %lld accumulator(s) of "
+                 "format %d (summed with a different bitexact build, or not initialised)",
+                 (long long)acc->version, (long long)acc->naccs, BX_ACC_FORMAT);
+}
+
+/* The sum held (sign kept: hand-made words may be negative) or its
+ * square root, after the non-finite rules, rounded into dtype code and
+ * stored there, all inside the library's floating-point environment (no
+ * scratch memory: the environment alone, not a call level). */
+static void acc_read(const bx_acc *acc, int root, int code, void *out) {
+  bx_fpenv env;
+  bx_mag m;
+  int ovf;
+  double v;
+  bx_fpenv_enter(&env);
+  if (!bx_nonfinite_rule(acc->nan_count, acc->inf_count, &v)) {
+    bx_fmt fmt = bx_fmt_of_dtype(code);
+    bx_mag_from_digits(acc->digit, &m);
+    if (root) {
+      v = m.negative ? NAN : bx_mag_sqrt(&m, fmt, &ovf);
+    } else {
+      v = bx_mag_round(&m, fmt, &ovf);
+      v = m.negative ? -v : v;
+    }
+  }
+  bx_norm_store(code, out, v);
+  bx_fpenv_leave(&env);
 }
 
 double bx_acc_value(const bx_acc *acc) {
-  bx_mag m;
-  int ovf;
-  bx_mag_from_digits(acc->digit, &m);
-  double v = bx_mag_round(&m, bx_fmt_f64(), &ovf);
-  return m.negative ? -v : v;
+  double v;
+  acc_read(acc, 0, BX_DT_F64, &v);
+  return v;
 }
 
 float bx_acc_valuef(const bx_acc *acc) {
-  bx_mag m;
-  int ovf;
-  bx_mag_from_digits(acc->digit, &m);
-  float v = (float)bx_mag_round(&m, bx_fmt_f32(), &ovf); /* exact: already in fp32 */
-  return m.negative ? -v : v;
+  float f;
+  acc_read(acc, 0, BX_DT_F32, &f);
+  return f;
 }
 
 double bx_acc_sqrt(const bx_acc *acc) {
-  bx_mag m;
-  int ovf;
-  bx_mag_from_digits(acc->digit, &m);
-  if (m.negative) return NAN;
-  return bx_mag_sqrt(&m, bx_fmt_f64(), &ovf);
+  double v;
+  acc_read(acc, 1, BX_DT_F64, &v);
+  return v;
 }
 
 float bx_acc_sqrtf(const bx_acc *acc) {
-  bx_mag m;
-  int ovf;
-  bx_mag_from_digits(acc->digit, &m);
-  if (m.negative) return NAN;
-  return (float)bx_mag_sqrt(&m, bx_fmt_f32(), &ovf);
+  float f;
+  acc_read(acc, 1, BX_DT_F32, &f);
+  return f;
+}
+
+/* The dtype code of an output dtype, or -1. */
+static int out_dtype_code(DLDataType d) {
+  if (d.lanes != 1) return -1;
+  if (d.code == kDLFloat && d.bits == 64) return BX_DT_F64;
+  if (d.code == kDLFloat && d.bits == 32) return BX_DT_F32;
+  if (d.code == kDLFloat && d.bits == 16) return BX_DT_F16;
+  if (d.code == kDLBfloat && d.bits == 16) return BX_DT_BF16;
+  return -1;
+}
+
+bx_status bx_acc_norm(const bx_acc *acc, double norm_type, DLDataType dtype, void *out) {
+  static const char *fn = "bx_acc_norm";
+  bx_call c;
+  bx_status st = bx_call_enter(&c, fn);
+  if (st != BX_OK) return st;
+  int code = out_dtype_code(dtype);
+  if (!acc || !out) {
+    st = bx_fail(BX_EINVAL, "%s: %s is NULL", fn, acc ? "out" : "acc");
+  } else if (!(norm_type == 1.0 || norm_type == 2.0)) {
+    st = bx_fail(BX_EINVAL, "%s: norm_type %g: an accumulator holds the sum of squares (2) or "
+                 "of |x| (1)", fn, norm_type);
+  } else if (code < 0) {
+    st = bx_fail(BX_EDTYPE, "%s: dtype (code %u, %u bits, %u lanes) is not float16, bfloat16, "
+                 "float32 or float64", fn, (unsigned)dtype.code, (unsigned)dtype.bits,
+                 (unsigned)dtype.lanes);
+  } else if ((st = bx_acc_check(acc)) == BX_OK) {
+    int mode = norm_type == 2.0 ? BX_M_SQ : BX_M_ABS;
+    bx_norm_part q;
+    bx_mag scratch;
+    bx_norm_part_empty(&q);
+    q.nan = acc->nan_count;
+    q.inf = acc->inf_count;
+    bx_norm_store(code, out,
+                  bx_norm_value(mode, norm_type, acc->digit, &q, bx_fmt_of_dtype(code), &scratch));
+  }
+  bx_call_leave(&c);
+  return st;
 }
 
 int bx_acc_compare(const bx_acc *a, const bx_acc *b) {

@@ -1,75 +1,91 @@
 /*
- * collective.c — talking to the other ranks through a bx_comm: the tiny
- * agreement step (do all ranks run the same build, group count and
- * options? did any rank find a NaN/Inf it must report?) and the checks on
- * the communicator's answers. The norm's own reduction is one fixed-size
- * SUM (or MAX) issued by norm.c.
+ * collective.c — talking to the other ranks through a bx_comm: the one
+ * all-reduce wrapper and the agreement step (its layout: agree.h). The
+ * norm's own reduction is one fixed-size SUM (or MAX) issued by norm.c.
  */
 #include <stdio.h>
 
-#include "internal.h"
+#include "call.h"
+#include "collective.h"
+#include "error.h"
 #include "offender.h"
 
-bx_status bx_comm_allreduce(const bx_comm *comm, const char *fn, const char *what,
-                            int64_t *buf, size_t n, bx_op op) {
+bx_status bx_comm_allreduce(const bx_comm *comm, bx_device_call *dev, const char *fn,
+                            const char *what, int64_t *buf, size_t n, bx_op op) {
   if (!comm->allreduce_i64)
-    return bx_fail(BX_EINVAL, "%s: rank %d: comm->allreduce_i64 is NULL", fn, comm->rank);
-  /* a device communicator (NCCL) needs device memory: staged by src/cuda */
-  int rc = comm->on_device ? bx_cuda_allreduce_staged(comm, buf, n, op)
-                           : comm->allreduce_i64(buf, n, op, comm->ctx);
+    return bx_fail_at(BX_EINVAL, comm->rank, BX_NO_INDEX, BX_NO_INDEX,
+                      "%s: rank %d: comm->allreduce_i64 is NULL", fn, comm->rank);
+  int rc;
+  if (comm->on_device) {
+    /* a device communicator (NCCL) needs device memory: staged through
+     * what the backend prepared before the first collective */
+    const bx_device_backend *be = bx_backend_cuda();
+    rc = be && dev ? be->allreduce_staged(dev, comm, buf, n, op) : -1;
+  } else {
+    bx_call_user_begin(); /* the callback runs in the caller's environment */
+    rc = comm->allreduce_i64(buf, n, op, comm->ctx);
+    bx_call_user_end();
+  }
   if (rc != 0)
-    return bx_fail(BX_ECOMM, "%s: rank %d: the communicator's all-reduce (%s, %zu words) "
-                   "failed with code %d; no gradient was modified",
-                   fn, comm->rank, what, n, rc);
+    return bx_fail_at(BX_ECOMM, comm->rank, BX_NO_INDEX, BX_NO_INDEX,
+                      "%s: rank %d: the communicator's all-reduce (%s, %zu words) failed "
+                      "with code %d; no gradient was modified",
+                      fn, comm->rank, what, n, rc);
   return BX_OK;
 }
 
-/* Agreement: every value v travels as (v, ~v) through one MAX all-reduce,
- * so each rank learns max(v) and min(v) = ~max(~v): all ranks agree iff
- * they are equal. The offender word carries the smallest (rank, group,
- * tensor) that saw a NaN/Inf, encoded so that MAX selects it. */
-/* Failure keys: MAX selects the lowest failing rank; the status rides in
- * the low byte. */
-int64_t bx_failure_key(int rank, bx_status st) {
-  if (st == BX_OK) return -1;
-  int64_t r = rank < 0 ? 0 : rank > 0xFFFFFF ? 0xFFFFFF : rank;
-  return ((0xFFFFFF - r) << 8) | (int64_t)st;
-}
-
-bx_status bx_agree(const bx_comm *comm, const char *fn, const bx_agree_item *items,
-                   size_t nitems, int64_t *offender, int64_t *failure) {
-  int64_t buf[2 * BX_MAX_AGREE + 2];
-  int64_t mine = *failure;
-  if (nitems > BX_MAX_AGREE) return bx_fail(BX_EINTERNAL, "%s: too many agreement words", fn);
-  for (size_t i = 0; i < nitems; i++) {
-    buf[2 * i] = items[i].value;
-    buf[2 * i + 1] = ~items[i].value;
+bx_status bx_agree(const bx_comm *comm, bx_device_call *dev, const char *fn,
+                   const int64_t *items, bx_status local, int64_t *offender, unsigned *dtypes) {
+  int64_t w[BX_AGREE_WORDS];
+  const bx_error_location *here = bx_last_error_location();
+  int64_t at = local == BX_OK ? -1
+                              : bx_offender_key(comm->rank,
+                                                here->group < 0 ? BX_NO_INDEX : (size_t)here->group,
+                                                here->tensor < 0 ? BX_NO_INDEX : (size_t)here->tensor,
+                                                1);
+  bx_agree_fill(w, items, *offender, bx_agree_failure_key(comm->rank, (int)local), at, *dtypes);
+  /* a rank that failed keeps its own message and location, whatever the
+   * collective does */
+  bx_error_saved mine;
+  if (local != BX_OK) bx_error_save(&mine);
+  bx_status st = bx_comm_allreduce(comm, dev, fn, "agreement", w, BX_AGREE_WORDS, BX_OP_MAX);
+  if (local != BX_OK) {
+    bx_error_restore(&mine);
+    return local;
   }
-  buf[2 * nitems] = *offender;
-  buf[2 * nitems + 1] = mine;
-  bx_status st = bx_comm_allreduce(comm, fn, "agreement", buf, 2 * nitems + 2, BX_OP_MAX);
-  if (st != BX_OK) return mine >= 0 ? (bx_status)(mine & 0xFF) : st;
-  *failure = buf[2 * nitems + 1];
-  if (mine >= 0) return (bx_status)(mine & 0xFF); /* our own error and message stand */
-  if (*failure >= 0) {
-    bx_status other = (bx_status)(*failure & 0xFF);
-    int rank = 0xFFFFFF - (int)(*failure >> 8);
-    return bx_fail(other,
-                   "%s: rank %d: rank %d failed its local checks with %s (its "
-                   "bx_last_error() has the detail); every rank fails, nothing was modified",
-                   fn, comm->rank, rank, bx_status_str(other));
+  if (st != BX_OK) return st;
+  int64_t failure = w[BX_AGREE_W_FAILURE];
+  if (failure >= 0) {
+    bx_status other = (bx_status)bx_agree_failure_status(failure);
+    int rank = bx_agree_failure_rank(failure), r, is_nan;
+    size_t g = BX_NO_INDEX, t = BX_NO_INDEX;
+    char where[96] = "";
+    if (w[BX_AGREE_W_FAILURE_AT] >= 0) {
+      bx_offender_decode(w[BX_AGREE_W_FAILURE_AT], &r, &g, &t, &is_nan);
+      if (g != BX_NO_INDEX && t != BX_NO_INDEX)
+        snprintf(where, sizeof where, " at group %zu, tensor %zu", g, t);
+      else if (t != BX_NO_INDEX)
+        snprintf(where, sizeof where, " at tensor %zu", t);
+      else if (g != BX_NO_INDEX)
+        snprintf(where, sizeof where, " at group %zu", g);
+    }
+    return bx_fail_at(other, rank, g, t,
+                      "%s: rank %d: rank %d failed its local checks%s with %s (its "
+                      "bx_last_error() has the detail); every rank fails, nothing was modified",
+                      fn, comm->rank, rank, where, bx_status_str(other));
   }
-  for (size_t i = 0; i < nitems; i++) {
-    int64_t hi = buf[2 * i], lo = ~buf[2 * i + 1];
-    if (hi != lo)
-      return bx_fail(BX_EMISMATCH,
-                     "%s: rank %d: ranks disagree on %s (this rank: %lld; smallest: %lld, "
-                     "largest: %lld); every rank must call with the same build, group "
-                     "count and options. Nothing was modified",
-                     fn, comm->rank, items[i].name, (long long)items[i].value, (long long)lo,
-                     (long long)hi);
+  int bad = bx_agree_mismatch(w);
+  if (bad >= 0) {
+    int64_t hi = w[2 * bad], lo = ~w[2 * bad + 1];
+    return bx_fail_at(BX_EMISMATCH, comm->rank, BX_NO_INDEX, BX_NO_INDEX,
+                      "%s: rank %d: ranks disagree on %s (this rank: %lld; smallest: %lld, "
+                      "largest: %lld); every rank must call with the same build, group count "
+                      "and options. Nothing was modified",
+                      fn, comm->rank, bx_agree_name(bad), (long long)items[bad], (long long)lo,
+                      (long long)hi);
   }
-  *offender = buf[2 * nitems];
+  *offender = w[BX_AGREE_W_OFFENDER];
+  *dtypes = bx_agree_dtypes(w);
   return BX_OK;
 }
 
@@ -80,11 +96,15 @@ int64_t bx_offender_key(int rank, size_t group, size_t tensor, int is_nan) {
 
 void bx_offender_decode(int64_t key, int *rank, size_t *group, size_t *tensor, int *is_nan) {
   uint64_t k = (1ull << 63) - 1 - (uint64_t)key;
+  uint64_t gmax = (1ull << BX_OFFENDER_GROUP_BITS) - 1, tmax = (1ull << BX_OFFENDER_TENSOR_BITS) - 1;
   *is_nan = !(k & 1);
   k >>= 1;
-  *tensor = (size_t)(k & ((1ull << BX_OFFENDER_TENSOR_BITS) - 1));
+  *tensor = (size_t)(k & tmax);
   k >>= BX_OFFENDER_TENSOR_BITS;
-  *group = (size_t)(k & ((1ull << BX_OFFENDER_GROUP_BITS) - 1));
+  *group = (size_t)(k & gmax);
   k >>= BX_OFFENDER_GROUP_BITS;
   *rank = (int)k;
+  /* the all-ones fields are "none" (BX_NO_INDEX, clamped into the key) */
+  if (*tensor == tmax) *tensor = BX_NO_INDEX;
+  if (*group == gmax) *group = BX_NO_INDEX;
 }

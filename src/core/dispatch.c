@@ -10,7 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "error.h"
+#include "kernels.h"
 
 static _Atomic(const bx_kernels *) active;
 

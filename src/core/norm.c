@@ -1,91 +1,71 @@
 /*
- * norm.c — bx_total_norm and the public accumulator entry points: validate
- * everything first, cut tensors into pieces, let the worker threads run the
- * kernels into per-(worker, group) partials, merge them exactly, round once.
+ * norm.c — the generic norm driver behind bx_total_norm and
+ * bx_clip_grad_norm, and the public accumulator entry points.
+ *
+ * A call: enter the library's environment (call.h); validate everything
+ * (and, for device tensors, let the backend reserve all it needs) before
+ * the first collective; cut the tensors into pieces; let the worker
+ * threads run the kernels (kernels.h) into per-group partials; the
+ * agreement step and the norm's one collective (collective.c); the finish
+ * (norm_finish.h: shared with the CUDA kernels); for a clip the scaling.
+ *
+ * State scales with the work, not threads x groups: the pieces, in group
+ * order, are cut into tasks of about PIECE..2 PIECE elements. A task runs
+ * its pieces in order; a run of one group that lies wholly inside the task
+ * goes straight into the group's partial (no other task touches it), the
+ * first and last runs (whose group may continue in the neighbouring tasks)
+ * into the task's two slots, merged into their groups after the run. So
+ * the partials are ngroups + 2 ntasks, whatever the thread count, and
+ * every sum is exact, so which worker ran which task cannot matter.
  */
 #include <math.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "ext_wire.h"
-#include "internal.h"
-#include "pow_det.h"
+#include "backend.h"
+#include "call.h"
+#include "collective.h"
+#include "error.h"
+#include "kernels.h"
+#include "norm_finish.h"
+#include "norm_state.h"
+#include "pool.h"
+#include "scale_run.h"
+#include "tensor.h"
+#include "workspace.h"
 
-#define PIECE ((size_t)1 << 18)         /* elements per task: load balance */
+#define PIECE ((size_t)1 << 18)          /* elements per piece, and per task at least */
 #define MIN_PER_THREAD ((size_t)1 << 16) /* below this, fewer threads */
 #define DEPOSIT_BUDGET ((int64_t)1 << 28)
+#define NO_GROUP_SLOT ((size_t)-1)
 
-typedef bx_mode mode; /* internal.h: BX_M_SQ, ... (the CUDA kernels share the numbers) */
-
-typedef struct item {
-  const void *data;
-  size_t n;
-  bx_dtype dt;
-  size_t group;
-} item;
-
-typedef bx_partial partial;
+typedef struct task {
+  size_t begin, end;      /* pieces [begin, end) */
+  size_t slot_group[2];   /* the groups of the first and last runs, or NO_GROUP_SLOT */
+} task;
 
 typedef struct job {
   const bx_kernels *k;
-  mode m;
+  bx_mode m;
   double p;
-  const item *items;
-  partial *parts; /* [worker][group] */
-  size_t ngroups;
+  const bx_piece *pieces;
+  const size_t *gbegin, *gend; /* each group's pieces */
+  task *tasks;
+  bx_partial *parts; /* [ngroups] */
+  bx_partial *slots; /* [ntasks][2] */
 } job;
 
-/* Grow-only per-thread scratch, freed by a thread-exit destructor so that
- * programs starting many threads do not leak. */
-typedef struct workspace {
-  void *p;
-  size_t cap;
-} workspace;
-
-static pthread_key_t workspace_key;
-static pthread_once_t workspace_once = PTHREAD_ONCE_INIT;
-static int workspace_key_ok;
-
-static void workspace_free(void *w) {
-  free(((workspace *)w)->p);
-  free(w);
-}
-
-static void workspace_key_init(void) {
-  workspace_key_ok = pthread_key_create(&workspace_key, workspace_free) == 0;
-}
-
-void *bx_workspace(size_t bytes) {
-  pthread_once(&workspace_once, workspace_key_init);
-  if (!workspace_key_ok) return NULL;
-  workspace *w = pthread_getspecific(workspace_key);
-  if (!w) {
-    w = calloc(1, sizeof *w);
-    if (!w || pthread_setspecific(workspace_key, w) != 0) {
-      free(w);
-      return NULL;
-    }
-  }
-  if (bytes > w->cap) {
-    void *q = realloc(w->p, bytes ? bytes : 1);
-    if (!q) return NULL;
-    w->p = q;
-    w->cap = bytes;
-  }
-  return w->p;
-}
-
-static void partial_init(partial *q) {
+void bx_partial_init(bx_partial *q) {
   bx_acc_init(&q->acc);
   q->maxabs = 0.0;
   q->minabs = INFINITY;
   q->nan = q->nonzero = q->pending = 0;
 }
 
-static void partial_merge(partial *into, const partial *from) {
+/* into += from; the two are one logical accumulator (naccs stays 1). */
+static void partial_merge(bx_partial *into, const bx_partial *from) {
   bx_acc_merge(&into->acc, &from->acc);
-  into->acc.naccs -= from->acc.naccs; /* threads are one logical accumulator */
+  into->acc.naccs -= from->acc.naccs;
   into->acc.version -= from->acc.version;
   if (from->maxabs > into->maxabs) into->maxabs = from->maxabs;
   if (from->minabs < into->minabs) into->minabs = from->minabs;
@@ -93,10 +73,7 @@ static void partial_merge(partial *into, const partial *from) {
   into->nonzero += from->nonzero;
 }
 
-static void run_item(void *ctx, size_t t, int worker) {
-  const job *j = ctx;
-  const item *it = &j->items[t];
-  partial *q = &j->parts[(size_t)worker * j->ngroups + it->group];
+static void run_piece(const job *j, const bx_piece *it, bx_partial *q) {
   switch (j->m) {
     case BX_M_SQ: j->k->sumsq[it->dt](it->data, it->n, &q->acc); break;
     case BX_M_ABS: j->k->sumabs[it->dt](it->data, it->n, &q->acc); break;
@@ -113,99 +90,28 @@ static void run_item(void *ctx, size_t t, int worker) {
   }
 }
 
-/* The norm held by a merged partial, per the rules in bitexact.h. */
-static double finish(mode m, double p, const partial *q) {
-  int64_t nan = m == BX_M_EXT ? q->nan : q->acc.nan_count;
-  if (nan > 0) return NAN;
-  switch (m) {
-    case BX_M_SQ: return q->acc.inf_count ? INFINITY : bx_acc_sqrt(&q->acc);
-    case BX_M_ABS: return q->acc.inf_count ? INFINITY : bx_acc_value(&q->acc);
-    case BX_M_POW: return q->acc.inf_count ? INFINITY : bx_pow_det(bx_acc_value(&q->acc), 1.0 / p);
-    case BX_M_MEGATRON:
-      return q->acc.inf_count ? INFINITY : (double)sqrtf(bx_acc_valuef(&q->acc));
-    case BX_M_EXT:
-      if (p == 0.0) return (double)q->nonzero;
-      if (p > 0) return q->maxabs;
-      return q->minabs == INFINITY && q->maxabs == 0.0 && q->nonzero == 0 ? 0.0 : q->minabs;
-  }
-  return NAN;
-}
-
-/* True if span holds a NaN or ±Inf (error path only). */
-static int span_nonfinite(const bx_span *s, int *is_nan) {
-  for (size_t i = 0; i < s->n; i++) {
-    double v = bx_load_as_double(s->data, s->dtype, i);
-    if (v != v || v == INFINITY || v == -INFINITY) {
-      *is_nan = v != v;
-      return 1;
+static void run_task(void *ctx, size_t t, int worker) {
+  (void)worker;
+  const job *j = ctx;
+  task *tk = &j->tasks[t];
+  tk->slot_group[0] = tk->slot_group[1] = NO_GROUP_SLOT;
+  for (size_t i = tk->begin; i < tk->end;) {
+    size_t g = j->pieces[i].group, e = i;
+    while (e < tk->end && j->pieces[e].group == g) e++;
+    bx_partial *q;
+    if (j->gbegin[g] >= tk->begin && j->gend[g] <= tk->end) {
+      q = &j->parts[g]; /* the whole group is this task's */
+    } else {
+      int s = i == tk->begin ? 0 : 1; /* not inside: the first run or the last */
+      q = &j->slots[2 * t + (size_t)s];
+      bx_partial_init(q);
+      tk->slot_group[s] = g;
     }
-  }
-  return 0;
-}
-
-/* The first tensor (lowest group, then index) holding a NaN/Inf: its
- * offender key for this rank, or -1 (error path only). */
-static int64_t first_nonfinite(const bx_group *groups, size_t ngroups, int rank) {
-  for (size_t g = 0; g < ngroups; g++)
-    for (size_t i = 0; i < groups[g].count; i++) {
-      bx_span s;
-      int is_nan = 0;
-      if (bx_tensor_span(&groups[g].tensors[i], "", g, i, &s) == BX_OK &&
-          span_nonfinite(&s, &is_nan))
-        return bx_offender_key(rank, g, i, is_nan);
-    }
-  return -1;
-}
-
-static bx_status report_nonfinite(const char *fn, int64_t key, int distributed) {
-  int rank, is_nan;
-  size_t g, i;
-  bx_offender_decode(key, &rank, &g, &i, &is_nan);
-  if (distributed)
-    return bx_fail(BX_ENONFINITE,
-                   "%s: rank %d, group %zu, tensor %zu holds %s; error_if_nonfinite is "
-                   "set, every rank fails and nothing was modified",
-                   fn, rank, g, i, is_nan ? "NaN" : "an infinite value");
-  return bx_fail(BX_ENONFINITE,
-                 "%s: group %zu, tensor %zu holds %s; error_if_nonfinite is set, nothing "
-                 "was modified",
-                 fn, g, i, is_nan ? "NaN" : "an infinite value");
-}
-
-/* Words per group in the norm's collective, and its operation. */
-static size_t wire_words(mode m, double p) {
-  (void)p; /* p = 0: nonzero, nan (SUM); p = ±inf: max, ~min (MAX) */
-  return m == BX_M_EXT ? 2 : BX_ACC_WORDS;
-}
-
-static void to_wire(mode m, double p, partial *q, int64_t *w) {
-  if (m != BX_M_EXT) {
-    bx_acc_normalize(&q->acc); /* the wire format promise: normalised words */
-    memcpy(w, &q->acc, sizeof q->acc);
-  } else {
-    bx_ext e = {q->maxabs, q->minabs, q->nan, q->nonzero};
-    bx_ext_to_wire(p, &e, w);
+    for (; i < e; i++) run_piece(j, &j->pieces[i], q);
   }
 }
 
-static void from_wire(mode m, double p, const int64_t *w, partial *q) {
-  if (m != BX_M_EXT) {
-    memcpy(&q->acc, w, sizeof q->acc);
-  } else {
-    bx_ext e;
-    bx_ext_from_wire(p, w, &e);
-    q->maxabs = e.maxabs;
-    q->minabs = e.minabs;
-    q->nan = e.nan;
-    q->nonzero = e.nonzero;
-  }
-}
-
-static int64_t double_bits(double d) {
-  int64_t b;
-  memcpy(&b, &d, 8);
-  return b;
-}
+/* ---- options ------------------------------------------------------------ */
 
 bx_status bx_check_norm_opts(const char *fn, const bx_norm_opts *o, bx_mode *m) {
   double p = o->norm_type;
@@ -214,6 +120,8 @@ bx_status bx_check_norm_opts(const char *fn, const bx_norm_opts *o, bx_mode *m) 
     return bx_fail(BX_EINVAL, "%s: norm_type %g is negative (only -inf is allowed)", fn, p);
   if (o->num_threads < 0)
     return bx_fail(BX_EINVAL, "%s: num_threads %d is negative", fn, o->num_threads);
+  if ((int)o->norm_dtype < (int)BX_NORM_F64 || (int)o->norm_dtype > (int)BX_NORM_F16)
+    return bx_fail(BX_EINVAL, "%s: unknown norm_dtype %d", fn, (int)o->norm_dtype);
   if (o->flavor == BX_MEGATRON_FP32) {
     if (p != 2.0)
       return bx_fail(BX_EINVAL, "%s: BX_MEGATRON_FP32 is defined for norm_type 2 only", fn);
@@ -228,203 +136,355 @@ bx_status bx_check_norm_opts(const char *fn, const bx_norm_opts *o, bx_mode *m) 
   return BX_OK;
 }
 
-/* What the ranks must agree on: build, group count, options, extras. */
-static size_t agree_items(bx_agree_item *items, const bx_norm_opts *o, size_t ngroups,
-                          const bx_agree_item *extra, size_t nextra) {
-  size_t n = 0;
-  items[n++] = (bx_agree_item){"the accumulator format (bitexact build)", BX_ACC_VERSION_TAG};
-  items[n++] = (bx_agree_item){"the number of groups", (int64_t)ngroups};
-  items[n++] = (bx_agree_item){"norm_type", double_bits(o->norm_type)};
-  items[n++] = (bx_agree_item){"flavor", (int64_t)o->flavor};
-  items[n++] = (bx_agree_item){"error_if_nonfinite", (int64_t)(o->error_if_nonfinite != 0)};
-  for (size_t i = 0; i < nextra && n < BX_MAX_AGREE; i++) items[n++] = extra[i];
-  return n;
+/* The format of the norms: norm_dtype, with BX_NORM_GRADS resolved from
+ * the dtypes of every rank's tensors (mask bit d: a tensor of dtype d) as
+ * torch promotes them. */
+static bx_fmt norm_format(bx_norm_dtype nd, unsigned mask) {
+  switch (nd) {
+    case BX_NORM_F32: return bx_fmt_of_dtype(BX_DT_F32);
+    case BX_NORM_BF16: return bx_fmt_of_dtype(BX_DT_BF16);
+    case BX_NORM_F16: return bx_fmt_of_dtype(BX_DT_F16);
+    case BX_NORM_GRADS:
+      if (mask & (1u << BX_DT_F64)) return bx_fmt_of_dtype(BX_DT_F64);
+      if (mask == (1u << BX_DT_F16)) return bx_fmt_of_dtype(BX_DT_F16);
+      if (mask == (1u << BX_DT_BF16)) return bx_fmt_of_dtype(BX_DT_BF16);
+      return bx_fmt_of_dtype(BX_DT_F32); /* fp32 in it, fp16 with bf16, or nothing */
+    default: return bx_fmt_f64();
+  }
 }
 
-bx_status bx_norm_agreed(const char *fn, const bx_group *groups, size_t ngroups,
-                         const bx_comm *comm, const bx_norm_opts *opts,
-                         const bx_agree_item *extra, size_t nextra, bx_status prior,
-                         double *total_norm, double *group_norms) {
-  bx_norm_opts o = BX_NORM_OPTS_DEFAULT;
-  if (opts) o = *opts;
-  mode m = BX_M_SQ;
-  size_t nitems = 0, total = 0;
-  bx_status st = prior;
-  if (st != BX_OK) goto local_failed;
-  st = bx_check_norm_opts(fn, &o, &m);
-  if (st != BX_OK) goto local_failed;
-  if (!total_norm) {
-    st = bx_fail(BX_EINVAL, "%s: total_norm is NULL", fn);
-    goto local_failed;
-  }
-  if (ngroups > 0 && !groups) {
-    st = bx_fail(BX_EINVAL, "%s: groups is NULL with ngroups %zu", fn, ngroups);
-    goto local_failed;
-  }
+static int64_t double_bits(double d) {
+  int64_t b;
+  memcpy(&b, &d, 8);
+  return b;
+}
 
-  bx_where where = BX_ON_HOST;
-  st = bx_tensors_where(fn, groups, ngroups, NULL, 0, &where);
-  if (st != BX_OK) goto local_failed;
-  {
-  int rank = comm ? comm->rank : 0;
-  size_t ww = wire_words(m, o.norm_type), nwire = (ngroups ? ngroups : 1) * ww;
-  size_t parts_bytes;
-  char *ws;
-  partial *parts;
-  int used = 1;
-  int64_t gpu_offender = -1;
-  if (where == BX_ON_CUDA) {
-    /* the GPU fills one partial per group (src/cuda); the rest is shared */
-    parts_bytes = (ngroups ? ngroups : 1) * sizeof(partial);
-    ws = bx_workspace(parts_bytes + nwire * sizeof(int64_t));
-    if (!ws) {
-      st = bx_fail(BX_ENOMEM, "%s: cannot allocate workspace", fn);
-      goto local_failed;
+/* This rank's agreement items (agree.h). */
+static void agree_items(int64_t *it, const bx_norm_opts *o, size_t ngroups, const bx_clip_step *clip) {
+  memset(it, 0, BX_AGREE_ITEMS * sizeof *it);
+  it[BX_AGREE_FORMAT] = BX_ACC_VERSION_TAG;
+  it[BX_AGREE_CALL] = clip ? BX_CALL_CLIP : BX_CALL_NORM;
+  it[BX_AGREE_NGROUPS] = (int64_t)ngroups;
+  it[BX_AGREE_NORM_TYPE] = double_bits(o->norm_type);
+  it[BX_AGREE_FLAVOR] = (int64_t)o->flavor;
+  it[BX_AGREE_NONFINITE] = o->error_if_nonfinite != 0;
+  it[BX_AGREE_NORM_DTYPE] = (int64_t)o->norm_dtype;
+  if (clip) {
+    it[BX_AGREE_MAX_NORM] = double_bits(clip->max_norm);
+    it[BX_AGREE_EPS] = double_bits(clip->opts->eps);
+    it[BX_AGREE_FORMULA] = (int64_t)clip->opts->formula;
+    it[BX_AGREE_SCALE_MODE] = (int64_t)clip->opts->scale.mode;
+  }
+}
+
+/* ---- NaN/Inf: the first offending tensor (error path only) --------------- */
+
+static int span_nonfinite(const bx_span *s, int *is_nan) {
+  for (size_t i = 0; i < s->n; i++) {
+    double v = bx_load_as_double(s->data, s->dtype, i);
+    if (v != v || v == INFINITY || v == -INFINITY) {
+      *is_nan = v != v;
+      return 1;
     }
-    parts = (partial *)ws;
-    st = bx_cuda_partials(fn, groups, ngroups, m, o.norm_type, rank, parts, &gpu_offender);
-    if (st != BX_OK) goto local_failed;
-  } else {
-  /* pass 1: validate every tensor and count the pieces */
-  for (size_t g = 0; g < ngroups; g++) {
-    if (groups[g].count > 0 && !groups[g].tensors) {
-      st = bx_fail(BX_EINVAL, "%s: group %zu: tensors is NULL with count %zu", fn, g,
-                   groups[g].count);
-      goto local_failed;
-    }
+  }
+  return 0;
+}
+
+static int64_t first_nonfinite(const bx_group *groups, size_t ngroups, int rank) {
+  for (size_t g = 0; g < ngroups; g++)
     for (size_t i = 0; i < groups[g].count; i++) {
       bx_span s;
-      st = bx_tensor_span(&groups[g].tensors[i], fn, g, i, &s);
-      if (st != BX_OK) goto local_failed;
-      nitems += (s.n + PIECE - 1) / PIECE;
+      int is_nan = 0;
+      if (bx_tensor_span(&groups[g].tensors[i], "", g, i, &s) == BX_OK && span_nonfinite(&s, &is_nan))
+        return bx_offender_key(rank, g, i, is_nan);
+    }
+  return -1;
+}
+
+static bx_status report_nonfinite(const char *fn, int64_t key, const bx_comm *comm, double total) {
+  int rank, is_nan;
+  size_t g, i;
+  if (key < 0)
+    return bx_fail_at(BX_ENONFINITE, comm ? comm->rank : -1, BX_NO_INDEX, BX_NO_INDEX,
+                      "%s: the total norm is %s although no gradient holds NaN or Inf (it "
+                      "overflows the norm's format); error_if_nonfinite is set, nothing was "
+                      "modified", fn, total != total ? "NaN" : "infinite");
+  bx_offender_decode(key, &rank, &g, &i, &is_nan);
+  if (comm)
+    return bx_fail_at(BX_ENONFINITE, rank, g, i,
+                      "%s: rank %d, group %zu, tensor %zu holds %s; error_if_nonfinite is set, "
+                      "every rank fails and nothing was modified",
+                      fn, rank, g, i, is_nan ? "NaN" : "an infinite value");
+  return bx_fail_at(BX_ENONFINITE, -1, g, i,
+                    "%s: group %zu, tensor %zu holds %s; error_if_nonfinite is set, nothing "
+                    "was modified",
+                    fn, g, i, is_nan ? "NaN" : "an infinite value");
+}
+
+/* ---- the host reduction -------------------------------------------------- */
+
+/* Validate every tensor, cut the pieces and run them: parts[0..ngroups)
+ * filled. *pieces_out, *npieces_out: the pieces (for a clip's scaling).
+ * The workspace holds, in order: parts, pieces, gbegin, gend, tasks,
+ * slots, then `extra` bytes for the caller (*extra_out). */
+static bx_status host_reduce(const char *fn, const bx_group *groups, size_t ngroups,
+                             const bx_norm_opts *o, bx_mode m, size_t extra,
+                             bx_partial **parts_out, bx_piece **pieces_out, size_t *npieces_out,
+                             unsigned *dtmask, void **extra_out) {
+  size_t npieces = 0, total = 0;
+  for (size_t g = 0; g < ngroups; g++) {
+    if (groups[g].count > 0 && !groups[g].tensors)
+      return bx_fail_at(BX_EINVAL, -1, g, BX_NO_INDEX,
+                        "%s: group %zu: tensors is NULL with count %zu", fn, g, groups[g].count);
+    for (size_t i = 0; i < groups[g].count; i++) {
+      bx_span s;
+      bx_status st = bx_tensor_span(&groups[g].tensors[i], fn, g, i, &s);
+      if (st != BX_OK) return st;
+      npieces += (s.n + PIECE - 1) / PIECE;
       total += s.n;
+      *dtmask |= 1u << s.dtype;
     }
   }
-  int nthreads = o.num_threads > 0 ? o.num_threads : bx_default_threads();
-  if (nthreads > BX_MAX_THREADS) nthreads = BX_MAX_THREADS;
-  size_t useful = total / MIN_PER_THREAD + 1;
-  if ((size_t)nthreads > useful) nthreads = (int)useful;
-  size_t nparts = (size_t)nthreads * (ngroups ? ngroups : 1);
+  /* tasks: consecutive pieces of at least PIECE elements (the last may be
+   * less); at most npieces of them */
+  size_t ng = ngroups ? ngroups : 1, ntasks_max = npieces ? npieces : 1;
+  size_t b_parts = ng * sizeof(bx_partial), b_pieces = npieces * sizeof(bx_piece);
+  size_t b_gidx = 2 * ng * sizeof(size_t), b_tasks = ntasks_max * sizeof(task);
+  size_t b_slots = 2 * ntasks_max * sizeof(bx_partial);
+  size_t off_extra = b_parts + b_pieces + b_gidx + b_tasks + b_slots;
+  off_extra = (off_extra + 63) & ~(size_t)63;
+  char *ws = bx_workspace(off_extra + extra);
+  if (!ws)
+    return bx_fail(BX_ENOMEM, "%s: cannot allocate %zu bytes of workspace", fn, off_extra + extra);
+  bx_partial *parts = (bx_partial *)ws;
+  bx_piece *pieces = (bx_piece *)(ws + b_parts);
+  size_t *gbegin = (size_t *)(ws + b_parts + b_pieces), *gend = gbegin + ng;
+  task *tasks = (task *)(ws + b_parts + b_pieces + b_gidx);
+  bx_partial *slots = (bx_partial *)(ws + b_parts + b_pieces + b_gidx + b_tasks);
+  for (size_t g = 0; g < ng; g++) bx_partial_init(&parts[g]);
 
-  /* workspace: partials, then the items (later reused for the wire words) */
-  parts_bytes = nparts * sizeof(partial);
-  size_t tail_bytes = nitems * sizeof(item);
-  if (comm && nwire * sizeof(int64_t) > tail_bytes) tail_bytes = nwire * sizeof(int64_t);
-  ws = bx_workspace(parts_bytes + tail_bytes);
-  if (!ws) {
-    st = bx_fail(BX_ENOMEM, "%s: cannot allocate %zu bytes of workspace", fn,
-                 parts_bytes + tail_bytes);
-    goto local_failed;
-  }
-  parts = (partial *)ws;
-  item *items = (item *)(ws + parts_bytes);
-  for (size_t i = 0; i < nparts; i++) partial_init(&parts[i]);
-
-  /* pass 2: the pieces */
   size_t k = 0;
-  for (size_t g = 0; g < ngroups; g++)
+  for (size_t g = 0; g < ngroups; g++) {
+    gbegin[g] = k;
     for (size_t i = 0; i < groups[g].count; i++) {
       bx_span s;
       bx_tensor_span(&groups[g].tensors[i], fn, g, i, &s);
       size_t es = bx_dtype_size(s.dtype);
-      for (size_t off = 0; off < s.n; off += PIECE) {
-        items[k].data = (const char *)s.data + off * es;
-        items[k].n = s.n - off < PIECE ? s.n - off : PIECE;
-        items[k].dt = s.dtype;
-        items[k].group = g;
-        k++;
+      for (size_t off = 0; off < s.n; off += PIECE, k++) {
+        pieces[k].data = (char *)s.data + off * es;
+        pieces[k].n = s.n - off < PIECE ? s.n - off : PIECE;
+        pieces[k].dt = s.dtype;
+        pieces[k].group = g;
       }
     }
-
-  job j = {bx_kernels_active(), m, o.norm_type, items, parts, ngroups};
-  used = bx_parallel_run(nthreads, nitems, run_item, &j);
+    gend[g] = k;
+  }
+  size_t ntasks = 0;
+  for (size_t i = 0; i < npieces;) {
+    size_t begin = i, n = 0;
+    while (i < npieces && n < PIECE) n += pieces[i++].n;
+    tasks[ntasks].begin = begin;
+    tasks[ntasks].end = i;
+    ntasks++;
   }
 
-  /* merge workers into worker 0's partials, then groups into the total */
-  partial all;
-  partial_init(&all);
-  for (size_t g = 0; g < ngroups; g++) {
-    for (int w = 1; w < used; w++) partial_merge(&parts[g], &parts[(size_t)w * ngroups + g]);
-    partial_merge(&all, &parts[g]);
+  int nthreads = o->num_threads > 0 ? o->num_threads : bx_default_threads();
+  if (nthreads > BX_MAX_THREADS) nthreads = BX_MAX_THREADS;
+  size_t useful = total / MIN_PER_THREAD + 1;
+  if ((size_t)nthreads > useful) nthreads = (int)useful;
+  job j = {bx_kernels_active(), m, o->norm_type, pieces, gbegin, gend, tasks, parts, slots};
+  bx_parallel_run(nthreads, ntasks, run_task, &j);
+  for (size_t t = 0; t < ntasks; t++)
+    for (int s = 0; s < 2; s++)
+      if (tasks[t].slot_group[s] != NO_GROUP_SLOT)
+        partial_merge(&parts[tasks[t].slot_group[s]], &slots[2 * t + (size_t)s]);
+  *parts_out = parts;
+  *pieces_out = pieces;
+  *npieces_out = npieces;
+  *extra_out = ws + off_extra;
+  return BX_OK;
+}
+
+/* One group's wire words from its partial (norm_finish.h's layout). */
+static void partial_to_wire(bx_mode m, double p, const bx_partial *q, int64_t *w) {
+  if (m != BX_M_EXT) {
+    bx_wire_of_acc(q->acc.digit, q->acc.nan_count, q->acc.inf_count, q->acc.count, w);
+  } else {
+    bx_ext e = {q->maxabs, q->minabs, q->nan, q->nonzero};
+    bx_ext_to_wire(p, &e, w);
   }
-  int64_t bad = m == BX_M_EXT ? all.nan + (all.maxabs == INFINITY)
-                           : all.acc.nan_count + all.acc.inf_count;
+}
+
+/* Bytes the finish needs after the partials: the wire (ngroups, at least
+ * one, groups of ww words), the group norms, the digits of the total and a
+ * magnitude view. */
+static size_t finish_bytes(size_t ngroups, size_t ww) {
+  size_t ng = ngroups ? ngroups : 1;
+  return ng * ww * sizeof(int64_t) + ng * sizeof(double) + BX_ACC_DIGITS * sizeof(int64_t) +
+         sizeof(bx_mag) + 64;
+}
+
+bx_status bx_norm_run(const char *fn, const bx_group *groups, size_t ngroups, const bx_comm *comm,
+                      const bx_norm_opts *opts, bx_clip_step *clip, bx_status prior,
+                      double *total_norm, double *group_norms) {
+  bx_norm_opts o = BX_NORM_OPTS_DEFAULT;
+  if (opts) o = *opts;
+  bx_mode m = BX_M_SQ;
+  bx_status st = prior;
+  bx_where where = BX_ON_HOST;
+  const bx_device_backend *be = NULL;
+  bx_device_call *dev = NULL;
+  int rank = comm ? comm->rank : -1;
+  unsigned dtmask = 0;
+  bx_partial *parts = NULL;
+  bx_piece *pieces = NULL;
+  size_t npieces = 0;
+  char *fin = NULL;
   int64_t offender = -1;
-  if (o.error_if_nonfinite && bad > 0)
-    offender = where == BX_ON_CUDA ? gpu_offender : first_nonfinite(groups, ngroups, rank);
 
-  if (comm) {
-    /* 1: the tiny agreement step (also spreads the first NaN/Inf location
-     * and whether any rank failed its local checks) */
-    bx_agree_item agree[BX_MAX_AGREE];
-    size_t nagree = agree_items(agree, &o, ngroups, extra, nextra);
-    int64_t failure = -1;
-    st = bx_agree(comm, fn, agree, nagree, &offender, &failure);
-    if (st != BX_OK) return st;
-    if (o.error_if_nonfinite && offender >= 0) return report_nonfinite(fn, offender, 1);
-
-    /* 2: the norm's one collective, fixed size: ngroups x ww words (an empty
-     * group list still sends one group's worth, so every rank calls alike) */
-    int64_t *wire = (int64_t *)(ws + parts_bytes); /* the items are done with */
-    partial empty;
-    partial_init(&empty);
-    _Static_assert(sizeof(bx_acc) == BX_ACC_WORDS * sizeof(int64_t), "wire layout");
-    for (size_t g = 0; g < (ngroups ? ngroups : 1); g++)
-      to_wire(m, o.norm_type, ngroups ? &parts[g] : &empty, wire + g * ww);
-    bx_op op = m == BX_M_EXT && o.norm_type != 0.0 ? BX_OP_MAX : BX_OP_SUM;
-    st = bx_comm_allreduce(comm, fn, "norm", wire, nwire, op);
-    if (st != BX_OK) return st;
-    partial_init(&all);
-    for (size_t g = 0; g < ngroups; g++) {
-      partial_init(&parts[g]);
-      from_wire(m, o.norm_type, wire + g * ww, &parts[g]);
-      if (m != BX_M_EXT && (st = bx_acc_check(&parts[g].acc)) != BX_OK) return st;
-      partial_merge(&all, &parts[g]);
+  /* ---- local checks and the local reduction: all before any collective */
+  if (st == BX_OK) st = bx_check_norm_opts(fn, &o, &m);
+  size_t ww = bx_wire_words(m), ng = ngroups ? ngroups : 1;
+  if (st == BX_OK && !total_norm) st = bx_fail(BX_EINVAL, "%s: total_norm is NULL", fn);
+  if (st == BX_OK && ngroups > 0 && !groups)
+    st = bx_fail(BX_EINVAL, "%s: groups is NULL with ngroups %zu", fn, ngroups);
+  if (st == BX_OK) st = bx_tensors_where(fn, groups, ngroups, NULL, 0, &where);
+  if (st == BX_OK && clip) /* no shared memory: before the workspace below is laid out */
+    st = bx_check_writable(fn, NULL, 0, groups, ngroups, where == BX_ON_CUDA);
+  if (st == BX_OK && (where == BX_ON_CUDA || (comm && comm->on_device))) {
+    be = bx_backend_cuda();
+    if (!be) {
+      st = bx_fail(BX_EDEVICE, "%s: %s, but this build of bitexact has no CUDA backend (built "
+                   "without nvcc, or CUDA=0)", fn,
+                   where == BX_ON_CUDA ? "CUDA tensors" : "a device communicator");
+    } else {
+      bx_device_prep prep = {groups, ngroups, NULL, 0, where == BX_ON_CUDA, (int)m, o.norm_type,
+                             clip != NULL && where == BX_ON_CUDA,
+                             comm && comm->on_device ? BX_AGREE_WORDS + ng * ww : 0, rank};
+      st = be->prepare(fn, &prep, &dev);
     }
   }
-  if (o.error_if_nonfinite && offender >= 0) return report_nonfinite(fn, offender, 0);
-
-  *total_norm = finish(m, o.norm_type, &all);
-  if (group_norms)
-    for (size_t g = 0; g < ngroups; g++) group_norms[g] = finish(m, o.norm_type, &parts[g]);
-  return BX_OK;
+  if (st == BX_OK && where == BX_ON_CUDA) {
+    size_t bytes = ng * sizeof(bx_partial) + 64 + finish_bytes(ngroups, ww);
+    char *ws = bx_workspace(bytes);
+    if (!ws) {
+      st = bx_fail(BX_ENOMEM, "%s: cannot allocate %zu bytes of workspace", fn, bytes);
+    } else {
+      parts = (bx_partial *)ws;
+      fin = ws + ((ng * sizeof(bx_partial) + 63) & ~(size_t)63);
+      for (size_t g = 0; g < ngroups; g++) /* validated by prepare */
+        for (size_t i = 0; i < groups[g].count; i++) {
+          bx_span s;
+          if (bx_tensor_span_cuda(&groups[g].tensors[i], fn, g, i, &s) == BX_OK)
+            dtmask |= 1u << s.dtype;
+        }
+      bx_partial_init(&parts[0]);
+      st = be->partials(dev, parts, &offender);
+    }
+  } else if (st == BX_OK) {
+    void *extra = NULL;
+    st = host_reduce(fn, groups, ngroups, &o, m, finish_bytes(ngroups, ww), &parts, &pieces,
+                     &npieces, &dtmask, &extra);
+    fin = extra;
   }
+  int64_t bad = 0;
+  if (st == BX_OK)
+    for (size_t g = 0; g < ngroups; g++)
+      bad += m == BX_M_EXT ? parts[g].nan + (parts[g].maxabs == INFINITY)
+                           : parts[g].acc.nan_count + parts[g].acc.inf_count;
+  if (st == BX_OK && o.error_if_nonfinite && bad > 0 && where == BX_ON_HOST)
+    offender = first_nonfinite(groups, ngroups, rank < 0 ? 0 : rank);
+  if (st != BX_OK && rank >= 0) bx_error_set_rank(rank);
 
-local_failed:
-  /* A rank that fails its local checks still joins the agreement step, so
-   * the others fail with it instead of waiting in the collective. */
+  /* ---- the agreement step (every rank, failed or not, so none hangs) */
   if (comm && comm->allreduce_i64) {
-    bx_agree_item agree[BX_MAX_AGREE];
-    size_t nagree = agree_items(agree, &o, ngroups, extra, nextra);
-    int64_t offender = -1, failure = bx_failure_key(comm->rank, st);
-    bx_agree(comm, fn, agree, nagree, &offender, &failure); /* reports our own st */
+    int64_t items[BX_AGREE_ITEMS];
+    agree_items(items, &o, ngroups, clip);
+    st = bx_agree(comm, dev, fn, items, st, &offender, &dtmask);
   }
+  if (st != BX_OK) goto done;
+
+  /* ---- the wire, the norm's one collective, the finish */
+  {
+    int64_t *wire = (int64_t *)fin;
+    double *gnorms = (double *)(wire + ng * ww);
+    int64_t *total_digits = (int64_t *)(gnorms + ng);
+    bx_mag *scratch = (bx_mag *)(((uintptr_t)(total_digits + BX_ACC_DIGITS) + 63) & ~(uintptr_t)63);
+    bx_partial empty;
+    bx_partial_init(&empty);
+    for (size_t g = 0; g < ng; g++) /* an empty group list still sends one group */
+      partial_to_wire(m, o.norm_type, ngroups ? &parts[g] : &empty, wire + g * ww);
+    if (comm) {
+      st = bx_comm_allreduce(comm, dev, fn, "norm", wire, ng * ww,
+                             bx_wire_by_max(m, o.norm_type) ? BX_OP_MAX : BX_OP_SUM);
+      if (st != BX_OK) goto done;
+      if (m != BX_M_EXT)
+        for (size_t g = 0; g < ng; g++)
+          if (!bx_wire_version_ok(wire + g * ww)) {
+            st = bx_acc_check((const bx_acc *)(wire + g * ww)); /* the message */
+            if (st == BX_OK) st = bx_fail(BX_EMISMATCH, "%s: accumulator version", fn);
+            bx_error_set_rank(rank);
+            goto done;
+          }
+    }
+    double total;
+    bx_finish_words(m, o.norm_type, wire, ngroups, norm_format(o.norm_dtype, dtmask), scratch,
+                    total_digits, &total, gnorms);
+    if (o.error_if_nonfinite && (total != total || total == INFINITY)) {
+      st = report_nonfinite(fn, offender, comm, total);
+      goto done;
+    }
+    if (clip) {
+      double c = bx_clip_coef_of(total, clip->max_norm, clip->opts->eps, clip->opts->formula);
+      if (c != 1.0) { /* skipping the writes when nothing changes */
+        st = where == BX_ON_CUDA ? be->scale(dev, c, &clip->opts->scale)
+                                 : bx_scale_pieces(pieces, npieces, c, &clip->opts->scale);
+        if (st != BX_OK) goto done;
+      }
+      clip->coef = c;
+    }
+    *total_norm = total;
+    if (group_norms) memcpy(group_norms, gnorms, ngroups * sizeof *group_norms);
+  }
+
+done:
+  if (dev) be->release(dev);
   return st;
 }
 
 bx_status bx_total_norm(const bx_group *groups, size_t ngroups, const bx_comm *comm,
                         const bx_norm_opts *opts, double *total_norm, double *group_norms) {
-  return bx_norm_agreed("bx_total_norm", groups, ngroups, comm, opts, NULL, 0, BX_OK,
-                        total_norm, group_norms);
+  static const char *fn = "bx_total_norm";
+  bx_call c;
+  bx_status st = bx_call_enter(&c, fn);
+  if (st != BX_OK) return st;
+  st = bx_norm_run(fn, groups, ngroups, comm, opts, NULL, BX_OK, total_norm, group_norms);
+  bx_call_leave(&c);
+  return st;
 }
 
 /* ---- public accumulator entry points (calling thread only) ---------- */
 
 static bx_status acc_add(bx_acc *acc, const DLTensor *t, int squares, const char *fn) {
-  if (!acc) return bx_fail(BX_EINVAL, "%s: acc is NULL", fn);
-  bx_span s;
-  bx_status st = bx_tensor_span(t, fn, BX_NO_GROUP, 0, &s);
+  bx_call c;
+  bx_status st = bx_call_enter(&c, fn);
   if (st != BX_OK) return st;
-  const bx_kernels *k = bx_kernels_active();
-  size_t es = bx_dtype_size(s.dtype);
-  for (size_t off = 0; off < s.n; off += BX_CHUNK) {
-    size_t n = s.n - off < BX_CHUNK ? s.n - off : BX_CHUNK;
-    const void *p = (const char *)s.data + off * es;
-    if (squares) k->sumsq[s.dtype](p, n, acc);
-    else k->sumabs[s.dtype](p, n, acc);
-    bx_acc_normalize(acc);
+  bx_span s;
+  if (!acc) st = bx_fail(BX_EINVAL, "%s: acc is NULL", fn);
+  else st = bx_tensor_span(t, fn, BX_NO_GROUP, 0, &s);
+  if (st == BX_OK) {
+    const bx_kernels *k = bx_kernels_active();
+    size_t es = bx_dtype_size(s.dtype);
+    for (size_t off = 0; off < s.n; off += BX_CHUNK) {
+      size_t n = s.n - off < BX_CHUNK ? s.n - off : BX_CHUNK;
+      const void *p = (const char *)s.data + off * es;
+      if (squares) k->sumsq[s.dtype](p, n, acc);
+      else k->sumabs[s.dtype](p, n, acc);
+      bx_acc_normalize(acc);
+    }
   }
-  return BX_OK;
+  bx_call_leave(&c);
+  return st;
 }
 
 bx_status bx_acc_add_squares(bx_acc *acc, const DLTensor *t) {

@@ -6,8 +6,10 @@
  */
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 
-#include "internal.h"
+#include "tensor.h"
+#include "workspace.h"
 
 static int host_readable(DLDeviceType dev) {
   return dev == kDLCPU || dev == kDLCUDAHost || dev == kDLCUDAManaged ||
@@ -46,7 +48,9 @@ static bx_status span_named(const DLTensor *t, const char *fn, size_t group, siz
   char what[96];
   if (group == BX_NO_GROUP) snprintf(what, sizeof what, "%s: tensor %zu", fn, index);
   else snprintf(what, sizeof what, "%s: group %zu, tensor %zu", fn, group, index);
-  return check_span(t, what, cuda, out);
+  st = check_span(t, what, cuda, out);
+  bx_error_set_index(group, index);
+  return st;
 }
 
 bx_status bx_tensor_span(const DLTensor *t, const char *fn, size_t group, size_t index,
@@ -84,9 +88,10 @@ bx_status bx_tensors_where(const char *fn, const bx_group *groups, size_t ngroup
           snprintf(a, sizeof a, "tensor %zu", fi);
           snprintf(b, sizeof b, "tensor %zu", i);
         }
-        return bx_fail(BX_EDEVICE, "%s: %s is %s memory but %s is %s; one call works on "
-                       "host tensors or on CUDA tensors, not both", fn, a,
-                       first ? "CUDA device" : "host", b, cuda ? "CUDA device" : "host");
+        return bx_fail_at(BX_EDEVICE, -1, groups ? g : BX_NO_GROUP, i,
+                          "%s: %s is %s memory but %s is %s; one call works on host "
+                          "tensors or on CUDA tensors, not both",
+                          fn, a, first ? "CUDA device" : "host", b, cuda ? "CUDA device" : "host");
       }
     }
   }
@@ -176,5 +181,76 @@ static bx_status check_span(const DLTensor *t, const char *what, int cuda, bx_sp
                    what, esize);
   out->data = (void *)p;
   out->n = (size_t)n;
+  return BX_OK;
+}
+
+/* ---- tensors written in place: no byte shared ---------------------------- */
+
+typedef struct interval {
+  uintptr_t lo, hi; /* [lo, hi) bytes */
+  size_t group, index;
+} interval;
+
+static int cmp_interval(const void *a, const void *b) {
+  const interval *x = a, *y = b;
+  if (x->lo != y->lo) return x->lo < y->lo ? -1 : 1;
+  if (x->group != y->group) return x->group < y->group ? -1 : 1;
+  return x->index < y->index ? -1 : x->index > y->index;
+}
+
+static void name_of(char *buf, size_t len, size_t group, size_t index) {
+  if (group == BX_NO_GROUP) snprintf(buf, len, "tensor %zu", index);
+  else snprintf(buf, len, "group %zu, tensor %zu", group, index);
+}
+
+bx_status bx_check_writable(const char *fn, const DLTensor *flat, size_t count,
+                            const bx_group *groups, size_t ngroups, int cuda) {
+  size_t ng = groups ? ngroups : 1, ntensors = 0;
+  for (size_t g = 0; g < ng; g++) {
+    const DLTensor *ts = groups ? groups[g].tensors : flat;
+    size_t cnt = groups ? groups[g].count : count;
+    size_t gid = groups ? g : BX_NO_GROUP;
+    if (cnt > 0 && !ts)
+      return groups ? bx_fail_at(BX_EINVAL, -1, g, BX_NO_INDEX,
+                                 "%s: group %zu: tensors is NULL with count %zu", fn, g, cnt)
+                    : bx_fail(BX_EINVAL, "%s: tensors is NULL with count %zu", fn, cnt);
+    for (size_t i = 0; i < cnt; i++) {
+      bx_span s;
+      bx_status st = cuda ? bx_tensor_span_cuda(&ts[i], fn, gid, i, &s)
+                          : bx_tensor_span(&ts[i], fn, gid, i, &s);
+      if (st != BX_OK) return st;
+      ntensors++;
+    }
+  }
+  if (ntensors < 2) return BX_OK;
+  interval *iv = bx_workspace(ntensors * sizeof *iv);
+  if (!iv) return bx_fail(BX_ENOMEM, "%s: cannot allocate workspace for %zu tensors", fn, ntensors);
+  size_t k = 0;
+  for (size_t g = 0; g < ng; g++) {
+    const DLTensor *ts = groups ? groups[g].tensors : flat;
+    size_t cnt = groups ? groups[g].count : count;
+    for (size_t i = 0; i < cnt; i++) {
+      bx_span s;
+      if (cuda) bx_tensor_span_cuda(&ts[i], fn, BX_NO_GROUP, i, &s);
+      else bx_tensor_span(&ts[i], fn, BX_NO_GROUP, i, &s);
+      if (s.n == 0) continue; /* no element: shares nothing */
+      iv[k].lo = (uintptr_t)s.data;
+      iv[k].hi = (uintptr_t)s.data + s.n * bx_dtype_size(s.dtype);
+      iv[k].group = groups ? g : BX_NO_GROUP;
+      iv[k].index = i;
+      k++;
+    }
+  }
+  qsort(iv, k, sizeof *iv, cmp_interval);
+  for (size_t i = 1; i < k; i++)
+    if (iv[i].lo < iv[i - 1].hi) {
+      char a[64], b[64];
+      name_of(a, sizeof a, iv[i - 1].group, iv[i - 1].index);
+      name_of(b, sizeof b, iv[i].group, iv[i].index);
+      return bx_fail_at(BX_ELAYOUT, -1, iv[i].group, iv[i].index,
+                        "%s: %s and %s share memory (the same tensor twice, or overlapping "
+                        "views); each element must be scaled once, nothing was modified",
+                        fn, a, b);
+    }
   return BX_OK;
 }

@@ -11,7 +11,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "internal.h"
+#include "kernels.h"
 
 /* ---- fp64 pieces shared by the exact kernels ------------------------- */
 

@@ -25,7 +25,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "internal.h"
+#include "kernels.h"
 
 typedef struct bx_bins {
   uint64_t bin[4][256];

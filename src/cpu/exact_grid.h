@@ -158,7 +158,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "internal.h"
+#include "kernels.h"
 
 /* ---- MXCSR ---------------------------------------------------------------
  * The vector kernels run with MXCSR = BX_CSR_EXACT: every exception

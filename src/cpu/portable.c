@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "bins.h"
-#include "internal.h"
+#include "kernels.h"
 
 typedef unsigned __int128 u128;
 

@@ -7,7 +7,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "internal.h"
+#include "kernels.h"
 #include "pow_det.h"
 
 /* Element i of a span widened to double (exact for every dtype). */

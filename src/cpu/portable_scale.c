@@ -3,7 +3,7 @@
  * bx_scale_mode in bitexact.h for the two roundings). The per-element
  * arithmetic lives in src/core/scale_round.h, shared with the CUDA kernel.
  */
-#include "internal.h"
+#include "kernels.h"
 #include "scale_round.h"
 
 /* ---- per-dtype kernels over one span (bx_scale_fn signature) -------- */

@@ -9,7 +9,7 @@
 
 #include "bitexact_cuda.h"
 #include "exact_window.h"
-#include "finish.h"
+#include "norm_finish.h"
 #include "internal.h"
 
 /* One block's unit of work: up to BX_CU_CHUNK elements of one tensor. */

@@ -9,7 +9,7 @@
  * src/core/acc_round.h, the CPU's own code.
  */
 #include "cuda_internal.h"
-#include "finish.h"
+#include "norm_finish.h"
 #include "offender.h"
 
 #define INF_BITS BX_CU_INF_BITS

@@ -19,7 +19,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "../rng.h"
+#include "rng.h"
 #include "bitexact.h"
 #include "bitexact_cuda.h"
 
@@ -53,8 +53,8 @@ void ct_note(const char *fmt, ...) CT_PRINTF(1, 2);
 /* Seconds on a monotonic clock. */
 double ct_now(void);
 
-/* ---- random numbers (tests/rng.h, shared with the C suite) ----------- */
-typedef bx_test_rng ct_rng;
+/* ---- random numbers (src/common/rng.h, shared with the C suite) ----------- */
+typedef bx_rng ct_rng;
 uint64_t ct_seed(void);          /* the run's base seed (BX_TEST_SEED) */
 void ct_rng_init(ct_rng *r);     /* base seed mixed with the running test's name */
 void ct_rng_seed(ct_rng *r, uint64_t seed);

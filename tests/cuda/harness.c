@@ -113,12 +113,12 @@ void ct_note(const char *fmt, ...) {
 }
 
 /* ---- random numbers --------------------------------------------------- */
-void ct_rng_seed(ct_rng *r, uint64_t seed) { bx_test_rng_seed(r, seed); }
-void ct_rng_init(ct_rng *r) { bx_test_rng_named(r, g_seed, g_test); }
-uint64_t ct_next(ct_rng *r) { return bx_test_next(r); }
-uint64_t ct_below(ct_rng *r, uint64_t n) { return bx_test_below(r, n); }
-double ct_uniform(ct_rng *r) { return bx_test_uniform(r); }
-double ct_normal(ct_rng *r) { return bx_test_normal(r); }
+void ct_rng_seed(ct_rng *r, uint64_t seed) { bx_rng_seed(r, seed); }
+void ct_rng_init(ct_rng *r) { bx_rng_named(r, g_seed, g_test); }
+uint64_t ct_next(ct_rng *r) { return bx_rng_next(r); }
+uint64_t ct_below(ct_rng *r, uint64_t n) { return bx_rng_below(r, n); }
+double ct_uniform(ct_rng *r) { return bx_rng_uniform(r); }
+double ct_normal(ct_rng *r) { return bx_rng_normal(r); }
 
 /* ---- norms ------------------------------------------------------------ */
 bx_norm_opts ct_norm_opts(int k) {

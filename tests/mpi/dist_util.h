@@ -16,6 +16,7 @@
 
 #include "bitexact.h"
 #include "bitexact_mpi.h"
+#include "rng.h"
 
 static int g_rank, g_size;
 static long g_checks, g_failures;
@@ -39,24 +40,14 @@ static inline void dist_fail(const char *file, int line, const char *fmt, ...) {
 
 static inline int same_bits(double a, double b) { return memcmp(&a, &b, sizeof a) == 0; }
 
-/* xorshift64*: identical sequences on every rank for the same seed */
-typedef struct rng {
-  uint64_t s;
-} rng;
-static inline uint64_t rng_next(rng *r) {
-  r->s ^= r->s >> 12;
-  r->s ^= r->s << 25;
-  r->s ^= r->s >> 27;
-  return r->s * 2685821657736338717ull;
-}
-static inline double rng_unit(rng *r) { return (double)(rng_next(r) >> 11) * 0x1p-53; }
-static inline double rng_normal(rng *r) {
-  double u = rng_unit(r) + 0x1p-60, v = rng_unit(r);
-  return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
-}
+/* src/common/rng.h: identical sequences on every rank for the same seed */
+typedef bx_rng rng;
+static inline uint64_t rng_next(rng *r) { return bx_rng_next(r); }
+static inline double rng_unit(rng *r) { return bx_rng_uniform(r); }
+static inline double rng_normal(rng *r) { return bx_rng_normal(r); }
 static inline rng rng_seeded(uint64_t seed) {
-  rng r = {seed * 0x9E3779B97F4A7C15ull + 0x1234567ull};
-  for (int i = 0; i < 4; i++) rng_next(&r);
+  rng r;
+  bx_rng_seed(&r, seed);
   return r;
 }
 

@@ -723,7 +723,7 @@ static inline BX_HD void bx_thread_sumabs(const void *x, int dt, uint32_t n, uin
   bx_win128_flush(&w, s);
 }
 
-/* Element i of a span of dtype dt (BX_DT_* of internal.h: 0 f16, 1 bf16,
+/* Element i of a span of dtype dt (BX_DT_* of dtype.h: 0 f16, 1 bf16,
  * 2 f32, 3 f64) widened to double, exactly. */
 static inline BX_HD double bx_elem_as_double(const void *x, int dt, uint32_t i) {
   switch (dt) {

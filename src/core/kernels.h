@@ -1,0 +1,92 @@
+/*
+ * kernels.h — the kernel tables the generic drivers (norm.c, scale.c) call,
+ * one per ISA (src/cpu), and the run-time choice between them (dispatch.c).
+ *
+ * Every kernel runs inside the library's floating-point environment
+ * (fpenv.h), entered by the driver: it never saves or sets the control
+ * word itself. Each entry processes n <= BX_CHUNK contiguous elements and
+ * adds into acc exactly: the digits (via deposits, acc_internal.h),
+ * nan_count, inf_count and count. It does not normalise. All entries of
+ * all ISAs give the same accumulator value (the words may differ before
+ * normalisation).
+ */
+#ifndef BX_KERNELS_H
+#define BX_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "acc_internal.h"
+#include "bitexact.h"
+#include "dtype.h"
+
+#define BX_CHUNK ((size_t)1 << 22) /* elements per kernel call, at most */
+
+typedef void (*bx_reduce_fn)(const void *x, size_t n, bx_acc *acc);
+
+typedef struct bx_kernels {
+  const char *name; /* "portable", "avx2", "avx512" */
+  bx_reduce_fn sumsq[BX_DT_COUNT];
+  bx_reduce_fn sumabs[BX_DT_COUNT];
+} bx_kernels;
+
+extern const bx_kernels bx_kernels_portable;
+#if defined(__x86_64__)
+#define BX_HAVE_X86 1
+extern const bx_kernels bx_kernels_avx2;
+extern const bx_kernels bx_kernels_avx512;
+#endif
+
+/* Scalar exact kernels over a contiguous span: acc += sum x^2 (or |x|),
+ * NaN/Inf counted, element count added. Portable C (integer bins); also
+ * the fallback the vector kernels call for blocks outside their windows.
+ * n <= BX_CHUNK. */
+void bx_sumsq_f16_scalar(const uint16_t *x, size_t n, bx_acc *acc);
+void bx_sumsq_bf16_scalar(const uint16_t *x, size_t n, bx_acc *acc);
+void bx_sumsq_f32_scalar(const float *x, size_t n, bx_acc *acc);
+void bx_sumsq_f64_scalar(const double *x, size_t n, bx_acc *acc);
+void bx_sumabs_f16_scalar(const uint16_t *x, size_t n, bx_acc *acc);
+void bx_sumabs_bf16_scalar(const uint16_t *x, size_t n, bx_acc *acc);
+void bx_sumabs_f32_scalar(const float *x, size_t n, bx_acc *acc);
+void bx_sumabs_f64_scalar(const double *x, size_t n, bx_acc *acc);
+
+/* Kernels for the rarer norms (src/cpu/portable_misc.c), one span each. */
+double bx_load_as_double(const void *data, bx_dtype dt, size_t i);
+/* Updates max/min of |x| over non-NaN elements, counts NaN and non-zeros
+ * (a NaN counts as non-zero too: DESIGN §2). */
+void bx_extreme_abs(const void *data, bx_dtype dt, size_t n, double *maxabs,
+                    double *minabs, int64_t *nan_count, int64_t *nonzero);
+/* acc += sum |x|^p, each term by bx_pow_det (pow_det.h), the sum exact. */
+void bx_sum_pow(const void *data, bx_dtype dt, size_t n, double p, bx_acc *acc);
+/* acc += sum of fl32(fl32(x)^2), exact sum (BX_MEGATRON_FP32). */
+void bx_sum_megatron_sq(const void *data, bx_dtype dt, size_t n, bx_acc *acc);
+
+/* Scaling kernels: x[0..n) *= coef in place with bx_scale_mode's rounding.
+ * A table per ISA (portable_scale.c, avx512_scale.c); every table gives
+ * identical bits. */
+typedef void (*bx_scale_fn)(void *x, size_t n, double coef);
+
+typedef struct bx_scale_kernels {
+  const char *name;
+  bx_scale_fn torch[BX_DT_COUNT]; /* BX_SCALE_TORCH */
+  bx_scale_fn exact[BX_DT_COUNT]; /* BX_SCALE_EXACT */
+} bx_scale_kernels;
+
+extern const bx_scale_kernels bx_scale_portable;
+#ifdef BX_HAVE_X86
+extern const bx_scale_kernels bx_scale_avx512;
+#endif
+
+/* The kernel table chosen for this CPU at first use (or the one named by
+ * the environment variable BX_ISA, if the CPU has it). Thread-safe. */
+const bx_kernels *bx_kernels_active(void);
+
+/* The scaling table matching bx_kernels_active(). */
+const bx_scale_kernels *bx_scale_kernels_active(void);
+
+/* For tests and benchmarks: force a table by name (NULL restores the
+ * automatic choice). BX_EINVAL for an unknown name or one the CPU cannot
+ * run. Not thread-safe against concurrent calls. */
+bx_status bx_force_isa(const char *name);
+
+#endif /* BX_KERNELS_H */
