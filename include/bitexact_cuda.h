@@ -15,7 +15,14 @@
  *     tensors of one call must be on one CUDA device; mixing CPU and CUDA
  *     tensors in one call is BX_EDEVICE. The communicator may be a host
  *     one (bx_comm_mpi: words travel through host memory) or a device one
- *     (bx_comm_nccl).
+ *     (bx_comm_nccl). Every byte of device memory a blocking call needs
+ *     is reserved before its first collective, from a grow-only arena of
+ *     the calling thread (kept between calls, freed at thread exit): an
+ *     out-of-memory fails every rank at the agreement step, none is left
+ *     scaled, and no call frees device memory (cudaFree would synchronise
+ *     the device under NCCL kernels in flight). The arena grows
+ *     stream-ordered (cudaMallocAsync/cudaFreeAsync) where the device has
+ *     memory pools.
  *
  *  2. Stream-ordered: build a bx_cuda_plan once for a fixed set of
  *     gradient buffers (validation, device buffers, the chunk table), then
@@ -42,6 +49,10 @@
  * the exact fp64 grid to exact integer windows: the same bits, another
  * speed (for measurements).
  *
+ * CUDA errors: every call reports its own CUDA failures (BX_EDEVICE, or
+ * BX_ENOMEM for an allocation, with the CUDA text) and never clears an
+ * error another library left pending in the runtime (cudaGetLastError).
+ *
  * Thread-safety: a plan may be used from one host thread at a time; work
  * enqueued on it must be ordered (one stream, or streams joined by
  * events): two clip steps of one plan running concurrently on unordered
@@ -58,10 +69,8 @@
 extern "C" {
 #endif
 
-/* BX_OK if this build has the CUDA backend and at least one CUDA device is
- * usable; BX_EDEVICE otherwise, with bx_last_error() saying which (no
- * backend compiled in, no driver, no device). Cheap after the first call. */
-bx_status bx_cuda_available(void);
+/* bx_cuda_available() (declared in bitexact.h: callable without CUDA
+ * headers) says whether this build has the backend and a device. */
 
 /* A prepared multi-tensor launch for one fixed set of CUDA tensors. */
 typedef struct bx_cuda_plan bx_cuda_plan;

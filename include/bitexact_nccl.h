@@ -19,21 +19,27 @@
 extern "C" {
 #endif
 
-/* A device communicator (bx_comm.on_device = 1): allreduce_i64 receives a
- * device pointer and enqueues ncclAllReduce(buf, buf, n, ncclInt64,
- * ncclSum or ncclMax, comm, stream) in place, without waiting. The struct
- * holds both handles by value (nothing to free); both must stay valid
- * while it is used. rank comes from ncclCommUserRank (-1 if that fails).
+/* A device communicator (bx_comm.on_device = 1) over an NCCL communicator
+ * and a CUDA stream. Both entries take a DEVICE pointer and all-reduce
+ * int64 words in place (ncclAllReduce(buf, buf, n, ncclInt64, ncclSum or
+ * ncclMax, comm, s)):
+ *   allreduce_i64_async(buf, n, op, ctx, s)  enqueues on stream s and
+ *       returns without waiting (NCCL's host-side enqueue only);
+ *   allreduce_i64(buf, n, op, ctx)           runs on the legacy default
+ *       stream of the communicator's device and WAITS for it (for callers
+ *       outside bitexact; bitexact itself never uses it on a device comm).
+ * The struct holds both handles by value (nothing to free); both must stay
+ * valid while it is used. rank comes from ncclCommUserRank (-1 if that
+ * fails).
  *
  * With the stream-ordered API (bitexact_cuda.h) the all-reduces are
- * enqueued on the stream given to bx_cuda_norm_async / _clip_async, not
- * on this one: the plan orders them after its kernels. With the blocking
- * API (bx_total_norm and friends) bitexact stages the words through device
- * memory and runs allreduce_i64_async on `stream`, then waits for it. The
- * plain allreduce_i64 entry (for other callers) runs on the legacy default
- * stream of the communicator's device and waits. A NCCL error becomes
- * BX_ECOMM (asynchronous errors surface at the next call or through
- * ncclCommGetAsyncError).
+ * enqueued with allreduce_i64_async on the stream given to
+ * bx_cuda_norm_async / _clip_async: the plan orders them after its kernels.
+ * With the blocking API (bx_total_norm and friends) bitexact stages the
+ * words through device memory reserved before the call's first collective
+ * and runs allreduce_i64_async on `stream`, then waits for that stream. A
+ * NCCL error becomes BX_ECOMM (asynchronous errors surface at the next call
+ * or through ncclCommGetAsyncError).
  *
  * Every rank of comm must make the same bitexact calls in the same order
  * (they are collective), from one host thread per communicator. */

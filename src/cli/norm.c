@@ -88,18 +88,14 @@ static void norm_worker(void *ctx, int worker) {
       bx_norm_opts o = BX_NORM_OPTS_DEFAULT;
       o.norm_type = j->ord;
       o.num_threads = 1;
-      o.error_if_nonfinite = 1; /* to learn whether the chunk is finite */
       bx_group g = {&t, 1};
       double v = 0;
       st = bx_total_norm(&g, 1, NULL, &o, &v, NULL);
-      int nonfinite = st == BX_ENONFINITE;
-      if (nonfinite) {
-        o.error_if_nonfinite = 0;
-        st = bx_total_norm(&g, 1, NULL, &o, &v, NULL);
-      }
       if (st == BX_OK) {
         pthread_mutex_lock(&j->lock);
-        if (nonfinite) s->nonfinite = 1;
+        /* a non-finite max / min comes from a NaN/Inf in this chunk (the
+         * count of p = 0 never is one) */
+        if (!isfinite(v)) s->nonfinite = 1;
         if (isnan(v)) u->nan = 1;
         else if (j->mode == ORD_NNZ) u->nnz += (uint64_t)v;
         else if (!u->any) u->ext = v;
@@ -138,10 +134,13 @@ static double ext_value(ord_mode m, const ext_state *e) {
   return e->any ? e->ext : 0.0;
 }
 
+/* The norm an accumulator holds (the library's one rounding, with its
+ * NaN/Inf rules). */
 static double acc_value(ord_mode m, const bx_acc *a) {
-  if (a->nan_count) return NAN;
-  if (a->inf_count) return INFINITY;
-  return m == ORD_SQ ? bx_acc_sqrt(a) : bx_acc_value(a);
+  double v = NAN;
+  DLDataType f64 = {kDLFloat, 64, 1};
+  bx_acc_norm(a, m == ORD_SQ ? 2.0 : 1.0, f64, &v); /* cannot fail: our own accumulators */
+  return v;
 }
 
 static int cmp_shard(const void *a, const void *b) {
@@ -371,13 +370,18 @@ int cmd_norm(int argc, char **argv) {
       }
       gnorm[g] = j.accs ? acc_value(mode, &acc_group) : ext_value(mode, &e);
     }
-    if (error_nonfinite)
-      for (size_t s = 0; s < nshard; s++)
-        if (j.shards[s].nonfinite) {
-          cli_error("%s: tensor '%s' holds NaN or Inf (--error-if-nonfinite)",
-                    files[j.shards[s].file].path, j.shards[s].t->name);
-          goto done;
-        }
+    /* torch's rule (the library's): only a non-finite total fails */
+    if (error_nonfinite && !isfinite(total)) {
+      size_t s = 0;
+      while (s < nshard && !j.shards[s].nonfinite) s++;
+      if (s < nshard)
+        cli_error("%s: tensor '%s' holds NaN or Inf (--error-if-nonfinite)",
+                  files[j.shards[s].file].path, j.shards[s].t->name);
+      else
+        cli_error("the total norm is %s: it overflows fp64 (--error-if-nonfinite)",
+                  isnan(total) ? "NaN" : "infinite");
+      goto done;
+    }
   }
 
   FILE *out = cli_out();

@@ -12,6 +12,10 @@
 
 #include "bitexact.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define BX_MAX_DEPOSITS (1u << 26)
 
 /* acc += v * 2^exp exactly. Requires exp >= BX_ACC_LSB_EXP and
@@ -20,5 +24,9 @@ void bx_acc_deposit_i64(bx_acc *acc, int64_t v, int exp);
 
 /* acc += v * 2^exp exactly, v unsigned (up to 2^64 - 1). */
 void bx_acc_deposit_u64(bx_acc *acc, uint64_t v, int exp);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* BX_ACC_INTERNAL_H */

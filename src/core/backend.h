@@ -21,6 +21,10 @@
 #include "bitexact.h"
 #include "norm_state.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct bx_device_call bx_device_call; /* a prepared blocking call */
 
 typedef struct bx_device_prep {
@@ -57,5 +61,9 @@ typedef struct bx_device_backend {
 
 /* The CUDA backend, or NULL in a build without one. */
 const bx_device_backend *bx_backend_cuda(void);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* BX_BACKEND_H */

@@ -20,6 +20,10 @@
 #include "bitexact.h"
 #include "fpenv.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct bx_call {
   int entered;
 } bx_call;
@@ -36,5 +40,9 @@ void bx_call_user_end(void);
 
 /* Nesting level of the innermost call on this thread (0 outside calls). */
 int bx_call_depth(void);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* BX_CALL_H */

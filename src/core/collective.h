@@ -15,6 +15,10 @@
 #include "backend.h"
 #include "bitexact.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* comm->allreduce_i64 (or, for a device communicator, the backend's staged
  * all-reduce through dev, prepared before the call's first collective)
  * with its failure turned into BX_ECOMM. */
@@ -36,5 +40,9 @@ bx_status bx_agree(const bx_comm *comm, bx_device_call *dev, const char *fn,
  * (lowest rank, then group, then tensor); -1 means none. */
 int64_t bx_offender_key(int rank, size_t group, size_t tensor, int is_nan);
 void bx_offender_decode(int64_t key, int *rank, size_t *group, size_t *tensor, int *is_nan);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* BX_COLLECTIVE_H */

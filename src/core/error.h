@@ -11,6 +11,10 @@
 
 #include "bitexact.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #if defined(__GNUC__)
 #define BX_PRINTF(a, b) __attribute__((format(printf, a, b)))
 #else
@@ -44,5 +48,9 @@ typedef struct bx_error_saved {
 } bx_error_saved;
 void bx_error_save(bx_error_saved *s);
 void bx_error_restore(const bx_error_saved *s);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* BX_ERROR_H */

@@ -20,6 +20,10 @@
 #include "bitexact.h"
 #include "dtype.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define BX_CHUNK ((size_t)1 << 22) /* elements per kernel call, at most */
 
 typedef void (*bx_reduce_fn)(const void *x, size_t n, bx_acc *acc);
@@ -88,5 +92,9 @@ const bx_scale_kernels *bx_scale_kernels_active(void);
  * automatic choice). BX_EINVAL for an unknown name or one the CPU cannot
  * run. Not thread-safe against concurrent calls. */
 bx_status bx_force_isa(const char *name);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* BX_KERNELS_H */

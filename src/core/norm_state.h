@@ -12,6 +12,10 @@
 #include "bitexact.h"
 #include "dtype.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct bx_partial {
   bx_acc acc;
   double maxabs, minabs;
@@ -41,5 +45,9 @@ typedef struct bx_clip_step {
 bx_status bx_norm_run(const char *fn, const bx_group *groups, size_t ngroups,
                       const bx_comm *comm, const bx_norm_opts *opts, bx_clip_step *clip,
                       bx_status prior, double *total_norm, double *group_norms);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* BX_NORM_STATE_H */

@@ -13,6 +13,10 @@
 
 #include <stddef.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define BX_MAX_THREADS 256
 
 typedef void (*bx_task_fn)(void *ctx, size_t task, int worker);
@@ -27,5 +31,9 @@ int bx_default_threads(void);
 
 /* The CPUs this process may run on (affinity and quota, as above), >= 1. */
 int bx_available_cpus(void);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* BX_POOL_H */

@@ -11,6 +11,10 @@
 #include "bitexact.h"
 #include "dtype.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct bx_piece {
   void *data;   /* first element */
   size_t n;     /* elements */
@@ -22,5 +26,9 @@ typedef struct bx_piece {
  * by coef with o's rounding, on o->num_threads workers. Cannot fail. */
 bx_status bx_scale_pieces(const bx_piece *pieces, size_t npieces, double coef,
                           const bx_scale_opts *o);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* BX_SCALE_RUN_H */

@@ -13,6 +13,10 @@
 #include "dtype.h"
 #include "error.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct bx_span {
   void *data;     /* first element (data + byte_offset) */
   size_t n;       /* elements */
@@ -46,5 +50,9 @@ bx_status bx_tensors_where(const char *fn, const bx_group *groups, size_t ngroup
  * the caller's workspace. */
 bx_status bx_check_writable(const char *fn, const DLTensor *flat, size_t count,
                             const bx_group *groups, size_t ngroups, int cuda);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* BX_TENSOR_H */

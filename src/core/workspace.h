@@ -9,9 +9,17 @@
 
 #include <stddef.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* bytes of scratch for the innermost call on this thread (level 0 outside
  * calls). NULL on allocation failure (the previous contents are then kept
  * and still valid). A later bx_workspace at the same level may move it. */
 void *bx_workspace(size_t bytes);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* BX_WORKSPACE_H */

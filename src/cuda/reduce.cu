@@ -6,13 +6,12 @@
  * Determinism: blocks take chunks in any order and fold exact integer
  * pieces with integer atomics (shared, then global); integer addition is
  * associative, so the words cannot depend on scheduling. The rounding is
- * src/core/acc_round.h, the CPU's own code.
+ * src/common/norm_finish.h, the CPU's own code.
  */
 #include "cuda_internal.h"
-#include "norm_finish.h"
 #include "offender.h"
 
-#define INF_BITS BX_CU_INF_BITS
+#define INF_BITS BX_F64_INF_BITS
 
 /* One block's share of the chunk table: exact pieces into shared memory,
  * flushed into the group's global words after each chunk. */
@@ -95,9 +94,10 @@ __global__ void __launch_bounds__(BX_CU_BLOCK, 5)
 
 int bx_cu_reduce_blocks_per_sm(void) {
   int n = 0;
+  cudaError_t pending = cudaPeekAtLastError();
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, bx_cu_reduce_kernel, BX_CU_BLOCK, 0) !=
           cudaSuccess || n < 1) {
-    cudaGetLastError();
+    if (pending == cudaSuccess) cudaGetLastError(); /* ours only */
     n = 1;
   }
   return n;
@@ -105,56 +105,68 @@ int bx_cu_reduce_blocks_per_sm(void) {
 
 cudaError_t bx_cu_launch_reduce(const bx_cuda_plan *plan, cudaStream_t stream, int rank) {
   if (plan->nchunks == 0) return cudaSuccess;
-  bx_cu_reduce_kernel<<<plan->grid, BX_CU_BLOCK, 0, stream>>>(
-      plan->chunks, (uint32_t)plan->nchunks, plan->mode, plan->int_squares,
-      plan->opts.norm.norm_type, rank,
-      plan->accs, plan->ext, plan->offender);
-  return cudaGetLastError();
+  const bx_cu_chunk *chunks = plan->b.chunks;
+  uint32_t nchunks = (uint32_t)plan->nchunks;
+  int mode = plan->mode, int_squares = plan->int_squares;
+  double p = plan->opts.norm.norm_type;
+  int64_t *accs = plan->b.accs, *offender = plan->b.offender;
+  uint64_t *ext = plan->b.ext;
+  void *args[] = {&chunks, &nchunks, &mode, &int_squares, &p, &rank, &accs, &ext, &offender};
+  return cudaLaunchKernel((const void *)bx_cu_reduce_kernel, dim3((unsigned)plan->grid),
+                          dim3(BX_CU_BLOCK), args, 0, stream);
 }
 
-/* ---- wire: norm.c's to_wire, on the device (finish.h) -------------------- */
+/* ---- wire: the agreement words and every group's words (cuda_finish.h) -- */
+
+typedef struct bx_cu_items {
+  int64_t v[BX_AGREE_ITEMS];
+} bx_cu_items;
 
 /* One thread per group: normalise the raw words into the wire; thread 0
  * also writes the agreement words. */
 __global__ void bx_cu_wire_kernel(const int64_t *accs, const uint64_t *ext, const int64_t *offender,
                                   int64_t *wire, size_t ngroups, size_t ww, int mode, double p,
-                                  bx_cu_agree_vals agree, int error_if_nonfinite,
+                                  bx_cu_items items, unsigned dtypes, int error_if_nonfinite,
                                   int64_t failure_key) {
   size_t g = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (g == 0) bx_cu_wire_agreement(wire, &agree, error_if_nonfinite ? *offender : -1, failure_key);
+  if (g == 0)
+    bx_agree_fill(wire, items.v, error_if_nonfinite ? *offender : -1, failure_key, -1, dtypes);
   size_t ng = ngroups ? ngroups : 1; /* an empty group list still sends one group */
   if (g >= ng) return;
   bx_cu_wire_group(mode, p, ngroups ? accs + g * BX_ACC_WORDS : NULL,
-                   ngroups ? ext + g * BX_CU_EXT_WORDS : NULL, wire + BX_CU_AGREE_WORDS + g * ww);
+                   ngroups ? ext + g * BX_CU_EXT_WORDS : NULL, wire + BX_AGREE_WORDS + g * ww);
 }
 
-cudaError_t bx_cu_launch_wire(const bx_cuda_plan *plan, cudaStream_t stream, int64_t max_norm_bits,
-                              int64_t failure_key) {
-  bx_cu_agree_vals a;
-  for (int i = 0; i < BX_CU_AGREE_ITEMS; i++) a.v[i] = plan->agree[i];
-  a.v[BX_CU_AGREE_MAX_NORM] = max_norm_bits;
+cudaError_t bx_cu_launch_wire(const bx_cuda_plan *plan, cudaStream_t stream, int64_t call,
+                              int64_t max_norm_bits, int64_t failure_key) {
+  bx_cu_items items;
+  for (int i = 0; i < BX_AGREE_ITEMS; i++) items.v[i] = plan->agree[i];
+  items.v[BX_AGREE_CALL] = call;
+  items.v[BX_AGREE_MAX_NORM] = max_norm_bits;
   size_t ng = plan->ngroups ? plan->ngroups : 1;
   unsigned threads = 128, blocks = (unsigned)((ng + threads - 1) / threads);
-  bx_cu_wire_kernel<<<blocks, threads, 0, stream>>>(
-      plan->accs, plan->ext, plan->offender, plan->wire, plan->ngroups, plan->wire_words,
-      plan->mode, plan->opts.norm.norm_type, a, plan->opts.norm.error_if_nonfinite != 0,
-      failure_key);
-  return cudaGetLastError();
+  const int64_t *accs = plan->b.accs, *offender = plan->b.offender;
+  const uint64_t *ext = plan->b.ext;
+  int64_t *wire = plan->b.wire;
+  size_t ngroups = plan->ngroups, ww = plan->wire_words;
+  int mode = plan->mode, nonfinite = plan->opts.norm.error_if_nonfinite != 0;
+  double p = plan->opts.norm.norm_type;
+  unsigned dtypes = plan->dtypes;
+  void *args[] = {&accs, &ext, &offender, &wire, &ngroups, &ww, &mode, &p, &items, &dtypes,
+                  &nonfinite, &failure_key};
+  return cudaLaunchKernel((const void *)bx_cu_wire_kernel, dim3(blocks), dim3(threads), args, 0,
+                          stream);
 }
 
-/* ---- finish: norm.c's finish and bx_clip_coef, on the device (finish.h) --- */
+/* ---- finish: cuda_finish.h's body, one thread ------------------------------ */
 
 /* One thread: the whole finish (ngroups x 134 words; microseconds). */
-__global__ void bx_cu_finish_kernel(const int64_t *wire, size_t ngroups, size_t ww, int mode,
-                                    double p, int error_if_nonfinite, int clip, double max_norm,
-                                    double eps, int formula, bx_mag *scratch,
-                                    int64_t *total_digits, int out_code, void *d_total,
+__global__ void bx_cu_finish_kernel(const int64_t *wire, size_t ngroups, bx_cu_finish_args a,
+                                    bx_mag *scratch, int64_t *total_digits, void *d_total,
                                     double *d_groups, double *d_coef, int32_t *plan_status,
                                     int32_t *d_status) {
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
-  bx_cu_finish_args a = {mode, p, error_if_nonfinite, clip, max_norm, eps, formula, out_code};
-  int32_t status = bx_cu_finish(wire, ngroups, ww, &a, scratch, total_digits, d_total, d_groups,
-                                d_coef);
+  int32_t status = bx_cu_finish(wire, ngroups, &a, scratch, total_digits, d_total, d_groups, d_coef);
   *plan_status = status; /* the scaling kernel reads it */
   if (d_status) *d_status = status;
 }
@@ -162,11 +174,15 @@ __global__ void bx_cu_finish_kernel(const int64_t *wire, size_t ngroups, size_t 
 cudaError_t bx_cu_launch_finish(const bx_cuda_plan *plan, cudaStream_t stream, int clip,
                                 double max_norm, int out_code, void *d_total, double *d_groups,
                                 double *d_coef, int32_t *d_status) {
-  bx_cu_finish_kernel<<<1, 1, 0, stream>>>(
-      plan->wire, plan->ngroups, plan->wire_words, plan->mode, plan->opts.norm.norm_type,
-      plan->opts.norm.error_if_nonfinite != 0, clip, max_norm, plan->opts.eps,
-      (int)plan->opts.formula, plan->scratch, plan->total_digits, out_code, d_total, d_groups,
-      d_coef,
-      plan->status, d_status);
-  return cudaGetLastError();
+  bx_cu_finish_args a = {plan->mode, plan->opts.norm.norm_type,
+                         plan->opts.norm.error_if_nonfinite != 0, clip, max_norm, plan->opts.eps,
+                         (int)plan->opts.formula, out_code};
+  const int64_t *wire = plan->b.wire;
+  size_t ngroups = plan->ngroups;
+  bx_mag *scratch = plan->b.scratch;
+  int64_t *total_digits = plan->b.total_digits;
+  int32_t *plan_status = plan->b.status;
+  void *args[] = {&wire, &ngroups, &a, &scratch, &total_digits, &d_total, &d_groups, &d_coef,
+                  &plan_status, &d_status};
+  return cudaLaunchKernel((const void *)bx_cu_finish_kernel, dim3(1), dim3(1), args, 0, stream);
 }

@@ -1,7 +1,7 @@
 /*
  * scale.cu — the multi-tensor scaling kernel: every chunk of the plan's
  * chunk table scaled in place by one coefficient read from device memory,
- * with the per-element arithmetic of src/core/scale_round.h (the CPU's own
+ * with the per-element arithmetic of src/common/scale_round.h (the CPU's own
  * code, so the same bits in both bx_scale_modes). Names mirror
  * src/cpu/portable_scale.c.
  */
@@ -56,9 +56,10 @@ __global__ void __launch_bounds__(BX_CU_BLOCK)
 
 int bx_cu_scale_blocks_per_sm(void) {
   int n = 0;
+  cudaError_t pending = cudaPeekAtLastError();
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, bx_cu_scale_kernel, BX_CU_BLOCK, 0) !=
           cudaSuccess || n < 1) {
-    cudaGetLastError();
+    if (pending == cudaSuccess) cudaGetLastError(); /* ours only */
     n = 1;
   }
   return n;
@@ -68,8 +69,10 @@ cudaError_t bx_cu_launch_scale(const bx_cuda_plan *plan, cudaStream_t stream,
                                const double *d_coef, double coef_host, const int32_t *d_status,
                                int skip_one) {
   if (plan->nchunks == 0) return cudaSuccess;
-  bx_cu_scale_kernel<<<plan->grid_scale, BX_CU_BLOCK, 0, stream>>>(
-      plan->chunks, (uint32_t)plan->nchunks, plan->opts.scale.mode == BX_SCALE_EXACT, d_coef,
-      coef_host, d_status, skip_one);
-  return cudaGetLastError();
+  const bx_cu_chunk *chunks = plan->b.chunks;
+  uint32_t nchunks = (uint32_t)plan->nchunks;
+  int exact = plan->opts.scale.mode == BX_SCALE_EXACT;
+  void *args[] = {&chunks, &nchunks, &exact, &d_coef, &coef_host, &d_status, &skip_one};
+  return cudaLaunchKernel((const void *)bx_cu_scale_kernel, dim3((unsigned)plan->grid_scale),
+                          dim3(BX_CU_BLOCK), args, 0, stream);
 }

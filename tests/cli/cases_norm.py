@@ -130,13 +130,24 @@ def norm_nonfinite():
     d = run_json("norm", f)
     assert d["total_norm"] is None and d["total_norm_hex"] == "inf", d
     assert d["tensors"]["ok"] == math.sqrt(5.0)
-    for ord_ in ("2", "1", "inf", "0", "3"):
+    for ord_ in ("2", "1", "inf", "3"):
         rc, out, err = run("norm", "--error-if-nonfinite", "--ord", ord_, f)
         assert rc == 2 and out == "" and "'bad'" in err and f in err and len(err.strip().splitlines()) == 1, (ord_, rc, out, err)
+    # torch's rule (DESIGN §2): only a non-finite total fails; p = 0 counts
+    # Inf (and NaN) as non-zero, p = -inf takes min |x| with Inf as a value
+    d = run_json("norm", "--error-if-nonfinite", "--ord", "0", f)
+    assert d["total_norm"] == 4.0 and d["tensors"]["bad"] == 2.0, d
+    d = run_json("norm", "--error-if-nonfinite", "--ord", "-inf", f)
+    assert d["total_norm"] == 1.0, d
     t["bad"][1] = np.nan
     np_save(t, f)
     d = run_json("norm", f)
     assert d["total_norm_hex"] == "nan"
+    d = run_json("norm", "--ord", "0", f)
+    assert d["total_norm"] == 4.0 and d["tensors"]["bad"] == 2.0, ("a NaN is not zero", d)
+    for ord_ in ("inf", "-inf"):
+        rc, out, err = run("norm", "--error-if-nonfinite", "--ord", ord_, f)
+        assert rc == 2 and "'bad'" in err, (ord_, rc, err)
 
 
 @test
