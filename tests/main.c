@@ -134,6 +134,22 @@ static const test_entry TESTS[] = {
     {"pow_det_edges", test_pow_det_edges},
     {"pow_det_roots", test_pow_det_roots},
     {"pow_det_flush_to_zero", test_pow_det_flush_to_zero},
+    /* the caller's floating-point environment (test_fpenv.c) */
+    {"fpenv_subnormal_counts", test_fpenv_subnormal_counts},
+    {"fpenv_callback_sees_caller", test_fpenv_callback_sees_caller},
+    {"fpenv_public_api", test_fpenv_public_api},
+    /* fork, re-entry, errors (test_calls.c) */
+    {"fork_after_threads", test_fork_after_threads},
+    {"reentry_from_callback", test_reentry_from_callback},
+    {"error_text_not_garbled", test_error_text_not_garbled},
+    {"success_keeps_last_error", test_success_keeps_last_error},
+    {"error_locations", test_error_locations},
+    /* norms in a chosen format, many groups (test_norm_dtype.c) */
+    {"norm_dtype_vs_mpfr", test_norm_dtype_vs_mpfr},
+    {"norm_dtype_grads", test_norm_dtype_grads},
+    {"acc_norm_rules", test_acc_norm_rules},
+    {"norm_many_groups_state", test_norm_many_groups_state},
+    {"ranks_norm_dtype", test_ranks_norm_dtype},
 };
 #define NTESTS (sizeof TESTS / sizeof TESTS[0])
 

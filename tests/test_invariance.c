@@ -232,36 +232,3 @@ void test_concurrent_callers(void) {
 /* Thread counts the header does not name: far above the number of CPUs
  * (and BX_MAX_THREADS), and negative. Read as: never a crash or a different
  * answer; a negative count may be refused with BX_EINVAL (nothing written). */
-void test_threads_extreme(void) {
-  bxt_rng r;
-  bxt_rng_init(&r);
-  bxt_tensor xs[6];
-  bxt_tensors_random(&r, xs, 6, 200000);
-  bxt_layout l;
-  bxt_layout_random(&r, &l, xs, 6, 2, 0);
-  bx_norm_opts o = BX_NORM_OPTS_DEFAULT;
-  o.num_threads = 1;
-  double want = -1;
-  CHECK_STATUS(bx_total_norm(l.groups, l.ngroups, NULL, &o, &want, NULL), BX_OK, "1 thread");
-  static const int counts[] = {1000, 100000, -1, -1000};
-  for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) {
-    o.num_threads = counts[i];
-    double got = -1;
-    bx_status st = bx_total_norm(l.groups, l.ngroups, NULL, &o, &got, NULL);
-    if (counts[i] < 0 && st == BX_EINVAL) {
-      CHECK(got == -1, "%d threads refused: nothing written", counts[i]);
-      continue;
-    }
-    CHECK_STATUS(st, BX_OK, "%d threads", counts[i]);
-    CHECK_BITS_D(got, want, "%d threads: same norm", counts[i]);
-    /* bx_scale likewise */
-    bxt_tensor y;
-    bxt_tensor_clone(&y, l.src[0]);
-    bx_scale_opts so = {BX_SCALE_EXACT, counts[i]};
-    st = bx_scale(&y.t, 1, 0.5, &so);
-    CHECK(st == BX_OK || (counts[i] < 0 && st == BX_EINVAL), "bx_scale with %d threads: %d",
-          counts[i], (int)st);
-    bxt_tensor_free(&y);
-  }
-  bxt_tensors_free(xs, 6);
-}

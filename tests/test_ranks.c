@@ -110,7 +110,8 @@ typedef struct rank_job {
   double max_norm;
   bx_status st;
   double total, gn[NGROUPS + 1], coef;
-  char err[256];
+  char err[512];
+  bx_error_location loc;
 } rank_job;
 
 static void *rank_main(void *arg) {
@@ -126,6 +127,7 @@ static void *rank_main(void *arg) {
     j->st = bx_total_norm(j->groups, j->ngroups, &j->comm, &j->opts, &j->total, j->gn);
   }
   snprintf(j->err, sizeof j->err, "%s", j->st == BX_OK ? "" : bx_last_error());
+  j->loc = *bx_last_error_location();
   return NULL;
 }
 
@@ -310,7 +312,7 @@ void test_ranks_errors(void) {
   bxt_rng r;
   bxt_rng_init(&r);
   const int n = 4;
-  for (int c = 0; c < 6; c++) {
+  for (int c = 0; c < 8; c++) {
     model m;
     model_make(&r, &m);
     world w;
@@ -349,6 +351,15 @@ void test_ranks_errors(void) {
       want = BX_EMISMATCH;
       what = "rank 0 asks for the Megatron flavour";
       break;
+    case 6:
+    case 7: /* rank 1 fails its own checks (an int32 tensor in group 2); in
+             * case 7 its collective fails too: its own message stays */
+      jobs[1].dl[2][jobs[1].groups[2].count] = nan1.t;
+      jobs[1].dl[2][jobs[1].groups[2].count++].dtype.code = kDLInt;
+      if (c == 7) w.fail_rank = 1;
+      want = BX_EDTYPE;
+      what = c == 6 ? "rank 1 passes an int32 tensor" : "rank 1 passes an int32 tensor, its collective fails";
+      break;
     default:
       w.fail_rank = n; /* every rank's all-reduce fails */
       want = BX_ECOMM;
@@ -366,11 +377,64 @@ void test_ranks_errors(void) {
               jobs[q].gn[1]);
     }
     if (c == 0)
-      for (int q = 0; q < n; q++)
+      for (int q = 0; q < n; q++) {
         CHECK(bxt_mentions(jobs[q].err, "rank", 2) && bxt_mentions(jobs[q].err, "group", 1),
               "%s: rank %d's message names rank 2, group 1: \"%s\"", what, q, jobs[q].err);
+        CHECK(jobs[q].loc.rank == 2 && jobs[q].loc.group == 1 &&
+                  jobs[q].loc.tensor == (long long)jobs[2].groups[1].count - 1,
+              "%s: rank %d's location: rank %d group %lld tensor %lld", what, q, jobs[q].loc.rank,
+              jobs[q].loc.group, jobs[q].loc.tensor);
+      }
+    if (c == 6 || c == 7) {
+      long long t = (long long)jobs[1].groups[2].count - 1;
+      CHECK(strstr(jobs[1].err, "is not supported") && bxt_mentions(jobs[1].err, "group", 2) &&
+                bxt_mentions(jobs[1].err, "tensor", t),
+            "%s: the failing rank keeps its own message: \"%s\"", what, jobs[1].err);
+      for (int q = 0; q < n; q++) {
+        CHECK(jobs[q].loc.rank == 1 && jobs[q].loc.group == 2 && jobs[q].loc.tensor == t,
+              "%s: rank %d's location: rank %d group %lld tensor %lld (want 1, 2, %lld)", what, q,
+              jobs[q].loc.rank, jobs[q].loc.group, jobs[q].loc.tensor, t);
+        if (q != 1)
+          CHECK(bxt_mentions(jobs[q].err, "rank", 1) && bxt_mentions(jobs[q].err, "group", 2),
+                "%s: rank %d names rank 1 and where: \"%s\"", what, q, jobs[q].err);
+      }
+    }
     bxt_tensor_free(&nan1);
     world_free(&w);
     bxt_tensors_free(m.x, m.n);
   }
+}
+
+/* BX_NORM_GRADS across ranks: rank 0 holds only bf16 gradients, rank 1
+ * only fp16: torch's promotion over all ranks is fp32, on every rank. */
+void test_ranks_norm_dtype(void) {
+  bxt_rng r;
+  bxt_rng_init(&r);
+  world w;
+  world_init(&w, 2);
+  rank_job jobs[MAX_RANKS];
+  bxt_tensor x[2];
+  memset(jobs, 0, sizeof jobs);
+  for (int q = 0; q < 2; q++) {
+    bxt_tensor_alloc(&x[q], q == 0 ? REF_BF16 : REF_F16, 5000);
+    bxt_fill_gradient(&r, &x[q], 2.0);
+    jobs[q].ngroups = 1;
+    jobs[q].opts = (bx_norm_opts)BX_NORM_OPTS_DEFAULT;
+    jobs[q].opts.norm_dtype = BX_NORM_GRADS;
+    jobs[q].dl[0][0] = x[q].t;
+    jobs[q].groups[0] = (bx_group){jobs[q].dl[0], 1};
+  }
+  run_ranks(&w, jobs);
+  DLTensor both[2] = {x[0].t, x[1].t};
+  bx_group g = {both, 2};
+  bx_norm_opts o = BX_NORM_OPTS_DEFAULT;
+  o.norm_dtype = BX_NORM_F32;
+  double want = -1;
+  CHECK_STATUS(bx_total_norm(&g, 1, NULL, &o, &want, NULL), BX_OK, "one process");
+  for (int q = 0; q < 2; q++) {
+    CHECK_STATUS(jobs[q].st, BX_OK, "rank %d: %s", q, jobs[q].err);
+    CHECK_BITS_D(jobs[q].total, want, "rank %d: the norm in fp32 (bf16 on one rank, fp16 on the other)", q);
+  }
+  for (int q = 0; q < 2; q++) bxt_tensor_free(&x[q]);
+  world_free(&w);
 }

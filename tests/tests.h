@@ -120,4 +120,23 @@ void test_pow_det_edges(void);
 void test_pow_det_roots(void);
 void test_pow_det_flush_to_zero(void);
 
+/* test_fpenv.c */
+void test_fpenv_subnormal_counts(void);
+void test_fpenv_callback_sees_caller(void);
+void test_fpenv_public_api(void);
+
+/* test_calls.c */
+void test_fork_after_threads(void);
+void test_reentry_from_callback(void);
+void test_error_text_not_garbled(void);
+void test_success_keeps_last_error(void);
+void test_error_locations(void);
+
+/* test_norm_dtype.c */
+void test_norm_dtype_vs_mpfr(void);
+void test_norm_dtype_grads(void);
+void test_acc_norm_rules(void);
+void test_norm_many_groups_state(void);
+void test_ranks_norm_dtype(void); /* test_ranks.c */
+
 #endif /* BX_TEST_TESTS_H */
