@@ -18,15 +18,38 @@
 #define BX_DIGIT_MASK 0xFFFFFFFFull
 
 /* out = normalised digits of in (in may hold any int64 words; out may be
- * in). */
-static inline BX_HD void bx_digits_normalize(int64_t *out, const int64_t *in) {
+ * in); *lo_out, *end_out: the lower digits outside [lo, end) are 0 in out
+ * (the top digit aside). Only the span of non-zero lower words and the
+ * carries out of it are walked (a group's digits occupy a few of the 134
+ * words): below the lowest non-zero word, and above the highest once the
+ * carry is 0, every digit is 0 already. */
+static inline BX_HD void bx_digits_normalize_span(int64_t *out, const int64_t *in, int *lo_out,
+                                                  int *end_out) {
+  const int top = BX_ACC_DIGITS - 1;
+  int lo = 0, hi = top - 1;
+  while (lo + 4 <= top && (in[lo] | in[lo + 1] | in[lo + 2] | in[lo + 3]) == 0) lo += 4;
+  while (lo < top && in[lo] == 0) lo++;
+  while (hi - 3 >= lo && (in[hi] | in[hi - 1] | in[hi - 2] | in[hi - 3]) == 0) hi -= 4;
+  while (hi >= lo && in[hi] == 0) hi--;
+  if (out != in)
+    for (int i = 0; i < lo; i++) out[i] = 0;
   bx_i128 carry = 0;
-  for (int i = 0; i < BX_ACC_DIGITS - 1; i++) {
+  int i = lo;
+  for (; i < top && (i <= hi || carry != 0); i++) {
     carry += in[i];
     out[i] = (int64_t)(carry & (bx_i128)BX_DIGIT_MASK);
     carry >>= 32; /* arithmetic: floor division, digits stay in [0,2^32) */
   }
-  out[BX_ACC_DIGITS - 1] = (int64_t)(carry + in[BX_ACC_DIGITS - 1]);
+  *lo_out = lo;
+  *end_out = i;
+  if (out != in)
+    for (; i < top; i++) out[i] = 0; /* in[i] == 0 here: above hi */
+  out[top] = (int64_t)(carry + in[top]);
+}
+
+static inline BX_HD void bx_digits_normalize(int64_t *out, const int64_t *in) {
+  int lo, end;
+  bx_digits_normalize_span(out, in, &lo, &end);
 }
 
 /* Magnitude view of a digit vector. */
@@ -36,8 +59,18 @@ typedef struct bx_mag {
   int top; /* index of the highest non-zero digit, -1 if zero */
 } bx_mag;
 
+/* The magnitude view of normalised digits (bx_digits_normalize's output;
+ * may alias m->d). */
+static inline BX_HD void bx_mag_from_normalized(const int64_t *digits, bx_mag *m);
+
 static inline BX_HD void bx_mag_from_digits(const int64_t *digits, bx_mag *m) {
   bx_digits_normalize(m->d, digits);
+  bx_mag_from_normalized(m->d, m);
+}
+
+static inline BX_HD void bx_mag_from_normalized(const int64_t *digits, bx_mag *m) {
+  if (digits != m->d)
+    for (int i = 0; i < BX_ACC_DIGITS; i++) m->d[i] = digits[i];
   m->negative = m->d[BX_ACC_DIGITS - 1] < 0;
   if (m->negative) { /* two's-complement negate over the digit vector */
     bx_i128 carry = 1;

@@ -79,11 +79,11 @@ static inline BX_HD int32_t bx_cu_finish(const int64_t *wire, size_t ngroups,
       if (!bx_wire_version_ok(words + g * ww)) status = BX_EMISMATCH;
   double total = bx_f64_from_bits(BX_F64_NAN_BITS), out = total;
   if (status == BX_OK) {
-    bx_finish_words(a->mode, a->p, words, ngroups, bx_fmt_f64(), scratch, total_digits, &total,
+    bx_finish_words(a->mode, a->p, words, ngroups, ww, bx_fmt_f64(), scratch, total_digits, &total,
                     d_groups);
     out = total;
     if (a->out_code != BX_DT_F64)
-      bx_finish_words(a->mode, a->p, words, ngroups, bx_fmt_of_dtype(a->out_code), scratch,
+      bx_finish_words(a->mode, a->p, words, ngroups, ww, bx_fmt_of_dtype(a->out_code), scratch,
                       total_digits, &out, NULL);
     /* torch's rule: only a non-finite total fails */
     if (a->error_if_nonfinite && (out != out || out == bx_f64_from_bits(BX_F64_INF_BITS))) {

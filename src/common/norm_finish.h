@@ -133,13 +133,15 @@ static inline BX_HD int bx_nonfinite_rule(int64_t nan, int64_t inf, double *v) {
   return 0;
 }
 
-/* The norm of one set of digits (a group's, or the total's) and what its
- * words say, in fmt: p = 2 and 1 rounded once from the exact sum; p = 0
- * (the count: NaN and Inf are non-zero), +-inf and the Megatron flavour
- * their exact value rounded once; other p bx_pow_det's fp64 result rounded
- * again. scratch: working memory. */
-static inline BX_HD double bx_norm_value(int mode, double p, const int64_t *digits,
-                                         const bx_norm_part *q, bx_fmt fmt, bx_mag *scratch) {
+/* The norm of one set of digits (a group's, or the total's; normalized:
+ * they are bx_digits_normalize's output, else any int64 words) and what
+ * its words say, in fmt: p = 2 and 1 rounded once from the exact sum;
+ * p = 0 (the count: NaN and Inf are non-zero), +-inf and the Megatron
+ * flavour their exact value rounded once; other p bx_pow_det's fp64
+ * result rounded again. scratch: working memory. */
+static inline BX_HD double bx_norm_value_of(int mode, double p, const int64_t *digits,
+                                            int normalized, const bx_norm_part *q, bx_fmt fmt,
+                                            bx_mag *scratch) {
   double v;
   int ovf;
   if (mode == BX_M_EXT) {
@@ -152,7 +154,8 @@ static inline BX_HD double bx_norm_value(int mode, double p, const int64_t *digi
     return bx_round_double_to(q->minabs, fmt);
   }
   if (bx_nonfinite_rule(q->nan, q->inf, &v)) return v;
-  bx_mag_from_digits(digits, scratch);
+  if (normalized) bx_mag_from_normalized(digits, scratch);
+  else bx_mag_from_digits(digits, scratch);
   if (scratch->negative) return bx_f64_from_bits(BX_F64_NAN_BITS); /* never, for sums of squares */
   switch (mode) {
     case BX_M_SQ: return bx_mag_sqrt(scratch, fmt, &ovf);
@@ -164,28 +167,45 @@ static inline BX_HD double bx_norm_value(int mode, double p, const int64_t *digi
   }
 }
 
-/* The norms of every group and of the total from the reduced wire words
- * (ngroups groups of bx_wire_words(mode) words), in fmt. groups may be
- * NULL. total_digits: BX_ACC_DIGITS words of working memory. */
+static inline BX_HD double bx_norm_value(int mode, double p, const int64_t *digits,
+                                         const bx_norm_part *q, bx_fmt fmt, bx_mag *scratch) {
+  return bx_norm_value_of(mode, p, digits, 0, q, fmt, scratch);
+}
+
+/* The norms of every group and of the total from the reduced words of
+ * ngroups groups, stride words apart (bx_wire_words(mode) for a wire; the
+ * host also finishes its partials in place, whose first words are the
+ * same layout), in fmt. groups may be NULL. total_digits: BX_ACC_DIGITS
+ * words of working memory. Each group's digits are normalised once (into
+ * scratch) and added to the total as normalised digits (below 2^32 each),
+ * which is normalised every 2^30 groups: one pass over the digits per
+ * group. */
 static inline BX_HD void bx_finish_words(int mode, double p, const int64_t *words, size_t ngroups,
-                                         bx_fmt fmt, bx_mag *scratch, int64_t *total_digits,
-                                         double *total, double *groups) {
-  size_t ww = bx_wire_words(mode);
+                                         size_t stride, bx_fmt fmt, bx_mag *scratch,
+                                         int64_t *total_digits, double *total, double *groups) {
   bx_norm_part all;
   bx_norm_part_empty(&all);
   for (int i = 0; i < BX_ACC_DIGITS; i++) total_digits[i] = 0;
+  size_t pending = 0;
   for (size_t g = 0; g < ngroups; g++) {
-    const int64_t *w = words + g * ww;
+    const int64_t *w = words + g * stride;
     bx_norm_part q;
     bx_norm_part_of(mode, p, w, &q);
-    if (groups) groups[g] = bx_norm_value(mode, p, w, &q, fmt, scratch);
-    if (mode != BX_M_EXT) { /* exact: add, then normalise (carries stay small) */
-      for (int i = 0; i < BX_ACC_DIGITS; i++) total_digits[i] += w[i];
-      bx_digits_normalize(total_digits, total_digits);
+    if (mode != BX_M_EXT) {
+      int lo, end;
+      bx_digits_normalize_span(scratch->d, w, &lo, &end);
+      for (int i = lo; i < end; i++) total_digits[i] += scratch->d[i];
+      total_digits[BX_ACC_DIGITS - 1] += scratch->d[BX_ACC_DIGITS - 1];
+      if (++pending == ((size_t)1 << 30)) {
+        bx_digits_normalize(total_digits, total_digits);
+        pending = 0;
+      }
     }
+    if (groups) groups[g] = bx_norm_value_of(mode, p, scratch->d, 1, &q, fmt, scratch);
     bx_norm_part_add(&all, &q);
   }
-  *total = bx_norm_value(mode, p, total_digits, &all, fmt, scratch);
+  if (mode != BX_M_EXT) bx_digits_normalize(total_digits, total_digits);
+  *total = bx_norm_value_of(mode, p, total_digits, 1, &all, fmt, scratch);
 }
 
 /* Store a norm in dtype code (BX_DT_*), rounded once into its format (a

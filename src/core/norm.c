@@ -100,7 +100,8 @@ static void run_task(void *ctx, size_t t, int worker) {
     while (e < tk->end && j->pieces[e].group == g) e++;
     bx_partial *q;
     if (j->gbegin[g] >= tk->begin && j->gend[g] <= tk->end) {
-      q = &j->parts[g]; /* the whole group is this task's */
+      q = &j->parts[g]; /* the whole group is this task's: it initialises it */
+      bx_partial_init(q);
     } else {
       int s = i == tk->begin ? 0 : 1; /* not inside: the first run or the last */
       q = &j->slots[2 * t + (size_t)s];
@@ -261,8 +262,6 @@ static bx_status host_reduce(const char *fn, const bx_group *groups, size_t ngro
   size_t *gbegin = (size_t *)(ws + b_parts + b_pieces), *gend = gbegin + ng;
   task *tasks = (task *)(ws + b_parts + b_pieces + b_gidx);
   bx_partial *slots = (bx_partial *)(ws + b_parts + b_pieces + b_gidx + b_tasks);
-  for (size_t g = 0; g < ng; g++) bx_partial_init(&parts[g]);
-
   size_t k = 0;
   for (size_t g = 0; g < ngroups; g++) {
     gbegin[g] = k;
@@ -278,7 +277,9 @@ static bx_status host_reduce(const char *fn, const bx_group *groups, size_t ngro
       }
     }
     gend[g] = k;
+    if (k == gbegin[g]) bx_partial_init(&parts[g]); /* no pieces: no task initialises it */
   }
+  if (ngroups == 0) bx_partial_init(&parts[0]);
   size_t ntasks = 0;
   for (size_t i = 0; i < npieces;) {
     size_t begin = i, n = 0;
@@ -294,10 +295,17 @@ static bx_status host_reduce(const char *fn, const bx_group *groups, size_t ngro
   if ((size_t)nthreads > useful) nthreads = (int)useful;
   job j = {bx_kernels_active(), m, o->norm_type, pieces, gbegin, gend, tasks, parts, slots};
   bx_parallel_run(nthreads, ntasks, run_task, &j);
+  /* the groups that span tasks: the first slot of each is copied, the
+   * others merged (in task order; the sums are exact, any order would do) */
+  size_t last = NO_GROUP_SLOT;
   for (size_t t = 0; t < ntasks; t++)
-    for (int s = 0; s < 2; s++)
-      if (tasks[t].slot_group[s] != NO_GROUP_SLOT)
-        partial_merge(&parts[tasks[t].slot_group[s]], &slots[2 * t + (size_t)s]);
+    for (int s = 0; s < 2; s++) {
+      size_t g = tasks[t].slot_group[s];
+      if (g == NO_GROUP_SLOT) continue;
+      if (g != last) parts[g] = slots[2 * t + (size_t)s];
+      else partial_merge(&parts[g], &slots[2 * t + (size_t)s]);
+      last = g;
+    }
   *parts_out = parts;
   *pieces_out = pieces;
   *npieces_out = npieces;
@@ -410,10 +418,18 @@ bx_status bx_norm_run(const char *fn, const bx_group *groups, size_t ngroups, co
     double *gnorms = (double *)(wire + ng * ww);
     int64_t *total_digits = (int64_t *)(gnorms + ng);
     bx_mag *scratch = (bx_mag *)(((uintptr_t)(total_digits + BX_ACC_DIGITS) + 63) & ~(uintptr_t)63);
-    bx_partial empty;
-    bx_partial_init(&empty);
-    for (size_t g = 0; g < ng; g++) /* an empty group list still sends one group */
-      partial_to_wire(m, o.norm_type, ngroups ? &parts[g] : &empty, wire + g * ww);
+    const int64_t *words = wire;
+    size_t stride = ww;
+    if (comm || m == BX_M_EXT) {
+      bx_partial empty;
+      bx_partial_init(&empty);
+      for (size_t g = 0; g < ng; g++) /* an empty group list still sends one group */
+        partial_to_wire(m, o.norm_type, ngroups ? &parts[g] : &empty, wire + g * ww);
+    } else { /* alone: the partials' accumulators are the wire's layout already */
+      _Static_assert(sizeof(bx_partial) % sizeof(int64_t) == 0, "partials as words");
+      words = (const int64_t *)parts;
+      stride = sizeof(bx_partial) / sizeof(int64_t);
+    }
     if (comm) {
       st = bx_comm_allreduce(comm, dev, fn, "norm", wire, ng * ww,
                              bx_wire_by_max(m, o.norm_type) ? BX_OP_MAX : BX_OP_SUM);
@@ -428,8 +444,8 @@ bx_status bx_norm_run(const char *fn, const bx_group *groups, size_t ngroups, co
           }
     }
     double total;
-    bx_finish_words(m, o.norm_type, wire, ngroups, norm_format(o.norm_dtype, dtmask), scratch,
-                    total_digits, &total, gnorms);
+    bx_finish_words(m, o.norm_type, words, ngroups, stride, norm_format(o.norm_dtype, dtmask),
+                    scratch, total_digits, &total, gnorms);
     if (o.error_if_nonfinite && (total != total || total == INFINITY)) {
       st = report_nonfinite(fn, offender, comm, total);
       goto done;
