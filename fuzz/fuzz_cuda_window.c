@@ -1,6 +1,6 @@
 /*
  * fuzz_cuda_window.c — the CUDA kernels' exact arithmetic
- * (src/cuda/exact_window.h, src/cuda/finish.h) run on the CPU as a
+ * (src/common/exact_window.h, src/common/cuda_finish.h) run on the CPU as a
  * simulated grid, against the MPFR reference.
  *
  * Input: byte 0 = dtype (bits 0-1), mode (bit 2: squares or |x|), an
@@ -15,7 +15,7 @@
 #include "fuzz_common.h"
 
 #include "exact_window.h"
-#include "norm_finish.h"
+#include "cuda_finish.h"
 
 #define FZ_MAX_ELEMS (1u << 19)
 
@@ -96,12 +96,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       FZ_FAIL("the fp64 grid and the integer windows give different words");
   }
   /* the wire and finishing kernels */
-  static int64_t wire[BX_CU_AGREE_WORDS + BX_ACC_WORDS];
-  bx_cu_agree_vals a = {{0}};
-  bx_cu_wire_agreement(wire, &a, -1, -1);
+  static int64_t wire[BX_AGREE_WORDS + BX_ACC_WORDS];
+  int64_t items[BX_AGREE_ITEMS] = {0};
+  bx_agree_fill(wire, items, -1, -1, -1, 0);
   bx_cu_wire_group(abs_mode ? BX_M_ABS : BX_M_SQ, abs_mode ? 1.0 : 2.0, raw, NULL,
-                   wire + BX_CU_AGREE_WORDS);
-  const int64_t *w = wire + BX_CU_AGREE_WORDS;
+                   wire + BX_AGREE_WORDS);
+  const int64_t *w = wire + BX_AGREE_WORDS;
   if (w[BX_ACC_DIGITS] != want.nan_count * (int64_t)rep ||
       w[BX_ACC_DIGITS + 1] != want.inf_count * (int64_t)rep || w[BX_ACC_DIGITS + 2] != (int64_t)n)
     FZ_FAIL("counters nan %lld inf %lld count %lld", (long long)w[BX_ACC_DIGITS],
@@ -111,7 +111,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   bx_cu_finish_args fa = {abs_mode ? BX_M_ABS : BX_M_SQ, abs_mode ? 1.0 : 2.0, 0, 0, 0.0, 0.0, 0,
                           BX_DT_F64};
   double got = -1;
-  int32_t st = bx_cu_finish(wire, 1, BX_ACC_WORDS, &fa, &scratch, total_digits, &got, NULL, NULL);
+  int32_t st = bx_cu_finish(wire, 1, &fa, &scratch, total_digits, &got, NULL, NULL);
   if (st != BX_OK) FZ_FAIL("finish status %d", (int)st);
   if (!want.nan_count && !want.inf_count) fz_same_d(got, abs_mode ? wv : ws, "norm", "cuda-sim");
   else if (want.nan_count ? got == got : got != INFINITY) FZ_FAIL("non-finite norm %a", got);

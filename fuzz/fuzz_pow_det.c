@@ -1,5 +1,5 @@
 /*
- * fuzz_pow_det.c — bx_pow_det (src/core/pow_det.h), the power function of
+ * fuzz_pow_det.c — bx_pow_det (src/common/pow_det.h), the power function of
  * the other-p norms on the CPU and the GPU, against MPFR: every result is
  * one of the two doubles around the exact a^p (faithful), special cases
  * follow C's pow for a >= 0, and a result that is exactly a double is that

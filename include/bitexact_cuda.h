@@ -41,7 +41,7 @@
  * and norm_type 2, 1, 0, +-inf and BX_MEGATRON_FP32 (the kernels fold exact
  * integer partials with integer atomics, whose order cannot change a
  * sum; the final rounding runs the same code as bx_acc_sqrt). Other p use
- * bx_pow_det (src/core/pow_det.h), one power function built from IEEE
+ * bx_pow_det (src/common/pow_det.h), one power function built from IEEE
  * basic operations only, compiled for both: |x|^p per element is not
  * exact, but it is the same bits on the CPU and the GPU. Scaling gives the
  * CPU's bits in both modes. The environment variable BX_CUDA_SQUARES=int,

@@ -1,7 +1,7 @@
 /*
  * test_cuda_sim.c — the CUDA kernels' exact arithmetic, run on the CPU.
  *
- * src/cuda/exact_window.h holds the per-thread loops of the GPU reduction
+ * src/common/exact_window.h holds the per-thread loops of the GPU reduction
  * kernel (windows, slow path, block digits, the split flush into the group
  * digits). Here a simulated grid runs those same functions — BX_CU_BLOCK
  * "threads" per chunk of BX_CU_CHUNK elements, each with its own window —
@@ -299,7 +299,7 @@ void test_cuda_refused_without_device(void) {
   bxt_tensor_free(&h);
 }
 
-/* ---- the end of a GPU norm (src/cuda/finish.h) on the CPU ----------------
+/* ---- the end of a GPU norm (src/common/cuda_finish.h) on the CPU ----------------
  * Raw words as the reduction kernel leaves them (simulated above), the wire
  * words, a simulated all-reduce over ranks, and the finish: the total, the
  * group norms and the coefficient must be bx_total_norm's and bx_clip_coef's

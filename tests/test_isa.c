@@ -1,7 +1,7 @@
 /*
  * test_isa.c — run-time dispatch: every ISA this CPU has can be forced by
  * name, unknown names are refused, and the automatic choice is the best
- * one the CPU supports (internal.h: avx512 F+DQ+BW+VL, avx2 AVX2+FMA+F16C).
+ * one the CPU supports (kernels.h, dispatch.c: avx512 F+DQ+BW+VL, avx2 AVX2+FMA+F16C).
  */
 #include <stdlib.h>
 #include <string.h>

@@ -1,5 +1,5 @@
 /*
- * test_pow_det.c — bx_pow_det (src/core/pow_det.h), the power function
+ * test_pow_det.c — bx_pow_det (src/common/pow_det.h), the power function
  * the CPU and GPU share, against MPFR's pow: every result within 1 ulp of
  * the exact a^p (faithful), bit for bit equal to the correctly rounded
  * one whenever a^p is a representable double, the special values exact.

@@ -3,7 +3,7 @@
  * p = 0 (non-zeros, NaNs), summed; for p = ±inf (max |x| bits, ~min |x|
  * bits), MAX-reduced: non-negative doubles order like their bit patterns,
  * and a NaN anywhere travels as INT64_MAX in both words. Shared by
- * src/core/norm.c and the CUDA finish (src/cuda/finish.h).
+ * src/core/norm.c and the CUDA finish (src/common/cuda_finish.h).
  */
 #ifndef BX_EXT_WIRE_H
 #define BX_EXT_WIRE_H

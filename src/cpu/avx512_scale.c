@@ -33,7 +33,7 @@ static split_coef split(double c) {
 }
 
 /* Round-to-odd of the exact a*c (8 lanes); see bx_mul_round_odd in
- * src/core/scale_round.h for the argument. */
+ * src/common/scale_round.h for the argument. */
 static __m512d mul_round_odd8(__m512d a, const split_coef *k) {
   const __m512d absmask = _mm512_castsi512_pd(_mm512_set1_epi64(0x7FFFFFFFFFFFFFFFLL));
   __m512d p1 = _mm512_mul_pd(a, k->hi), p2 = _mm512_mul_pd(a, k->lo);

@@ -1,7 +1,7 @@
 /*
  * portable_scale.c — the reference scaling kernels, plain C (see
  * bx_scale_mode in bitexact.h for the two roundings). The per-element
- * arithmetic lives in src/core/scale_round.h, shared with the CUDA kernel.
+ * arithmetic lives in src/common/scale_round.h, shared with the CUDA kernel.
  */
 #include "kernels.h"
 #include "scale_round.h"
