@@ -157,7 +157,7 @@ FUZZ_FLAGS := -std=c11 -D_GNU_SOURCE -g -O1 -ffp-contract=off -pthread \
               -Iinclude -Isrc/core -Isrc/common -fsanitize=fuzzer,address,undefined
 FUZZ_BIN   := $(patsubst fuzz/%.c,build-fuzz/%,$(wildcard fuzz/*.c))
 fuzz: $(FUZZ_BIN)
-build-fuzz/%: fuzz/%.c $(LIB_SRC) $(wildcard include/*.h src/core/*.h src/common/*.h)
+build-fuzz/%: fuzz/%.c $(LIB_SRC) $(wildcard include/*.h src/core/*.h src/common/*.h src/cpu/*.h fuzz/*.h)
 	@mkdir -p build-fuzz/obj
 	@set -e; objs=""; for f in $(LIB_SRC); do \
 	  o=build-fuzz/obj/$$(echo $$f | tr / _).o; extra=""; \

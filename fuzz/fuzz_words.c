@@ -1,6 +1,6 @@
 /*
  * fuzz_words.c — the final rounding: bx_acc_value / _valuef / _sqrt /
- * _sqrtf / bx_acc_normalize / bx_acc_compare on accumulator words as an
+ * _sqrtf, bx_acc_norm into every format, bx_acc_normalize / bx_acc_compare on accumulator words as an
  * all-reduce delivers them (un-normalised, non-negative), against the exact
  * value of the words as the header defines it (digit i weighs
  * 2^(32 i + BX_ACC_LSB_EXP)).
@@ -37,6 +37,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   fz_same_d(bx_acc_sqrt(&acc), ws, "sqrt", "-");
   fz_same_f(bx_acc_valuef(&acc), wvf, "valuef", "-");
   fz_same_f(bx_acc_sqrtf(&acc), wsf, "sqrtf", "-");
+  /* bx_acc_norm: rounded once into every format */
+  for (int dt = 0; dt < REF_NDT; dt++) {
+    DLDataType t = {dt == REF_BF16 ? kDLBfloat : kDLFloat,
+                    (uint8_t)(dt == REF_F64 ? 64 : dt == REF_F32 ? 32 : 16), 1};
+    for (int p = 1; p <= 2; p++) {
+      uint64_t got = 0;
+      if (bx_acc_norm(&acc, (double)p, t, &got) != BX_OK) FZ_FAIL("bx_acc_norm refused");
+      uint64_t want = ref_encode(dt, p == 2 ? ref_sqrt_fmt(exact, REF_FMT[dt])
+                                            : ref_round_fmt(exact, REF_FMT[dt]));
+      if (got != want)
+        FZ_FAIL("bx_acc_norm p=%d dtype %d: 0x%llx, want 0x%llx", p, dt,
+                (unsigned long long)got, (unsigned long long)want);
+    }
+  }
   bx_acc norm = acc;
   bx_acc_normalize(&norm);
   for (int i = 0; i < BX_ACC_DIGITS - 1; i++)
