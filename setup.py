@@ -2,7 +2,8 @@
 
 The sources are globbed (src/core/*.c, src/cpu/*.c, src/cuda/*.cu) so that
 kernel files added later are picked up. Every file gets the library's base
-flags; the per-ISA kernel files (src/cpu/avx2*.c, src/cpu/avx512*.c) also
+flags (with the Makefile's warnings and -Werror; BITEXACT_WERROR=0 drops
+-Werror); the per-ISA kernel files (src/cpu/avx2*.c, src/cpu/avx512*.c) also
 get their ISA flags and nothing else does: the binary chooses AVX-512, AVX2
 or the portable kernels at run time (src/core/dispatch.c). Never
 -ffast-math or -march=native: -ffp-contract=off keeps every exact path
@@ -34,8 +35,14 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 os.chdir(ROOT)
 os.makedirs("build-python", exist_ok=True)  # build_base / egg_base below
 
+# The Makefile's warnings (WARN), errors included: the extension's own files
+# and the library's are held to the same standard as `make`. BITEXACT_WERROR=0
+# keeps the warnings but not -Werror (a newer compiler's new warnings).
+WARN_FLAGS = ["-Wall", "-Wextra", "-Wshadow", "-Wstrict-prototypes", "-Wmissing-prototypes"]
+if os.environ.get("BITEXACT_WERROR", "1").strip() != "0":
+    WARN_FLAGS.append("-Werror")
 BASE_FLAGS = ["-std=c11", "-D_GNU_SOURCE", "-ffp-contract=off", "-fno-math-errno", "-O2",
-              "-pthread", "-fvisibility=default", "-Wall"]
+              "-pthread", "-fvisibility=default"] + WARN_FLAGS
 ISA_FLAGS = {
     "avx2": ["-mavx2", "-mfma", "-mf16c", "-mbmi2"],
     "avx512": ["-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512vl",

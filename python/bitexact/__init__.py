@@ -3,7 +3,11 @@
 The norm is computed exactly (every square exact, summed in an integer
 fixed-point accumulator, rounded once), so it is a pure function of the
 multiset of gradient values: the same bits for any tensor order, split,
-thread count or rank count.
+thread count or rank count, and whatever floating-point environment the
+caller set (``torch.set_flush_denormal(True)`` included: the library runs
+its arithmetic in its own and gives the caller's back). Calls may be made
+from a forked child (``os.fork``, multiprocessing's "fork") and from inside
+a :class:`Comm`'s all-reduce.
 
 Framework-neutral API, for any object with ``__dlpack__`` (NumPy, PyTorch,
 JAX, CuPy, Paddle, ...) or a DLPack capsule, fp16/bf16/fp32/fp64, read in
@@ -22,7 +26,13 @@ Errors are subclasses of :class:`bitexact.Error` (a RuntimeError) that are
 also the builtin a Python user expects: :class:`InvalidArgumentError`,
 :class:`LayoutError` and :class:`DeviceError` are ValueErrors,
 :class:`DTypeError` is a TypeError, :class:`OutOfMemoryError` a
-MemoryError. On any error no tensor has been modified.
+MemoryError. On any error no tensor has been modified. The message names
+the caller's tensors (``tensors[3]``, ``parameters[3]``); the exception also
+says where as integers (-1: none): ``e.status`` (the bx_status), ``e.rank``
+(the rank at fault: this one for its own failure, else the lowest failing
+rank), ``e.group`` and ``e.tensor`` (the position of the tensor at fault in
+the library's call), ``e.other_group`` and ``e.other_tensor`` (the second
+of two tensors sharing memory).
 
 Devices: CPU tensors (also CUDA host-pinned and managed memory) and, when
 the package was built with the CUDA backend (nvcc found at install time;
@@ -34,7 +44,6 @@ from another current stream are joined to it first). For the
 stream-ordered, graph-capturable path use :mod:`bitexact.torch`.
 """
 import atexit as _atexit
-import re as _re
 import sys as _sys
 
 from . import _core
@@ -60,6 +69,8 @@ __all__ = [
 ]
 
 _FLAVORS = {"exact": 0, "megatron_fp32": 1}
+# bx_norm_dtype: the format the library rounds the norms into (once)
+_NORM_DTYPES = {"float64": 0, "grads": 1, "float32": 2, "bfloat16": 3, "float16": 4}
 _SCALE_MODES = {"torch": 0, "exact": 1}
 _FORMULAS = {"torch": 0, "max": 1}
 
@@ -115,8 +126,11 @@ class Comm:
     ``allreduce(buf, op)``: ``buf`` is a bytearray of native-endian int64
     words, ``op`` is ``"sum"`` or ``"max"``; replace ``buf``'s contents with
     the element-wise reduction over all ranks (or return a bytes-like object
-    of the same size holding it). It is called at most three times per call,
-    in the same order on every rank. ``rank`` is used in error messages.
+    of the same size holding it). It is called twice per call (a small
+    ``"max"`` agreement step, then the norm's one fixed-size reduction), in
+    the same order on every rank, from the calling thread; it may itself
+    call bitexact (a logging hook computing another norm), up to 4 calls
+    deep. ``rank`` is used in error messages and exceptions (``e.rank``).
     Every rank passes only the tensors it owns (each element of the model
     exactly once over all ranks) and gets the same bits.
     See :func:`bitexact.torch.comm` for torch.distributed.
@@ -139,6 +153,14 @@ def _comm_args(comm):
     if callable(comm):
         return comm, 0
     raise TypeError("comm must be None, a bitexact.Comm or a callable allreduce(buf, op)")
+
+
+def _norm_dtype(value):
+    """norm_dtype= as a bx_norm_dtype: "float64", "grads", "float32",
+    "bfloat16", "float16" (or a dtype object whose name ends so, like
+    torch.float32 or numpy.float32)."""
+    name = value if isinstance(value, str) else str(getattr(value, "__name__", value))
+    return _option(_NORM_DTYPES, name.rsplit(".", 1)[-1], "norm_dtype")
 
 
 def _option(table, value, what):
@@ -190,29 +212,47 @@ def _as_list(tensors):
     return list(tensors)
 
 
-# "group G, tensor I" (optionally after "rank R, ") in the C library's
-# messages, and bx_scale's flat "tensor I".
-_WHERE = _re.compile(r"(rank (\d+), )?group (\d+), tensor (\d+)")
-_FLAT = _re.compile(r"\btensor (\d+)\b")
+def _position(group, tensor):
+    """How the library's (and the binding's) messages write a position."""
+    return f"group {group}, tensor {tensor}" if group >= 0 else f"tensor {tensor}"
+
+
+def _replace_position(msg, phrase, name):
+    """msg with each occurrence of the position phrase (one not followed by
+    a digit: "tensor 1" is not in "tensor 12") replaced by name."""
+    out, start = [], 0
+    while True:
+        k = msg.find(phrase, start)
+        if k < 0:
+            break
+        end = k + len(phrase)
+        out.append(msg[start:k])
+        out.append(msg[k:end] if end < len(msg) and msg[end].isdigit() else name)
+        start = end
+    out.append(msg[start:])
+    return "".join(out)
 
 
 def _rename(exc, namer, rank=None, flat=None):
-    """Rewrite the C library's tensor positions in exc's message as the
-    caller's names: namer(group, index) -> str; flat(index) -> (group, index)
-    for bx_scale's flat numbering. Positions on another rank are kept."""
+    """Name the caller's tensors in exc's message, from the positions the
+    exception carries as integers (exc.group / exc.tensor and
+    exc.other_group / exc.other_tensor: bx_last_error_location() or the
+    binding's own): namer(group, index) -> str; flat(index) -> (group,
+    index) for a flat position (group -1: bx_scale's numbering). Positions
+    on another rank (exc.rank set and not this `rank`) are that rank's
+    tensors: kept as they are."""
     if not exc.args or not isinstance(exc.args[0], str):
         return exc
-
-    def where(m):
-        r = m.group(2)
-        if r is not None and rank is not None and int(r) != rank:
-            return m.group(0)
-        prefix = m.group(1) or ""
-        return prefix + namer(int(m.group(3)), int(m.group(4)))
-
-    msg, n = _WHERE.subn(where, exc.args[0])
-    if n == 0 and flat is not None and msg.startswith("bx_scale"):
-        msg = _FLAT.sub(lambda m: namer(*flat(int(m.group(1)))), msg)
+    at = getattr(exc, "rank", -1)
+    if at >= 0 and rank is not None and at != rank:
+        return exc
+    msg = exc.args[0]
+    for g, i in ((getattr(exc, "group", -1), getattr(exc, "tensor", -1)),
+                 (getattr(exc, "other_group", -1), getattr(exc, "other_tensor", -1))):
+        if i < 0 or (g < 0 and flat is None):
+            continue
+        name = namer(g, i) if g >= 0 else namer(*flat(i))
+        msg = _replace_position(msg, _position(g, i), name)
     exc.args = (msg,) + exc.args[1:]
     return exc
 
@@ -269,16 +309,20 @@ def _bucket(tensors, groups, group_names, unowned):
 
 
 def total_norm(tensors, norm_type=2.0, error_if_nonfinite=False, groups=None, *,
-               group_names=None, comm=None, num_threads=0, flavor="exact"):
+               group_names=None, comm=None, num_threads=0, flavor="exact",
+               norm_dtype="float64"):
     """The exact p-norm of all elements of all ``tensors``.
 
     tensors: an iterable of DLPack tensors (or one tensor); read in place.
     norm_type: 2 (default; correctly rounded sqrt of the exact sum of
-        squares), 1, inf, -inf, 0 (number of non-zeros) are exact; any other
-        p > 0 is deterministic but not exact.
+        squares), 1, inf, -inf, 0 (number of non-zeros: NaN and Inf count
+        as non-zero, so it stays finite) are exact; any other p > 0 is
+        deterministic but not exact.
     error_if_nonfinite: raise :class:`NonFiniteError` naming the first
-        tensor holding NaN/Inf; otherwise NaN anywhere gives NaN, else any
-        Inf gives inf.
+        tensor holding NaN/Inf when the total norm is NaN or infinite
+        (torch's rule: so p = 0 never raises, and p = -inf only when the
+        smallest |x| is NaN or Inf); otherwise NaN anywhere gives NaN, else
+        any Inf gives inf (p > 0).
     groups: None, or one label per tensor; then the result is
         ``(total, {label: group norm})``. ``group_names`` fixes the groups
         and their order (give it in multi-rank calls: all ranks must have
@@ -286,18 +330,27 @@ def total_norm(tensors, norm_type=2.0, error_if_nonfinite=False, groups=None, *,
     comm: None (this process alone) or a :class:`Comm`.
     flavor: "exact" or "megatron_fp32" (Megatron-LM's reproducible fp32
         norm, p = 2 only).
+    norm_dtype: the format the norms are rounded into, once, by the
+        library: "float64" (default), "float32", "bfloat16", "float16", or
+        "grads" (the tensors' dtype as torch promotes it, over all tensors
+        of all ranks: what torch.nn.utils.get_total_norm returns). p = 2
+        and 1 are rounded from the exact sum (never the fp64 norm rounded
+        again); with a comm every rank gets the same bits, with no extra
+        collective.
 
-    Returns a Python float (the correctly rounded fp64 norm), or a tuple
-    with the group norms when ``groups`` is given.
+    Returns a Python float (the correctly rounded norm, a value of
+    ``norm_dtype``), or a tuple with the group norms when ``groups`` is
+    given.
     """
     buckets, names, namer = _bucket(tensors, groups, group_names, None)
     fn, rank = _comm_args(comm)
     fl = _option(_FLAVORS, flavor, "flavor")
+    nd = _norm_dtype(norm_dtype)
     try:
         with _core.Views(buckets) as views:
             _join_legacy_stream(views)
-            total, gn = views.norm(float(norm_type), bool(error_if_nonfinite), int(num_threads),
-                                   fl, fn, rank, -1, groups is not None, 0)
+            total, gn, _ = views.norm(float(norm_type), bool(error_if_nonfinite), int(num_threads),
+                                   fl, fn, rank, -1, groups is not None, nd)
     except Error as e:
         raise _rename(e, namer, rank if fn else None)
     if groups is None:
@@ -307,10 +360,11 @@ def total_norm(tensors, norm_type=2.0, error_if_nonfinite=False, groups=None, *,
 
 def clip_grad_norm(tensors, max_norm, norm_type=2.0, error_if_nonfinite=False, groups=None, *,
                    unowned=None, group_names=None, comm=None, eps=1e-6, formula="torch",
-                   scale_mode="torch", num_threads=0, flavor="exact"):
+                   scale_mode="torch", num_threads=0, flavor="exact", norm_dtype="float64"):
     """Clip the gradients ``tensors`` in place by their exact global norm.
 
-    The norm is :func:`total_norm`'s; then, if ``max_norm > 0``,
+    The norm is :func:`total_norm`'s (in ``norm_dtype``, from which the
+    coefficient is computed); then, if ``max_norm > 0``,
     ``coef = min(1, max_norm / (total + eps))`` (``formula="torch"``) or
     ``max_norm / max(total, max_norm)`` (``formula="max"``), and every
     tensor (including ``unowned``: tensors this rank holds but another rank
@@ -329,19 +383,21 @@ def clip_grad_norm(tensors, max_norm, norm_type=2.0, error_if_nonfinite=False, g
     fl = _option(_FLAVORS, flavor, "flavor")
     mode = _option(_SCALE_MODES, scale_mode, "scale_mode")
     form = _option(_FORMULAS, formula, "formula")
+    nd = _norm_dtype(norm_dtype)
     max_norm = float(max_norm)
     try:
         with _core.Views(buckets) as views:
             _join_legacy_stream(views)
             if groups is None and unowned is None:
                 total, _ = views.clip(max_norm, float(norm_type), bool(error_if_nonfinite),
-                                      int(num_threads), fl, mode, float(eps), form, fn, rank)
+                                      int(num_threads), fl, mode, float(eps), form, fn, rank,
+                                      nd)
                 return total
             ngroups = len(names) if names is not None else 1
             # checks that bx_clip_grad_norm would make before the norm
             _core.clip_coef(0.0, max_norm, float(eps), form)
-            total, gn = views.norm(float(norm_type), bool(error_if_nonfinite), int(num_threads),
-                                   fl, fn, rank, ngroups, groups is not None, 0)
+            total, gn, _ = views.norm(float(norm_type), bool(error_if_nonfinite), int(num_threads),
+                                   fl, fn, rank, ngroups, groups is not None, nd)
             coef = _core.clip_coef(total, max_norm, float(eps), form)
             if coef != coef:
                 # NaN norm without error_if_nonfinite: every element becomes

@@ -75,9 +75,39 @@ void bxpy_views_where(const Views *v, Py_ssize_t k, Py_ssize_t *g, Py_ssize_t *i
 /* The exception class of each bx_status (_core.c). */
 extern PyObject *bxpy_status_exc[BX_EINTERNAL + 1];
 
-/* Raise the exception for st with text msg; cause (stolen, may be NULL)
- * becomes its __cause__. Returns NULL. */
+/* Where an error is, as numbers: the attributes rank, group, tensor,
+ * other_group and other_tensor of the exception raised (-1: none), so that
+ * bitexact's Python code names the caller's parameters without reading the
+ * text. rank: the rank at fault (-1 unknown or no communicator); group and
+ * tensor: the tensor at fault (group -1 with a tensor: an index into the
+ * flat list of a bx_scale call); other_*: for two tensors that share
+ * memory, the second one. From the library: bx_last_error_location(). */
+typedef struct bxpy_where {
+  long long rank, group, tensor, other_group, other_tensor;
+} bxpy_where;
+#define BXPY_NOWHERE {-1, -1, -1, -1, -1}
+
+/* The where of tensor (g, i), and of two tensors (g, i) and (g2, i2). */
+static inline bxpy_where bxpy_at(Py_ssize_t g, Py_ssize_t i) {
+  bxpy_where w = {-1, g, i, -1, -1};
+  return w;
+}
+static inline bxpy_where bxpy_at2(Py_ssize_t g, Py_ssize_t i, Py_ssize_t g2, Py_ssize_t i2) {
+  bxpy_where w = {-1, g, i, g2, i2};
+  return w;
+}
+
+/* Raise the exception for st with text msg (bx_status_str(st) when empty)
+ * and location w (NULL: none); cause (stolen, may be NULL) becomes its
+ * __cause__. Returns NULL. */
+PyObject *bxpy_raise_at(bx_status st, const char *msg, PyObject *cause, const bxpy_where *w);
+/* The same without a location. */
 PyObject *bxpy_raise_status(bx_status st, const char *msg, PyObject *cause);
+/* The same with a formatted text (printf formats, no cause). */
+PyObject *bxpy_raise_fmt(bx_status st, const bxpy_where *w, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* The library's last error (bx_last_error() and its location). */
+PyObject *bxpy_raise_last(bx_status st, PyObject *cause);
 
 /* The pending Python exception as a normalised value (new reference), or
  * NULL; clears the error indicator. */
@@ -102,10 +132,6 @@ extern const int bxpy_have_cuda;
  * elsewhere; else -1 with DeviceError set (no backend in this build, no
  * device, CPU and CUDA tensors mixed, several devices). */
 int bxpy_views_check_device(Views *v);
-/* acc += sum of squares (or |x|) of t, for any tensor the library accepts:
- * kDLCUDA ones are copied to the host in pieces first (a rare path: the
- * exact tie-break of a narrower norm). Call without the GIL. */
-bx_status bxpy_acc_add(bx_acc *acc, const DLTensor *t, int squares);
 /* Views.cuda_plan(...) (a method of Views, see _cuda.c). */
 PyObject *bxpy_views_cuda_plan(Views *v, PyObject *args, PyObject *kwds);
 /* Module functions of _cuda.c and its init (the CudaPlan type); -1 on failure. */

@@ -3,7 +3,13 @@
  *
  * One job: turn Python objects that speak DLPack into borrowed DLTensor
  * views, call the C API on them with the GIL released, and turn a
- * bx_status into a Python exception carrying bx_last_error().
+ * bx_status into a Python exception carrying bx_last_error() as its text
+ * and bx_last_error_location() as integer attributes (rank, group, tensor;
+ * other_group and other_tensor for the second of two tensors sharing
+ * memory), from which bitexact's Python code names the caller's
+ * parameters. No numerics here: norms are rounded into the requested
+ * dtype by the library (bx_norm_opts.norm_dtype), overlaps are found by
+ * the library's one check (bx_check_writable).
  *
  * Views own what they exported: each DLPack capsule is consumed (renamed
  * "used_dltensor" / "used_dltensor_versioned", as the DLPack Python
@@ -19,16 +25,20 @@
  * holding n native int64 words, op is "sum" or "max"; it replaces buf's
  * contents with the all-reduced words (or returns a bytes-like object of
  * the same size holding them). The library calls it from the calling thread
- * with the GIL released; the trampoline below takes the GIL back.
+ * with the GIL released; the trampoline below takes the GIL back. It may
+ * call bitexact again (re-entry, up to BX_MAX_NESTING calls deep).
  */
 #include "_bxpy.h"
 
-#include <math.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* Not in the public header: the kernel table chosen for this CPU. */
-const char *bx_isa_name(void);
+#include "call.h"        /* src/core: a call frame around bx_check_writable */
+#include "error.h"       /* src/core: bx_error_save / bx_error_restore */
+#include "fpenv.h"       /* src/core: the library's floating-point environment */
+#include "norm_finish.h" /* src/common: bx_norm_store, a norm's bits in a dtype */
+#include "tensor.h"      /* src/core: bx_check_writable, the one overlap check */
 
 /* ------------------------------------------------------------------------
  * Exceptions: one class per bx_status, each also a builtin Python users
@@ -59,25 +69,64 @@ static const struct {
     {BX_EINTERNAL, "InternalError", "BX_EINTERNAL: a bug in bitexact, please report.", NULL},
 };
 
-PyObject *bxpy_raise_status(bx_status st, const char *msg, PyObject *cause) {
+/* The exception's attributes: status and where (see bxpy_where). */
+static const char *const where_names[5] = {"rank", "group", "tensor", "other_group",
+                                           "other_tensor"};
+
+static int set_int_attr(PyObject *exc, const char *name, long long v) {
+  PyObject *o = PyLong_FromLongLong(v);
+  int rc = o ? PyObject_SetAttrString(exc, name, o) : -1;
+  Py_XDECREF(o);
+  return rc;
+}
+
+PyObject *bxpy_raise_at(bx_status st, const char *msg, PyObject *cause, const bxpy_where *w) {
+  static const bxpy_where none = BXPY_NOWHERE;
+  if (!w) w = &none;
   PyObject *cls = st > BX_OK && st <= BX_EINTERNAL && bxpy_status_exc[st] ? bxpy_status_exc[st] : Error;
   PyObject *exc = PyObject_CallFunction(cls, "s", msg && *msg ? msg : bx_status_str(st));
-  if (exc) {
-    PyObject *code = PyLong_FromLong((long)st);
-    if (code) {
-      PyObject_SetAttrString(exc, "status", code);
-      Py_DECREF(code);
-    }
-    if (cause) PyException_SetCause(exc, cause); /* steals cause */
-    PyErr_SetObject(cls, exc);
-    Py_DECREF(exc);
-  } else {
+  if (!exc) {
     Py_XDECREF(cause);
+    return NULL;
   }
+  const long long at[5] = {w->rank, w->group, w->tensor, w->other_group, w->other_tensor};
+  int rc = set_int_attr(exc, "status", (long long)st);
+  for (int k = 0; k < 5 && rc == 0; k++) rc = set_int_attr(exc, where_names[k], at[k]);
+  if (rc < 0) { /* out of memory: that error instead */
+    Py_DECREF(exc);
+    Py_XDECREF(cause);
+    return NULL;
+  }
+  if (cause) PyException_SetCause(exc, cause); /* steals cause */
+  PyErr_SetObject(cls, exc);
+  Py_DECREF(exc);
   return NULL;
 }
 
-static PyObject *raise_last(bx_status st) { return bxpy_raise_status(st, bx_last_error(), NULL); }
+PyObject *bxpy_raise_status(bx_status st, const char *msg, PyObject *cause) {
+  return bxpy_raise_at(st, msg, cause, NULL);
+}
+
+PyObject *bxpy_raise_fmt(bx_status st, const bxpy_where *w, const char *fmt, ...) {
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  PyOS_vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  return bxpy_raise_at(st, msg, NULL, w);
+}
+
+/* bx_last_error_location() as a bxpy_where (no second tensor). */
+static bxpy_where last_where(void) {
+  const bx_error_location *loc = bx_last_error_location();
+  bxpy_where w = {loc->rank, loc->group, loc->tensor, -1, -1};
+  return w;
+}
+
+PyObject *bxpy_raise_last(bx_status st, PyObject *cause) {
+  bxpy_where w = last_where();
+  return bxpy_raise_at(st, bx_last_error(), cause, &w);
+}
 
 PyObject *bxpy_take_exception(void) {
   PyObject *t, *v, *tb;
@@ -131,13 +180,6 @@ static int pycomm_allreduce(int64_t *buf, size_t n, bx_op op, void *ctx) {
   Py_XDECREF(ba);
   PyGILState_Release(gil);
   return rc;
-}
-
-/* After a failed call: raise, with the callback's exception as cause. */
-static PyObject *raise_call(bx_status st, pycomm *pc) {
-  PyObject *cause = pc ? pc->error : NULL;
-  if (pc) pc->error = NULL;
-  return bxpy_raise_status(st, bx_last_error(), cause);
 }
 
 /* ------------------------------------------------------------------------
@@ -230,214 +272,227 @@ fail:
 }
 
 static int views_check(Views *v) {
-  if (v->released) {
-    PyErr_SetString(bxpy_status_exc[BX_EINVAL], "these views were released");
-    return -1;
-  }
-  if (v->busy) {
-    PyErr_SetString(bxpy_status_exc[BX_EINVAL], "these views are in use by another thread");
+  if (v->released || v->busy) {
+    bxpy_raise_status(BX_EINVAL, v->released ? "these views were released"
+                                             : "these views are in use by another thread",
+                      NULL);
     return -1;
   }
   return 0;
 }
 
-/* Before writing: refuse read-only exports and producer-made copies. */
+/* Before writing: refuse read-only exports and producer-made copies (the
+ * DLPack flags: the library never sees them). */
 static int views_check_writable(Views *v) {
   Py_ssize_t k = 0;
   for (Py_ssize_t g = 0; g < v->ngroups; g++)
     for (size_t i = 0; i < v->groups[g].count; i++, k++) {
+      bxpy_where w = bxpy_at(g, (Py_ssize_t)i);
       if (v->own[k].flags & BXPY_FLAG_READ_ONLY) {
-        PyErr_Format(bxpy_status_exc[BX_EINVAL],
-                     "group %zd, tensor %zu is read-only (its producer exported it "
-                     "with the DLPack read-only flag); nothing was modified",
-                     g, i);
+        bxpy_raise_fmt(BX_EINVAL, &w,
+                       "group %zd, tensor %zu is read-only (its producer exported it "
+                       "with the DLPack read-only flag); nothing was modified",
+                       g, i);
         return -1;
       }
       if (v->own[k].flags & BXPY_FLAG_IS_COPIED) {
-        PyErr_Format(bxpy_status_exc[BX_EINVAL],
-                     "group %zd, tensor %zu was exported as a copy (DLPack IS_COPIED), so "
-                     "scaling it in place would be lost; nothing was modified",
-                     g, i);
+        bxpy_raise_fmt(BX_EINVAL, &w,
+                       "group %zd, tensor %zu was exported as a copy (DLPack IS_COPIED), so "
+                       "scaling it in place would be lost; nothing was modified",
+                       g, i);
         return -1;
       }
     }
   return 0;
 }
 
-/* ---- memory shared between tensors to be scaled ----------------------
- * The stream-ordered CUDA scaling goes through plans of subsets of the
- * tensors (one per dtype class), each of which only sees overlaps among its
- * own tensors, and only when it is enqueued. So before enqueueing any of
- * them, bitexact.torch checks the whole call here (host-side, from the
- * DLPack metadata alone): a tensor that shares memory with another would be
- * scaled twice. The span of a tensor is the byte range its strides reach;
- * the library refuses strided-with-gaps layouts anyway, so for the tensors
- * that get this far the span is exactly their memory. */
-typedef struct span {
-  int64_t dev; /* device type and id: addresses compare within one device */
-  uintptr_t lo, hi;
-  Py_ssize_t k; /* flat index */
-} span;
+/* ---- tensors written in place: the library's one check -----------------
+ * bx_check_writable (src/core/tensor.h) validates tensors to be written
+ * (dtype, dense layout, device class) and refuses two that share a byte,
+ * naming both in its text and locating one of them. The binding calls it
+ * directly for the stream-ordered CUDA scaling (Views.check_scale_targets),
+ * which runs through several plans, each seeing only its own tensors. */
 
-static int span_cmp(const void *a, const void *b) {
-  const span *x = a, *y = b;
-  if (x->dev != y->dev) return x->dev < y->dev ? -1 : 1;
-  if (x->lo != y->lo) return x->lo < y->lo ? -1 : 1;
-  return x->k < y->k ? -1 : x->k > y->k;
-}
-
-/* 0 when no two tensors of v share memory; else -1 with LayoutError set,
- * naming the first pair found (the earlier tensor first). */
-static int views_check_disjoint(Views *v) {
-  if (v->n < 2) return 0;
-  span *sp = PyMem_Malloc((size_t)v->n * sizeof *sp);
-  if (!sp) {
-    PyErr_NoMemory();
-    return -1;
-  }
-  Py_ssize_t m = 0;
-  for (Py_ssize_t k = 0; k < v->n; k++) {
-    const DLTensor *t = &v->dl[k];
-    uint64_t es = ((uint64_t)t->dtype.bits * (t->dtype.lanes ? t->dtype.lanes : 1) + 7) / 8;
-    int64_t neg = 0, pos = 0, n = 1;
-    for (int d = 0; d < t->ndim; d++) {
-      int64_t len = t->shape ? t->shape[d] : 0;
-      if (len <= 0) n = 0;
-      if (n == 0) break;
-      n *= len;
-      if (t->strides) {
-        int64_t reach = (len - 1) * t->strides[d];
-        if (reach < 0) neg += reach;
-        else pos += reach;
-      }
-    }
-    if (n == 0 || !es) continue; /* no element: shares nothing */
-    if (!t->strides) pos = n - 1;  /* compact row-major */
-    uintptr_t base = (uintptr_t)t->data + (uintptr_t)t->byte_offset;
-    sp[m].dev = ((int64_t)t->device.device_type << 32) | (uint32_t)t->device.device_id;
-    sp[m].lo = base - (uintptr_t)((uint64_t)(-neg) * es);
-    sp[m].hi = base + (uintptr_t)(((uint64_t)pos + 1) * es);
-    sp[m].k = k;
-    m++;
-  }
-  qsort(sp, (size_t)m, sizeof *sp, span_cmp);
-  Py_ssize_t a = -1, b = -1;
-  for (Py_ssize_t j = 1; j < m; j++)
-    if (sp[j].dev == sp[j - 1].dev && sp[j].lo < sp[j - 1].hi) {
-      a = sp[j - 1].k < sp[j].k ? sp[j - 1].k : sp[j].k;
-      b = sp[j - 1].k < sp[j].k ? sp[j].k : sp[j - 1].k;
-      break;
-    }
-  PyMem_Free(sp);
-  if (a < 0) return 0;
-  Py_ssize_t ga, ia, gb, ib;
-  bxpy_views_where(v, a, &ga, &ia);
-  bxpy_views_where(v, b, &gb, &ib);
-  PyErr_Format(bxpy_status_exc[BX_ELAYOUT],
-               "group %zd, tensor %zd and group %zd, tensor %zd share memory (the same tensor "
-               "twice, or overlapping views): each element must be scaled once; nothing was "
-               "modified (a norm alone accepts them, counting shared elements twice)",
-               ga, ia, gb, ib);
-  return -1;
-}
-
-/* ---- correctly rounded norms in fp32 / bf16 / fp16 --------------------
- * bx_total_norm returns the correctly rounded fp64 norm d. Rounding d again
- * to a narrower format is correct unless d is exactly a midpoint of that
- * format (d is then a (p+1)-bit number: the true norm x may lie on either
- * side of it). Only then is the exact sum needed: its sign against d^2
- * (p = 2) or d (p = 1) decides. Every rank gets the same d, so every rank
- * takes the same branch (and the same extra collective). */
-typedef struct fmtinfo {
-  int p, emin, emax;
-} fmtinfo;
-static const fmtinfo formats[4] = {{53, -1022, 1023}, {24, -126, 127}, {8, -126, 127}, {11, -14, 15}};
-
-/* Sign of (exact sum) - (the same sum for the single value d). */
-static bx_status exact_sign(Views *v, Py_ssize_t ngroups, int squares, double d,
-                            const bx_comm *comm, int *sign) {
-  bx_acc s, t;
-  bx_status st = BX_OK;
-  bx_acc_init(&s);
-  for (Py_ssize_t g = 0; g < ngroups; g++)
-    for (size_t i = 0; i < v->groups[g].count && st == BX_OK; i++)
-      st = bxpy_acc_add(&s, &v->groups[g].tensors[i], squares); /* CUDA ones: via the host */
+/* bx_check_writable in a call frame of its own: the check uses the
+ * workspace of the innermost call of this thread, and this one may be made
+ * from a communicator callback of another call. */
+static bx_status check_writable(const char *fn, const DLTensor *flat, size_t count,
+                                const bx_group *groups, size_t ngroups, int cuda) {
+  bx_call c;
+  bx_status st = bx_call_enter(&c, fn);
   if (st != BX_OK) return st;
-  if (comm && comm->allreduce_i64((int64_t *)&s, BX_ACC_WORDS, BX_OP_SUM, comm->ctx) != 0)
-    return BX_ECOMM;
-  int64_t shape = 1;
-  DLTensor one = {&d, {kDLCPU, 0}, 1, {kDLFloat, 64, 1}, &shape, NULL, 0};
-  bx_acc_init(&t);
-  st = squares ? bx_acc_add_squares(&t, &one) : bx_acc_add_abs(&t, &one);
-  if (st == BX_OK) *sign = bx_acc_compare(&s, &t);
+  st = bx_check_writable(fn, flat, count, groups, ngroups, cuda);
+  bx_call_leave(&c);
   return st;
 }
 
-/* Round a norm d >= 0 (correctly rounded fp64) to format f, correctly. */
-static bx_status round_norm(Views *v, Py_ssize_t ngroups, double p, const bx_comm *comm,
-                            const fmtinfo *f, double d, double *out) {
-  *out = d;
-  if (f->p == 53 || !(d > 0) || isinf(d)) return BX_OK;
-  int e = ilogb(d);
-  if (e < f->emin) e = f->emin;
-  double q = ldexp(1.0, e - f->p + 1), r = fmod(d, q), lo = d - r, res;
-  if (r > q / 2) res = lo + q;
-  else if (r < q / 2) res = lo;
-  else {
-    int sign = 0;
-    if (p == 2.0 || p == 1.0) {
-      bx_status st = exact_sign(v, ngroups, p == 2.0, d, comm, &sign);
-      if (st != BX_OK) return st;
-    }
-    if (sign > 0) res = lo + q;
-    else if (sign < 0) res = lo;
-    else res = fmod(lo / q, 2.0) == 0.0 ? lo : lo + q; /* ties to even */
+/* After BX_ELAYOUT located at *w (a tensor of v; group -1: v's flat
+ * numbering, as bx_scale's): if that tensor is fine alone, it shares memory
+ * with another, which the library's text names too; put that one into
+ * w->other_*, found by the same check on pairs. The library sorts the
+ * tensors (by address, then position), names the first adjacent pair
+ * (a, b) that overlaps and locates b; a is the only tensor overlapping b
+ * that sorts before it (those before b are disjoint from each other, so
+ * only the last reaches b), and a check of a pair locates b exactly when
+ * the other tensor sorts first. Failure path only: n checks of two. The
+ * library's last error is left as it was. */
+static void find_partner(const Views *v, bxpy_where *w) {
+  Py_ssize_t k;
+  if (w->tensor < 0) return;
+  if (w->group >= 0) {
+    if (w->group >= v->ngroups || (size_t)w->tensor >= v->groups[w->group].count) return;
+    k = (Py_ssize_t)(v->groups[w->group].tensors - v->dl) + (Py_ssize_t)w->tensor;
+  } else {
+    if (w->tensor >= v->n) return;
+    k = (Py_ssize_t)w->tensor;
   }
-  if (res > ldexp(2.0 - ldexp(1.0, 1 - f->p), f->emax)) res = INFINITY;
-  *out = res;
-  return BX_OK;
+  int cuda = v->dl[k].device.device_type == kDLCUDA;
+  bx_error_saved saved;
+  bx_error_save(&saved);
+  if (check_writable("", &v->dl[k], 1, NULL, 0, cuda) == BX_OK) {
+    for (Py_ssize_t j = 0; j < v->n; j++) {
+      if (j == k || (v->dl[j].device.device_type == kDLCUDA) != cuda) continue;
+      DLTensor pair[2] = {v->dl[j < k ? j : k], v->dl[j < k ? k : j]};
+      if (check_writable("", pair, 2, NULL, 0, cuda) == BX_ELAYOUT &&
+          bx_last_error_location()->tensor == (j < k ? 1 : 0)) {
+        Py_ssize_t g, i;
+        bxpy_views_where(v, j, &g, &i);
+        w->other_group = w->group >= 0 ? g : -1;
+        w->other_tensor = w->group >= 0 ? i : j;
+        break;
+      }
+    }
+  }
+  bx_error_restore(&saved);
+}
+
+/* After a failed call on v: raise bx_last_error() with its location (and
+ * the second tensor of an overlap), the callback's exception as cause.
+ * rank: this rank (-1 without a communicator): locations on other ranks
+ * are not in v. */
+static PyObject *raise_call(Views *v, bx_status st, pycomm *pc, int rank) {
+  PyObject *cause = pc ? pc->error : NULL;
+  if (pc) pc->error = NULL;
+  bxpy_where w = last_where();
+  if (st == BX_ELAYOUT && (w.rank < 0 || w.rank == rank)) find_partner(v, &w);
+  return bxpy_raise_at(st, bx_last_error(), cause, &w);
+}
+
+/* 0 when every tensor of v may be written in place by one call; else -1
+ * with the library's error raised. Views holding host and CUDA tensors are
+ * checked once per device class, the other class's tensors replaced by
+ * empty placeholders of this one, so that positions (and so the library's
+ * text and location) stay v's. */
+static int views_check_targets(Views *v, const char *fn) {
+  static int64_t zero_shape[1] = {0};
+  int mixed = v->ncuda > 0 && v->ncuda < v->n;
+  DLTensor *alt = NULL;
+  bx_group *alt_groups = NULL;
+  bx_status st = BX_OK;
+  if (mixed) {
+    alt = PyMem_Malloc((size_t)v->n * sizeof *alt);
+    alt_groups = PyMem_Malloc((size_t)(v->ngroups ? v->ngroups : 1) * sizeof *alt_groups);
+    if (!alt || !alt_groups) {
+      PyMem_Free(alt);
+      PyMem_Free(alt_groups);
+      PyErr_NoMemory();
+      return -1;
+    }
+    for (Py_ssize_t g = 0; g < v->ngroups; g++) {
+      alt_groups[g].tensors = alt + (v->groups[g].tensors - v->dl);
+      alt_groups[g].count = v->groups[g].count;
+    }
+  }
+  for (int cuda = 0; cuda < 2 && st == BX_OK; cuda++) {
+    if ((cuda ? v->ncuda : v->n - v->ncuda) == 0) continue;
+    if (!mixed) {
+      st = check_writable(fn, NULL, 0, v->groups, (size_t)v->ngroups, cuda);
+      continue;
+    }
+    for (Py_ssize_t k = 0; k < v->n; k++) {
+      if ((v->dl[k].device.device_type == kDLCUDA) == cuda) {
+        alt[k] = v->dl[k];
+      } else {
+        DLTensor empty = {NULL, {cuda ? kDLCUDA : kDLCPU, 0}, 1, {kDLFloat, 32, 1},
+                          zero_shape, NULL, 0};
+        alt[k] = empty;
+      }
+    }
+    st = check_writable(fn, NULL, 0, alt_groups, (size_t)v->ngroups, cuda);
+  }
+  PyMem_Free(alt);
+  PyMem_Free(alt_groups);
+  if (st == BX_OK) return 0;
+  raise_call(v, st, NULL, -1);
+  return -1;
+}
+
+/* The bits of a norm v of the format norm_dtype names (a value of that
+ * format, as the library returned it), as the signed integer of the same
+ * size (torch: int64/int32/int16, viewed as the float dtype), or None for
+ * BX_NORM_GRADS. Stored by the library's own code in its floating-point
+ * environment: the caller's may flush subnormals (torch.set_flush_denormal
+ * sets FTZ/DAZ, under which converting v to fp32 in C or Python or torch
+ * would give 0). */
+static PyObject *norm_bits(double v, int norm_dtype) {
+  static const int codes[5] = {BX_DT_F64, -1, BX_DT_F32, BX_DT_BF16, BX_DT_F16};
+  int code = norm_dtype >= 0 && norm_dtype <= 4 ? codes[norm_dtype] : -1;
+  if (code < 0) Py_RETURN_NONE;
+  unsigned char out[8];
+  bx_fpenv saved;
+  bx_fpenv_enter(&saved);
+  bx_norm_store(code, out, v);
+  bx_fpenv_leave(&saved);
+  int64_t b64;
+  int32_t b32;
+  int16_t b16;
+  switch (code) {
+    case BX_DT_F64: memcpy(&b64, out, 8); return PyLong_FromLongLong((long long)b64);
+    case BX_DT_F32: memcpy(&b32, out, 4); return PyLong_FromLong((long)b32);
+    default: memcpy(&b16, out, 2); return PyLong_FromLong((long)b16);
+  }
 }
 
 /* Views.norm(norm_type=2.0, error_if_nonfinite=False, num_threads=0,
  *            flavor=0, comm=None, rank=0, ngroups=-1, group_norms=False,
- *            out_format=0) -> (total, [group norms] or None)
- * ngroups: use only the first ngroups groups (-1: all). out_format: 0 fp64,
- * 1 fp32, 2 bf16, 3 fp16 — total is then the correctly rounded norm in that
- * format (as a float whose value the format holds exactly). */
+ *            norm_dtype=0) -> (total, [group norms] or None, bits):
+ * bx_total_norm. ngroups: use only the first ngroups groups (-1: all).
+ * norm_dtype: the bx_norm_dtype (0 fp64, 1 the gradients' dtype as torch
+ * promotes it over all ranks, 2 fp32, 3 bf16, 4 fp16): the norms are
+ * rounded once into it by the library (floats holding that format's values
+ * exactly); bits: total's bit pattern in that format (norm_bits; None for
+ * 1), from which bitexact.torch makes its tensor without a conversion. */
 static PyObject *Views_norm(Views *v, PyObject *args, PyObject *kwds) {
   static char *kwlist[] = {"norm_type", "error_if_nonfinite", "num_threads", "flavor", "comm",
-                           "rank", "ngroups", "group_norms", "out_format", NULL};
+                           "rank", "ngroups", "group_norms", "norm_dtype", NULL};
   bx_norm_opts o = BX_NORM_OPTS_DEFAULT;
-  int flavor = 0, rank = 0, want_groups = 0, fmt = 0;
+  int flavor = 0, rank = 0, want_groups = 0, norm_dtype = 0;
   Py_ssize_t ng = -1;
   PyObject *comm_fn = Py_None;
   if (!PyArg_ParseTupleAndKeywords(args, kwds, "|dpiiOinpi:norm", kwlist, &o.norm_type,
                                    &o.error_if_nonfinite, &o.num_threads, &flavor, &comm_fn,
-                                   &rank, &ng, &want_groups, &fmt))
+                                   &rank, &ng, &want_groups, &norm_dtype))
     return NULL;
   if (views_check(v) < 0 || bxpy_views_check_device(v) < 0) return NULL;
   if (ng < 0 || ng > v->ngroups) ng = v->ngroups;
-  if (fmt < 0 || fmt > 3) return bxpy_raise_status(BX_EINVAL, "out_format must be 0..3", NULL);
   o.flavor = (bx_norm_flavor)flavor;
+  o.norm_dtype = (bx_norm_dtype)norm_dtype; /* checked by the library */
   pycomm pc = {comm_fn, NULL};
   bx_comm comm = {.allreduce_i64 = pycomm_allreduce, .ctx = &pc, .rank = rank};
   const bx_comm *cp = comm_fn == Py_None ? NULL : &comm;
   double *gn = want_groups && ng ? PyMem_Malloc((size_t)ng * sizeof(double)) : NULL;
   if (want_groups && ng && !gn) return PyErr_NoMemory();
-  double total = 0, rounded = 0;
+  double total = 0;
   bx_status st;
   v->busy = 1;
   Py_BEGIN_ALLOW_THREADS
   st = bx_total_norm(v->groups, (size_t)ng, cp, &o, &total, gn);
-  if (st == BX_OK)
-    st = round_norm(v, ng, o.flavor == BX_EXACT ? o.norm_type : -1.0, cp, &formats[fmt], total,
-                    &rounded);
   Py_END_ALLOW_THREADS
   v->busy = 0;
-  PyObject *res = NULL, *list = Py_None;
+  PyObject *res = NULL, *list = Py_None, *bits;
   Py_INCREF(Py_None);
   if (st != BX_OK) {
-    raise_call(st, &pc);
+    raise_call(v, st, &pc, cp ? rank : -1);
     goto done;
   }
   if (gn) {
@@ -450,7 +505,10 @@ static PyObject *Views_norm(Views *v, PyObject *args, PyObject *kwds) {
     list = PyList_New(0);
     if (!list) goto done;
   }
-  res = Py_BuildValue("(dO)", rounded, list);
+  bits = norm_bits(total, norm_dtype);
+  if (!bits) goto done;
+  res = Py_BuildValue("(dNN)", total, list, bits);
+  list = NULL; /* stolen by "N" (also when building fails) */
 done:
   Py_XDECREF(pc.error);
   Py_XDECREF(list);
@@ -458,7 +516,8 @@ done:
   return res;
 }
 
-/* Views.scale(coef, mode=0, num_threads=0): every tensor *= coef. */
+/* Views.scale(coef, mode=0, num_threads=0): every tensor *= coef
+ * (bx_scale over the flat list: its errors locate tensors by flat index). */
 static PyObject *Views_scale(Views *v, PyObject *args, PyObject *kwds) {
   static char *kwlist[] = {"coef", "mode", "num_threads", NULL};
   double coef;
@@ -476,53 +535,60 @@ static PyObject *Views_scale(Views *v, PyObject *args, PyObject *kwds) {
   st = bx_scale(v->dl, (size_t)v->n, coef, &o);
   Py_END_ALLOW_THREADS
   v->busy = 0;
-  if (st != BX_OK) return raise_last(st);
+  if (st != BX_OK) return raise_call(v, st, NULL, -1);
   Py_RETURN_NONE;
 }
 
 /* Views.clip(max_norm, norm_type=2.0, error_if_nonfinite=False,
  *            num_threads=0, flavor=0, scale_mode=0, eps=1e-6, formula=0,
- *            comm=None, rank=0) -> (total, coef): bx_clip_grad_norm. */
+ *            comm=None, rank=0, norm_dtype=0) -> (total, coef):
+ * bx_clip_grad_norm (norm_dtype as for Views.norm: the coefficient is
+ * computed from the norm in that format). */
 static PyObject *Views_clip(Views *v, PyObject *args, PyObject *kwds) {
   static char *kwlist[] = {"max_norm", "norm_type", "error_if_nonfinite", "num_threads",
-                           "flavor", "scale_mode", "eps", "formula", "comm", "rank", NULL};
+                           "flavor", "scale_mode", "eps", "formula", "comm", "rank",
+                           "norm_dtype", NULL};
   bx_clip_opts o = BX_CLIP_OPTS_DEFAULT;
   double max_norm;
-  int flavor = 0, mode = 0, formula = 0, rank = 0;
+  int flavor = 0, mode = 0, formula = 0, rank = 0, norm_dtype = 0;
   PyObject *comm_fn = Py_None;
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, "d|dpiiidiOi:clip", kwlist, &max_norm,
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "d|dpiiidiOii:clip", kwlist, &max_norm,
                                    &o.norm.norm_type, &o.norm.error_if_nonfinite,
                                    &o.norm.num_threads, &flavor, &mode, &o.eps, &formula,
-                                   &comm_fn, &rank))
+                                   &comm_fn, &rank, &norm_dtype))
     return NULL;
   if (views_check(v) < 0 || views_check_writable(v) < 0 || bxpy_views_check_device(v) < 0)
     return NULL;
   o.norm.flavor = (bx_norm_flavor)flavor;
+  o.norm.norm_dtype = (bx_norm_dtype)norm_dtype;
   o.scale.mode = (bx_scale_mode)mode;
   o.scale.num_threads = o.norm.num_threads;
   o.formula = (bx_coef_formula)formula;
   pycomm pc = {comm_fn, NULL};
   bx_comm comm = {.allreduce_i64 = pycomm_allreduce, .ctx = &pc, .rank = rank};
+  const bx_comm *cp = comm_fn == Py_None ? NULL : &comm;
   double total = 0, coef = 1;
   bx_status st;
   v->busy = 1;
   Py_BEGIN_ALLOW_THREADS
-  st = bx_clip_grad_norm(v->groups, (size_t)v->ngroups, comm_fn == Py_None ? NULL : &comm,
-                         max_norm, &o, &total, &coef);
+  st = bx_clip_grad_norm(v->groups, (size_t)v->ngroups, cp, max_norm, &o, &total, &coef);
   Py_END_ALLOW_THREADS
   v->busy = 0;
-  if (st != BX_OK) return raise_call(st, &pc);
+  if (st != BX_OK) return raise_call(v, st, &pc, cp ? rank : -1);
   Py_XDECREF(pc.error);
   return Py_BuildValue("(dd)", total, coef);
 }
 
 /* Views.check_scale_targets(): raise unless every tensor may be scaled in
- * place by one call: writable exports (not read-only, not copies) and no
- * two tensors sharing memory (LayoutError naming both). Host-side only;
+ * place by one call: writable exports (not read-only, not copies), each
+ * valid for writing and no two sharing memory (bx_check_writable: a
+ * LayoutError naming both, located by the exception's group, tensor,
+ * other_group and other_tensor). Host-side only (DLPack metadata);
  * bitexact.torch calls it before enqueueing a stream-ordered scaling. */
 static PyObject *Views_check_scale_targets(Views *v, PyObject *unused) {
   (void)unused;
-  if (views_check(v) < 0 || views_check_writable(v) < 0 || views_check_disjoint(v) < 0)
+  if (views_check(v) < 0 || views_check_writable(v) < 0 ||
+      views_check_targets(v, "check_scale_targets") < 0)
     return NULL;
   Py_RETURN_NONE;
 }
@@ -633,7 +699,7 @@ static PyObject *mod_clip_coef(PyObject *self, PyObject *args, PyObject *kwds) {
     return NULL;
   o.formula = (bx_coef_formula)formula;
   bx_status st = bx_clip_coef(total, max_norm, &o, &coef);
-  if (st != BX_OK) return raise_last(st);
+  if (st != BX_OK) return bxpy_raise_last(st, NULL);
   return PyFloat_FromDouble(coef);
 }
 
@@ -677,9 +743,19 @@ PyMODINIT_FUNC PyInit__core(void) {
   if (PyType_Ready(&ViewsType) < 0) goto fail;
   Py_INCREF(&ViewsType);
   if (PyModule_AddObject(m, "Views", (PyObject *)&ViewsType) < 0) goto fail;
+  /* class defaults of the attributes every raised instance sets */
+  PyObject *defaults = Py_BuildValue("{sOsisisisisi}", "status", Py_None, "rank", -1, "group",
+                                     -1, "tensor", -1, "other_group", -1, "other_tensor", -1);
+  if (!defaults) goto fail;
   Error = PyErr_NewExceptionWithDoc(
-      "bitexact.Error", "Base of bitexact's errors (a RuntimeError); .status is the bx_status.",
-      PyExc_RuntimeError, NULL);
+      "bitexact.Error",
+      "Base of bitexact's errors (a RuntimeError). Attributes: status (the bx_status), and "
+      "where the error is, as integers (-1: none): rank (the rank at fault: this one for a "
+      "local failure, else the lowest failing rank), group and tensor (the tensor at fault: "
+      "its group and index there, or group -1 and its index in a flat list), other_group and "
+      "other_tensor (the second of two tensors that share memory).",
+      PyExc_RuntimeError, defaults);
+  Py_DECREF(defaults);
   if (!Error || PyModule_AddObjectRef(m, "Error", Error) < 0) goto fail;
   for (size_t k = 0; k < sizeof exc_table / sizeof exc_table[0]; k++) {
     char qual[96];

@@ -29,7 +29,9 @@
  * the whole call first (Views.check_scale_targets, _core.c).
  *
  * The norm can be written in the gradients' dtype (norm_async_dtype:
- * bx_cuda_norm_async_dtype, for p = 2 and 1 the exact value rounded once).
+ * bx_cuda_norm_async_dtype): every norm rounded once into it on the device
+ * by the library's finish, the code the CPU path runs (p = 2 and 1 from
+ * the exact sum), so the bits are the CPU's; nothing is rounded here.
  *
  * The CUDA calls here use this extension's own (static) CUDA runtime; its
  * streams, events and device pointers are the driver's, shared with every
@@ -55,7 +57,8 @@ const int bxpy_have_cuda = 0;
   "this build of bitexact has no CUDA backend (it was built without nvcc; reinstall " \
   "with nvcc on PATH or CUDA_HOME set, and BITEXACT_CUDA=1 to insist)"
 
-/* Raise status st with a formatted message. Returns -1. */
+/* Raise status st with a formatted message (no location). Returns -1. */
+static int fail(bx_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static int fail(bx_status st, const char *fmt, ...) {
   char msg[1024];
   va_list ap;
@@ -70,71 +73,42 @@ int bxpy_views_check_device(Views *v) {
   if (v->ncuda == 0) return 0;
   Py_ssize_t g, i, g2, i2;
   bxpy_views_where(v, v->first_cuda, &g, &i);
-  if (!bxpy_have_cuda)
-    return fail(BX_EDEVICE, "group %zd, tensor %zd: a CUDA tensor (device type %d, cuda:%d), but %s",
-                g, i, (int)kDLCUDA, v->cuda_device, NO_BACKEND);
+  bxpy_where w = bxpy_at(g, i);
+  if (!bxpy_have_cuda) {
+    bxpy_raise_fmt(BX_EDEVICE, &w,
+                   "group %zd, tensor %zd: a CUDA tensor (device type %d, cuda:%d), but %s", g, i,
+                   (int)kDLCUDA, v->cuda_device, NO_BACKEND);
+    return -1;
+  }
   if (v->first_host >= 0) {
     bxpy_views_where(v, v->first_host, &g2, &i2);
     const DLTensor *h = &v->dl[v->first_host];
-    return fail(BX_EDEVICE,
-                "group %zd, tensor %zd is on cuda:%d and group %zd, tensor %zd is not (device "
-                "type %d): one call takes the tensors of one device (all on the CPU, or all "
-                "on one GPU)",
-                g, i, v->cuda_device, g2, i2, (int)h->device.device_type);
+    w = bxpy_at2(g, i, g2, i2);
+    bxpy_raise_fmt(BX_EDEVICE, &w,
+                   "group %zd, tensor %zd is on cuda:%d and group %zd, tensor %zd is not "
+                   "(device type %d): one call takes the tensors of one device (all on the "
+                   "CPU, or all on one GPU)",
+                   g, i, v->cuda_device, g2, i2, (int)h->device.device_type);
+    return -1;
   }
   if (v->other_cuda >= 0) {
     bxpy_views_where(v, v->other_cuda, &g2, &i2);
-    return fail(BX_EDEVICE,
-                "group %zd, tensor %zd is on cuda:%d and group %zd, tensor %zd on cuda:%d: one "
-                "call takes the tensors of one GPU",
-                g, i, v->cuda_device, g2, i2, v->dl[v->other_cuda].device.device_id);
+    w = bxpy_at2(g, i, g2, i2);
+    bxpy_raise_fmt(BX_EDEVICE, &w,
+                   "group %zd, tensor %zd is on cuda:%d and group %zd, tensor %zd on cuda:%d: "
+                   "one call takes the tensors of one GPU",
+                   g, i, v->cuda_device, g2, i2, v->dl[v->other_cuda].device.device_id);
+    return -1;
   }
 #if BX_HAVE_CUDA
   bx_status st = bx_cuda_available();
-  if (st != BX_OK)
-    return fail(BX_EDEVICE, "group %zd, tensor %zd: a CUDA tensor (cuda:%d), but %s", g, i,
-                v->cuda_device, bx_last_error()[0] ? bx_last_error() : bx_status_str(st));
+  if (st != BX_OK) {
+    bxpy_raise_fmt(BX_EDEVICE, &w, "group %zd, tensor %zd: a CUDA tensor (cuda:%d), but %s", g,
+                   i, v->cuda_device, bx_last_error()[0] ? bx_last_error() : bx_status_str(st));
+    return -1;
+  }
 #endif
   return 0;
-}
-
-#if BX_HAVE_CUDA
-/* The elements of a dense tensor (the library validated it: positive
- * strides, no gaps) copied to the host in pieces of at most 64 MiB. */
-static bx_status acc_add_from_device(bx_acc *acc, const DLTensor *t, int squares) {
-  size_t esize = (size_t)t->dtype.bits / 8, n = 1;
-  for (int d = 0; d < t->ndim; d++) n *= (size_t)t->shape[d];
-  if (n == 0) return BX_OK;
-  const size_t piece = ((size_t)64 << 20) / esize; /* elements per copy */
-  void *buf = malloc((n < piece ? n : piece) * esize);
-  if (!buf) return BX_ENOMEM;
-  int prev = 0;
-  cudaGetDevice(&prev);
-  cudaSetDevice(t->device.device_id);
-  const char *src = (const char *)t->data + t->byte_offset;
-  bx_status st = BX_OK;
-  for (size_t at = 0; at < n && st == BX_OK; at += piece) {
-    int64_t m = (int64_t)(n - at < piece ? n - at : piece);
-    if (cudaMemcpy(buf, src + at * esize, (size_t)m * esize, cudaMemcpyDeviceToHost) !=
-        cudaSuccess) {
-      cudaGetLastError();
-      st = BX_EDEVICE;
-      break;
-    }
-    DLTensor h = {buf, {kDLCPU, 0}, 1, t->dtype, &m, NULL, 0};
-    st = squares ? bx_acc_add_squares(acc, &h) : bx_acc_add_abs(acc, &h);
-  }
-  cudaSetDevice(prev);
-  free(buf);
-  return st;
-}
-#endif
-
-bx_status bxpy_acc_add(bx_acc *acc, const DLTensor *t, int squares) {
-#if BX_HAVE_CUDA
-  if (t->device.device_type == kDLCUDA) return acc_add_from_device(acc, t, squares);
-#endif
-  return squares ? bx_acc_add_squares(acc, t) : bx_acc_add_abs(acc, t);
 }
 
 /* ------------------------------------------------------------------------
@@ -211,7 +185,7 @@ static void record_after(CudaPlan *p, cudaStream_t s, int cap) {
   }
 }
 
-static PyObject *enqueue_failed(bx_status st) { return bxpy_raise_status(st, bx_last_error(), NULL); }
+static PyObject *enqueue_failed(bx_status st) { return bxpy_raise_last(st, NULL); }
 
 /* CudaPlan.norm_async(stream, d_total, d_group_norms=0, d_status=0) */
 static PyObject *CudaPlan_norm_async(CudaPlan *p, PyObject *args, PyObject *kwds) {
@@ -230,29 +204,29 @@ static PyObject *CudaPlan_norm_async(CudaPlan *p, PyObject *args, PyObject *kwds
   Py_RETURN_NONE;
 }
 
-/* CudaPlan.norm_async_dtype(stream, out_format, d_total, d_status=0):
- * bx_cuda_norm_async_dtype, the total norm written at d_total in
- * out_format (Views.norm's numbering: 0 float64, 1 float32, 2 bfloat16,
- * 3 float16). For p = 2 and 1 it is the exact norm rounded once into that
- * format; other norms: the fp64 value converted through fp32. */
+/* CudaPlan.norm_async_dtype(stream, norm_dtype, d_total, d_status=0):
+ * bx_cuda_norm_async_dtype, the total norm written at d_total in the
+ * format norm_dtype names (Views.norm's numbering, bx_norm_dtype: 0
+ * float64, 2 float32, 3 bfloat16, 4 float16), rounded once into it on the
+ * device by the library's finish (the CPU's code: the same bits). */
 static PyObject *CudaPlan_norm_async_dtype(CudaPlan *p, PyObject *args, PyObject *kwds) {
-  static char *kwlist[] = {"stream", "out_format", "d_total", "d_status", NULL};
-  static const DLDataType dts[4] = {
-      {kDLFloat, 64, 1}, {kDLFloat, 32, 1}, {kDLBfloat, 16, 1}, {kDLFloat, 16, 1}};
+  static char *kwlist[] = {"stream", "norm_dtype", "d_total", "d_status", NULL};
+  static const DLDataType dts[5] = {{kDLFloat, 64, 1}, {0, 0, 0}, {kDLFloat, 32, 1},
+                                    {kDLBfloat, 16, 1}, {kDLFloat, 16, 1}};
   unsigned long long stream, total, status = 0;
-  int fmt;
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, "KiK|K:norm_async_dtype", kwlist, &stream, &fmt,
+  int nd;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "KiK|K:norm_async_dtype", kwlist, &stream, &nd,
                                    &total, &status))
     return NULL;
-  if (fmt < 0 || fmt > 3)
+  if (nd < 0 || nd > 4 || nd == BX_NORM_GRADS)
     return bxpy_raise_status(BX_EINVAL,
-                             "norm_async_dtype: out_format must be 0 (float64), 1 (float32), "
-                             "2 (bfloat16) or 3 (float16)",
+                             "norm_async_dtype: norm_dtype must be 0 (float64), 2 (float32), "
+                             "3 (bfloat16) or 4 (float16)",
                              NULL);
   cudaStream_t s = (cudaStream_t)(uintptr_t)stream;
   int cap;
   if (join_before(p, s, &cap) < 0) return NULL;
-  bx_status st = bx_cuda_norm_async_dtype(p->plan, s, dts[fmt], (void *)(uintptr_t)total,
+  bx_status st = bx_cuda_norm_async_dtype(p->plan, s, dts[nd], (void *)(uintptr_t)total,
                                           (int32_t *)(uintptr_t)status);
   if (st != BX_OK) return enqueue_failed(st);
   record_after(p, s, cap);
@@ -313,8 +287,8 @@ static PyMethodDef CudaPlan_methods[] = {
      "norm_async(stream, d_total, d_group_norms=0, d_status=0): bx_cuda_norm_async"},
     {"norm_async_dtype", (PyCFunction)(void (*)(void))CudaPlan_norm_async_dtype,
      METH_VARARGS | METH_KEYWORDS,
-     "norm_async_dtype(stream, out_format, d_total, d_status=0): bx_cuda_norm_async_dtype "
-     "(out_format: 0 float64, 1 float32, 2 bfloat16, 3 float16)"},
+     "norm_async_dtype(stream, norm_dtype, d_total, d_status=0): bx_cuda_norm_async_dtype "
+     "(norm_dtype: 0 float64, 2 float32, 3 bfloat16, 4 float16)"},
     {"clip_async", (PyCFunction)(void (*)(void))CudaPlan_clip_async,
      METH_VARARGS | METH_KEYWORDS,
      "clip_async(max_norm, stream, d_total, d_coef=0, d_status=0): bx_cuda_clip_async"},
@@ -459,7 +433,7 @@ PyObject *bxpy_views_cuda_plan(Views *v, PyObject *args, PyObject *kwds) {
   o.scale.mode = (bx_scale_mode)mode;
   o.formula = (bx_coef_formula)formula;
   if (v->released || v->busy) {
-    fail(BX_EINVAL, v->released ? "these views were released"
+    fail(BX_EINVAL, "%s", v->released ? "these views were released"
                                 : "these views are in use by another thread");
     return NULL;
   }
@@ -533,7 +507,13 @@ PyObject *bxpy_views_cuda_plan(Views *v, PyObject *args, PyObject *kwds) {
   Py_END_ALLOW_THREADS
   v->busy = 0;
   if (st != BX_OK) {
-    bxpy_raise_status(st, bx_last_error(), NULL);
+    if (mask) { /* positions in the plan's one group of picked tensors are not v's: dropped
+                   (the scaling checked every tensor first, Views.check_scale_targets) */
+      bxpy_where w = {bx_last_error_location()->rank, -1, -1, -1, -1};
+      bxpy_raise_at(st, bx_last_error(), NULL, &w);
+    } else {
+      bxpy_raise_last(st, NULL);
+    }
     Py_CLEAR(p); /* plan is NULL: destroy(NULL) is allowed */
     goto done;
   }

@@ -37,11 +37,11 @@ static PyObject *capsule_of(PyObject *obj, Py_ssize_t g, Py_ssize_t i) {
   PyObject *meth = PyObject_GetAttr(obj, str_dlpack);
   if (!meth) {
     PyErr_Clear();
-    PyErr_Format(bxpy_status_exc[BX_EDTYPE],
-                 "group %zd, tensor %zd: an object of type %.200s is not a tensor "
-                 "(it has no __dlpack__ method)",
-                 g, i, Py_TYPE(obj)->tp_name);
-    return NULL;
+    bxpy_where w = bxpy_at(g, i);
+    return bxpy_raise_fmt(BX_EDTYPE, &w,
+                          "group %zd, tensor %zd: an object of type %.200s is not a tensor "
+                          "(it has no __dlpack__ method)",
+                          g, i, Py_TYPE(obj)->tp_name);
   }
   PyObject *cap = NULL;
   int legacy = PySet_Contains(legacy_types, (PyObject *)Py_TYPE(obj));
@@ -66,7 +66,8 @@ failed:;
                 g, i, text ? PyUnicode_AsUTF8(text) : "?");
   PyErr_Clear();
   Py_XDECREF(text);
-  return bxpy_raise_status(BX_EINVAL, msg, cause);
+  bxpy_where w = bxpy_at(g, i);
+  return bxpy_raise_at(BX_EINVAL, msg, cause, &w);
 }
 
 /* Export obj into *dl and *own (consuming its capsule). */
@@ -75,12 +76,13 @@ int bxpy_export_tensor(PyObject *obj, DLTensor *dl, bxpy_owner *own, Py_ssize_t 
   PyObject *cap = capsule_of(obj, g, i);
   if (!cap) return -1;
   int rc = -1;
+  bxpy_where w = bxpy_at(g, i);
   if (PyCapsule_IsValid(cap, "dltensor_versioned")) {
     bxpy_managed_v1 *m = PyCapsule_GetPointer(cap, "dltensor_versioned");
     if (m->version.major != 1) { /* unknown ABI: leave it to its producer */
-      PyErr_Format(bxpy_status_exc[BX_EINVAL],
-                   "group %zd, tensor %zd: DLPack version %u.%u is not supported (1.x is)", g, i,
-                   m->version.major, m->version.minor);
+      bxpy_raise_fmt(BX_EINVAL, &w,
+                     "group %zd, tensor %zd: DLPack version %u.%u is not supported (1.x is)", g,
+                     i, m->version.major, m->version.minor);
       goto done;
     }
     if (PyCapsule_SetName(cap, "used_dltensor_versioned") < 0) goto done;
@@ -98,10 +100,10 @@ int bxpy_export_tensor(PyObject *obj, DLTensor *dl, bxpy_owner *own, Py_ssize_t 
     *dl = m->dl_tensor;
     rc = 0;
   } else {
-    PyErr_Format(bxpy_status_exc[BX_EINVAL],
-                 "group %zd, tensor %zd: __dlpack__ returned %.100s, not an unused DLPack "
-                 "capsule (a capsule can be consumed only once)",
-                 g, i, Py_TYPE(cap)->tp_name);
+    bxpy_raise_fmt(BX_EINVAL, &w,
+                   "group %zd, tensor %zd: __dlpack__ returned %.100s, not an unused DLPack "
+                   "capsule (a capsule can be consumed only once)",
+                   g, i, Py_TYPE(cap)->tp_name);
   }
 done:
   Py_DECREF(cap);

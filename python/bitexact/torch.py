@@ -17,8 +17,13 @@ fp16/bf16/fp32 grads, bf16 for all-bf16 grads, ...); an empty list gives
   product, rounded to the grad dtype); multiplying by exactly 1 is skipped;
 - negative or NaN ``max_norm`` raises ValueError (torch would flip or NaN
   the gradients); ``norm_type`` < 0 other than -inf raises ValueError;
-- ``norm_type=0`` counts the non-zero elements of all gradients (torch's
-  total counts the gradients with a non-zero element);
+- ``norm_type=0`` counts the non-zero elements of all gradients, NaN and
+  Inf included (torch's total counts the gradients with a non-zero
+  element); like torch's, it is finite, so ``error_if_nonfinite`` never
+  raises for it (nor for ``-inf`` unless the smallest |x| is NaN or Inf);
+- the norm is the library's, rounded once into torch's dtype in C
+  (bx_norm_opts.norm_dtype), whatever floating-point environment torch set
+  (``torch.set_flush_denormal(True)`` does not change it);
 - ``foreach`` is accepted and ignored (one multi-threaded path);
 - integer, complex, sparse or strided-with-gaps gradients raise (TypeError /
   ValueError) instead of being summed; all gradients of one call must be on
@@ -32,11 +37,11 @@ after one eager warm-up call. The first call with a given set of gradient
 buffers builds a plan (bitexact_cuda.h: it allocates and synchronises);
 later calls with the same buffers and options reuse it from a small cache
 (:func:`bitexact.cuda_plan_cache`). The norm is computed on the GPU with
-the CPU path's bits, in torch's dtype: for ``norm_type`` 2 and 1 the exact
-sum's sqrt (or the sum) is rounded once into that dtype on the device
-(``bx_cuda_norm_async_dtype``; rounding the fp64 norm again could be off by
-one unit in the last place at a tie), and the other norms' fp64 value is
-rounded once, to nearest-even, into it, as on the CPU. Gradients that
+the CPU path's bits, in torch's dtype: the library rounds it once into
+that dtype on the device (``bx_cuda_norm_async_dtype``, the code the CPU
+path runs): for ``norm_type`` 2 and 1 from the exact sum (rounding the
+fp64 norm again could be off by one unit in the last place at a tie), for
+the other norms from their value. Gradients that
 share memory (the same tensor twice, overlapping views) are counted twice
 by the norm, as on the CPU; scaling them raises LayoutError naming both,
 before anything is enqueued. The coefficient is
@@ -54,7 +59,10 @@ Extensions (keyword-only):
 - ``process_group``: a torch.distributed group; every rank passes the
   gradients it holds and gets the same bits as one process holding the
   whole model. The accumulator travels as an int64 tensor through
-  ``all_reduce(SUM)`` (plus a tiny ``all_reduce(MAX)`` agreement step).
+  ``all_reduce(SUM)`` (plus a tiny ``all_reduce(MAX)`` agreement step):
+  two collectives per call. The norm's dtype is torch's promotion of the
+  dtypes this rank passes; ranks that would promote to different dtypes
+  raise :class:`bitexact.MismatchError` on every rank (norm_dtype).
 - ``owned``: which plain (non-DTensor) tensors this rank owns, so that a
   replicated tensor is counted once: None (all), a bool, a predicate
   ``owned(param_or_tensor) -> bool``, or a collection of the owned
@@ -102,7 +110,11 @@ _Tensor = torch.Tensor
 # Views.dtypes bit mask -> the dtype torch's get_total_norm returns
 # (torch.stack promotes the per-tensor norms).
 _F16, _BF16, _F32, _F64 = 1, 2, 4, 8
-_FORMAT = {torch.float64: 0, torch.float32: 1, torch.bfloat16: 2, torch.float16: 3}
+# torch dtype -> bx_norm_dtype: the format the library rounds the norm into
+_NORM_DTYPE = {torch.float64: 0, torch.float32: 2, torch.bfloat16: 3, torch.float16: 4}
+# ... and the integer dtype its bits come in (Views.norm's third result)
+_INT_OF = {torch.float64: torch.int64, torch.float32: torch.int32, torch.bfloat16: torch.int16,
+           torch.float16: torch.int16}
 _BIT = {torch.float16: _F16, torch.bfloat16: _BF16, torch.float32: _F32, torch.float64: _F64}
 
 
@@ -279,12 +291,15 @@ class _Plan:
         try:
             if self.cuda:
                 _join_legacy_stream(self.device)
-            total, _ = self.views.norm(norm_type, error_if_nonfinite, num_threads, flavor,
-                                       self.fn, self.rank, 1, False, _FORMAT[self.dtype])
+            _, _, bits = self.views.norm(norm_type, error_if_nonfinite, num_threads, flavor,
+                                         self.fn, self.rank, 1, False, _NORM_DTYPE[self.dtype])
         except Error as e:
             raise self.renamed(e)
-        # total is exactly representable in self.dtype: the conversion is exact
-        return torch.tensor(total, dtype=self.dtype, device=self.device)
+        # rounded once into self.dtype by the library, which gives its bits:
+        # no conversion here, where torch.set_flush_denormal(True) would
+        # flush a subnormal norm to zero
+        bits = torch.tensor(bits, dtype=_INT_OF[self.dtype], device=self.device)
+        return bits.view(self.dtype)
 
     def _cuda_norm(self, norm_type, error_if_nonfinite, num_threads, flavor, scale_mode):
         dev = self.device
@@ -300,22 +315,11 @@ class _Plan:
             status = (torch.empty((), dtype=torch.int32, device=dev) if error_if_nonfinite
                       else None)
             status_ptr = status.data_ptr() if status is not None else 0
-            if self.dtype == torch.float64:
-                total = torch.empty((), dtype=torch.float64, device=dev)
-                self.nplan.norm_async(stream, total.data_ptr(), 0, status_ptr)
-            elif flavor == 0 and norm_type in (2.0, 1.0):
-                # the exact sum's sqrt (or the sum) rounded once into the
-                # result dtype, on the device: as the CPU path, which
-                # consults the exact sum where the fp64 norm is a midpoint
-                total = torch.empty((), dtype=self.dtype, device=dev)
-                self.nplan.norm_async_dtype(stream, _FORMAT[self.dtype], total.data_ptr(),
-                                            status_ptr)
-            else:
-                # the other norms: the fp64 value rounded once (nearest-even)
-                # into the result dtype, as the CPU path does
-                total = torch.empty((), dtype=torch.float64, device=dev)
-                self.nplan.norm_async(stream, total.data_ptr(), 0, status_ptr)
-                total = _round_f64(total, self.dtype)
+            # rounded once into the result dtype on the device by the
+            # library (the CPU path's finish, so the CPU path's bits)
+            total = torch.empty((), dtype=self.dtype, device=dev)
+            self.nplan.norm_async_dtype(stream, _NORM_DTYPE[self.dtype], total.data_ptr(),
+                                        status_ptr)
             if status is not None and int(status.item()) != 0:  # synchronises, as torch
                 # the blocking call names the first NaN/Inf tensor
                 self.views.norm(norm_type, True, num_threads, flavor, None, 0, 1, False, 0)
@@ -347,29 +351,6 @@ class _Plan:
 
     def release(self):
         self.views.release()
-
-
-def _round_f64(d, dtype):
-    """The fp64 tensor d rounded once, to nearest (ties to even), into dtype,
-    with tensor ops only (stream-ordered, no host synchronisation, capturable).
-    torch converts fp64 to fp16/bf16 through fp32, which can round twice;
-    here the fp32 step rounds to odd instead (an inexact result gets its
-    last bit set: 24 bits, >= 2 more than fp16's or bf16's, even for bf16's
-    subnormals), after which the nearest-even conversion to the 16-bit type
-    is the correct rounding of d. NaN stays NaN, +-inf stays +-inf."""
-    if dtype == torch.float64:
-        return d
-    f = d.to(torch.float32)  # nearest-even: correct for fp32 itself
-    if dtype == torch.float32:
-        return f
-    back = f.to(torch.float64)
-    bits = f.view(torch.int32)
-    # truncated toward zero: one step down in magnitude where f rounded away
-    # (sign-magnitude: the bit pattern's magnitude moves with the value's)
-    trunc = bits - (back.abs() > d.abs()).to(torch.int32)
-    inexact = (back != d) & (d == d)
-    odd = torch.where(inexact, trunc | 1, bits)
-    return odd.view(torch.float32).to(dtype)
 
 
 def _join_legacy_stream(device):

@@ -4,6 +4,7 @@ all ranks with the single-process, unsharded results."""
 import os
 import sys
 import traceback
+import types
 
 import torch
 import torch.distributed as dist
@@ -107,7 +108,8 @@ MIDPOINT = [1.0, 2.0 ** -12, 2.0 ** -12, 2.0 ** -24, 2.0 ** -40]  # see test_no_
 
 def scenario_midpoint(rank, ws):
     """The fp64 norm is an fp32 midpoint: resolving it takes the exact sum
-    of every rank (one more collective, taken by every rank alike)."""
+    of every rank (the library rounds it into fp32 itself, in the norm's
+    one collective)."""
     mine = [torch.tensor(MIDPOINT[rank::ws], dtype=torch.float32)]
     return {"total": bt.get_total_norm(mine, process_group=dist.group.WORLD)}
 
@@ -121,12 +123,36 @@ def scenario_nonfinite(rank, ws):
     try:
         bt.clip_grad_norm_(mine, MAX_NORM, error_if_nonfinite=True,
                            process_group=dist.group.WORLD)
-        err = None
+        err, where = None, None
     except bitexact.NonFiniteError as e:
-        err = str(e)
+        err, where = str(e), (e.rank, e.group, e.tensor)
     unchanged = all(torch.equal(p.grad.view(torch.int8), b.view(torch.int8))
                     for p, b in zip(mine, before))
-    return {"error": err, "unchanged": unchanged}
+    return {"error": err, "where": where, "unchanged": unchanged}
+
+
+def scenario_local_failure(rank, ws):
+    """The last rank passes an int32 gradient (its parameters[2]): it fails
+    its local checks, every rank fails with its location."""
+    params = params_with_grads(random_tensors(103, ["float32"], count=4))
+    if rank == ws - 1:
+        params[2] = types.SimpleNamespace(grad=torch.ones(3, dtype=torch.int32))
+    try:
+        bt.clip_grad_norm_(params, MAX_NORM, process_group=dist.group.WORLD)
+        return {"error": None}
+    except bitexact.Error as e:
+        return {"error": str(e), "type": type(e).__name__, "where": (e.rank, e.group, e.tensor)}
+
+
+def scenario_dtype_mismatch(rank, ws):
+    """fp32 gradients on rank 0, bf16 elsewhere: torch's dtype of the norm
+    differs between ranks, which the agreement step refuses on every rank."""
+    dt = torch.float32 if rank == 0 else torch.bfloat16
+    try:
+        bt.get_total_norm([torch.ones(3, dtype=dt)], process_group=dist.group.WORLD)
+        return {"error": None}
+    except bitexact.MismatchError as e:
+        return {"error": str(e)}
 
 
 def scenario_mismatch(rank, ws):
@@ -138,7 +164,8 @@ def scenario_mismatch(rank, ws):
         return {"error": str(e)}
 
 
-SCENARIOS = ["ddp", "sharded", "tp", "fsdp2", "hsdp", "midpoint", "nonfinite", "mismatch"]
+SCENARIOS = ["ddp", "sharded", "tp", "fsdp2", "hsdp", "midpoint", "nonfinite", "mismatch",
+             "local_failure", "dtype_mismatch"]
 
 
 def main(rank, ws, outdir):

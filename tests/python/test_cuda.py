@@ -116,51 +116,6 @@ def test_plan_cache_settings():
         bitexact.cuda_plan_cache(size=size)
 
 
-def _round_ref(d, dtype):
-    """d (a float) rounded once, nearest-even, into dtype: what the CPU path
-    does with the fp64 norm of the non-exact norms (_core.c's round_norm)."""
-    p, emin, emax = {torch.float32: (24, -126, 127), torch.bfloat16: (8, -126, 127),
-                     torch.float16: (11, -14, 15)}[dtype]
-    if not d > 0 or math.isinf(d):
-        return d
-    e = max(math.frexp(d)[1] - 1, emin)
-    q = math.ldexp(1.0, e - p + 1)
-    r = math.fmod(d, q)
-    lo = d - r
-    res = lo + q if r > q / 2 else lo if r < q / 2 else (lo if math.fmod(lo / q, 2) == 0
-                                                         else lo + q)
-    return math.inf if res > math.ldexp(2.0 - math.ldexp(1.0, 1 - p), emax) else res
-
-
-def test_round_f64_rounds_once():
-    """The device-side rounding of an fp64 norm into the result dtype (the
-    stream-ordered path's, for norms other than 2 and 1): one rounding, not
-    torch's two (fp64 -> fp32 -> 16 bits). Tensor ops only, so it is
-    checked here on CPU tensors; torch's CUDA conversions round the same."""
-    import random
-    rng = random.Random(3)
-    vals = [0.0, math.inf, 1.0, 65504.0, 65520.0, 65519.99, 2.0 ** -24, 2.0 ** -25,
-            3 * 2.0 ** -26, 1 + 2.0 ** -8 + 2.0 ** -30, 1 + 2.0 ** -11 + 2.0 ** -40,
-            2.0 ** -133, 2.0 ** -134, 1.5 * 2.0 ** -134, 3.4e38, 3.5e38, 1e300, 1e-300,
-            2.0 ** 24 + 2.0 ** 16 + 1]
-    for _ in range(20000):
-        p, e = rng.choice([8, 11]), rng.randint(-20, 14)
-        mid = math.ldexp(rng.randint(2 ** (p - 1), 2 ** p - 1) + 0.5, e - p + 1)
-        vals.append(mid + rng.choice([-1, 1]) * mid * 2.0 ** -rng.randint(25, 52))
-        vals.append(math.ldexp(rng.random() + 0.5, rng.randint(-150, 130)))
-    d = torch.tensor(vals, dtype=torch.float64)
-    twice = 0
-    for dt in (torch.float32, torch.bfloat16, torch.float16):
-        got = bt._round_f64(d, dt)
-        assert got.dtype == dt
-        for v, g in zip(vals, got.double().tolist()):
-            assert g == _round_ref(v, dt), f"{v!r} -> {dt}: {g!r}, not {_round_ref(v, dt)!r}"
-        twice += sum(float(x) != _round_ref(v, dt) for v, x in zip(vals, d.to(dt).double()))
-    assert twice > 0  # the cases do catch torch's double rounding
-    assert math.isnan(float(bt._round_f64(torch.tensor(math.nan, dtype=torch.float64),
-                                          torch.bfloat16)))
-
-
 class _Raw:
     """A tensor-like over another tensor's memory with arbitrary strides
     (for Producer): data_ptr(), shape, stride(), dtype."""
@@ -179,29 +134,41 @@ class _Raw:
 
 def test_check_scale_targets():
     """The host-side check the stream-ordered scaling runs first (the
-    per-dtype plans only see their own tensors): any two tensors sharing
-    memory, LayoutError naming both; disjoint pieces of one buffer pass."""
+    per-dtype plans only see their own tensors), the library's one check
+    (bx_check_writable): any two tensors sharing memory, LayoutError naming
+    both in the text and as integers (group/tensor, other_group/
+    other_tensor); disjoint pieces of one buffer pass; every tensor must be
+    valid for writing (dtype, dense layout), overlapping or not."""
     from bitexact import _core
     t = torch.zeros(12)
     with _core.Views([[t[:6], t[6:]], [torch.zeros(3), t[:0]]]) as v:
         v.check_scale_targets()
-    cases = [([[t, t]], "group 0, tensor 0 and group 0, tensor 1"),
-             ([[t[:7]], [torch.ones(2), t[6:]]], "group 0, tensor 0 and group 1, tensor 1"),
-             ([[t.view(torch.int32)[2:3], torch.ones(1), t[::2]]],
-              "group 0, tensor 0 and group 0, tensor 2"),
-             ([[t.view(3, 4).t(), t[11:]]], "group 0, tensor 0 and group 0, tensor 1")]
-    for groups, names in cases:
+    # (groups, the pair as the text names it: lower address first)
+    cases = [([[t, t]], ((0, 0), (0, 1))),
+             ([[t[:7]], [torch.ones(2), t[6:]]], ((0, 0), (1, 1))),
+             ([[t[2:3], torch.ones(1), t.view(torch.bfloat16)[:5]]], ((0, 2), (0, 0))),
+             ([[t.view(3, 4).t(), t[11:]]], ((0, 0), (0, 1)))]
+    for groups, (a, b) in cases:
+        names = f"group {a[0]}, tensor {a[1]} and group {b[0]}, tensor {b[1]}"
         with _core.Views(groups) as v:
-            with pytest.raises(bitexact.LayoutError, match=names + " share memory"):
+            with pytest.raises(bitexact.LayoutError, match=names + " share memory") as e:
                 v.check_scale_targets()
-    # negative strides: the span reaches below the data pointer
-    rev = Producer(_Raw(t, 5, [6], [-1]))  # t[5], t[4], ..., t[0]
-    with _core.Views([[t[5:], rev]]) as v:
-        with pytest.raises(bitexact.LayoutError):
-            v.check_scale_targets()
-    rev = Producer(_Raw(t, 5, [6], [-1]))
-    with _core.Views([[t[6:], rev]]) as v:
-        v.check_scale_targets()
+        where = {(e.value.group, e.value.tensor), (e.value.other_group, e.value.other_tensor)}
+        assert where == {a, b}, (names, where)
+    # one tensor's own dtype or layout: refused alone, no second tensor
+    for groups, exc, at, text in [
+            ([[t.view(torch.int32)[2:3], torch.ones(1)]], bitexact.DTypeError, (0, 0), "int32"),
+            ([[torch.ones(1), t[::2]]], bitexact.LayoutError, (0, 1), "gaps"),
+            # negative strides (t[5], t[4], ..., t[0]), disjoint from t[6:] or not
+            ([[t[6:], Producer(_Raw(t, 5, [6], [-1]))]], bitexact.LayoutError, (0, 1),
+             "negative"),
+            ([[t[5:], Producer(_Raw(t, 5, [6], [-1]))]], bitexact.LayoutError, (0, 1),
+             "negative")]:
+        with _core.Views(groups) as v:
+            with pytest.raises(exc, match=f"group {at[0]}, tensor {at[1]}: .*{text}") as e:
+                v.check_scale_targets()
+        assert (e.value.group, e.value.tensor) == at
+        assert (e.value.other_group, e.value.other_tensor) == (-1, -1)
 
 
 @pytest.mark.skipif(INFO["available"], reason="a CUDA device is usable: the fake CUDA "

@@ -103,11 +103,41 @@ def test_midpoint_resolved_across_ranks(ranks):
 
 
 def test_nonfinite_on_one_rank(ranks):
+    """Every rank raises with the offender's location as integers (rank,
+    group, tensor); the offending rank names its parameter, the others keep
+    the position (it is another rank's tensor)."""
     ws, res = ranks
     for r, o in enumerate(_get(res, "nonfinite")):
         assert o["error"] is not None, f"rank {r} did not raise"
         assert f"rank {ws - 1}" in o["error"] and "NaN" in o["error"]
+        assert o["where"] == (ws - 1, 0, 1), f"rank {r}: {o['where']}"
+        if r == ws - 1:
+            assert "parameters[1] holds NaN" in o["error"], o["error"]
+        else:
+            assert "group 0, tensor 1 holds NaN" in o["error"], o["error"]
+            assert "parameters[" not in o["error"]
         assert o["unchanged"], f"rank {r} modified its gradients"
+
+
+def test_local_failure_on_another_rank(ranks):
+    """A rank's own failure keeps its own location and names its parameter;
+    the other ranks report that rank and its location."""
+    ws, res = ranks
+    for r, o in enumerate(_get(res, "local_failure")):
+        assert o["error"] is not None, f"rank {r} did not raise"
+        assert o["type"] == "DTypeError", f"rank {r}: {o['type']}: {o['error']}"
+        assert o["where"] == (ws - 1, 0, 2), f"rank {r}: {o['where']}"
+        if r == ws - 1:
+            assert "parameters[2]" in o["error"] and "int32" in o["error"], o["error"]
+        else:
+            assert f"rank {ws - 1} failed its local checks at group 0, tensor 2" in o["error"]
+            assert "parameters[" not in o["error"], o["error"]
+
+
+def test_norm_dtype_differs_between_ranks(ranks):
+    ws, res = ranks
+    for r, o in enumerate(_get(res, "dtype_mismatch")):
+        assert o["error"] is not None and "norm_dtype" in o["error"], f"rank {r}: {o}"
 
 
 def test_mismatch_on_every_rank(ranks):

@@ -39,7 +39,9 @@ def test_numpy_torch_capi_identical(which, path, dtype):
     assert via_torch == exact_norm(grads, "float64")
     if dtype != "bfloat16":  # NumPy has no bfloat16
         arrays = [g.numpy() for g in grads]
-        assert all(not a.flags.owndata or True for a in arrays)
+        # views of the torch tensors' memory, not copies: the same elements
+        assert all(not a.flags.owndata and a.ctypes.data == g.data_ptr()
+                   for a, g in zip(arrays, grads))
         via_numpy = bitexact.total_norm(arrays)
         assert struct.pack("<d", via_numpy) == struct.pack("<d", via_torch)
         # and torch's result for NumPy-backed tensors is the same tensor bits
@@ -211,3 +213,20 @@ def test_mismatched_options_fail_on_every_rank():
     res = _threaded_ranks(2, lambda r, c: bitexact.total_norm(g, norm_type=2.0 if r else 1.0,
                                                               comm=c))
     assert all(isinstance(e, bitexact.MismatchError) for e in res), res
+
+
+def test_grads_dtype_agreed_across_ranks():
+    """norm_dtype="grads": torch's promotion of the dtypes of every rank's
+    tensors (bf16 on one rank, fp16 on the other: fp32), agreed in the
+    agreement step, the same bits on every rank; a rank holding nothing
+    takes the others' dtype."""
+    g = random_tensors(53, ["bfloat16", "float16"], count=8)
+    bf, f16 = g[0::2], g[1::2]
+    want = exact_norm(g, "float32")
+    res = _threaded_ranks(2, lambda r, c: bitexact.total_norm([bf, f16][r], comm=c,
+                                                              norm_dtype="grads"))
+    assert res == [want, want]
+    assert bitexact.total_norm(bf, norm_dtype="grads") == exact_norm(bf, "bfloat16")
+    res = _threaded_ranks(3, lambda r, c: bitexact.total_norm([bf, [], bf][r], comm=c,
+                                                              norm_dtype="grads"))
+    assert res == [exact_norm(bf + bf, "bfloat16")] * 3

@@ -1,6 +1,7 @@
 """Bad inputs: the documented exception, the parameter named, nothing
 modified."""
 import math
+import re
 import types
 
 import numpy as np
@@ -148,3 +149,112 @@ def test_exception_hierarchy():
         bitexact.total_norm([np.ones(2, dtype=np.int8)])
     except bitexact.Error as e:
         assert e.status == 2  # BX_EDTYPE
+
+
+def _no_position_left(msg):
+    """The library's positions ("group 1, tensor 2", "tensor 2") are all
+    replaced by the caller's names."""
+    return re.search(r"\bgroup \d|\btensor \d", msg) is None
+
+
+def test_error_location_attributes():
+    """Errors carry where they are as integers (bx_last_error_location): the
+    message's names come from them, not from the text."""
+    good = [torch.ones(3), torch.ones(4, dtype=torch.float64)]
+    with pytest.raises(bitexact.DTypeError) as info:
+        bitexact.total_norm(good + [torch.ones(2, dtype=torch.int32)])
+    e = info.value
+    assert (e.status, e.rank, e.group, e.tensor) == (2, -1, 0, 2)
+    assert (e.other_group, e.other_tensor) == (-1, -1)
+    assert "tensors[2]" in str(e) and _no_position_left(str(e))
+    # groups: the position is the group's, the name the caller's
+    labels = ["a", "b", "a", "b"]
+    ts = [torch.ones(2), torch.ones(2), torch.ones(2), torch.ones(4, 6)[:, ::2]]
+    with pytest.raises(bitexact.LayoutError) as info:
+        bitexact.total_norm(ts, groups=labels)
+    assert (info.value.group, info.value.tensor) == (1, 1)
+    assert "tensors[3]" in str(info.value) and _no_position_left(str(info.value))
+    # two digits: tensor 1 is not tensor 11
+    many = [torch.ones(2) for _ in range(11)] + [torch.ones(2, dtype=torch.int64)]
+    with pytest.raises(bitexact.DTypeError, match=r"tensors\[11\]") as info:
+        bitexact.total_norm(many)
+    assert info.value.tensor == 11 and "tensors[1]1" not in str(info.value)
+    # bx_scale numbers the flat list: group -1
+    with pytest.raises(bitexact.DTypeError) as info:
+        bitexact.scale([torch.ones(2), torch.ones(2, dtype=torch.int32)], 0.5)
+    assert (info.value.group, info.value.tensor) == (-1, 1)
+    assert "tensors[1]" in str(info.value)
+    # the binding's own errors are located too
+    with pytest.raises(bitexact.DTypeError) as info:
+        bitexact.total_norm([torch.ones(2), "x"])
+    assert (info.value.group, info.value.tensor) == (0, 1)
+    assert "tensors[1]" in str(info.value)
+
+
+def test_overlap_names_both_tensors():
+    """Tensors sharing memory in a clip or a scale: the library's one check
+    names both; the exception locates both (tensor, other_tensor), and the
+    message names both of the caller's tensors, whatever their positions."""
+    base = torch.arange(12, dtype=torch.float32)
+    snap = base.clone()
+    cases = [([base[:4], torch.ones(3), base[3:6]], {0, 2}),
+             ([torch.ones(3), base[5:], base[:6]], {1, 2}),
+             ([base, torch.ones(2), torch.ones(2), base[11:]], {0, 3})]
+    for ts, pair in cases:
+        for call in (lambda: bitexact.scale(ts, 0.5), lambda: bitexact.clip_grad_norm(ts, 1e-3)):
+            with pytest.raises(bitexact.LayoutError) as info:
+                call()
+            e = info.value
+            assert {e.tensor, e.other_tensor} == pair, (str(e), e.tensor, e.other_tensor)
+            a, b = sorted(pair)
+            assert f"tensors[{a}]" in str(e) and f"tensors[{b}]" in str(e), str(e)
+            assert "share memory" in str(e) and _no_position_left(str(e))
+            assert same_bits(base, snap)
+    # an unowned tensor over an owned one: each named as the caller passed it
+    with pytest.raises(bitexact.LayoutError, match=r"tensors\[1\].*unowned\[0\]|"
+                                                   r"unowned\[0\].*tensors\[1\]") as info:
+        bitexact.clip_grad_norm([torch.ones(3), base[:5]], 1e-3, unowned=[base[4:8]])
+    assert same_bits(base, snap)
+    # parameters by their position in `parameters`
+    ps = params_with_grads([torch.ones(3), torch.ones(2)])
+    ps.append(torch.nn.Parameter(torch.zeros(2)))
+    ps[2].grad = ps[0].grad[1:]
+    with pytest.raises(bitexact.LayoutError, match=r"parameters\[0\] and parameters\[2\] "
+                                                   "share memory"):
+        bt.clip_grad_norm_(ps, 1e-3)
+
+
+def test_p0_counts_nonfinite_and_does_not_raise():
+    """p = 0 counts NaN and Inf as non-zero (as torch does), so the count is
+    finite and error_if_nonfinite never raises for it (torch's rule: it
+    raises on a non-finite total); p = -inf raises only when the smallest
+    |x| is NaN or Inf."""
+    nan, inf = math.nan, math.inf
+    g = [torch.tensor([0.0, nan, 1.0, -inf]), torch.tensor([inf, 0.0, -2.0], dtype=torch.float64)]
+    assert bitexact.total_norm(g, 0.0) == 5.0
+    assert bitexact.total_norm(g, 0.0, error_if_nonfinite=True) == 5.0
+    t = bt.get_total_norm(g, 0.0, error_if_nonfinite=True)
+    assert t.dtype == torch.float64 and float(t) == 5.0
+    a = params_with_grads(g)
+    assert float(bt.clip_grad_norm_(a, 1.0, 0.0, error_if_nonfinite=True)) == 5.0
+    b = params_with_grads(g)
+    torch.nn.utils.clip_grads_with_norm_(b, 1.0, torch.tensor(5.0, dtype=torch.float64))
+    for p, q in zip(a, b):
+        assert torch.equal(torch.isnan(p.grad), torch.isnan(q.grad))
+        assert torch.equal(p.grad.nan_to_num(7.0), q.grad.nan_to_num(7.0))
+    # torch agrees that this is no error
+    torch.nn.utils.get_total_norm(g, 0.0, error_if_nonfinite=True)
+    # -inf: min |x| = 0.5 with an Inf among finite values
+    h = [torch.tensor([3.0, inf, 0.5]), torch.tensor([-inf, -2.0])]
+    assert bitexact.total_norm(h, -inf, error_if_nonfinite=True) == 0.5
+    assert float(bt.clip_grad_norm_(params_with_grads(h), 1.0, -inf,
+                                    error_if_nonfinite=True)) == 0.5
+    assert float(torch.nn.utils.get_total_norm(h, -inf, error_if_nonfinite=True)) == 0.5
+    with pytest.raises(bitexact.NonFiniteError):
+        bitexact.total_norm([torch.tensor([inf, -inf])], -inf, error_if_nonfinite=True)
+    with pytest.raises(bitexact.NonFiniteError, match=r"tensors\[1\]"):
+        bitexact.total_norm([torch.ones(2), torch.tensor([nan])], -inf, error_if_nonfinite=True)
+    # p = inf and p = 2 with an Inf still raise, naming the tensor
+    for p in (math.inf, 2.0, 1.0):
+        with pytest.raises(bitexact.NonFiniteError, match=r"tensors\[0\] holds an infinite"):
+            bitexact.total_norm(h, p, error_if_nonfinite=True)

@@ -247,3 +247,91 @@ def test_version_counters_bumped_like_torch():
     bt.clip_grad_norm_(a, 1e-6)
     torch.nn.utils.clip_grad_norm_(b, 1e-6)
     assert [p.grad._version for p in a] == [p.grad._version for p in b]
+
+
+def _round_ref(d, dtype):
+    """d (a float >= 0) rounded once, nearest-even, into dtype (floats only
+    where exact: fmod and ldexp)."""
+    p, emin, emax = {"float32": (24, -126, 127), "bfloat16": (8, -126, 127),
+                     "float16": (11, -14, 15)}[dtype]
+    if not d > 0 or math.isinf(d):
+        return d
+    e = max(math.frexp(d)[1] - 1, emin)
+    q = math.ldexp(1.0, e - p + 1)
+    r = math.fmod(d, q)
+    lo = d - r
+    res = lo + q if r > q / 2 else lo if r < q / 2 else (lo if math.fmod(lo / q, 2) == 0
+                                                         else lo + q)
+    return math.inf if res > math.ldexp(2.0 - math.ldexp(1.0, 1 - p), emax) else res
+
+
+def test_other_norms_rounded_once_into_norm_dtype():
+    """A norm other than 2 and 1 (here max |x| of one fp64 value) in a
+    narrower norm_dtype: its value rounded once, by the library (the code
+    the CUDA finishing kernel runs too), not twice as torch's fp64 -> fp32
+    -> 16-bit conversions do."""
+    import random
+    rng = random.Random(3)
+    vals = [0.0, math.inf, 1.0, 65504.0, 65520.0, 65519.99, 2.0 ** -24, 2.0 ** -25,
+            3 * 2.0 ** -26, 1 + 2.0 ** -8 + 2.0 ** -30, 1 + 2.0 ** -11 + 2.0 ** -40,
+            2.0 ** -133, 2.0 ** -134, 1.5 * 2.0 ** -134, 3.4e38, 3.5e38, 1e300, 1e-300,
+            2.0 ** 24 + 2.0 ** 16 + 1]
+    for _ in range(1500):
+        p, e = rng.choice([8, 11]), rng.randint(-20, 14)
+        mid = math.ldexp(rng.randint(2 ** (p - 1), 2 ** p - 1) + 0.5, e - p + 1)
+        vals.append(mid + rng.choice([-1, 1]) * mid * 2.0 ** -rng.randint(25, 52))
+        vals.append(math.ldexp(rng.random() + 0.5, rng.randint(-150, 130)))
+    twice = 0
+    for dt in ("float32", "bfloat16", "float16"):
+        for v in vals:
+            got = bitexact.total_norm([torch.tensor([-v], dtype=torch.float64)], math.inf,
+                                      norm_dtype=dt)
+            assert got == _round_ref(v, dt), f"{v!r} -> {dt}: {got!r}, not {_round_ref(v, dt)!r}"
+        d = torch.tensor(vals, dtype=torch.float64)
+        twice += sum(float(x) != _round_ref(v, dt)
+                     for v, x in zip(vals, d.to(getattr(torch, dt)).double()))
+    assert twice > 0  # the cases do catch torch's double rounding
+    # the count of non-zeros, 2^24 + 2^16 + 1, in bf16: through fp32 it would
+    # land on a bf16 midpoint and round down
+    n = 2 ** 24 + 2 ** 16 + 1
+    g = torch.ones(n, dtype=torch.bfloat16)
+    assert float(bt.get_total_norm([g], 0)) == 2.0 ** 24 + 2.0 ** 17
+    assert bitexact.total_norm([g], 0, norm_dtype="grads") == 2.0 ** 24 + 2.0 ** 17
+
+
+@pytest.mark.parametrize("mix", MIXES, ids=lambda m: "+".join(m))
+def test_norm_dtype_option(mix):
+    """The neutral API's norm_dtype: "grads" is torch's dtype (the drop-ins'
+    result), each explicit format the exact norm rounded once into it, the
+    group norms too."""
+    grads = random_tensors(13, mix, count=6)
+    ours = bt.get_total_norm(grads)
+    assert bitexact.total_norm(grads, norm_dtype="grads") == float(ours)
+    assert bitexact.total_norm(grads, norm_dtype=ours.dtype) == float(ours)
+    for fmt in ("float64", "float32", "bfloat16", "float16"):
+        for p in (2.0, 1.0):
+            assert bitexact.total_norm(grads, p, norm_dtype=fmt) == exact_norm(grads, fmt, p)
+        labels = ["a", "b"] * 3
+        total, per = bitexact.total_norm(grads, groups=labels, norm_dtype=fmt)
+        assert total == exact_norm(grads, fmt)
+        assert per["b"] == exact_norm(grads[1::2], fmt)
+    with pytest.raises(ValueError, match="norm_dtype"):
+        bitexact.total_norm(grads, norm_dtype="int8")
+
+
+def test_midpoint_resolved_without_extra_collective():
+    """The fp64 norm is exactly an fp32 midpoint: the library rounds the
+    exact sum once into fp32 itself, so a communicator sees the agreement
+    step and the norm's one reduction, nothing more."""
+    g = torch.tensor([1.0, 2.0 ** -12, 2.0 ** -12, 2.0 ** -24, 2.0 ** -40], dtype=torch.float32)
+    calls = []
+    comm = bitexact.Comm(lambda buf, op: calls.append((op, len(buf) // 8)))
+    assert bitexact.total_norm([g], comm=comm, norm_dtype="grads") == 1 + 2.0 ** -23
+    assert [op for op, _ in calls] == ["max", "sum"]
+    assert calls[1][1] == bitexact._core.ACC_WORDS
+    calls.clear()
+    a = [g.clone()]
+    assert bitexact.clip_grad_norm(a, 0.5, comm=comm, norm_dtype="float32") == 1 + 2.0 ** -23
+    assert [op for op, _ in calls] == ["max", "sum"]
+    coef = bitexact.clip_coef(1 + 2.0 ** -23, 0.5)  # from the fp32 norm
+    assert same_bits(a[0], g * torch.tensor(coef, dtype=torch.float32))
