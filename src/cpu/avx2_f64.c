@@ -1,13 +1,11 @@
 /*
- * avx2_f64.c — exact sum of squares of fp64 tensors, AVX2 + FMA. Scheme
- * and proofs: exact_grid.h. 2 sets of 4 lanes, blocks of 256 (k = 32 per
- * lane, K = 5). Correct first: every window pass is masked.
+ * avx2_f64.c — the AVX2 + FMA fp64 micro-kernels (micro.h; the driver is
+ * drive_f64.c). Scheme and proofs: exact_grid.h. 2 sets of 4 lanes,
+ * blocks of 256 (k = 32 per lane, K = 5). Every window pass is masked.
  */
 #include <string.h>
 
 #include "avx2_util.h"
-
-#define F64_BLOCK 256
 
 /* ======================================================================
  * fp64: scaled so the window max is in [1,2); p = x'^2 rounded, r its
@@ -15,15 +13,12 @@
  * bits below 2^63, so signed 64-bit compares order them.
  * ====================================================================== */
 
-static inline __m256i max64(__m256i a, __m256i b) {
-  return _mm256_blendv_epi8(a, b, _mm256_cmpgt_epi64(b, a));
-}
-
-/* Max |x| bits, and the bitmap of 32-binade buckets (exact_grid.h). */
+/* micro.h: max. Max |x| bits, and the bitmap of 32-binade buckets. */
 static uint64_t f64_max(const double *x, size_t len, uint64_t *buckets) {
   const __m256i absm = _mm256_set1_epi64x(0x7FFFFFFFFFFFFFFFll), one = _mm256_set1_epi64x(1);
   __m256i mx = _mm256_setzero_si256(), bk = mx;
   for (size_t i = 0; i < len; i += 4) {
+    if ((i & 7) == 0) bx_prefetch_line(x + i);
     double buf[4] = {0, 0, 0, 0};
     const double *p = x + i;
     if (len - i < 4) {
@@ -31,15 +26,12 @@ static uint64_t f64_max(const double *x, size_t len, uint64_t *buckets) {
       p = buf;
     }
     __m256i a = _mm256_and_si256(_mm256_loadu_si256((const void *)p), absm);
-    mx = max64(mx, a);
+    mx = max_epi64(mx, a);
     bk = _mm256_or_si256(bk, _mm256_sllv_epi64(one, _mm256_srli_epi64(a, 57)));
   }
   __m128i o = _mm_or_si128(_mm256_castsi256_si128(bk), _mm256_extracti128_si256(bk, 1));
   *buckets = (uint64_t)(_mm_cvtsi128_si64(o) | _mm_extract_epi64(o, 1));
-  __m128i m = _mm256_castsi256_si128(mx), h = _mm256_extracti128_si256(mx, 1);
-  m = _mm_blendv_epi8(m, h, _mm_cmpgt_epi64(h, m));
-  uint64_t a0 = (uint64_t)_mm_cvtsi128_si64(m), a1 = (uint64_t)_mm_extract_epi64(m, 1);
-  return a0 > a1 ? a0 : a1;
+  return (uint64_t)hmax_epi64(mx);
 }
 
 typedef struct f64_acc {
@@ -53,7 +45,7 @@ static inline void f64_step(__m256i b, __m256i thr, __m256i upper, __m256d s1, _
   __m256i a = _mm256_and_si256(b, _mm256_set1_epi64x(0x7FFFFFFFFFFFFFFFll));
   __m256i below = _mm256_cmpgt_epi64(thr, a);
   __m256i in = _mm256_andnot_si256(below, _mm256_cmpgt_epi64(upper, a));
-  *rest = max64(*rest, _mm256_and_si256(below, a));
+  *rest = max_epi64(*rest, _mm256_and_si256(below, a));
   __m256d xs = _mm256_mul_pd(_mm256_mul_pd(_mm256_castsi256_pd(_mm256_and_si256(b, in)), s1), s2);
   __m256d p = _mm256_mul_pd(xs, xs);
   __m256d r = _mm256_fmsub_pd(xs, xs, p); /* exact: x'^2 - p */
@@ -69,8 +61,10 @@ static inline double pow2(int k) {
   return d;
 }
 
+/* micro.h: window. Elements with |x| bits in [thr, upper), scaled so the
+ * window max is in [1,2). */
 static void f64_window(const double *x, size_t len, int sc, uint64_t thr, uint64_t upper,
-                       uint64_t *restmax, bx_acc *acc, bx_pending *pp, bx_pending *pr) {
+                       uint64_t *restmax, bx_i128 *vp, bx_i128 *vr) {
   const __m256i vt = _mm256_set1_epi64x((int64_t)thr), vu = _mm256_set1_epi64x((int64_t)upper);
   /* sc in [-1023, 1074]: one factor, or 2^1023 first then the rest (the
    * tiny x are subnormal; times 2^1023 they are normal and exact) */
@@ -85,6 +79,7 @@ static void f64_window(const double *x, size_t len, int sc, uint64_t thr, uint64
   }
   __m256i r = _mm256_setzero_si256();
   for (size_t i = 0; i < len; i += 8) {
+    bx_prefetch_line(x + i);
     double buf[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     const double *p = x + i;
     if (len - i < 8) {
@@ -94,67 +89,11 @@ static void f64_window(const double *x, size_t len, int sc, uint64_t thr, uint64
     f64_step(_mm256_loadu_si256((const void *)p), vt, vu, s1, s2, &r, &s[0]);
     f64_step(_mm256_loadu_si256((const void *)(p + 4)), vt, vu, s1, s2, &r, &s[1]);
   }
-  __m128i m = _mm256_castsi256_si128(r), h = _mm256_extracti128_si256(r, 1);
-  m = _mm_blendv_epi8(m, h, _mm_cmpgt_epi64(h, m));
-  uint64_t ra = (uint64_t)_mm_cvtsi128_si64(m), rb = (uint64_t)_mm_extract_epi64(m, 1);
-  *restmax = ra > rb ? ra : rb;
+  *restmax = (uint64_t)hmax_epi64(r);
   /* two sets: lanes_sum over (set0, set1, anchor, anchor) */
   __m256d ap = anchor4(-43), alp = anchor4(-89), ar = anchor4(-97), alr = anchor4(-143);
-  bx_pend_add(pp, acc,
-              bx_combine(lanes_sum(s[0].hp, s[1].hp, ap, ap, -43), lanes_sum(s[0].lp, s[1].lp, alp, alp, -89), 46),
-              -89 - 2 * sc);
-  bx_pend_add(pr, acc,
-              bx_combine(lanes_sum(s[0].hr, s[1].hr, ar, ar, -97), lanes_sum(s[0].lr, s[1].lr, alr, alr, -143), 46),
-              -143 - 2 * sc);
+  *vp = bx_combine(lanes_sum(s[0].hp, s[1].hp, ap, ap, -43), lanes_sum(s[0].lp, s[1].lp, alp, alp, -89), 46);
+  *vr = bx_combine(lanes_sum(s[0].hr, s[1].hr, ar, ar, -97), lanes_sum(s[0].lr, s[1].lr, alr, alr, -143), 46);
 }
 
-static int f64_block(const double *x, size_t len, bx_acc *acc, bx_pending pend[4]) {
-  uint64_t buckets, amax = f64_max(x, len, &buckets);
-  if (amax >= 0x7FF0000000000000ull || __builtin_popcountll(buckets) > BX_F64_BUCKETS) {
-    return 1; /* NaN/Inf, or spread too wide: the caller's scalar run */
-  }
-  uint64_t upper = 0x7FF0000000000000ull; /* every |x| of a finite block is below */
-  for (int w = 0; amax != 0; w++) {
-    if (w == BX_F64_WINDOWS) {
-      bx_f64_rest_scalar(x, len, upper, acc);
-      break;
-    }
-    int sc;
-    uint64_t thr = bx_f64_window(amax, &sc), rest;
-    f64_window(x, len, sc, thr, upper, &rest, acc, &pend[w ? 2 : 0], &pend[w ? 3 : 1]);
-    upper = thr;
-    amax = rest;
-  }
-  return 0;
-}
-
-void bx_avx2_sumsq_f64(const void *xv, size_t n, bx_acc *acc) {
-  unsigned csr = bx_csr_enter(); /* exact_grid.h: no DAZ, flags our own */
-  const double *x = xv;
-  bx_pending pend[4];
-  memset(pend, 0, sizeof pend);
-  size_t scalar_n = 0, i = 0, len = F64_BLOCK, run = 0, run_at = 0; /* run: for the scalar kernel */
-  if (((uintptr_t)x & 7) == 0) len -= ((uintptr_t)x >> 3) & 3;
-  while (i < n) {
-    if (len > n - i) len = n - i;
-    int scalar = f64_block(x + i, len, acc, pend);
-    if (scalar) {
-      if (!run) run_at = i;
-      run += len;
-    }
-    if (run && (!scalar || run >= BX_SCALAR_RUN_MAX)) { /* the run still in L2 */
-      bx_sumsq_f64_scalar(x + run_at, run, acc); /* counts them */
-      scalar_n += run;
-      run = 0;
-    }
-    i += len;
-    len = F64_BLOCK;
-  }
-  if (run) {
-    bx_sumsq_f64_scalar(x + run_at, run, acc);
-    scalar_n += run;
-  }
-  for (int k = 0; k < 4; k++) bx_pend_flush(&pend[k], acc);
-  acc->count += (int64_t)(n - scalar_n);
-  bx_csr_leave(csr);
-}
+const bx_f64_micro bx_micro_f64_avx2 = {256, f64_max, f64_window};

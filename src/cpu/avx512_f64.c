@@ -1,24 +1,21 @@
 /*
- * avx512_f64.c — exact sum of squares of fp64 tensors, AVX-512. Scheme and
- * proofs: exact_grid.h. 4 sets of 8 lanes, blocks of 1024 (k = 32 per
- * lane, K = 5). Correct first: every window pass is masked.
+ * avx512_f64.c — the AVX-512 fp64 micro-kernels (micro.h; the driver is
+ * drive_f64.c). Scheme and proofs: exact_grid.h. 4 sets of 8 lanes,
+ * blocks of 1024 (k = 32 per lane, K = 5). Every window pass is masked.
  */
-#include <string.h>
-
 #include "avx512_util.h"
-
-#define F64_BLOCK 1024
 
 /* ======================================================================
  * fp64: scaled so the block max is in [1,2); p = x'^2 rounded, r its exact
  * error; both summed with the add-form two-level grid.
  * ====================================================================== */
 
-/* Max |x| bits, and the bitmap of 32-binade buckets (exact_grid.h). */
+/* micro.h: max. Max |x| bits, and the bitmap of 32-binade buckets. */
 static uint64_t f64_max(const double *x, size_t len, uint64_t *buckets) {
   const __m512i absm = _mm512_set1_epi64(0x7FFFFFFFFFFFFFFFll), one = _mm512_set1_epi64(1);
   __m512i mx = _mm512_setzero_si512(), bk = mx;
   for (size_t i = 0; i < len; i += 8) {
+    bx_prefetch_line(x + i);
     __m512i v = len - i >= 8 ? _mm512_loadu_si512(x + i)
                              : _mm512_maskz_loadu_epi64((__mmask8)((1u << (len - i)) - 1), x + i);
     __m512i a = _mm512_and_si512(v, absm);
@@ -53,11 +50,10 @@ static inline int64_t f64_lanes(const f64_acc *s, int which, int g) {
   return lanes_sum(s[0].lr, s[1].lr, s[2].lr, s[3].lr, g);
 }
 
-/* Elements with |x| bits in [thr, upper), scaled by 2^sc (block max in
- * [1,2)): the exact sum of their squares goes to pp (units 2^(-89-2sc))
- * and pr (units 2^(-143-2sc)). */
+/* micro.h: window. Elements with |x| bits in [thr, upper), scaled by 2^sc
+ * (the window max in [1,2)). */
 static void f64_window(const double *x, size_t len, int sc, uint64_t thr, uint64_t upper,
-                       uint64_t *restmax, bx_acc *acc, bx_pending *pp, bx_pending *pr) {
+                       uint64_t *restmax, bx_i128 *vp, bx_i128 *vr) {
   const __m512i vt = _mm512_set1_epi64((int64_t)thr), vu = _mm512_set1_epi64((int64_t)upper);
   const __m512d scale = _mm512_set1_pd((double)sc); /* scalef: x * 2^sc */
   f64_acc s[4];
@@ -70,6 +66,10 @@ static void f64_window(const double *x, size_t len, int sc, uint64_t thr, uint64
   __m512i r = _mm512_setzero_si512();
   size_t i = 0;
   for (; i + 32 <= len; i += 32) {
+    bx_prefetch_line(x + i);
+    bx_prefetch_line(x + i + 8);
+    bx_prefetch_line(x + i + 16);
+    bx_prefetch_line(x + i + 24);
     f64_step(_mm512_loadu_si512(x + i), vt, vu, scale, &r, &s[0]);
     f64_step(_mm512_loadu_si512(x + i + 8), vt, vu, scale, &r, &s[1]);
     f64_step(_mm512_loadu_si512(x + i + 16), vt, vu, scale, &r, &s[2]);
@@ -82,57 +82,8 @@ static void f64_window(const double *x, size_t len, int sc, uint64_t thr, uint64
     f64_step(v, vt, vu, scale, &r, &s[k]);
   }
   *restmax = _mm512_reduce_max_epu64(r);
-  bx_pend_add(pp, acc, combine46(f64_lanes(s, 0, -43), f64_lanes(s, 1, -89)), -89 - 2 * sc);
-  bx_pend_add(pr, acc, combine46(f64_lanes(s, 2, -97), f64_lanes(s, 3, -143)), -143 - 2 * sc);
+  *vp = combine46(f64_lanes(s, 0, -43), f64_lanes(s, 1, -89));
+  *vr = combine46(f64_lanes(s, 2, -97), f64_lanes(s, 3, -143));
 }
 
-static int f64_block(const double *x, size_t len, bx_acc *acc, bx_pending pend[4]) {
-  uint64_t buckets, amax = f64_max(x, len, &buckets);
-  if (amax >= 0x7FF0000000000000ull || __builtin_popcountll(buckets) > BX_F64_BUCKETS) {
-    return 1; /* NaN/Inf, or spread too wide: the caller's scalar run */
-  }
-  uint64_t upper = 0x8000000000000000ull;
-  for (int w = 0; amax != 0; w++) {
-    if (w == BX_F64_WINDOWS) {
-      bx_f64_rest_scalar(x, len, upper, acc);
-      break;
-    }
-    int sc;
-    uint64_t thr = bx_f64_window(amax, &sc), rest;
-    f64_window(x, len, sc, thr, upper, &rest, acc, &pend[w ? 2 : 0], &pend[w ? 3 : 1]);
-    upper = thr;
-    amax = rest;
-  }
-  return 0;
-}
-
-void bx_avx512_sumsq_f64(const void *xv, size_t n, bx_acc *acc) {
-  unsigned csr = bx_csr_enter(); /* exact_grid.h: no DAZ, flags our own */
-  const double *x = xv;
-  bx_pending pend[4];
-  memset(pend, 0, sizeof pend);
-  size_t scalar_n = 0, i = 0, len = F64_BLOCK, run = 0, run_at = 0; /* run: for the scalar kernel */
-  if (((uintptr_t)x & 7) == 0) len -= ((uintptr_t)x >> 3) & 7;
-  while (i < n) {
-    if (len > n - i) len = n - i;
-    int scalar = f64_block(x + i, len, acc, pend);
-    if (scalar) {
-      if (!run) run_at = i;
-      run += len;
-    }
-    if (run && (!scalar || run >= BX_SCALAR_RUN_MAX)) { /* the run still in L2 */
-      bx_sumsq_f64_scalar(x + run_at, run, acc); /* counts them */
-      scalar_n += run;
-      run = 0;
-    }
-    i += len;
-    len = F64_BLOCK;
-  }
-  if (run) {
-    bx_sumsq_f64_scalar(x + run_at, run, acc);
-    scalar_n += run;
-  }
-  for (int k = 0; k < 4; k++) bx_pend_flush(&pend[k], acc);
-  acc->count += (int64_t)(n - scalar_n);
-  bx_csr_leave(csr);
-}
+const bx_f64_micro bx_micro_f64_avx512 = {1024, f64_max, f64_window};

@@ -1,7 +1,8 @@
 /*
- * exact_grid.h — what the AVX2 and AVX-512 sum-of-squares kernels share:
- * the exactness argument, and the plain-C folding of block sums into the
- * accumulator. Included only by src/cpu/avx2*.c and src/cpu/avx512*.c.
+ * exact_grid.h — what the vector sum-of-squares kernels share: the
+ * exactness argument, and the plain-C folding of block sums into the
+ * accumulator. The drivers (drive_*.c) make the decisions below, the
+ * micro-kernels (avx2*.c, avx512*.c) do the arithmetic (micro.h).
  *
  * THE SCHEME. Every kernel result is exact: after normalisation the
  * accumulator holds the same value as the portable integer-bin kernels'
@@ -69,8 +70,9 @@
  *        elements lie in the top two-level window (spikes), those go
  *        through that window and a copy of the block without them through
  *        its own, else the integer bins (a cascade of masked windows costs
- *        a full pass per window: more than the bins beyond one). AVX-512:
- *        runs of blocks that fit two levels switch to VERIFIED WINDOWS.
+ *        a full pass per window: more than the bins beyond one). ISAs
+ *        with a verified window (AVX-512): runs of blocks that fit two
+ *        levels switch to VERIFIED WINDOWS.
  *  bf16  x = m 2^(eb-134), x^2 a multiple of 2^(2eb-268); same T, K, G, L:
  *        one level (hi only: fma(x,x,hi) is exact when x^2 is a multiple
  *        of 2^G and hi stays in its binade) admits eb >= ebtop - 14, two
@@ -80,17 +82,17 @@
  *        exactly; setting bits 61, 62 gives |x| 2^640 (normal x), so the
  *        fma squares y * y' = x^2 2^-256 exactly (x = 0: y = 0). The
  *        windows move by -256 (every grid stays normal). Otherwise
- *        conversions and masked two-level windows: AVX2 cascades them,
- *        AVX-512 takes one (subnormals within two levels) and sends wider
- *        blocks to the integer bins. AVX-512: runs of blocks without
- *        subnormals that fit one or two levels switch to GUESSED WINDOWS.
+ *        (subnormals) conversions: one level, or two, and wider blocks go
+ *        to the integer bins. ISAs with guessed windows (AVX-512, AVX2):
+ *        runs of blocks without subnormals that fit one or two levels
+ *        switch to GUESSED WINDOWS.
  *  fp16  x^2 < 2^32 (T = 32), all multiples of 2^-48: one fixed window for
  *        the whole range, K = 6: G = -12, L = -57 <= -48. No pass 1: a NaN
  *        or Inf makes hi non-finite for good (an anchored finite hi never
  *        is), so the block is redone by the scalar kernel when the fold
- *        finds a hi lane outside its binade. (AVX-512: a partial block's
- *        tail is one more round over the four accumulators, so a lane
- *        still takes at most 64 elements.)
+ *        finds a hi lane outside its binade. (A partial block's tail is
+ *        one more round over the accumulators, so a lane still takes at
+ *        most 64 elements.)
  *  fp64  x^2 has 106 bits. x' = x 2^s (exact; s = -E with E = floor(log2
  *        max|x|) puts the window's max in [1,2)), p = x'*x', r =
  *        fma(x',x',-p) (exact: x' >= 2^-18, nothing underflows). p and r
@@ -101,6 +103,10 @@
  *        2^(2ex-104)). Window x' >= 2^-18: 19 binades. The sums are
  *        deposited at 2^(L - 2s): multiples of 2^-2148 (every fp64 square
  *        is), so a deposit below the accumulator's LSB shifts out zeros.
+ *        Pass 1 also ORs a bitmap of 32-binade buckets: a block in more
+ *        than BX_F64_BUCKETS of them, or with NaN/Inf, goes to the 128-bit
+ *        integer bins (bins.h) at once, while it is in L1; a cascade
+ *        longer than BX_F64_WINDOWS leaves the rest to them too.
  *
  * VERIFIED WINDOWS (fp32, AVX-512). The two-level step without pass 1:
  *            t = fma(x,x,hi) rounded to nearest with exceptions suppressed
@@ -118,14 +124,20 @@
  * final lanes in their anchors' binades make the bit differences the
  * value differences (fold above). NaN/Inf: t is NaN/Inf (sae suppresses
  * only flags) and stays so, failing the binade test. The flags are the
- * kernel's own: bx_csr_enter sets MXCSR, and the read is ordered after
- * the windows by a data dependency (bx_csr_read). A block that fails
+ * library's own inside a call: the generic drivers (call.c, pool.c) enter
+ * the library's environment (fpenv.h), so no caller's DAZ, FTZ, rounding
+ * mode, trap or stale flag reaches a kernel. The fp32 driver clears the
+ * flags (bx_fpenv_clear_flags: its memory clobber keeps the windows'
+ * loads after it) and reads PE with bx_fpenv_inexact(dep), dep a value
+ * computed from every window's results: the read cannot move before the
+ * arithmetic it checks (a data dependency, not just program order; the
+ * micro-kernels are also opaque calls). A block that fails
  * (flag: the whole group; binade: that block) is redone by the checked
  * path. G only decides how often blocks fail: the first G is the checked
  * two-level G of the block before (2 ebtop - 296), then the largest hi
  * lane is kept near 2^46 of the 2^51 its binade holds above the anchor.
  *
- * GUESSED WINDOWS (bf16, AVX-512). One level (h = fma(y, y', h), y*y' =
+ * GUESSED WINDOWS (bf16; AVX-512 and AVX2). One level (h = fma(y, y', h), y*y' =
  * x^2 2^-256, G' = G - 256) or two levels (the step of pass 2 on y*y'),
  * normal rounding, no pass 1 and no flags: G guessed as for fp32 (largest
  * lane near 2^49); the same loop finds the block's least non-zero |x|
@@ -146,54 +158,13 @@
  * block fails. Subnormals would give a wrong y' (no hidden bit), but they
  * fail the least-non-zero test (e = 0). A block that fails is redone by
  * the checked path, whose pass 1 restarts G.
- *
- * MXCSR. Every vector sum-of-squares kernel runs under BX_CSR_EXACT (see
- * below) and gives the caller's MXCSR back unchanged: a caller that set
- * DAZ (frameworks that "flush denormals") would otherwise have its
- * subnormal inputs read as zero by cvtps2pd / the fp64 arithmetic.
  */
 #ifndef BX_EXACT_GRID_H
 #define BX_EXACT_GRID_H
 
 #include <stdint.h>
-#include <string.h>
 
 #include "kernels.h"
-
-/* ---- MXCSR ---------------------------------------------------------------
- * The vector kernels run with MXCSR = BX_CSR_EXACT: every exception
- * masked, round to nearest even, no DAZ/FTZ (with DAZ a subnormal fp32 or
- * fp64 input would read as zero), flags clear. bx_csr_enter sets it and
- * returns the caller's word, bx_csr_leave puts that word back (flags
- * included), so a caller's mode never reaches the kernels and the
- * kernels' flags never reach the caller. The VERIFIED WINDOWS read the
- * inexact flag PE with bx_csr_read. */
-#define BX_CSR_EXACT 0x1F80u
-#define BX_CSR_PE 0x20u
-
-static inline unsigned bx_csr_enter(void) {
-  unsigned c, mine = BX_CSR_EXACT;
-  __asm__ volatile("stmxcsr %0\n\tldmxcsr %1" : "=m"(c) : "m"(mine) : "memory");
-  return c;
-}
-/* Every result is in memory (the accumulator) before the word goes back. */
-static inline void bx_csr_leave(unsigned c) { __asm__ volatile("ldmxcsr %0" : : "m"(c) : "memory"); }
-
-/* Clear the flags. The memory clobber keeps the loads that feed later
- * windows (and so all their arithmetic) after it. */
-static inline void bx_csr_clear(void) {
-  unsigned c = BX_CSR_EXACT;
-  __asm__ volatile("ldmxcsr %0" : : "m"(c) : "memory");
-}
-
-/* The flags after every floating-point operation that fed dep (a value
- * computed from the results of the windows to be checked: the asm cannot
- * run before them). */
-static inline unsigned bx_csr_read(uint64_t dep) {
-  unsigned c;
-  __asm__ volatile("stmxcsr %0" : "=m"(c) : "r"(dep) : "memory");
-  return c;
-}
 
 typedef __int128 bx_i128;
 
@@ -267,42 +238,22 @@ static inline uint64_t bx_f64_window(uint64_t amax, int *sc) {
   return et >= -1074 ? 1ull << (et + 1074) : 0;
 }
 
-/* Blocks spread so wide that no window (nor a split of their spikes)
- * can take them go to the integer bins without trying: fp32 beyond 3
- * three-level windows (132 binades between max and min non-zero), bf16
- * beyond 3 two-level windows (111; bf16 still cascades below that). */
+/* fp32 blocks spread so wide that no window (nor a split of their
+ * spikes) can take them go to the integer bins without trying: beyond 3
+ * three-level windows (132 binades between max and min non-zero). */
 static inline int bx_f32_too_wide(uint32_t amax, uint32_t aminnz) {
   int top = amax >> 23 ? (int)(amax >> 23) : 1, bot = aminnz >> 23 ? (int)(aminnz >> 23) : 1;
   return aminnz != 0 && top - bot >= 132;
 }
-static inline int bx_bf16_too_wide(uint32_t amax, uint32_t aminnz) {
-  int top = amax >> 7 ? (int)(amax >> 7) : 1, bot = aminnz >> 7 ? (int)(aminnz >> 7) : 1;
-  return aminnz != 0 && top - bot >= 111;
-}
 
-/* Elements a run of blocks for the scalar kernel may reach before it is
- * summed: the run is still in L2 when the scalar kernel reads it again. */
+/* fp16 blocks with a NaN/Inf: elements a run of them may reach before the
+ * scalar kernel sums it: the run is still in L2 when it is read again. */
 #define BX_SCALAR_RUN_MAX ((size_t)1 << 15)
 
 /* fp64: pass 1 also ORs 1 << (|x| bits >> 57) (64 buckets of 32 binades).
- * A block in more than BX_F64_BUCKETS buckets goes to the scalar kernel; a
- * cascade longer than BX_F64_WINDOWS hands what is left to it. */
+ * A block in more than BX_F64_BUCKETS buckets goes to the integer bins; a
+ * cascade longer than BX_F64_WINDOWS hands what is left to them. */
 #define BX_F64_BUCKETS 4
 #define BX_F64_WINDOWS 6
-
-/* acc += the exact sum of squares of the elements of x[0..len), len <=
- * 1024, whose |x| bits are below upper, by the scalar kernel; the element
- * count is left as it was (the caller counts the block). */
-static inline void bx_f64_rest_scalar(const double *x, size_t len, uint64_t upper, bx_acc *acc) {
-  double buf[1024];
-  size_t m = 0;
-  for (size_t i = 0; i < len; i++) {
-    uint64_t b;
-    memcpy(&b, &x[i], sizeof b);
-    if ((b & 0x7FFFFFFFFFFFFFFFull) < upper) buf[m++] = x[i];
-  }
-  bx_sumsq_f64_scalar(buf, m, acc);
-  acc->count -= (int64_t)m;
-}
 
 #endif /* BX_EXACT_GRID_H */

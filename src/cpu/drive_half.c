@@ -1,0 +1,214 @@
+/*
+ * drive_half.c — the bf16 and fp16 sum-of-squares block drivers, for
+ * every ISA (micro.h). ISA-neutral C, compiled without ISA flags; the
+ * arithmetic is the micro-kernels', the proofs exact_grid.h's.
+ *
+ * bf16: checked blocks, then guessed windows (no pass 1) while they hold,
+ * on ISAs that have them; wide blocks to the integer bins. fp16: one
+ * fixed two-level window for everything finite; a block with NaN/Inf is
+ * redone by the scalar kernel.
+ */
+#include "micro.h"
+
+/* ======================================================================
+ * bf16
+ * ====================================================================== */
+
+typedef struct bf16_ctx {
+  const bx_bf16_micro *mk;
+  bx_acc *acc;
+  bx_pending p1, p2; /* units 2^(G-45) and 2^(G-90) */
+  bx_bins bins;      /* wide blocks; set up at the first */
+  int bins_live;
+  int wide; /* blocks that go on to the bins without pass 1 */
+} bf16_ctx;
+
+#define BF16_WIDE_RUN 8 /* wide blocks in a row between two passes 1 */
+
+/* x[0..len) into the bins (m^2 < 2^16 and n <= 2^22: never a flush).
+ * After a block spread this wide the next ones skip pass 1 while they
+ * stay wider than two levels take. */
+static void bf16_wide(bf16_ctx *c, const uint16_t *x, size_t len) {
+  if (!c->bins_live) {
+    bx_bins_init(&c->bins, 0);
+    c->bins_live = 1;
+  }
+  uint16_t idx[BX_BINS_CHUNK] __attribute__((aligned(64)));
+  uint16_t val[BX_BINS_CHUNK] __attribute__((aligned(64)));
+  bx_bins_span sp = {0, 255, 0, 0};
+  for (size_t i = 0; i < len; i += BX_BINS_CHUNK) {
+    size_t m = len - i < BX_BINS_CHUNK ? len - i : BX_BINS_CHUNK;
+    size_t mr = c->mk->bins_prep(x + i, m, idx, val, &sp);
+    bx_bins_scatter_u16(&c->bins, idx, val, mr);
+  }
+  bx_bins_touch(&c->bins, 0, sp.emax); /* bin 0 takes the zeros of a padded chunk */
+  c->bins.nan += sp.nan;
+  c->bins.inf += sp.inf;
+  int special = sp.nan + sp.inf > 0;
+  int ebtop = sp.emax ? (int)sp.emax : 1, ebot = sp.eminnz ? (int)sp.eminnz : 1;
+  int fits = sp.eminnz == 255 || ebot >= ebtop - 36;
+  if (c->wide) c->wide = special || !fits ? c->wide - 1 : 0;
+  else c->wide = fits ? 0 : BF16_WIDE_RUN; /* a NaN/Inf alone does not make the next wide */
+}
+
+/* A checked block: pass 1 (into *amax, *aminnz), then the narrowest
+ * window that takes it. Returns 1 if it is for the bins (NaN/Inf, or
+ * spread wider than one window: a cascade of windows would cost more). */
+static int bf16_checked(bf16_ctx *c, const uint16_t *x, size_t len, uint32_t *amax_out,
+                        uint32_t *aminnz_out) {
+  const bx_bf16_micro *mk = c->mk;
+  uint32_t amax, aminnz;
+  mk->stats(x, len, &amax, &aminnz);
+  *amax_out = amax;
+  *aminnz_out = aminnz;
+  if (amax >= 0x7F80u) return 1; /* NaN/Inf */
+  if (amax == 0) return 0;
+  int ebtop = amax >> 7 ? (int)(amax >> 7) : 1, g = bx_f32_g(ebtop);
+  int normal = aminnz >= 0x80; /* no subnormals: the shifted doubles */
+  if (normal && aminnz >= bx_bf16_thr(ebtop, 15)) {
+    bx_pend_add(&c->p1, c->acc, mk->window1_fast(x, len, g), g - 45);
+  } else if (normal && aminnz >= bx_bf16_thr(ebtop, 37)) {
+    bx_pend_add(&c->p1, c->acc, mk->window2_fast(x, len, g), g - 45);
+  } else if (normal && aminnz >= bx_bf16_thr(ebtop, 60)) {
+    bx_i128 v2, v1 = mk->window3_fast(x, len, g, &v2);
+    bx_pend_add(&c->p1, c->acc, v1, g - 45);
+    bx_pend_add(&c->p2, c->acc, v2, g - 90);
+  } else if (aminnz >= bx_bf16_thr(ebtop, 15)) { /* subnormals among them */
+    bx_pend_add(&c->p1, c->acc, mk->window1(x, len, g), g - 45);
+  } else if (aminnz >= bx_bf16_thr(ebtop, 37)) {
+    bx_pend_add(&c->p1, c->acc, mk->window2(x, len, g), g - 45);
+  } else {
+    return 1;
+  }
+  return 0;
+}
+
+/* ---- guessed windows (exact_grid.h, GUESSED WINDOWS) -------------------
+ * G comes from the lane sums of the block before; the least non-zero |x|
+ * of the block, found in the same loop, says whether the window's level
+ * admitted every element; the binades of the final lanes say whether hi
+ * held. No pass 1, no flags: a block that fails is redone. */
+#define BF16_G_MAX 203 /* a NaN/Inf product (>= 1) overflows hi's binade */
+
+/* A block whose least non-zero |x| bits are minnz fits the window of G:
+ * one level needs 2e - 268 >= G for its exponent field e, two levels
+ * 2e - 268 >= G - 45; both need it normal (the y' of a subnormal is not
+ * |x| 2^640). */
+static int bf16_fits(uint32_t minnz, int g, int levels) {
+  if (minnz == 0) return 1;
+  int e = (int)(minnz >> 7);
+  return e >= 1 && 2 * e - 268 >= (levels == 1 ? g : g - 45);
+}
+
+/* The next block's G: its largest hi lane near 2^49 of the 2^51 above
+ * the anchor (a guess; the binade check decides). */
+static int bf16_adapt(int g, int64_t hmax) {
+  int lg = hmax > 0 ? 63 - __builtin_clzll((uint64_t)hmax) : 0;
+  if (lg != 49) g += lg - 49;
+  return g < -300 ? -300 : g;
+}
+
+/* A full block through the guessed windows: one level first (two when
+ * the block before needed them); 0 if neither held. */
+static int bf16_guessed(bf16_ctx *c, const uint16_t *x, int *g, int *levels) {
+  bx_i128 v;
+  int64_t hmax = 0;
+  uint32_t minnz;
+  if (*levels == 1) {
+    if (!c->mk->guess1(x, *g, &minnz, &v, &hmax)) return 0;
+    if (!bf16_fits(minnz, *g, 1)) {
+      if (!bf16_fits(minnz, *g, 2)) return 0;
+      *levels = 2;
+    }
+  }
+  if (*levels == 2) {
+    if (!c->mk->guess2(x, *g, &minnz, &v, &hmax) || !bf16_fits(minnz, *g, 2)) return 0;
+    if (bf16_fits(minnz, *g, 1)) *levels = 1;
+  }
+  bx_pend_add(&c->p1, c->acc, v, *g - 45);
+  *g = bf16_adapt(*g, hmax);
+  return 1;
+}
+
+/* Checked blocks until one fits a one- or two-level window without
+ * subnormals; then guessed windows (if the ISA has them), G from the
+ * lanes before. A block they do not take (or whose hi overflowed) is
+ * redone checked, and its pass 1 restarts the guess. Blocks no window
+ * takes go to the bins at once (their data in L1), and while they keep
+ * coming the next ones skip pass 1. */
+void bx_drive_sumsq_bf16(const bx_bf16_micro *mk, const uint16_t *x, size_t n, bx_acc *acc) {
+  const size_t bs = mk->block;
+  bf16_ctx c;
+  c.mk = mk;
+  c.acc = acc;
+  c.p1 = c.p2 = (bx_pending){0, 0, 0};
+  c.bins_live = c.wide = 0;
+  size_t i = 0, len = bs; /* the first block ends on a 64-byte boundary */
+  if (((uintptr_t)x & 1) == 0) len -= ((uintptr_t)x >> 1) & 31;
+  int g = 0, levels = 1, guessed = 0;
+  int can_guess = mk->guess1 && mk->guess2;
+  while (i < n) {
+    if (len > n - i) len = n - i;
+    int done = 0;
+    if (c.wide) {
+      bf16_wide(&c, x + i, len);
+      done = 1;
+    }
+    if (!done && guessed && len == bs && g <= BF16_G_MAX) done = bf16_guessed(&c, x + i, &g, &levels);
+    if (!done) { /* checked */
+      uint32_t amax, aminnz;
+      int wide = bf16_checked(&c, x + i, len, &amax, &aminnz);
+      int ebtop = amax >> 7 ? (int)(amax >> 7) : 1;
+      guessed = can_guess && !wide && amax != 0 && aminnz >= 0x80 &&
+                aminnz >= bx_bf16_thr(ebtop, 37);
+      g = bx_f32_g(ebtop);
+      levels = aminnz >= bx_bf16_thr(ebtop, 15) ? 1 : 2;
+      if (wide) bf16_wide(&c, x + i, len);
+    }
+    i += len;
+    len = bs;
+  }
+  if (c.bins_live) bx_bins_done(&c.bins, acc, 2, -268);
+  bx_pend_flush(&c.p1, acc);
+  bx_pend_flush(&c.p2, acc);
+  acc->count += (int64_t)n;
+}
+
+/* ======================================================================
+ * fp16: one fixed window, G = -12, L = -57, no pass 1.
+ * ====================================================================== */
+
+void bx_drive_sumsq_f16(const bx_f16_micro *mk, const uint16_t *x, size_t n, bx_acc *acc) {
+  const size_t bs = mk->block;
+  bx_pending p = {0, 0, 0};
+  size_t scalar_n = 0, i = 0, len = bs, run = 0, run_at = 0; /* run: for the scalar kernel */
+  if (((uintptr_t)x & 1) == 0) len -= ((uintptr_t)x >> 1) & 31;
+  while (i < n) {
+    if (len > n - i) len = n - i;
+    bx_i128 v;
+    if (mk->window(x + i, len, &v)) {
+      bx_pend_add(&p, acc, v, -57);
+      if (run) {
+        bx_sumsq_f16_scalar(x + run_at, run, acc); /* counts them */
+        scalar_n += run;
+        run = 0;
+      }
+    } else { /* a NaN or Inf in the block: the scalar kernel redoes it */
+      if (!run) run_at = i;
+      run += len;
+      if (run >= BX_SCALAR_RUN_MAX) { /* the run still in L2 */
+        bx_sumsq_f16_scalar(x + run_at, run, acc);
+        scalar_n += run;
+        run = 0;
+      }
+    }
+    i += len;
+    len = bs;
+  }
+  if (run) {
+    bx_sumsq_f16_scalar(x + run_at, run, acc);
+    scalar_n += run;
+  }
+  bx_pend_flush(&p, acc);
+  acc->count += (int64_t)(n - scalar_n);
+}
