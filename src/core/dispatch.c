@@ -133,7 +133,7 @@ static void choose_once(void) {
     const isa *s = isa_named(env);
     if (s && runs_here(s)) {
       auto_isa = s;
-      snprintf(auto_reason, sizeof auto_reason, "forced by the environment: BX_ISA=%s (%s)", env, who);
+      snprintf(auto_reason, sizeof auto_reason, "%s: forced by the environment, BX_ISA=%s (%s)", s->name, env, who);
       return;
     }
   }
@@ -145,7 +145,7 @@ static void choose_once(void) {
     const isa *s = isa_named(q->isa);
     if (s && runs_here(s)) {
       auto_isa = s;
-      snprintf(auto_reason, sizeof auto_reason, "CPU table: %s on %s (%s)", s->name, who, q->what);
+      snprintf(auto_reason, sizeof auto_reason, "%s: the CPU table's choice for %s (%s)", s->name, who, q->what);
       return;
     }
   }
@@ -154,8 +154,8 @@ static void choose_once(void) {
       auto_isa = &isas[i];
       break;
     }
-  snprintf(auto_reason, sizeof auto_reason, "the widest ISA this CPU runs (%s; no CPU-table rule)%s%s%s",
-           who, env && *env ? "; BX_ISA=" : "", env && *env ? env : "",
+  snprintf(auto_reason, sizeof auto_reason, "%s: the widest ISA this CPU runs (%s; no CPU-table rule)%s%s%s",
+           auto_isa->name, who, env && *env ? "; BX_ISA=" : "", env && *env ? env : "",
            env && *env ? " ignored: unknown or not supported here" : "");
 }
 
@@ -193,7 +193,7 @@ bx_status bx_force_isa(const char *name) {
   }
   const isa *s = isa_named(name);
   if (!s || !runs_here(s)) return bx_fail(BX_EINVAL, "ISA '%s' is unknown or not supported by this CPU", name);
-  snprintf(forced_reason, sizeof forced_reason, "forced: bx_force_isa(\"%s\")", s->name);
+  snprintf(forced_reason, sizeof forced_reason, "%s: forced by bx_force_isa", s->name);
   atomic_store(&active_reason, forced_reason);
   atomic_store(&active, s);
   return BX_OK;

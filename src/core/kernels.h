@@ -89,9 +89,9 @@ extern const bx_scale_kernels bx_scale_avx512;
  * CPU runs, by dispatch.c's CPU table, else the widest. Thread-safe. */
 const bx_kernels *bx_kernels_active(void);
 
-/* Why the active table was chosen, one line for logs and benchmarks
- * ("CPU table: ...", "the widest ISA this CPU runs (...)", "forced ...").
- * The name is bx_isa_name() (bitexact.h). */
+/* Why the active table was chosen, one line for logs and benchmarks: its
+ * name, a colon, and the reason ("the CPU table's choice for ...", "the
+ * widest ISA this CPU runs (...)", "forced by ..."). */
 const char *bx_kernels_reason(void);
 
 /* The scaling table matching bx_kernels_active(). */
