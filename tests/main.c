@@ -130,6 +130,7 @@ static const test_entry TESTS[] = {
     {"cuda_sim_store_rounding", test_cuda_sim_store_rounding},
     /* the block drivers and micro-kernels (test_kernels.c) */
     {"kernels_driver_paths", test_kernels_driver_paths},
+    {"kernels_special_near_block_ends", test_kernels_special_near_block_ends},
     {"kernels_f64_bins_flush", test_kernels_f64_bins_flush},
     {"kernels_hostile_fpenv", test_kernels_hostile_fpenv},
     {"kernels_dispatch_reason", test_kernels_dispatch_reason},

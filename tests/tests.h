@@ -115,6 +115,7 @@ void test_cuda_sim_store_rounding(void);
 
 /* test_kernels.c */
 void test_kernels_driver_paths(void);
+void test_kernels_special_near_block_ends(void);
 void test_kernels_f64_bins_flush(void);
 void test_kernels_hostile_fpenv(void);
 void test_kernels_dispatch_reason(void);

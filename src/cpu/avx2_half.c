@@ -216,20 +216,43 @@ static bx_i128 bf16_window3_fast(const uint16_t *x, size_t len, int g, bx_i128 *
 
 /* ---- guessed windows (exact_grid.h, GUESSED WINDOWS) ------------------- */
 
-/* micro.h: guess1. One level, 8 accumulators (32 lanes, k = 32). */
-static int bf16_guess1(const uint16_t *x, int g, uint32_t *minnz, bx_i128 *v, int64_t *hmax) {
+/* the words with 0 < |x| bits < thr (thr <= 0x7F80: signed compares
+ * order the 15-bit values) as all-ones 16-bit lanes */
+static inline __m256i bf16_tiny16(__m256i v, __m256i vt) {
+  __m256i a = _mm256_and_si256(v, _mm256_set1_epi16(0x7FFF));
+  return _mm256_andnot_si256(_mm256_cmpeq_epi16(a, _mm256_setzero_si256()), _mm256_cmpgt_epi16(vt, a));
+}
+
+/* The words of x[0..16) flagged in k (all-ones lanes) into tiny[] (at
+ * most BX_BF16_TINY in all); 0 if there are more. Rare: scalar. */
+static int bf16_set_apart(const uint16_t *x, __m256i k, uint16_t *tiny, int *nt) {
+  unsigned m = _pext_u32((unsigned)_mm256_movemask_epi8(k), 0x55555555u); /* one bit a word */
+  if (*nt + __builtin_popcount(m) > BX_BF16_TINY) return 0;
+  for (; m; m &= m - 1) tiny[(*nt)++] = x[__builtin_ctz(m)];
+  return 1;
+}
+
+/* micro.h: guess1. One level, 8 accumulators (32 lanes, k = 32); the
+ * words with 0 < |x| bits < thr are set apart and zeroed. */
+static int bf16_guess1(const uint16_t *x, int g, uint32_t thr, uint16_t *tiny, int *ntiny, bx_i128 *v,
+                       int64_t *hmax) {
   const __m256d ah = anchor4(g - 256);
+  const __m256i vt = _mm256_set1_epi16((short)thr);
   __m256d h[8] = {ah, ah, ah, ah, ah, ah, ah, ah};
-  __m256i mn = _mm256_set1_epi16(-1);
+  *ntiny = 0;
   for (size_t i = 0; i < BLOCK; i += 32) {
     bx_prefetch_line(x + i);
     __m256i a = _mm256_loadu_si256((const void *)(x + i));
     __m256i b = _mm256_loadu_si256((const void *)(x + i + 16));
-    mn = bf16_min16(b, bf16_min16(a, mn));
+    __m256i ka = bf16_tiny16(a, vt), kb = bf16_tiny16(b, vt);
+    if (!_mm256_testz_si256(_mm256_or_si256(ka, kb), _mm256_or_si256(ka, kb))) { /* rare */
+      if (!bf16_set_apart(x + i, ka, tiny, ntiny) || !bf16_set_apart(x + i + 16, kb, tiny, ntiny)) return 0;
+      a = _mm256_andnot_si256(ka, a);
+      b = _mm256_andnot_si256(kb, b);
+    }
     bf16_fast1_16(a, h);
     bf16_fast1_16(b, h + 4);
   }
-  *minnz = bf16_min_done(mn);
   const __m256i an = _mm256_castpd_si256(ah);
   __m256i bad = _mm256_setzero_si256(), d[8];
   for (int k = 0; k < 8; k++) d[k] = lanes_diff(h[k], an, &bad);

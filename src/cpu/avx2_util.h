@@ -54,6 +54,17 @@ static inline __m256i max_epi64(__m256i a, __m256i b) {
   return _mm256_blendv_epi8(a, b, _mm256_cmpgt_epi64(b, a));
 }
 
+static inline __m256i min_epi64(__m256i a, __m256i b) {
+  return _mm256_blendv_epi8(a, b, _mm256_cmpgt_epi64(a, b));
+}
+
+static inline int64_t hmin_epi64(__m256i v) {
+  __m128i m = _mm256_castsi256_si128(v), h = _mm256_extracti128_si256(v, 1);
+  m = _mm_blendv_epi8(m, h, _mm_cmpgt_epi64(m, h));
+  int64_t a = _mm_cvtsi128_si64(m), b = _mm_extract_epi64(m, 1);
+  return a < b ? a : b;
+}
+
 static inline int64_t hmax_epi64(__m256i v) {
   __m128i m = _mm256_castsi256_si128(v), h = _mm256_extracti128_si256(v, 1);
   m = _mm_blendv_epi8(m, h, _mm_cmpgt_epi64(h, m));

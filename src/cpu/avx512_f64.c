@@ -10,20 +10,31 @@
  * error; both summed with the add-form two-level grid.
  * ====================================================================== */
 
-/* micro.h: max. Max |x| bits, and the bitmap of 32-binade buckets. */
-static uint64_t f64_max(const double *x, size_t len, uint64_t *buckets) {
-  const __m512i absm = _mm512_set1_epi64(0x7FFFFFFFFFFFFFFFll), one = _mm512_set1_epi64(1);
-  __m512i mx = _mm512_setzero_si512(), bk = mx;
+/* pass-1 step over 8 lanes of |x| bits a */
+static inline void f64_stats8(__m512i a, __m512i *mx, __m512i *mn, __m512i *bk) {
+  *mx = _mm512_max_epu64(*mx, a);
+  *mn = _mm512_min_epu64(*mn, _mm512_sub_epi64(a, _mm512_set1_epi64(1))); /* zeros wrap */
+  *bk = _mm512_or_si512(*bk, _mm512_sllv_epi64(_mm512_set1_epi64(1), _mm512_srli_epi64(a, 57)));
+}
+
+static inline void f64_stats_done(__m512i mx, __m512i mn, __m512i bk, bx_f64_stats *st) {
+  st->amax = _mm512_reduce_max_epu64(mx);
+  st->aminnz = _mm512_reduce_min_epu64(mn) + 1u; /* 0: no non-zero element */
+  st->buckets = (uint64_t)_mm512_reduce_or_epi64(bk);
+}
+
+static inline __m512i f64_abs(__m512i v) { return _mm512_and_si512(v, _mm512_set1_epi64(0x7FFFFFFFFFFFFFFFll)); }
+
+/* micro.h: stats */
+static void f64_stats(const double *x, size_t len, bx_f64_stats *st) {
+  __m512i mx = _mm512_setzero_si512(), mn = _mm512_set1_epi64(-1), bk = mx;
   for (size_t i = 0; i < len; i += 8) {
     bx_prefetch_line(x + i);
     __m512i v = len - i >= 8 ? _mm512_loadu_si512(x + i)
                              : _mm512_maskz_loadu_epi64((__mmask8)((1u << (len - i)) - 1), x + i);
-    __m512i a = _mm512_and_si512(v, absm);
-    mx = _mm512_max_epu64(mx, a);
-    bk = _mm512_or_si512(bk, _mm512_sllv_epi64(one, _mm512_srli_epi64(a, 57)));
+    f64_stats8(f64_abs(v), &mx, &mn, &bk); /* masked-off lanes: zeros, which change nothing */
   }
-  *buckets = (uint64_t)_mm512_reduce_or_epi64(bk);
-  return _mm512_reduce_max_epu64(mx);
+  f64_stats_done(mx, mn, bk, st);
 }
 
 typedef struct f64_acc {
@@ -32,11 +43,20 @@ typedef struct f64_acc {
 
 static inline void f64_step(__m512i b, __m512i thr, __m512i upper, __m512d sc, __m512i *rest,
                             f64_acc *s) {
-  __m512i a = _mm512_and_si512(b, _mm512_set1_epi64(0x7FFFFFFFFFFFFFFFll));
+  __m512i a = f64_abs(b);
   __mmask8 below = _mm512_cmplt_epu64_mask(a, thr);
   __mmask8 in = _mm512_mask_cmplt_epu64_mask((__mmask8)~below, a, upper);
   *rest = _mm512_mask_max_epu64(*rest, below, *rest, a);
   __m512d xs = _mm512_maskz_scalef_pd(in, _mm512_castsi512_pd(b), sc); /* x 2^sc, exact */
+  __m512d p = _mm512_mul_pd(xs, xs);
+  __m512d r = _mm512_fmsub_pd(xs, xs, p); /* exact: x'^2 - p */
+  add2(p, &s->hp, &s->lp);
+  add2(r, &s->hr, &s->lr);
+}
+
+/* 8 elements, all inside the window: no masks */
+static inline void f64_step_all(__m512i b, __m512d sc, f64_acc *s) {
+  __m512d xs = _mm512_scalef_pd(_mm512_castsi512_pd(b), sc); /* x 2^sc, exact */
   __m512d p = _mm512_mul_pd(xs, xs);
   __m512d r = _mm512_fmsub_pd(xs, xs, p); /* exact: x'^2 - p */
   add2(p, &s->hp, &s->lp);
@@ -50,6 +70,47 @@ static inline int64_t f64_lanes(const f64_acc *s, int which, int g) {
   return lanes_sum(s[0].lr, s[1].lr, s[2].lr, s[3].lr, g);
 }
 
+static inline void f64_acc_init(f64_acc s[4]) {
+  for (int k = 0; k < 4; k++) {
+    s[k].hp = anchor_pd(-43);
+    s[k].lp = anchor_pd(-89);
+    s[k].hr = anchor_pd(-97);
+    s[k].lr = anchor_pd(-143);
+  }
+}
+
+/* micro.h: window_all. The stream read for the first time is the next
+ * block when it is fused (this one was read by its pass 1), else this one. */
+static void f64_window_all(const double *x, size_t len, int sc, bx_f64_next *nx, bx_i128 *vp, bx_i128 *vr) {
+  const __m512d scale = _mm512_set1_pd((double)sc);
+  f64_acc s[4];
+  f64_acc_init(s);
+  __m512i mx = _mm512_setzero_si512(), mn = _mm512_set1_epi64(-1), bk = mx;
+  const double *pf = nx ? nx->y : x;
+  size_t i = 0;
+  for (; i + 32 <= len; i += 32) {
+    bx_prefetch_line(pf + i);
+    bx_prefetch_line(pf + i + 8);
+    bx_prefetch_line(pf + i + 16);
+    bx_prefetch_line(pf + i + 24);
+    if (nx)
+      for (int k = 0; k < 4; k++) f64_stats8(f64_abs(_mm512_loadu_si512(nx->y + i + 8 * k)), &mx, &mn, &bk);
+    f64_step_all(_mm512_loadu_si512(x + i), scale, &s[0]);
+    f64_step_all(_mm512_loadu_si512(x + i + 8), scale, &s[1]);
+    f64_step_all(_mm512_loadu_si512(x + i + 16), scale, &s[2]);
+    f64_step_all(_mm512_loadu_si512(x + i + 24), scale, &s[3]);
+  }
+  for (int k = 0; i < len; i += 8, k++) {
+    size_t left = len - i;
+    __m512i v = left >= 8 ? _mm512_loadu_si512(x + i)
+                          : _mm512_maskz_loadu_epi64((__mmask8)((1u << left) - 1), x + i);
+    f64_step_all(v, scale, &s[k]);
+  }
+  if (nx) f64_stats_done(mx, mn, bk, &nx->st);
+  *vp = combine46(f64_lanes(s, 0, -43), f64_lanes(s, 1, -89));
+  *vr = combine46(f64_lanes(s, 2, -97), f64_lanes(s, 3, -143));
+}
+
 /* micro.h: window. Elements with |x| bits in [thr, upper), scaled by 2^sc
  * (the window max in [1,2)). */
 static void f64_window(const double *x, size_t len, int sc, uint64_t thr, uint64_t upper,
@@ -57,12 +118,7 @@ static void f64_window(const double *x, size_t len, int sc, uint64_t thr, uint64
   const __m512i vt = _mm512_set1_epi64((int64_t)thr), vu = _mm512_set1_epi64((int64_t)upper);
   const __m512d scale = _mm512_set1_pd((double)sc); /* scalef: x * 2^sc */
   f64_acc s[4];
-  for (int k = 0; k < 4; k++) {
-    s[k].hp = anchor_pd(-43);
-    s[k].lp = anchor_pd(-89);
-    s[k].hr = anchor_pd(-97);
-    s[k].lr = anchor_pd(-143);
-  }
+  f64_acc_init(s);
   __m512i r = _mm512_setzero_si512();
   size_t i = 0;
   for (; i + 32 <= len; i += 32) {
@@ -86,4 +142,4 @@ static void f64_window(const double *x, size_t len, int sc, uint64_t thr, uint64
   *vr = combine46(f64_lanes(s, 2, -97), f64_lanes(s, 3, -143));
 }
 
-const bx_f64_micro bx_micro_f64_avx512 = {1024, f64_max, f64_window};
+const bx_f64_micro bx_micro_f64_avx512 = {1024, f64_stats, f64_window_all, f64_window};

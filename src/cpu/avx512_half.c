@@ -193,16 +193,35 @@ static bx_i128 bf16_window3_fast(const uint16_t *x, size_t len, int g, bx_i128 *
 
 /* ---- guessed windows (exact_grid.h, GUESSED WINDOWS) ------------------- */
 
-/* micro.h: guess1. One level, 8 accumulators (k = 32 a lane). */
-static int bf16_guess1(const uint16_t *x, int g, uint32_t *minnz, bx_i128 *v, int64_t *hmax) {
+/* The words of x[0..32) flagged in k into tiny[] (at most BX_BF16_TINY
+ * in all); 0 if there are more. Rare: a branch, not vector code. */
+static int bf16_set_apart(const uint16_t *x, __mmask32 k, uint16_t *tiny, int *nt) {
+  if (*nt + __builtin_popcount((unsigned)k) > BX_BF16_TINY) return 0;
+  for (unsigned kk = k; kk; kk &= kk - 1) tiny[(*nt)++] = x[__builtin_ctz(kk)];
+  return 1;
+}
+
+/* micro.h: guess1. One level, 8 accumulators (k = 32 a lane); the words
+ * with 0 < |x| bits < thr are set apart and zeroed. */
+static int bf16_guess1(const uint16_t *x, int g, uint32_t thr, uint16_t *tiny, int *ntiny, bx_i128 *v,
+                       int64_t *hmax) {
   const __m512d ah = anchor_pd(g - 256);
+  const __m512i absm = _mm512_set1_epi16(0x7FFF), one = _mm512_set1_epi16(1);
+  const __m512i vt = _mm512_set1_epi16((short)(thr - 1));
   __m512d h[8] = {ah, ah, ah, ah, ah, ah, ah, ah};
-  __m512i mn = _mm512_set1_epi16(-1);
+  *ntiny = 0;
   for (size_t i = 0; i < BF16_BLOCK; i += 64) {
     bx_prefetch_line(x + i);
     bx_prefetch_line(x + i + 32);
     __m512i w[4], u[4], a = _mm512_loadu_si512(x + i), b = _mm512_loadu_si512(x + i + 32);
-    mn = bf16_min32(b, bf16_min32(a, mn));
+    /* 0 < |x| bits < thr: |x| bits - 1 < thr - 1, zeros wrapping above */
+    __mmask32 ka = _mm512_cmplt_epu16_mask(_mm512_sub_epi16(_mm512_and_si512(a, absm), one), vt);
+    __mmask32 kb = _mm512_cmplt_epu16_mask(_mm512_sub_epi16(_mm512_and_si512(b, absm), one), vt);
+    if (ka | kb) { /* rare */
+      if (!bf16_set_apart(x + i, ka, tiny, ntiny) || !bf16_set_apart(x + i + 32, kb, tiny, ntiny)) return 0;
+      a = _mm512_maskz_mov_epi16(~ka, a);
+      b = _mm512_maskz_mov_epi16(~kb, b);
+    }
     bf16_split4(a, w);
     bf16_split4(b, u);
     h[0] = bf16_sq1(w[0], h[0]);
@@ -214,7 +233,6 @@ static int bf16_guess1(const uint16_t *x, int g, uint32_t *minnz, bx_i128 *v, in
     h[6] = bf16_sq1(u[2], h[6]);
     h[7] = bf16_sq1(u[3], h[7]);
   }
-  *minnz = bf16_min_done(mn);
   const __m512i an = _mm512_castpd_si512(ah);
   __m512i bad = _mm512_setzero_si512(), d[8];
   for (int k = 0; k < 8; k++) d[k] = lanes_diff(h[k], an, &bad);

@@ -90,14 +90,20 @@ static int bf16_checked(bf16_ctx *c, const uint16_t *x, size_t len, uint32_t *am
  * held. No pass 1, no flags: a block that fails is redone. */
 #define BF16_G_MAX 203 /* a NaN/Inf product (>= 1) overflows hi's binade */
 
-/* A block whose least non-zero |x| bits are minnz fits the window of G:
- * one level needs 2e - 268 >= G for its exponent field e, two levels
- * 2e - 268 >= G - 45; both need it normal (the y' of a subnormal is not
- * |x| 2^640). */
-static int bf16_fits(uint32_t minnz, int g, int levels) {
+/* A block whose least non-zero |x| bits are minnz fits the two-level
+ * window of G: 2e - 268 >= G - 45 for its exponent field e, and e normal
+ * (the y' of a subnormal is not |x| 2^640). */
+static int bf16_fits2(uint32_t minnz, int g) {
   if (minnz == 0) return 1;
   int e = (int)(minnz >> 7);
-  return e >= 1 && 2 * e - 268 >= (levels == 1 ? g : g - 45);
+  return e >= 1 && 2 * e - 268 >= g - 45;
+}
+
+/* The one-level window of G admits |x| bits >= this: normal, and 2e - 268
+ * >= G (the least such e is ceil((G + 268) / 2)). */
+static uint32_t bf16_thr1(int g) {
+  int e = g + 268 > 0 ? (g + 268 + 1) / 2 : 1;
+  return (uint32_t)(e > 1 ? e : 1) << 7;
 }
 
 /* The next block's G: its largest hi lane near 2^49 of the 2^51 above
@@ -108,22 +114,34 @@ static int bf16_adapt(int g, int64_t hmax) {
   return g < -300 ? -300 : g;
 }
 
-/* A full block through the guessed windows: one level first (two when
- * the block before needed them); 0 if neither held. */
+/* The elements a one-level block set apart (non-zero, finite, below its
+ * window) into the integer bins. */
+static void bf16_tiny_bins(bf16_ctx *c, const uint16_t *tiny, int nt) {
+  if (!c->bins_live) {
+    bx_bins_init(&c->bins, 0);
+    c->bins_live = 1;
+  }
+  for (int j = 0; j < nt; j++) {
+    uint32_t e = (tiny[j] >> 7) & 0xFF, m = (tiny[j] & 0x7Fu) | (e ? 0x80u : 0);
+    c->bins.bin[j & 3][e] += m * m;
+    bx_bins_touch(&c->bins, e, e);
+  }
+}
+
+/* A full block through the guessed windows: one level (two when the last
+ * checked block needed them); 0 if it did not hold. */
 static int bf16_guessed(bf16_ctx *c, const uint16_t *x, int *g, int *levels) {
   bx_i128 v;
   int64_t hmax = 0;
-  uint32_t minnz;
   if (*levels == 1) {
-    if (!c->mk->guess1(x, *g, &minnz, &v, &hmax)) return 0;
-    if (!bf16_fits(minnz, *g, 1)) {
-      if (!bf16_fits(minnz, *g, 2)) return 0;
-      *levels = 2;
-    }
-  }
-  if (*levels == 2) {
-    if (!c->mk->guess2(x, *g, &minnz, &v, &hmax) || !bf16_fits(minnz, *g, 2)) return 0;
-    if (bf16_fits(minnz, *g, 1)) *levels = 1;
+    uint16_t tiny[BX_BF16_TINY];
+    int nt = 0;
+    if (!c->mk->guess1(x, *g, bf16_thr1(*g), tiny, &nt, &v, &hmax)) return 0;
+    if (nt) bf16_tiny_bins(c, tiny, nt);
+  } else {
+    uint32_t minnz;
+    if (!c->mk->guess2(x, *g, &minnz, &v, &hmax) || !bf16_fits2(minnz, *g)) return 0;
+    if (minnz == 0 || minnz >= bf16_thr1(*g)) *levels = 1;
   }
   bx_pend_add(&c->p1, c->acc, v, *g - 45);
   *g = bf16_adapt(*g, hmax);

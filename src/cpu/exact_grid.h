@@ -137,25 +137,32 @@
  * two-level G of the block before (2 ebtop - 296), then the largest hi
  * lane is kept near 2^46 of the 2^51 its binade holds above the anchor.
  *
- * GUESSED WINDOWS (bf16; AVX-512 and AVX2). One level (h = fma(y, y', h), y*y' =
- * x^2 2^-256, G' = G - 256) or two levels (the step of pass 2 on y*y'),
- * normal rounding, no pass 1 and no flags: G guessed as for fp32 (largest
- * lane near 2^49); the same loop finds the block's least non-zero |x|
- * bits; the final lanes are tested for their binades. Claim: if the least
- * non-zero x is normal with 2e - 268 >= G (one level; >= G - 45 for two)
- * and every final lane is in its anchor's binade, every operation was
- * exact. Proof, one level: each product is a multiple of 2^(2e-268-256),
- * so of 2^G' (zero: 0); h never decreases, so every intermediate h lies
- * between ah and the final h, in the binade, where every multiple of 2^G'
- * is representable: each fma is exact. Two levels: as in BOUNDS with hi
- * in its binade throughout (it never decreases): d exact (Sterbenz), |e|
- * <= 2^(G'-1) and a multiple of 2^(L') (x^2 2^-256 and t - hi are), so
- * e has <= 46 bits; k = 64 elements a lane keep |lo - al| <= 2^(L'+50):
- * lo in its binade, every lo += e exact. NaN/Inf: the shifted fields make
- * y*y' = (1.f)^2 in [1, 4) (exponent field 255: 2^-768 * 2^768), while
- * finite squares give y*y' < 1; with G <= 203 the binade top 2^(G'+53)
- * <= 1, so a NaN/Inf product takes hi out of its binade for good: the
- * block fails. Subnormals would give a wrong y' (no hidden bit), but they
+ * GUESSED WINDOWS (bf16; AVX-512 and AVX2). One level (h = fma(y, y', h),
+ * y*y' = x^2 2^-256, G' = G - 256) or two levels (the step of pass 2 on
+ * y*y'), normal rounding, no pass 1 and no flags: G guessed as for fp32
+ * (largest lane near 2^49); the final lanes are tested for their binades.
+ * One level admits the elements with |x| bits >= thr = max(1, ceil((G +
+ * 268) / 2)) << 7, i.e. normal with 2e - 268 >= G; the loop zeroes the
+ * others and sets the non-zero ones apart (rare: a few tiny elements
+ * below a gradient block's window) into the integer bins, exactly; more
+ * than BX_BF16_TINY of them fail the block. Two levels admit all, and the
+ * same loop finds the block's least non-zero |x| bits. Claim: if every
+ * admitted x is normal with 2e - 268 >= G (one level; >= G - 45 for two:
+ * the least non-zero test) and every final lane is in its anchor's
+ * binade, every operation was exact. Proof, one level: each admitted
+ * product is a multiple of 2^(2e-268-256), so of 2^G' (zeroed or zero:
+ * 0); h never decreases, so every intermediate h lies between ah and the
+ * final h, in the binade, where every multiple of 2^G' is representable:
+ * each fma is exact. Two levels: as in BOUNDS with hi in its binade
+ * throughout (it never decreases): d exact (Sterbenz), |e| <= 2^(G'-1)
+ * and a multiple of 2^(L') (x^2 2^-256 and t - hi are), so e has <= 46
+ * bits; k = 64 elements a lane keep |lo - al| <= 2^(L'+50): lo in its
+ * binade, every lo += e exact. NaN/Inf (|x| bits above any thr): the
+ * shifted fields make y*y' = (1.f)^2 in [1, 4) (exponent field 255:
+ * 2^-768 * 2^768), while finite squares give y*y' < 1; with G <= 203 the
+ * binade top 2^(G'+53) <= 1, so a NaN/Inf product takes hi out of its
+ * binade for good: the block fails. Subnormals would give a wrong y' (no
+ * hidden bit), but one level sets them apart (thr >= 0x80) and two levels
  * fail the least-non-zero test (e = 0). A block that fails is redone by
  * the checked path, whose pass 1 restarts G.
  */

@@ -94,13 +94,18 @@ typedef struct bx_bf16_micro {
   bx_i128 (*window3_fast)(const uint16_t *x, size_t len, int g, bx_i128 *v2);
   /* as bx_f32_micro.bins_prep; 16-bit products (m^2 < 2^16) */
   size_t (*bins_prep)(const uint16_t *x, size_t m, uint16_t *idx, uint16_t *val, bx_bins_span *sp);
-  /* optional: the guessed windows (exact_grid.h, GUESSED WINDOWS), one
-   * and two levels, over one full block; 0 if a lane left its binade,
-   * else *v, *hmax as for fp32 and *minnz = least non-zero |x| bits. NULL:
-   * every block is checked. */
-  int (*guess1)(const uint16_t *x, int g, uint32_t *minnz, bx_i128 *v, int64_t *hmax);
+  /* optional: the guessed windows (exact_grid.h, GUESSED WINDOWS) over
+   * one full block; 0 if a lane left its binade, else *v, *hmax as for
+   * fp32. guess1 (one level) admits the elements with |x| bits >= thr and
+   * sets the non-zero others apart, their words into tiny[] (*ntiny of
+   * them; more than BX_BF16_TINY: 0). guess2 (two levels) admits all and
+   * gives *minnz = least non-zero |x| bits. NULL: every block is checked. */
+  int (*guess1)(const uint16_t *x, int g, uint32_t thr, uint16_t *tiny, int *ntiny, bx_i128 *v,
+                int64_t *hmax);
   int (*guess2)(const uint16_t *x, int g, uint32_t *minnz, bx_i128 *v, int64_t *hmax);
 } bx_bf16_micro;
+
+#define BX_BF16_TINY 64 /* elements a one-level guessed block may set apart */
 
 /* ---- fp16 --------------------------------------------------------------- */
 
@@ -114,13 +119,27 @@ typedef struct bx_f16_micro {
 
 /* ---- fp64 --------------------------------------------------------------- */
 
+/* Pass 1 of a block: max |x| bits, min non-zero |x| bits (0 if none), and
+ * the bitmap of 32-binade buckets (exact_grid.h) */
+typedef struct bx_f64_stats {
+  uint64_t amax, aminnz, buckets;
+} bx_f64_stats;
+
+typedef struct bx_f64_next {
+  const double *y; /* the next block (block elements), or NULL */
+  bx_f64_stats st;
+} bx_f64_next;
+
 typedef struct bx_f64_micro {
   size_t block; /* lanes x 32 (K = 5) */
-  /* max |x| bits, and the bitmap of 32-binade buckets (exact_grid.h) */
-  uint64_t (*max)(const double *x, size_t len, uint64_t *buckets);
-  /* the elements with |x| bits in [thr, upper), scaled by 2^sc: *vp
-   * (units 2^(-89-2sc)) and *vr (units 2^(-143-2sc)); *restmax = max |x|
-   * bits of those below thr */
+  void (*stats)(const double *x, size_t len, bx_f64_stats *st);
+  /* x[0..len), every non-zero element inside the window of sc (|x| bits
+   * >= bx_f64_window's threshold), scaled by 2^sc: *vp (units
+   * 2^(-89-2sc)) and *vr (units 2^(-143-2sc)). nx (then len == block):
+   * also the next block's pass 1 into nx->st */
+  void (*window_all)(const double *x, size_t len, int sc, bx_f64_next *nx, bx_i128 *vp, bx_i128 *vr);
+  /* the same over the elements with |x| bits in [thr, upper) (masked);
+   * *restmax = max |x| bits of those below thr */
   void (*window)(const double *x, size_t len, int sc, uint64_t thr, uint64_t upper,
                  uint64_t *restmax, bx_i128 *vp, bx_i128 *vr);
 } bx_f64_micro;
