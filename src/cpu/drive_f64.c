@@ -66,7 +66,8 @@ void bx_drive_sumsq_f64(const bx_f64_micro *mk, const double *x, size_t n, bx_ac
         bins_live = 1;
       }
       if (bins.room < len) bx_bins_f64_flush(&bins, acc, -2150, 2);
-      bx_bins_f64_add(&bins, b, len, rest_below, 1);
+      if (rest_below == UINT64_MAX) bx_bins_f64_add(&bins, b, len, UINT64_MAX, 1); /* no compare */
+      else bx_bins_f64_add(&bins, b, len, rest_below, 1);
     }
     if (nx.y && !fused) mk->stats(nx.y, bs, &nx.st);
     have = nx.y != NULL;

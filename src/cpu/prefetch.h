@@ -17,8 +17,12 @@
 #ifndef BX_PREFETCH_H
 #define BX_PREFETCH_H
 
+#ifndef BX_PREFETCH_FAR /* (overridable for tuning runs; the defaults are what ships) */
 #define BX_PREFETCH_FAR 16384 /* bytes ahead, prefetcht2 */
+#endif
+#ifndef BX_PREFETCH_NEAR
 #define BX_PREFETCH_NEAR 2048 /* bytes ahead, prefetcht0 */
+#endif
 
 static inline __attribute__((always_inline)) void bx_prefetch_line(const void *p) {
 #if defined(__x86_64__) || defined(__i386__)
