@@ -23,7 +23,7 @@ command -v objdump >/dev/null || { echo "check_prefetch: objdump not found" >&2;
 # object:function pairs outside the tables
 extra="portable:bx_sumsq_f16_scalar portable:bx_sumsq_bf16_scalar portable:bx_sumsq_f32_scalar
 portable:bx_sumsq_f64_scalar portable:bx_sumabs_f16_scalar portable:bx_sumabs_bf16_scalar
-portable:bx_sumabs_f32_scalar portable:bx_sumabs_f64_scalar drive_f64:bx_drive_sumsq_f64"
+portable:bx_sumabs_f32_scalar portable:bx_sumabs_f64_scalar drive_f64:f64_bins"
 
 # the function names in the micro-kernel tables of src/cpu/NAME.c, as NAME:fn
 table_functions() {

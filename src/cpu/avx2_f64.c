@@ -160,4 +160,4 @@ static void f64_window(const double *x, size_t len, int sc, uint64_t thr, uint64
   f64_fold(s, vp, vr);
 }
 
-const bx_f64_micro bx_micro_f64_avx2 = {256, f64_stats, f64_window_all, f64_window};
+const bx_f64_micro bx_micro_f64_avx2 = {256, f64_stats, f64_window_all, f64_window, NULL};

@@ -142,4 +142,62 @@ static void f64_window(const double *x, size_t len, int sc, uint64_t thr, uint64
   *vr = combine46(f64_lanes(s, 2, -97), f64_lanes(s, 3, -143));
 }
 
-const bx_f64_micro bx_micro_f64_avx512 = {1024, f64_stats, f64_window_all, f64_window};
+/* ---- the verified window (exact_grid.h, VERIFIED WINDOWS) --------------
+ * The two roundings the scheme wants (p = x'^2 and t = hi + v) round to
+ * nearest with exceptions suppressed ({rn-sae}); every other operation
+ * must be exact, which the inexact flag (read by the driver) and the
+ * binades of the final lanes confirm. */
+#define F64_RN (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+
+static inline void add2v(__m512d v, __m512d *hi, __m512d *lo) {
+  __m512d t = _mm512_add_round_pd(*hi, v, F64_RN);
+  __m512d d = _mm512_sub_pd(*hi, t);
+  *lo = _mm512_add_pd(*lo, _mm512_add_pd(v, d));
+  *hi = t;
+}
+
+static inline void f64_stepv(__m512d x, __m512d sc, f64_acc *s) {
+  __m512d xs = _mm512_scalef_pd(x, sc); /* exact, or the flag says not */
+  __m512d p = _mm512_mul_round_pd(xs, xs, F64_RN);
+  __m512d r = _mm512_fmsub_pd(xs, xs, p); /* x'^2 - p: exact, or the flag says not */
+  add2v(p, &s->hp, &s->lp);
+  add2v(r, &s->hr, &s->lr);
+}
+
+/* micro.h: verified */
+static int f64_verified(const double *x, int sc, bx_i128 *vp, bx_i128 *vr, int64_t *hmax) {
+  const __m512d scale = _mm512_set1_pd((double)sc);
+  f64_acc s[4];
+  f64_acc_init(s);
+  for (size_t i = 0; i < 1024; i += 32) {
+    bx_prefetch_line(x + i);
+    bx_prefetch_line(x + i + 8);
+    bx_prefetch_line(x + i + 16);
+    bx_prefetch_line(x + i + 24);
+    f64_stepv(_mm512_loadu_pd(x + i), scale, &s[0]);
+    f64_stepv(_mm512_loadu_pd(x + i + 8), scale, &s[1]);
+    f64_stepv(_mm512_loadu_pd(x + i + 16), scale, &s[2]);
+    f64_stepv(_mm512_loadu_pd(x + i + 24), scale, &s[3]);
+  }
+  const __m512i ahp = _mm512_set1_epi64(bx_anchor_bits(-43)), alp = _mm512_set1_epi64(bx_anchor_bits(-89));
+  const __m512i ahr = _mm512_set1_epi64(bx_anchor_bits(-97)), alr = _mm512_set1_epi64(bx_anchor_bits(-143));
+  __m512i bad = _mm512_setzero_si512(), mx = _mm512_setzero_si512();
+  __m512i shp = mx, slp = mx, shr = mx, slr = mx;
+  for (int k = 0; k < 4; k++) {
+    __m512i a = lanes_diff(s[k].hp, ahp, &bad);
+    mx = _mm512_max_epi64(mx, a);
+    shp = _mm512_add_epi64(shp, a);
+    slp = _mm512_add_epi64(slp, lanes_diff(s[k].lp, alp, &bad));
+    shr = _mm512_add_epi64(shr, lanes_diff(s[k].hr, ahr, &bad));
+    slr = _mm512_add_epi64(slr, lanes_diff(s[k].lr, alr, &bad));
+  }
+  *vp = *vr = 0;
+  *hmax = 0;
+  if (lanes_bad(bad)) return 0;
+  *hmax = _mm512_reduce_max_epi64(mx);
+  *vp = combine46(_mm512_reduce_add_epi64(shp), _mm512_reduce_add_epi64(slp));
+  *vr = combine46(_mm512_reduce_add_epi64(shr), _mm512_reduce_add_epi64(slr));
+  return 1;
+}
+
+const bx_f64_micro bx_micro_f64_avx512 = {1024, f64_stats, f64_window_all, f64_window, f64_verified};

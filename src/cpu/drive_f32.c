@@ -6,13 +6,14 @@
  *
  * Blocks start checked (pass 1, then the narrowest window that takes the
  * block, the next block's pass 1 fused into its loop). On ISAs with a
- * verified window, runs of gradient-like blocks switch to it: no pass 1,
- * the inexact flag read once per group of blocks.
+ * verified window, runs of gradient-like blocks switch to it (verified.h):
+ * no pass 1, the inexact flag read once per group of blocks.
  */
 #include <string.h>
 
 #include "fpenv.h"
 #include "micro.h"
+#include "verified.h"
 
 typedef struct f32_ctx {
   const bx_f32_micro *mk;
@@ -127,13 +128,7 @@ next:
   if (nx->y && !fused) c->mk->stats(nx->y, c->mk->block, &nx->amax, &nx->aminnz);
 }
 
-/* ---- the verified windows' state machine ------------------------------- */
-
-#define F32_GROUP 4       /* verified blocks per read of the flags, when calm */
-#define F32_CALM 16       /* good blocks since the last failure that make it calm */
-#define F32_DEBT 8        /* a failed block costs this much debt, a good one repays 1 */
-#define F32_DEBT_MAX 32   /* more debt: back to checked blocks */
-#define F32_STREAK_MAX 16 /* most plain checked blocks asked for before a retry */
+/* ---- the verified windows (verified.h decides when) -------------------- */
 
 /* A block the verified window may take: finite, two-level wide. */
 static int f32_plain(uint32_t top, uint32_t minnz) {
@@ -148,24 +143,18 @@ static int f32_adapt(int g, int64_t hmax) {
   return g < -300 ? -300 : g > 212 ? 212 : g;
 }
 
-typedef struct f32_state {
-  int g, verified, streak, need, have, calm, debt;
-} f32_state;
-
-/* gsz full blocks at x through the verified window, one read of the
- * flags; blocks that fail are redone checked. Failures run up a debt that
- * good blocks repay; too much of it (spiky or wide data) goes back to
- * checked blocks and doubles `need` (a good group resets it). */
-static void f32_verified_group(f32_ctx *c, f32_state *s, const float *x, int gsz) {
+/* gsz full blocks at x through the verified window of *g, one read of
+ * the flags; blocks that fail are redone checked. */
+static void f32_verified_group(f32_ctx *c, bx_vrun *vr, int *g, const float *x, int gsz) {
   const bx_f32_micro *mk = c->mk;
-  bx_i128 v[F32_GROUP];
-  int gs[F32_GROUP], ok[F32_GROUP], failed = 0;
+  bx_i128 v[BX_V_GROUP];
+  int gs[BX_V_GROUP], ok[BX_V_GROUP], failed = 0;
   uint64_t dep = 0; /* orders the flag read after the windows */
   for (int k = 0; k < gsz; k++) {
     int64_t hmax = 0;
-    gs[k] = s->g;
-    ok[k] = mk->verified(x + (size_t)k * mk->block, s->g, &v[k], &hmax);
-    if (ok[k]) s->g = f32_adapt(s->g, hmax);
+    gs[k] = *g;
+    ok[k] = mk->verified(x + (size_t)k * mk->block, *g, &v[k], &hmax);
+    if (ok[k]) *g = f32_adapt(*g, hmax);
     dep += (uint64_t)hmax + (uint64_t)v[k];
   }
   if (bx_fpenv_inexact(dep)) /* some block was not exact */
@@ -174,33 +163,23 @@ static void f32_verified_group(f32_ctx *c, f32_state *s, const float *x, int gsz
     const float *b = x + (size_t)k * mk->block;
     if (ok[k]) {
       bx_pend_add(&c->pa, c->acc, v[k], gs[k] - 45);
-      s->calm++;
-      s->debt -= s->debt > 0;
+      bx_vrun_good(vr);
       continue;
     }
     bx_f32_next one = {NULL, 0, 0};
     mk->stats(b, mk->block, &one.amax, &one.aminnz);
     f32_block(c, b, mk->block, &one);
     failed = 1;
-    s->calm = 0;
-    s->debt += F32_DEBT;
+    bx_vrun_bad(vr);
   }
   if (failed) bx_fpenv_clear_flags(); /* the checked windows set PE */
-  if (s->debt > F32_DEBT_MAX || c->wide) { /* most blocks fail: back to checked */
-    s->verified = s->have = s->streak = s->debt = 0;
-    s->need = s->need * 2 > F32_STREAK_MAX ? F32_STREAK_MAX : s->need * 2;
-  } else if (!failed) {
-    s->need = 2;
-  }
+  bx_vrun_group_done(vr, failed, c->wide);
 }
 
-/* Blocks start checked. After `need` checked blocks in a row that each
- * fit one two-level window, the driver switches to verified windows (if
- * the ISA has them), G guessed from the lanes before (f32_adapt); groups
- * of F32_GROUP blocks when calm, one at a time after a failure (rare
- * spikes or NaNs then cost one block each, not a group). Blocks no window
- * takes go to the bins at once (their data in L1), and while they keep
- * coming (spread, not NaN/Inf) the next ones skip pass 1. */
+/* Checked blocks, then (verified.h) runs of verified ones with G guessed
+ * from the lanes before (f32_adapt). Blocks no window takes go to the
+ * bins at once (their data in L1), and while they keep coming (spread,
+ * not NaN/Inf) the next ones skip pass 1. */
 void bx_drive_sumsq_f32(const bx_f32_micro *mk, const float *x, size_t n, bx_acc *acc) {
   const size_t bs = mk->block;
   f32_ctx c;
@@ -211,12 +190,15 @@ void bx_drive_sumsq_f32(const bx_f32_micro *mk, const float *x, size_t n, bx_acc
   size_t i = 0, len = bs; /* the first block ends on a 64-byte boundary */
   if (((uintptr_t)x & 3) == 0) len -= ((uintptr_t)x >> 2) & 15;
   if (len > n) len = n;
-  f32_state s = {0, 0, 0, 2, 0, 0, 0};
+  bx_vrun vr;
+  bx_vrun_init(&vr);
+  int g = 0, have = 0; /* have: nx holds the pass 1 of the block at i */
   bx_f32_next nx = {NULL, 0, 0};
   while (i < n) {
-    if (s.verified && len == bs && n - i >= bs) {
-      int gsz = s.calm >= F32_CALM && n - i >= F32_GROUP * bs ? F32_GROUP : 1;
-      f32_verified_group(&c, &s, x + i, gsz);
+    if (vr.on && len == bs && n - i >= bs) {
+      int gsz = bx_vrun_group(&vr, (n - i) / bs);
+      f32_verified_group(&c, &vr, &g, x + i, gsz);
+      have = 0;
       i += (size_t)gsz * bs;
       len = n - i < bs ? n - i : bs;
       continue;
@@ -224,27 +206,20 @@ void bx_drive_sumsq_f32(const bx_f32_micro *mk, const float *x, size_t n, bx_acc
     size_t nlen = n - (i + len) < bs ? n - (i + len) : bs;
     if (c.wide) { /* straight to the bins */
       f32_wide(&c, x + i, len);
-      s.have = s.streak = 0;
+      have = 0;
+      vr.streak = 0;
       i += len;
       len = nlen;
       continue;
     }
     /* checked block at i, len elements */
-    if (!s.have) mk->stats(x + i, len, &nx.amax, &nx.aminnz);
-    s.streak = f32_plain(nx.amax, nx.aminnz) ? s.streak + 1 : 0;
-    int go = mk->verified && len == bs && s.streak >= s.need;
+    if (!have) mk->stats(x + i, len, &nx.amax, &nx.aminnz);
+    int go = bx_vrun_checked(&vr, f32_plain(nx.amax, nx.aminnz), mk->verified && len == bs);
     nx.y = !go && nlen == bs ? x + i + len : NULL; /* fuse the next pass 1 */
-    if (go) {
-      int ebtop = nx.amax >> 23 ? (int)(nx.amax >> 23) : 1;
-      s.g = bx_f32_g(ebtop);
-    }
+    if (go) g = bx_f32_g(nx.amax >> 23 ? (int)(nx.amax >> 23) : 1);
     f32_block(&c, x + i, len, &nx);
-    s.have = nx.y != NULL && !c.wide;
-    if (go) {
-      s.verified = 1;
-      s.debt = F32_DEBT_MAX - F32_DEBT + 1; /* a failure before any success ends the try */
-      bx_fpenv_clear_flags(); /* the checked windows leave PE set */
-    }
+    have = nx.y != NULL && !c.wide;
+    if (go) bx_fpenv_clear_flags(); /* the checked windows leave PE set */
     i += len;
     len = nlen;
   }

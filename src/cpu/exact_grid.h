@@ -106,9 +106,12 @@
  *        Pass 1 also ORs a bitmap of 32-binade buckets: a block in more
  *        than BX_F64_BUCKETS of them, or with NaN/Inf, goes to the 128-bit
  *        integer bins (bins.h) at once, while it is in L1; a cascade
- *        longer than BX_F64_WINDOWS leaves the rest to them too.
+ *        longer than BX_F64_WINDOWS leaves the rest to them too. A block
+ *        inside one window takes it unmasked. ISAs with a verified window
+ *        (AVX-512): runs of such blocks switch to VERIFIED WINDOWS.
  *
- * VERIFIED WINDOWS (fp32, AVX-512). The two-level step without pass 1:
+ * VERIFIED WINDOWS (fp32 and fp64, AVX-512). The two-level step without
+ * pass 1:
  *            t = fma(x,x,hi) rounded to nearest with exceptions suppressed
  *            ({rn-sae}: it sets no flag); d = hi - t; e = fma(x,x,d);
  *            lo += e; hi = t
@@ -123,19 +126,30 @@
  * bound on k, T or the binades of the intermediate values is needed). The
  * final lanes in their anchors' binades make the bit differences the
  * value differences (fold above). NaN/Inf: t is NaN/Inf (sae suppresses
- * only flags) and stays so, failing the binade test. The flags are the
+ * only flags) and stays so, failing the binade test.
+ * fp64: x' = x 2^sc (scalef: exact, or it raises PE), p = x' x' rounded
+ * {rn-sae}, r = fma(x', x', -p) (x'^2 - p: exact, or PE), and p and r
+ * each through the add-form step t = hi + v {rn-sae}; d = hi - t; lo +=
+ * v + d. PE clear: x' is x 2^sc, p + r = x'^2, and each step keeps hi +
+ * lo + v = hi' + lo' in real arithmetic, so as above the four final
+ * lanes, in their binades, give sum x'^2 = (hp - ahp) + (lp - alp) + (hr
+ * - ahr) + (lr - alr) exactly (the fold of the checked fp64 windows; the
+ * checked window's bounds are not needed). An overflow of p or t (sae
+ * returns Inf silently) makes a lane non-finite: the binade test fails.
+ * The flags are the
  * library's own inside a call: the generic drivers (call.c, pool.c) enter
  * the library's environment (fpenv.h), so no caller's DAZ, FTZ, rounding
- * mode, trap or stale flag reaches a kernel. The fp32 driver clears the
+ * mode, trap or stale flag reaches a kernel. The drivers clear the
  * flags (bx_fpenv_clear_flags: its memory clobber keeps the windows'
- * loads after it) and reads PE with bx_fpenv_inexact(dep), dep a value
+ * loads after it) and read PE with bx_fpenv_inexact(dep), dep a value
  * computed from every window's results: the read cannot move before the
  * arithmetic it checks (a data dependency, not just program order; the
  * micro-kernels are also opaque calls). A block that fails
  * (flag: the whole group; binade: that block) is redone by the checked
- * path. G only decides how often blocks fail: the first G is the checked
- * two-level G of the block before (2 ebtop - 296), then the largest hi
- * lane is kept near 2^46 of the 2^51 its binade holds above the anchor.
+ * path. G (or the fp64 scale) only decides how often blocks fail: the
+ * first is the checked one of the block before (fp32: 2 ebtop - 296;
+ * fp64: one binade lower, the max in [1/2, 1)), then the largest hi lane
+ * is kept near 2^46 of the 2^51 its binade holds above the anchor.
  *
  * GUESSED WINDOWS (bf16; AVX-512 and AVX2). One level (h = fma(y, y', h),
  * y*y' = x^2 2^-256, G' = G - 256) or two levels (the step of pass 2 on

@@ -142,6 +142,11 @@ typedef struct bx_f64_micro {
    * *restmax = max |x| bits of those below thr */
   void (*window)(const double *x, size_t len, int sc, uint64_t thr, uint64_t upper,
                  uint64_t *restmax, bx_i128 *vp, bx_i128 *vr);
+  /* optional: the verified window (exact_grid.h, VERIFIED WINDOWS) of
+   * scale sc over one full block; 0 if a lane left its binade, else *vp,
+   * *vr as above and *hmax (largest p lane, units 2^-43). The driver
+   * reads the inexact flag. NULL: every block is checked. */
+  int (*verified)(const double *x, int sc, bx_i128 *vp, bx_i128 *vr, int64_t *hmax);
 } bx_f64_micro;
 
 /* ---- the drivers: acc += exact sum of x^2 over x[0..n), n <= BX_CHUNK,
