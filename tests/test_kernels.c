@@ -34,6 +34,7 @@ typedef enum kt_kind {
   KT_SPIKES_MANY,   /* every 20th element 2^60 above: no window, the bins */
   KT_NAN_FEW,       /* + a NaN every 3001, an Inf every 4999 */
   KT_NAN_MANY,      /* a NaN every 16th element in the middle third */
+  KT_NAN_RARE,      /* an Inf or NaN every 20011 elements: long clean runs between */
   KT_WIDE_THEN_GRAD,/* whole-range exponents, then gradient-like */
   KT_DRIFT,         /* the scale jumps by up to 2^+-12 every 2500 elements */
   KT_SUBNORMAL,     /* gradient-like around the dtype's subnormals */
@@ -41,13 +42,14 @@ typedef enum kt_kind {
   KT_SPREAD30,      /* exponents uniform over 30 binades: three levels (fp32) */
   KT_CASCADE120,    /* exponents over 120 binades inside 4 buckets (fp64: > 6 windows) */
   KT_HUGE,          /* gradient-like near the dtype's largest values */
+  KT_BIG80,         /* gradient-like at 2^80, some at 2^60 (bf16: past the fp32 lanes) */
   KT_COUNT
 } kt_kind;
 
 static const char *kt_name[KT_COUNT] = {"gradient", "gradient+tiny", "gradient+spikes",
-                                        "spikes-many", "nan-few", "nan-many",
+                                        "spikes-many", "nan-few", "nan-many", "nan-rare",
                                         "wide-then-gradient", "drift", "subnormal", "subnormal-mix",
-                                        "spread30", "cascade120", "huge"};
+                                        "spread30", "cascade120", "huge", "big80"};
 
 /* exponent field width and mantissa width of a dtype */
 static void kt_fmt(int dt, int *eb, int *mb) {
@@ -86,6 +88,7 @@ static void kt_fill(bxt_rng *r, bxt_tensor *x, kt_kind k) {
         bxt_set(x, i, i % 3001 == 3000 ? NAN : i % 4999 == 4998 ? (i & 1 ? INFINITY : -INFINITY) : g * sigma);
         break;
       case KT_NAN_MANY: bxt_set(x, i, i > n / 3 && i < 2 * n / 3 && i % 16 == 0 ? NAN : g * sigma); break;
+      case KT_NAN_RARE: bxt_set(x, i, i % 20011 == 20010 ? (i / 20011 % 3 ? INFINITY : NAN) : g * sigma); break;
       case KT_WIDE_THEN_GRAD:
         if (i < n / 2) bxt_set_bits(x, i, kt_bits(r, dt, 0, emax));
         else bxt_set(x, i, g * sigma);
@@ -104,6 +107,9 @@ static void kt_fill(bxt_rng *r, bxt_tensor *x, kt_kind k) {
         break;
       }
       case KT_HUGE: bxt_set(x, i, g * huge); break;
+      case KT_BIG80: /* + every 3001st 2^20 lower: two levels */
+        bxt_set(x, i, ldexp(g * sigma, dt == REF_F16 ? 5 : i % 3001 == 7 ? 60 : 80));
+        break;
       case KT_COUNT: break;
     }
   }
@@ -132,7 +138,9 @@ void test_kernels_driver_paths(void) {
   for (int dt = 0; dt < REF_NDT; dt++)
     for (int k = 0; k < KT_COUNT; k++) {
       /* long enough for runs of verified / guessed blocks, and odd */
-      size_t n = k == KT_GRAD || k == KT_GRAD_TINY || k == KT_DRIFT ? 200003 : k == KT_NAN_MANY ? 120007 : 40009;
+      size_t n = k == KT_GRAD || k == KT_GRAD_TINY || k == KT_DRIFT || k == KT_NAN_RARE || k == KT_BIG80 ? 200003
+                 : k == KT_NAN_MANY                                           ? 120007
+                                                                              : 40009;
       bxt_tensor x;
       bxt_tensor_alloc(&x, dt, n);
       kt_fill(&r, &x, (kt_kind)k);

@@ -331,6 +331,7 @@ static size_t bf16_bins_prep(const uint16_t *x, size_t m, uint16_t *idx, uint16_
 const bx_bf16_micro bx_micro_bf16_avx2 = {
     BLOCK,             bf16_stats,        bf16_window1,   bf16_window2, bf16_window1_fast,
     bf16_window2_fast, bf16_window3_fast, bf16_bins_prep, bf16_guess1,  bf16_guess2,
+    NULL, /* no verified window: no per-instruction exception suppression */
 };
 
 /* ======================================================================
@@ -356,7 +357,7 @@ static inline int f16_finite(const __m256d h[4]) {
 
 /* micro.h: the fp16 window. A lane takes one element per 16: at most 64
  * a block, the zero-padded tail included. */
-static int f16_window(const uint16_t *b, size_t len, bx_i128 *v) {
+static int f16_window(const uint16_t *b, size_t len, bx_i128 *v, int64_t *hmax) {
   const __m256d ah = anchor4(-12), al = anchor4(-57);
   __m256d h[4] = {ah, ah, ah, ah}, l[4] = {al, al, al, al};
   size_t j = 0;
@@ -367,8 +368,59 @@ static int f16_window(const uint16_t *b, size_t len, bx_i128 *v) {
   }
   for (; j < len; j += 16) f16_step16(ld16(b + j, len - j), h, l);
   if (!f16_finite(h)) return 0;
+  const __m256i an = _mm256_castpd_si256(ah);
+  __m256i bad = _mm256_setzero_si256();
+  *hmax = hmax_epi64(max_epi64(max_epi64(lanes_diff(h[0], an, &bad), lanes_diff(h[1], an, &bad)),
+                               max_epi64(lanes_diff(h[2], an, &bad), lanes_diff(h[3], an, &bad))));
   *v = bx_combine(lanes_sum(h[0], h[1], h[2], h[3], -12), lanes_sum(l[0], l[1], l[2], l[3], -57), 45);
   return 1;
 }
 
-const bx_f16_micro bx_micro_f16_avx2 = {BLOCK, f16_window};
+/* 16 fp16 words squared into 4 accumulators of 4 lanes (one level) */
+static inline void f16_one16(__m256i v, __m256d h[4]) {
+  __m256 f0 = _mm256_cvtph_ps(_mm256_castsi256_si128(v));
+  __m256 f1 = _mm256_cvtph_ps(_mm256_extracti128_si256(v, 1));
+  __m256d d0 = _mm256_cvtps_pd(_mm256_castps256_ps128(f0)), d1 = _mm256_cvtps_pd(_mm256_extractf128_ps(f0, 1));
+  __m256d d2 = _mm256_cvtps_pd(_mm256_castps256_ps128(f1)), d3 = _mm256_cvtps_pd(_mm256_extractf128_ps(f1, 1));
+  h[0] = _mm256_fmadd_pd(d0, d0, h[0]);
+  h[1] = _mm256_fmadd_pd(d1, d1, h[1]);
+  h[2] = _mm256_fmadd_pd(d2, d2, h[2]);
+  h[3] = _mm256_fmadd_pd(d3, d3, h[3]);
+}
+
+/* micro.h: guess (fp16). One level, 8 accumulators (32 lanes, k = 32);
+ * the words with 0 < |x| bits < thr are set apart and zeroed. */
+static int f16_guess(const uint16_t *x, int g, uint32_t thr, uint16_t *tiny, int *ntiny, bx_i128 *v,
+                     int64_t *hmax) {
+  const __m256d ah = anchor4(g);
+  const __m256i vt = _mm256_set1_epi16((short)thr);
+  __m256d h[8] = {ah, ah, ah, ah, ah, ah, ah, ah};
+  *ntiny = 0;
+  for (size_t i = 0; i < BLOCK; i += 32) {
+    bx_prefetch_line(x + i);
+    __m256i a = _mm256_loadu_si256((const void *)(x + i));
+    __m256i b = _mm256_loadu_si256((const void *)(x + i + 16));
+    __m256i ka = bf16_tiny16(a, vt), kb = bf16_tiny16(b, vt);
+    if (!_mm256_testz_si256(_mm256_or_si256(ka, kb), _mm256_or_si256(ka, kb))) { /* rare */
+      if (!bf16_set_apart(x + i, ka, tiny, ntiny) || !bf16_set_apart(x + i + 16, kb, tiny, ntiny)) return 0;
+      a = _mm256_andnot_si256(ka, a);
+      b = _mm256_andnot_si256(kb, b);
+    }
+    f16_one16(a, h);
+    f16_one16(b, h + 4);
+  }
+  const __m256i an = _mm256_castpd_si256(ah);
+  __m256i bad = _mm256_setzero_si256(), d[8];
+  for (int k = 0; k < 8; k++) d[k] = lanes_diff(h[k], an, &bad);
+  if (lanes_bad(bad)) return 0;
+  __m256i s = d[0], m = d[0];
+  for (int k = 1; k < 8; k++) {
+    s = _mm256_add_epi64(s, d[k]);
+    m = max_epi64(m, d[k]);
+  }
+  *hmax = hmax_epi64(m);
+  *v = hsum64(s);
+  return 1;
+}
+
+const bx_f16_micro bx_micro_f16_avx2 = {BLOCK, f16_window, f16_guess};

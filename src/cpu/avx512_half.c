@@ -246,6 +246,71 @@ static int bf16_guess1(const uint16_t *x, int g, uint32_t thr, uint16_t *tiny, i
   return 1;
 }
 
+/* ---- the verified window in fp32 lanes (exact_grid.h, VERIFIED WINDOWS,
+ * bf16): a bf16 word in the top half of a dword is its fp32 value. 4
+ * pairs of 16 lanes take 512 elements, 8 a lane, and are folded; 4 such
+ * sub-blocks make a block. */
+#define BF16_RN (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+
+static inline void sqv32(__m512i w, __m512 *hi, __m512 *lo) {
+  __m512 x = _mm512_castsi512_ps(w);
+  __m512 t = _mm512_fmadd_round_ps(x, x, *hi, BF16_RN);
+  *lo = _mm512_add_ps(*lo, _mm512_fmadd_ps(x, x, _mm512_sub_ps(*hi, t)));
+  *hi = t;
+}
+
+/* fp32 lanes minus the anchor an; *bad gets lanes outside its binade */
+static inline __m512i lanes_diff32(__m512 a, __m512i an, __m512i *bad) {
+  __m512i d = _mm512_sub_epi32(_mm512_castps_si512(a), an);
+  *bad = _mm512_or_si512(*bad, _mm512_add_epi32(d, _mm512_set1_epi32(1 << 22)));
+  return d;
+}
+
+/* micro.h: verified (bf16) */
+static int bf16_verified(const uint16_t *x, int g, uint32_t thr, uint16_t *tiny, int *ntiny, bx_i128 *v,
+                         int64_t *hmax) {
+  const __m512i ahi = _mm512_set1_epi32(bx_anchor_bits32(g)), ali = _mm512_set1_epi32(bx_anchor_bits32(g - 19));
+  const __m512 ah = _mm512_castsi512_ps(ahi), al = _mm512_castsi512_ps(ali);
+  const __m512i absm = _mm512_set1_epi16(0x7FFF), one = _mm512_set1_epi16(1), zero = _mm512_setzero_si512();
+  const __m512i vt = _mm512_set1_epi16((short)(thr - 1));
+  __m512i bad = zero, mx = zero;
+  int64_t sum = 0;
+  *ntiny = 0;
+  for (size_t c = 0; c < BF16_BLOCK; c += 512) {
+    __m512 h0 = ah, h1 = ah, h2 = ah, h3 = ah, l0 = al, l1 = al, l2 = al, l3 = al;
+    for (size_t i = c; i < c + 512; i += 64) {
+      bx_prefetch_line(x + i);
+      bx_prefetch_line(x + i + 32);
+      __m512i a = _mm512_loadu_si512(x + i), b = _mm512_loadu_si512(x + i + 32);
+      __mmask32 ka = _mm512_cmplt_epu16_mask(_mm512_sub_epi16(_mm512_and_si512(a, absm), one), vt);
+      __mmask32 kb = _mm512_cmplt_epu16_mask(_mm512_sub_epi16(_mm512_and_si512(b, absm), one), vt);
+      if (ka | kb) { /* rare */
+        if (!bf16_set_apart(x + i, ka, tiny, ntiny) || !bf16_set_apart(x + i + 32, kb, tiny, ntiny)) return 0;
+        a = _mm512_maskz_mov_epi16(~ka, a);
+        b = _mm512_maskz_mov_epi16(~kb, b);
+      }
+      sqv32(_mm512_unpacklo_epi16(zero, a), &h0, &l0);
+      sqv32(_mm512_unpackhi_epi16(zero, a), &h1, &l1);
+      sqv32(_mm512_unpacklo_epi16(zero, b), &h2, &l2);
+      sqv32(_mm512_unpackhi_epi16(zero, b), &h3, &l3);
+    }
+    __m512i d0 = lanes_diff32(h0, ahi, &bad), d1 = lanes_diff32(h1, ahi, &bad);
+    __m512i d2 = lanes_diff32(h2, ahi, &bad), d3 = lanes_diff32(h3, ahi, &bad);
+    __m512i hs = _mm512_add_epi32(_mm512_add_epi32(d0, d1), _mm512_add_epi32(d2, d3));
+    __m512i ls = _mm512_add_epi32(_mm512_add_epi32(lanes_diff32(l0, ali, &bad), lanes_diff32(l1, ali, &bad)),
+                                  _mm512_add_epi32(lanes_diff32(l2, ali, &bad), lanes_diff32(l3, ali, &bad)));
+    mx = _mm512_max_epi32(mx, _mm512_max_epi32(_mm512_max_epi32(d0, d1), _mm512_max_epi32(d2, d3)));
+    /* 64 lanes each below 2^22 in size: the int32 sums cannot wrap */
+    sum += ((int64_t)_mm512_reduce_add_epi32(hs) << 19) + _mm512_reduce_add_epi32(ls);
+  }
+  *v = 0;
+  *hmax = 0;
+  if (_mm512_test_epi32_mask(bad, _mm512_set1_epi32((int)0xFF800000u))) return 0;
+  *hmax = _mm512_reduce_max_epi32(mx);
+  *v = sum;
+  return 1;
+}
+
 /* micro.h: guess2. Two levels, 4 pairs (k = 64 a lane). */
 static int bf16_guess2(const uint16_t *x, int g, uint32_t *minnz, bx_i128 *v, int64_t *hmax) {
   const __m512d ah = anchor_pd(g - 256), al = anchor_pd(g - 301);
@@ -310,6 +375,7 @@ static size_t bf16_bins_prep(const uint16_t *x, size_t m, uint16_t *idx, uint16_
 const bx_bf16_micro bx_micro_bf16_avx512 = {
     BF16_BLOCK,        bf16_stats,        bf16_window1,   bf16_window2, bf16_window1_fast,
     bf16_window2_fast, bf16_window3_fast, bf16_bins_prep, bf16_guess1,  bf16_guess2,
+    bf16_verified,
 };
 
 /* ======================================================================
@@ -335,7 +401,7 @@ static inline int f16_finite(__m512d h0, __m512d h1, __m512d h2, __m512d h3) {
 }
 
 /* micro.h: the fp16 window */
-static int f16_window(const uint16_t *b, size_t len, bx_i128 *v) {
+static int f16_window(const uint16_t *b, size_t len, bx_i128 *v, int64_t *hmax) {
   const __m512d ah = anchor_pd(-12), al = anchor_pd(-57);
   __m512d h0 = ah, h1 = ah, h2 = ah, h3 = ah, l0 = al, l1 = al, l2 = al, l3 = al;
   size_t j = 0;
@@ -354,8 +420,62 @@ static int f16_window(const uint16_t *b, size_t len, bx_i128 *v) {
     sq2b(f16_ld8(b + j + 24, r > 24 ? r - 24 : 0), &h3, &l3, 1);
   }
   if (!f16_finite(h0, h1, h2, h3)) return 0;
+  const __m512i an = _mm512_castpd_si512(ah);
+  __m512i bad = _mm512_setzero_si512();
+  __m512i d = _mm512_max_epi64(_mm512_max_epi64(lanes_diff(h0, an, &bad), lanes_diff(h1, an, &bad)),
+                               _mm512_max_epi64(lanes_diff(h2, an, &bad), lanes_diff(h3, an, &bad)));
+  *hmax = _mm512_reduce_max_epi64(d);
   *v = combine45(lanes_sum(h0, h1, h2, h3, -12), lanes_sum(l0, l1, l2, l3, -57));
   return 1;
 }
 
-const bx_f16_micro bx_micro_f16_avx512 = {F16_BLOCK, f16_window};
+/* 16 fp16 words (a ymm half) as two vectors of 8 doubles, exactly */
+static inline void f16_cvt16(__m256i h, __m512d *a, __m512d *b) {
+  __m512 f = _mm512_cvtph_ps(h);
+  *a = _mm512_cvtps_pd(_mm512_castps512_ps256(f));
+  *b = _mm512_cvtps_pd(_mm512_extractf32x8_ps(f, 1));
+}
+
+/* micro.h: guess (fp16). One level, 8 accumulators (k = 32 a lane); the
+ * words with 0 < |x| bits < thr are set apart and zeroed. */
+static int f16_guess(const uint16_t *x, int g, uint32_t thr, uint16_t *tiny, int *ntiny, bx_i128 *v,
+                     int64_t *hmax) {
+  const __m512d ah = anchor_pd(g);
+  const __m512i absm = _mm512_set1_epi16(0x7FFF), one = _mm512_set1_epi16(1);
+  const __m512i vt = _mm512_set1_epi16((short)(thr ? thr - 1 : 0)); /* thr 0: nothing set apart */
+  __m512d h[8] = {ah, ah, ah, ah, ah, ah, ah, ah};
+  *ntiny = 0;
+  for (size_t i = 0; i < F16_BLOCK; i += 64) {
+    bx_prefetch_line(x + i);
+    bx_prefetch_line(x + i + 32);
+    __m512i a = _mm512_loadu_si512(x + i), b = _mm512_loadu_si512(x + i + 32);
+    /* 0 < |x| bits < thr: |x| bits - 1 < thr - 1, zeros wrapping above */
+    __mmask32 ka = _mm512_cmplt_epu16_mask(_mm512_sub_epi16(_mm512_and_si512(a, absm), one), vt);
+    __mmask32 kb = _mm512_cmplt_epu16_mask(_mm512_sub_epi16(_mm512_and_si512(b, absm), one), vt);
+    if (ka | kb) { /* rare */
+      if (!bf16_set_apart(x + i, ka, tiny, ntiny) || !bf16_set_apart(x + i + 32, kb, tiny, ntiny)) return 0;
+      a = _mm512_maskz_mov_epi16(~ka, a);
+      b = _mm512_maskz_mov_epi16(~kb, b);
+    }
+    __m512d d[8];
+    f16_cvt16(_mm512_castsi512_si256(a), &d[0], &d[1]);
+    f16_cvt16(_mm512_extracti64x4_epi64(a, 1), &d[2], &d[3]);
+    f16_cvt16(_mm512_castsi512_si256(b), &d[4], &d[5]);
+    f16_cvt16(_mm512_extracti64x4_epi64(b, 1), &d[6], &d[7]);
+    for (int k = 0; k < 8; k++) h[k] = _mm512_fmadd_pd(d[k], d[k], h[k]);
+  }
+  const __m512i an = _mm512_castpd_si512(ah);
+  __m512i bad = _mm512_setzero_si512(), dd[8];
+  for (int k = 0; k < 8; k++) dd[k] = lanes_diff(h[k], an, &bad);
+  if (lanes_bad(bad)) return 0;
+  __m512i s = dd[0], m = dd[0];
+  for (int k = 1; k < 8; k++) {
+    s = _mm512_add_epi64(s, dd[k]);
+    m = _mm512_max_epi64(m, dd[k]);
+  }
+  *hmax = _mm512_reduce_max_epi64(m);
+  *v = _mm512_reduce_add_epi64(s);
+  return 1;
+}
+
+const bx_f16_micro bx_micro_f16_avx512 = {F16_BLOCK, f16_window, f16_guess};

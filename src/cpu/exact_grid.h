@@ -83,16 +83,17 @@
  *        fma squares y * y' = x^2 2^-256 exactly (x = 0: y = 0). The
  *        windows move by -256 (every grid stays normal). Otherwise
  *        (subnormals) conversions: one level, or two, and wider blocks go
- *        to the integer bins. ISAs with guessed windows (AVX-512, AVX2):
- *        runs of blocks without subnormals that fit one or two levels
- *        switch to GUESSED WINDOWS.
+ *        to the integer bins. Runs of blocks without subnormals that fit
+ *        two levels switch to VERIFIED WINDOWS in fp32 lanes (AVX-512,
+ *        |x| within about 2^+-56), else to GUESSED WINDOWS.
  *  fp16  x^2 < 2^32 (T = 32), all multiples of 2^-48: one fixed window for
  *        the whole range, K = 6: G = -12, L = -57 <= -48. No pass 1: a NaN
  *        or Inf makes hi non-finite for good (an anchored finite hi never
  *        is), so the block is redone by the scalar kernel when the fold
  *        finds a hi lane outside its binade. (A partial block's tail is
  *        one more round over the accumulators, so a lane still takes at
- *        most 64 elements.)
+ *        most 64 elements.) ISAs with a guessed window (AVX-512, AVX2):
+ *        runs of full blocks switch to GUESSED WINDOWS (one level).
  *  fp64  x^2 has 106 bits. x' = x 2^s (exact; s = -E with E = floor(log2
  *        max|x|) puts the window's max in [1,2)), p = x'*x', r =
  *        fma(x',x',-p) (exact: x' >= 2^-18, nothing underflows). p and r
@@ -110,7 +111,7 @@
  *        inside one window takes it unmasked. ISAs with a verified window
  *        (AVX-512): runs of such blocks switch to VERIFIED WINDOWS.
  *
- * VERIFIED WINDOWS (fp32 and fp64, AVX-512). The two-level step without
+ * VERIFIED WINDOWS (fp32, fp64 and bf16; AVX-512). The two-level step without
  * pass 1:
  *            t = fma(x,x,hi) rounded to nearest with exceptions suppressed
  *            ({rn-sae}: it sets no flag); d = hi - t; e = fma(x,x,d);
@@ -136,6 +137,16 @@
  * - ahr) + (lr - alr) exactly (the fold of the checked fp64 windows; the
  * checked window's bounds are not needed). An overflow of p or t (sae
  * returns Inf silently) makes a lane non-finite: the binade test fails.
+ * bf16, in fp32 lanes: a bf16 word in the top half of a dword is its fp32
+ * value x exactly; the fp32 step t = fma(x,x,hi) {rn-sae}; d = hi - t;
+ * lo += fma(x,x,d), and the claim and proof above in fp32 arithmetic (16
+ * lanes a vector instead of 8; bf16 squares have 16 bits). Lanes take 8
+ * elements (K = 3) and are folded into int64 every 512 elements. G = 2
+ * ebtop - 271 puts 8 of the largest squares at the top of hi's binade; the
+ * lo grid 2^(G-19) holds 8 errors of 2^(G-1): the window admits |x| bits
+ * >= thr (e >= ebtop - 11, 2e - 268 >= G - 19) and sets the non-zero
+ * others apart into the integer bins (as the guessed one-level window
+ * below); G stays in [-130, 104] so every fp32 grid is normal.
  * The flags are the
  * library's own inside a call: the generic drivers (call.c, pool.c) enter
  * the library's environment (fpenv.h), so no caller's DAZ, FTZ, rounding
@@ -151,7 +162,7 @@
  * fp64: one binade lower, the max in [1/2, 1)), then the largest hi lane
  * is kept near 2^46 of the 2^51 its binade holds above the anchor.
  *
- * GUESSED WINDOWS (bf16; AVX-512 and AVX2). One level (h = fma(y, y', h),
+ * GUESSED WINDOWS (bf16 and fp16; AVX-512 and AVX2). One level (h = fma(y, y', h),
  * y*y' = x^2 2^-256, G' = G - 256) or two levels (the step of pass 2 on
  * y*y'), normal rounding, no pass 1 and no flags: G guessed as for fp32
  * (largest lane near 2^49); the final lanes are tested for their binades.
@@ -179,6 +190,13 @@
  * hidden bit), but one level sets them apart (thr >= 0x80) and two levels
  * fail the least-non-zero test (e = 0). A block that fails is redone by
  * the checked path, whose pass 1 restarts G.
+ * fp16 (one level, fp64 lanes, the doubles by conversion: exact, any
+ * finite x, subnormals included): admits |x| with 2 max(e, 1) - 50 >= G,
+ * whose squares are multiples of 2^G, and sets the non-zero others apart
+ * as above; the one-level proof applies unchanged (h never decreases and
+ * ends in its binade). NaN/Inf: h becomes non-finite and fails the binade
+ * test. G starts from the fixed window's largest hi lane (a block of it is
+ * the fallback: no pass 1 exists for fp16) and then follows the lanes.
  */
 #ifndef BX_EXACT_GRID_H
 #define BX_EXACT_GRID_H
@@ -223,6 +241,9 @@ static inline void bx_pend_add(bx_pending *p, bx_acc *acc, bx_i128 v, int exp) {
 static inline int64_t bx_anchor_bits(int g) {
   return ((int64_t)(g + 1075) << 52) | ((int64_t)1 << 51);
 }
+
+/* Bit pattern of the fp32 anchor 1.5 * 2^(g+23); g + 150 in [1, 254]. */
+static inline int32_t bx_anchor_bits32(int g) { return (int32_t)(((uint32_t)(g + 150) << 23) | (1u << 22)); }
 
 /* h * 2^shift + l, exactly (shift 45 or 46). */
 static inline bx_i128 bx_combine(int64_t h, int64_t l, int shift) {

@@ -103,7 +103,20 @@ typedef struct bx_bf16_micro {
   int (*guess1)(const uint16_t *x, int g, uint32_t thr, uint16_t *tiny, int *ntiny, bx_i128 *v,
                 int64_t *hmax);
   int (*guess2)(const uint16_t *x, int g, uint32_t *minnz, bx_i128 *v, int64_t *hmax);
+  /* optional, preferred to the guessed windows: the verified window in
+   * fp32 lanes (exact_grid.h, VERIFIED WINDOWS, bf16) of G over one full
+   * block, |x| bits >= thr admitted and the non-zero others set apart as
+   * in guess1; 0 if a lane left its binade, else *v (units 2^(G-19)) and
+   * *hmax (largest hi lane, units 2^G). The driver reads the inexact
+   * flag. */
+  int (*verified)(const uint16_t *x, int g, uint32_t thr, uint16_t *tiny, int *ntiny, bx_i128 *v,
+                  int64_t *hmax);
 } bx_bf16_micro;
+
+/* The bf16 verified window's G range: its fp32 grids stay normal
+ * (exact_grid.h). */
+#define BX_BF16_V_GMIN (-130)
+#define BX_BF16_V_GMAX 104
 
 #define BX_BF16_TINY 64 /* elements a one-level guessed block may set apart */
 
@@ -112,9 +125,16 @@ typedef struct bx_bf16_micro {
 typedef struct bx_f16_micro {
   size_t block;
   /* the fixed window (G = -12, L = -57) over x[0..len), len <= block:
-   * 1 and *v (units 2^-57) if every hi lane kept its binade, else 0 (a
-   * NaN or Inf: the driver redoes the block with the integer bins) */
-  int (*window)(const uint16_t *x, size_t len, bx_i128 *v);
+   * 1, *v (units 2^-57) and *hmax (largest hi lane, units 2^-12) if every
+   * hi lane kept its binade, else 0 (a NaN or Inf: the driver redoes the
+   * block with the scalar kernel) */
+  int (*window)(const uint16_t *x, size_t len, bx_i128 *v, int64_t *hmax);
+  /* optional: the guessed one-level window (exact_grid.h, GUESSED
+   * WINDOWS, fp16) of G over one full block, |x| bits >= thr admitted, the
+   * non-zero others set apart into tiny[] (more than BX_BF16_TINY: 0); 0
+   * if a lane left its binade, else *v (units 2^G) and *hmax (largest
+   * lane, units 2^G). */
+  int (*guess)(const uint16_t *x, int g, uint32_t thr, uint16_t *tiny, int *ntiny, bx_i128 *v, int64_t *hmax);
 } bx_f16_micro;
 
 /* ---- fp64 --------------------------------------------------------------- */
