@@ -232,6 +232,33 @@ static int bf16_set_apart(const uint16_t *x, __m256i k, uint16_t *tiny, int *nt)
   return 1;
 }
 
+/* 32 words x[0..32) loaded as *a, *b: those with 0 < |x| bits < thr
+ * (vt) set apart into tiny[] and zeroed; 0 if there are too many. */
+static inline int set_apart32(const uint16_t *x, __m256i *a, __m256i *b, __m256i vt, uint16_t *tiny, int *nt) {
+  __m256i ka = bf16_tiny16(*a, vt), kb = bf16_tiny16(*b, vt), k = _mm256_or_si256(ka, kb);
+  if (_mm256_testz_si256(k, k)) return 1;
+  if (!bf16_set_apart(x, ka, tiny, nt) || !bf16_set_apart(x + 16, kb, tiny, nt)) return 0; /* rare */
+  *a = _mm256_andnot_si256(ka, *a);
+  *b = _mm256_andnot_si256(kb, *b);
+  return 1;
+}
+
+/* The 8 one-level accumulators anchored at an: 0 if a lane left its
+ * binade, else *sum of the lanes and *hmax, the largest (units of G). */
+static inline int lanes8_fold(const __m256d h[8], __m256i an, int64_t *sum, int64_t *hmax) {
+  __m256i bad = _mm256_setzero_si256(), d[8];
+  for (int k = 0; k < 8; k++) d[k] = lanes_diff(h[k], an, &bad);
+  if (lanes_bad(bad)) return 0;
+  __m256i s = d[0], m = d[0];
+  for (int k = 1; k < 8; k++) {
+    s = _mm256_add_epi64(s, d[k]);
+    m = max_epi64(m, d[k]);
+  }
+  *hmax = hmax_epi64(m);
+  *sum = hsum64(s);
+  return 1;
+}
+
 /* micro.h: guess1. One level, 8 accumulators (32 lanes, k = 32); the
  * words with 0 < |x| bits < thr are set apart and zeroed. */
 static int bf16_guess1(const uint16_t *x, int g, uint32_t thr, uint16_t *tiny, int *ntiny, bx_i128 *v,
@@ -244,26 +271,13 @@ static int bf16_guess1(const uint16_t *x, int g, uint32_t thr, uint16_t *tiny, i
     bx_prefetch_line(x + i);
     __m256i a = _mm256_loadu_si256((const void *)(x + i));
     __m256i b = _mm256_loadu_si256((const void *)(x + i + 16));
-    __m256i ka = bf16_tiny16(a, vt), kb = bf16_tiny16(b, vt);
-    if (!_mm256_testz_si256(_mm256_or_si256(ka, kb), _mm256_or_si256(ka, kb))) { /* rare */
-      if (!bf16_set_apart(x + i, ka, tiny, ntiny) || !bf16_set_apart(x + i + 16, kb, tiny, ntiny)) return 0;
-      a = _mm256_andnot_si256(ka, a);
-      b = _mm256_andnot_si256(kb, b);
-    }
+    if (!set_apart32(x + i, &a, &b, vt, tiny, ntiny)) return 0;
     bf16_fast1_16(a, h);
     bf16_fast1_16(b, h + 4);
   }
-  const __m256i an = _mm256_castpd_si256(ah);
-  __m256i bad = _mm256_setzero_si256(), d[8];
-  for (int k = 0; k < 8; k++) d[k] = lanes_diff(h[k], an, &bad);
-  if (lanes_bad(bad)) return 0;
-  __m256i s = d[0], m = d[0];
-  for (int k = 1; k < 8; k++) {
-    s = _mm256_add_epi64(s, d[k]);
-    m = max_epi64(m, d[k]);
-  }
-  *hmax = hmax_epi64(m);
-  *v = bx_combine(hsum64(s), 0, 45);
+  int64_t sum;
+  if (!lanes8_fold(h, _mm256_castpd_si256(ah), &sum, hmax)) return 0;
+  *v = bx_combine(sum, 0, 45);
   return 1;
 }
 
@@ -400,26 +414,13 @@ static int f16_guess(const uint16_t *x, int g, uint32_t thr, uint16_t *tiny, int
     bx_prefetch_line(x + i);
     __m256i a = _mm256_loadu_si256((const void *)(x + i));
     __m256i b = _mm256_loadu_si256((const void *)(x + i + 16));
-    __m256i ka = bf16_tiny16(a, vt), kb = bf16_tiny16(b, vt);
-    if (!_mm256_testz_si256(_mm256_or_si256(ka, kb), _mm256_or_si256(ka, kb))) { /* rare */
-      if (!bf16_set_apart(x + i, ka, tiny, ntiny) || !bf16_set_apart(x + i + 16, kb, tiny, ntiny)) return 0;
-      a = _mm256_andnot_si256(ka, a);
-      b = _mm256_andnot_si256(kb, b);
-    }
+    if (!set_apart32(x + i, &a, &b, vt, tiny, ntiny)) return 0;
     f16_one16(a, h);
     f16_one16(b, h + 4);
   }
-  const __m256i an = _mm256_castpd_si256(ah);
-  __m256i bad = _mm256_setzero_si256(), d[8];
-  for (int k = 0; k < 8; k++) d[k] = lanes_diff(h[k], an, &bad);
-  if (lanes_bad(bad)) return 0;
-  __m256i s = d[0], m = d[0];
-  for (int k = 1; k < 8; k++) {
-    s = _mm256_add_epi64(s, d[k]);
-    m = max_epi64(m, d[k]);
-  }
-  *hmax = hmax_epi64(m);
-  *v = hsum64(s);
+  int64_t sum;
+  if (!lanes8_fold(h, _mm256_castpd_si256(ah), &sum, hmax)) return 0;
+  *v = sum;
   return 1;
 }
 

@@ -201,48 +201,60 @@ static int bf16_set_apart(const uint16_t *x, __mmask32 k, uint16_t *tiny, int *n
   return 1;
 }
 
+/* 64 words x[0..64) loaded as *a, *b: those with 0 < |x| bits < thr set
+ * apart into tiny[] and zeroed (vt = thr - 1; 0 for thr 0: none); 0 if
+ * there are too many. */
+static inline int set_apart64(const uint16_t *x, __m512i *a, __m512i *b, __m512i vt, uint16_t *tiny, int *nt) {
+  const __m512i absm = _mm512_set1_epi16(0x7FFF), one = _mm512_set1_epi16(1);
+  /* 0 < |x| bits < thr: |x| bits - 1 < thr - 1, zeros wrapping above */
+  __mmask32 ka = _mm512_cmplt_epu16_mask(_mm512_sub_epi16(_mm512_and_si512(*a, absm), one), vt);
+  __mmask32 kb = _mm512_cmplt_epu16_mask(_mm512_sub_epi16(_mm512_and_si512(*b, absm), one), vt);
+  if (!(ka | kb)) return 1;
+  if (!bf16_set_apart(x, ka, tiny, nt) || !bf16_set_apart(x + 32, kb, tiny, nt)) return 0; /* rare */
+  *a = _mm512_maskz_mov_epi16(~ka, *a);
+  *b = _mm512_maskz_mov_epi16(~kb, *b);
+  return 1;
+}
+
+/* The 8 one-level accumulators anchored at an: 0 if a lane left its
+ * binade, else *sum of the lanes and *hmax, the largest (units of G). */
+static inline int lanes8_fold(const __m512d h[8], __m512i an, int64_t *sum, int64_t *hmax) {
+  __m512i bad = _mm512_setzero_si512(), d[8];
+  for (int k = 0; k < 8; k++) d[k] = lanes_diff(h[k], an, &bad);
+  if (lanes_bad(bad)) return 0;
+  __m512i s = d[0], m = d[0];
+  for (int k = 1; k < 8; k++) {
+    s = _mm512_add_epi64(s, d[k]);
+    m = _mm512_max_epi64(m, d[k]);
+  }
+  *hmax = _mm512_reduce_max_epi64(m);
+  *sum = _mm512_reduce_add_epi64(s);
+  return 1;
+}
+
 /* micro.h: guess1. One level, 8 accumulators (k = 32 a lane); the words
  * with 0 < |x| bits < thr are set apart and zeroed. */
 static int bf16_guess1(const uint16_t *x, int g, uint32_t thr, uint16_t *tiny, int *ntiny, bx_i128 *v,
                        int64_t *hmax) {
   const __m512d ah = anchor_pd(g - 256);
-  const __m512i absm = _mm512_set1_epi16(0x7FFF), one = _mm512_set1_epi16(1);
-  const __m512i vt = _mm512_set1_epi16((short)(thr - 1));
+  const __m512i vt = _mm512_set1_epi16((short)(thr - 1)); /* thr >= 0x80 */
   __m512d h[8] = {ah, ah, ah, ah, ah, ah, ah, ah};
   *ntiny = 0;
   for (size_t i = 0; i < BF16_BLOCK; i += 64) {
     bx_prefetch_line(x + i);
     bx_prefetch_line(x + i + 32);
     __m512i w[4], u[4], a = _mm512_loadu_si512(x + i), b = _mm512_loadu_si512(x + i + 32);
-    /* 0 < |x| bits < thr: |x| bits - 1 < thr - 1, zeros wrapping above */
-    __mmask32 ka = _mm512_cmplt_epu16_mask(_mm512_sub_epi16(_mm512_and_si512(a, absm), one), vt);
-    __mmask32 kb = _mm512_cmplt_epu16_mask(_mm512_sub_epi16(_mm512_and_si512(b, absm), one), vt);
-    if (ka | kb) { /* rare */
-      if (!bf16_set_apart(x + i, ka, tiny, ntiny) || !bf16_set_apart(x + i + 32, kb, tiny, ntiny)) return 0;
-      a = _mm512_maskz_mov_epi16(~ka, a);
-      b = _mm512_maskz_mov_epi16(~kb, b);
-    }
+    if (!set_apart64(x + i, &a, &b, vt, tiny, ntiny)) return 0;
     bf16_split4(a, w);
     bf16_split4(b, u);
-    h[0] = bf16_sq1(w[0], h[0]);
-    h[1] = bf16_sq1(w[1], h[1]);
-    h[2] = bf16_sq1(w[2], h[2]);
-    h[3] = bf16_sq1(w[3], h[3]);
-    h[4] = bf16_sq1(u[0], h[4]);
-    h[5] = bf16_sq1(u[1], h[5]);
-    h[6] = bf16_sq1(u[2], h[6]);
-    h[7] = bf16_sq1(u[3], h[7]);
+    for (int k = 0; k < 4; k++) {
+      h[k] = bf16_sq1(w[k], h[k]);
+      h[k + 4] = bf16_sq1(u[k], h[k + 4]);
+    }
   }
-  const __m512i an = _mm512_castpd_si512(ah);
-  __m512i bad = _mm512_setzero_si512(), d[8];
-  for (int k = 0; k < 8; k++) d[k] = lanes_diff(h[k], an, &bad);
-  if (lanes_bad(bad)) return 0;
-  __m512i s = _mm512_add_epi64(_mm512_add_epi64(_mm512_add_epi64(d[0], d[1]), _mm512_add_epi64(d[2], d[3])),
-                               _mm512_add_epi64(_mm512_add_epi64(d[4], d[5]), _mm512_add_epi64(d[6], d[7])));
-  __m512i m = _mm512_max_epi64(_mm512_max_epi64(_mm512_max_epi64(d[0], d[1]), _mm512_max_epi64(d[2], d[3])),
-                               _mm512_max_epi64(_mm512_max_epi64(d[4], d[5]), _mm512_max_epi64(d[6], d[7])));
-  *hmax = _mm512_reduce_max_epi64(m);
-  *v = combine45(_mm512_reduce_add_epi64(s), 0);
+  int64_t sum;
+  if (!lanes8_fold(h, _mm512_castpd_si512(ah), &sum, hmax)) return 0;
+  *v = combine45(sum, 0);
   return 1;
 }
 
@@ -271,8 +283,8 @@ static int bf16_verified(const uint16_t *x, int g, uint32_t thr, uint16_t *tiny,
                          int64_t *hmax) {
   const __m512i ahi = _mm512_set1_epi32(bx_anchor_bits32(g)), ali = _mm512_set1_epi32(bx_anchor_bits32(g - 19));
   const __m512 ah = _mm512_castsi512_ps(ahi), al = _mm512_castsi512_ps(ali);
-  const __m512i absm = _mm512_set1_epi16(0x7FFF), one = _mm512_set1_epi16(1), zero = _mm512_setzero_si512();
-  const __m512i vt = _mm512_set1_epi16((short)(thr - 1));
+  const __m512i zero = _mm512_setzero_si512();
+  const __m512i vt = _mm512_set1_epi16((short)(thr - 1)); /* thr >= 0x80 */
   __m512i bad = zero, mx = zero;
   int64_t sum = 0;
   *ntiny = 0;
@@ -282,13 +294,7 @@ static int bf16_verified(const uint16_t *x, int g, uint32_t thr, uint16_t *tiny,
       bx_prefetch_line(x + i);
       bx_prefetch_line(x + i + 32);
       __m512i a = _mm512_loadu_si512(x + i), b = _mm512_loadu_si512(x + i + 32);
-      __mmask32 ka = _mm512_cmplt_epu16_mask(_mm512_sub_epi16(_mm512_and_si512(a, absm), one), vt);
-      __mmask32 kb = _mm512_cmplt_epu16_mask(_mm512_sub_epi16(_mm512_and_si512(b, absm), one), vt);
-      if (ka | kb) { /* rare */
-        if (!bf16_set_apart(x + i, ka, tiny, ntiny) || !bf16_set_apart(x + i + 32, kb, tiny, ntiny)) return 0;
-        a = _mm512_maskz_mov_epi16(~ka, a);
-        b = _mm512_maskz_mov_epi16(~kb, b);
-      }
+      if (!set_apart64(x + i, &a, &b, vt, tiny, ntiny)) return 0;
       sqv32(_mm512_unpacklo_epi16(zero, a), &h0, &l0);
       sqv32(_mm512_unpackhi_epi16(zero, a), &h1, &l1);
       sqv32(_mm512_unpacklo_epi16(zero, b), &h2, &l2);
@@ -441,7 +447,6 @@ static inline void f16_cvt16(__m256i h, __m512d *a, __m512d *b) {
 static int f16_guess(const uint16_t *x, int g, uint32_t thr, uint16_t *tiny, int *ntiny, bx_i128 *v,
                      int64_t *hmax) {
   const __m512d ah = anchor_pd(g);
-  const __m512i absm = _mm512_set1_epi16(0x7FFF), one = _mm512_set1_epi16(1);
   const __m512i vt = _mm512_set1_epi16((short)(thr ? thr - 1 : 0)); /* thr 0: nothing set apart */
   __m512d h[8] = {ah, ah, ah, ah, ah, ah, ah, ah};
   *ntiny = 0;
@@ -449,14 +454,7 @@ static int f16_guess(const uint16_t *x, int g, uint32_t thr, uint16_t *tiny, int
     bx_prefetch_line(x + i);
     bx_prefetch_line(x + i + 32);
     __m512i a = _mm512_loadu_si512(x + i), b = _mm512_loadu_si512(x + i + 32);
-    /* 0 < |x| bits < thr: |x| bits - 1 < thr - 1, zeros wrapping above */
-    __mmask32 ka = _mm512_cmplt_epu16_mask(_mm512_sub_epi16(_mm512_and_si512(a, absm), one), vt);
-    __mmask32 kb = _mm512_cmplt_epu16_mask(_mm512_sub_epi16(_mm512_and_si512(b, absm), one), vt);
-    if (ka | kb) { /* rare */
-      if (!bf16_set_apart(x + i, ka, tiny, ntiny) || !bf16_set_apart(x + i + 32, kb, tiny, ntiny)) return 0;
-      a = _mm512_maskz_mov_epi16(~ka, a);
-      b = _mm512_maskz_mov_epi16(~kb, b);
-    }
+    if (!set_apart64(x + i, &a, &b, vt, tiny, ntiny)) return 0;
     __m512d d[8];
     f16_cvt16(_mm512_castsi512_si256(a), &d[0], &d[1]);
     f16_cvt16(_mm512_extracti64x4_epi64(a, 1), &d[2], &d[3]);
@@ -464,17 +462,9 @@ static int f16_guess(const uint16_t *x, int g, uint32_t thr, uint16_t *tiny, int
     f16_cvt16(_mm512_extracti64x4_epi64(b, 1), &d[6], &d[7]);
     for (int k = 0; k < 8; k++) h[k] = _mm512_fmadd_pd(d[k], d[k], h[k]);
   }
-  const __m512i an = _mm512_castpd_si512(ah);
-  __m512i bad = _mm512_setzero_si512(), dd[8];
-  for (int k = 0; k < 8; k++) dd[k] = lanes_diff(h[k], an, &bad);
-  if (lanes_bad(bad)) return 0;
-  __m512i s = dd[0], m = dd[0];
-  for (int k = 1; k < 8; k++) {
-    s = _mm512_add_epi64(s, dd[k]);
-    m = _mm512_max_epi64(m, dd[k]);
-  }
-  *hmax = _mm512_reduce_max_epi64(m);
-  *v = _mm512_reduce_add_epi64(s);
+  int64_t sum;
+  if (!lanes8_fold(h, _mm512_castpd_si512(ah), &sum, hmax)) return 0;
+  *v = sum;
   return 1;
 }
 
