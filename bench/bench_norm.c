@@ -38,7 +38,9 @@
  * fp64-accumulated one to 1e-6; it exits non-zero otherwise.
  *
  *   bench_norm [--quick] [--sizes 20,24,26] [--reps R] [--threads T]
- *              [--no-forced] [--no-groups] [--json FILE]
+ *              [--no-forced] [--no-groups] [--only S] [--json FILE]
+ *
+ * --only S: only the data sets whose name contains S (e.g. "bf16").
  */
 #include <math.h>
 #include <stdio.h>
@@ -601,7 +603,7 @@ static void write_json(const char *path, int reps, const env *e) {
 static void usage(FILE *f) {
   fprintf(f,
           "usage: bench_norm [--quick] [--sizes 20,24,26] [--reps R] "
-          "[--threads T] [--no-forced] [--no-groups] [--json FILE]\n");
+          "[--threads T] [--no-forced] [--no-groups] [--only S] [--json FILE]\n");
 }
 
 static void cpu_model(char *buf, size_t len) {
@@ -622,7 +624,7 @@ int main(int argc, char **argv) {
   double worst_busy = 0;
   double contended = 5; /* % of one CPU used by others that voids a repetition */
   size_t min_elems = (size_t)1 << 25; /* elements per timed measurement */
-  const char *json = NULL;
+  const char *json = NULL, *only = NULL;
   env e;
   memset(&e, 0, sizeof e);
   e.threads = 2;
@@ -650,6 +652,8 @@ int main(int argc, char **argv) {
       forced = 0;
     } else if (!strcmp(argv[i], "--no-groups")) {
       groups = 0;
+    } else if (!strcmp(argv[i], "--only") && i + 1 < argc) {
+      only = argv[++i];
     } else if (!strcmp(argv[i], "--json") && i + 1 < argc) {
       json = argv[++i];
     } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
@@ -708,11 +712,13 @@ int main(int argc, char **argv) {
     printf("%-12s %-30s %3s %9s %8s %8s %9s\n", "data", "method", "thr",
            "ns/elem", "GB/s", "vs read", "vs naive");
     for (size_t d = 0; d < NSETS; d++)
-      if (alloc_set(&sets[d], n, e.threads, 1000 * (uint64_t)sizes[si] + d) != 0) {
+      if ((!only || strstr(sets[d].name, only)) &&
+          alloc_set(&sets[d], n, e.threads, 1000 * (uint64_t)sizes[si] + d) != 0) {
         fprintf(stderr, "bench_norm: out of memory at N = 2^%d\n", sizes[si]);
         return 1;
       }
     for (size_t d = 0; d < NSETS; d++) {
+      if (only && !strstr(sets[d].name, only)) continue;
       static run runs[MAX_RUNS];
       check ck = {0, 0, NAN};
       int nruns = plan_runs(&e, &sets[d], runs);
@@ -746,7 +752,10 @@ int main(int argc, char **argv) {
         }
       }
     }
-    for (size_t d = 0; d < NSETS; d++) free(sets[d].data);
+    for (size_t d = 0; d < NSETS; d++) {
+      free(sets[d].data);
+      sets[d].data = NULL;
+    }
     double busy = kept_wall > 0 ? kept_busy / kept_wall : 0;
     worst_busy = busy > worst_busy ? busy : worst_busy;
     printf("other programs used %.0f%% of one CPU during the repetitions kept "
