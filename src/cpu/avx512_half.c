@@ -288,6 +288,8 @@ static int bf16_verified(const uint16_t *x, int g, uint32_t thr, uint16_t *tiny,
   __m512i bad = zero, mx = zero;
   int64_t sum = 0;
   *ntiny = 0;
+  *v = 0;
+  *hmax = 0;
   for (size_t c = 0; c < BF16_BLOCK; c += 512) {
     __m512 h0 = ah, h1 = ah, h2 = ah, h3 = ah, l0 = al, l1 = al, l2 = al, l3 = al;
     for (size_t i = c; i < c + 512; i += 64) {
@@ -306,12 +308,10 @@ static int bf16_verified(const uint16_t *x, int g, uint32_t thr, uint16_t *tiny,
     __m512i ls = _mm512_add_epi32(_mm512_add_epi32(lanes_diff32(l0, ali, &bad), lanes_diff32(l1, ali, &bad)),
                                   _mm512_add_epi32(lanes_diff32(l2, ali, &bad), lanes_diff32(l3, ali, &bad)));
     mx = _mm512_max_epi32(mx, _mm512_max_epi32(_mm512_max_epi32(d0, d1), _mm512_max_epi32(d2, d3)));
-    /* 64 lanes each below 2^22 in size: the int32 sums cannot wrap */
+    if (_mm512_test_epi32_mask(bad, _mm512_set1_epi32((int)0xFF800000u))) return 0;
+    /* 64 lanes in their binades, each below 2^22 in size: no int32 sum wraps */
     sum += ((int64_t)_mm512_reduce_add_epi32(hs) << 19) + _mm512_reduce_add_epi32(ls);
   }
-  *v = 0;
-  *hmax = 0;
-  if (_mm512_test_epi32_mask(bad, _mm512_set1_epi32((int)0xFF800000u))) return 0;
   *hmax = _mm512_reduce_max_epi32(mx);
   *v = sum;
   return 1;

@@ -147,7 +147,7 @@ static int f32_adapt(int g, int64_t hmax) {
  * the flags; blocks that fail are redone checked. */
 static void f32_verified_group(f32_ctx *c, bx_vrun *vr, int *g, const float *x, int gsz) {
   const bx_f32_micro *mk = c->mk;
-  bx_i128 v[BX_V_GROUP];
+  bx_i128 v[BX_V_GROUP] = {0}; /* (read into dep even for a failed block) */
   int gs[BX_V_GROUP], ok[BX_V_GROUP], failed = 0;
   uint64_t dep = 0; /* orders the flag read after the windows */
   for (int k = 0; k < gsz; k++) {

@@ -96,7 +96,7 @@ static int f64_adapt(int sc, int64_t hmax) {
  * of the flags; blocks that fail are redone checked. */
 static void f64_verified_group(f64_ctx *c, bx_vrun *vrun, int *sc, const double *x, int gsz) {
   const bx_f64_micro *mk = c->mk;
-  bx_i128 vp[BX_V_GROUP], vr[BX_V_GROUP];
+  bx_i128 vp[BX_V_GROUP] = {0}, vr[BX_V_GROUP] = {0}; /* (read into dep even for a failed block) */
   int scs[BX_V_GROUP], ok[BX_V_GROUP], failed = 0;
   uint64_t dep = 0; /* orders the flag read after the windows */
   for (int k = 0; k < gsz; k++) {

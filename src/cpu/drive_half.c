@@ -185,7 +185,7 @@ static void bf16_verified_group(bf16_ctx *c, bx_vrun *vr, int *g, const uint16_t
   const bx_bf16_micro *mk = c->mk;
   uint16_t tiny[BX_V_GROUP][BX_BF16_TINY];
   int nt[BX_V_GROUP], gs[BX_V_GROUP], ok[BX_V_GROUP], failed = 0;
-  bx_i128 v[BX_V_GROUP];
+  bx_i128 v[BX_V_GROUP] = {0}; /* (read into dep even for a failed block) */
   uint64_t dep = 0; /* orders the flag read after the windows */
   for (int k = 0; k < gsz; k++) {
     int64_t hmax = 0;
