@@ -135,7 +135,11 @@ static inline __m256d bf16_sq1(__m256i w, __m256d h) {
 static inline void bf16_fast1_16(__m256i v, __m256d h[4]) {
   __m256i w[4];
   bf16_split4(v, w);
-  for (int k = 0; k < 4; k++) h[k] = bf16_sq1(w[k], h[k]);
+  /* spelled out: -O2 keeps an unrolled array in registers, a loop in memory */
+  h[0] = bf16_sq1(w[0], h[0]);
+  h[1] = bf16_sq1(w[1], h[1]);
+  h[2] = bf16_sq1(w[2], h[2]);
+  h[3] = bf16_sq1(w[3], h[3]);
 }
 
 /* micro.h: window1_fast */
@@ -160,7 +164,10 @@ static inline void bf16_sq2(__m256i w, __m256d *hi, __m256d *lo) {
 static inline void bf16_fast2_16(__m256i v, __m256d h[4], __m256d l[4]) {
   __m256i w[4];
   bf16_split4(v, w);
-  for (int k = 0; k < 4; k++) bf16_sq2(w[k], &h[k], &l[k]);
+  bf16_sq2(w[0], &h[0], &l[0]);
+  bf16_sq2(w[1], &h[1], &l[1]);
+  bf16_sq2(w[2], &h[2], &l[2]);
+  bf16_sq2(w[3], &h[3], &l[3]);
 }
 
 /* micro.h: window2_fast */

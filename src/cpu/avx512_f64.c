@@ -93,8 +93,12 @@ static void f64_window_all(const double *x, size_t len, int sc, bx_f64_next *nx,
     bx_prefetch_line(pf + i + 8);
     bx_prefetch_line(pf + i + 16);
     bx_prefetch_line(pf + i + 24);
-    if (nx)
-      for (int k = 0; k < 4; k++) f64_stats8(f64_abs(_mm512_loadu_si512(nx->y + i + 8 * k)), &mx, &mn, &bk);
+    if (nx) { /* spelled out: -O2 keeps a loop's vectors in memory */
+      f64_stats8(f64_abs(_mm512_loadu_si512(nx->y + i)), &mx, &mn, &bk);
+      f64_stats8(f64_abs(_mm512_loadu_si512(nx->y + i + 8)), &mx, &mn, &bk);
+      f64_stats8(f64_abs(_mm512_loadu_si512(nx->y + i + 16)), &mx, &mn, &bk);
+      f64_stats8(f64_abs(_mm512_loadu_si512(nx->y + i + 24)), &mx, &mn, &bk);
+    }
     f64_step_all(_mm512_loadu_si512(x + i), scale, &s[0]);
     f64_step_all(_mm512_loadu_si512(x + i + 8), scale, &s[1]);
     f64_step_all(_mm512_loadu_si512(x + i + 16), scale, &s[2]);

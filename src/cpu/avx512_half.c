@@ -247,10 +247,15 @@ static int bf16_guess1(const uint16_t *x, int g, uint32_t thr, uint16_t *tiny, i
     if (!set_apart64(x + i, &a, &b, vt, tiny, ntiny)) return 0;
     bf16_split4(a, w);
     bf16_split4(b, u);
-    for (int k = 0; k < 4; k++) {
-      h[k] = bf16_sq1(w[k], h[k]);
-      h[k + 4] = bf16_sq1(u[k], h[k + 4]);
-    }
+    /* spelled out: -O2 keeps an unrolled array in registers, a loop in memory */
+    h[0] = bf16_sq1(w[0], h[0]);
+    h[1] = bf16_sq1(w[1], h[1]);
+    h[2] = bf16_sq1(w[2], h[2]);
+    h[3] = bf16_sq1(w[3], h[3]);
+    h[4] = bf16_sq1(u[0], h[4]);
+    h[5] = bf16_sq1(u[1], h[5]);
+    h[6] = bf16_sq1(u[2], h[6]);
+    h[7] = bf16_sq1(u[3], h[7]);
   }
   int64_t sum;
   if (!lanes8_fold(h, _mm512_castpd_si512(ah), &sum, hmax)) return 0;
@@ -455,12 +460,19 @@ static int f16_guess(const uint16_t *x, int g, uint32_t thr, uint16_t *tiny, int
     bx_prefetch_line(x + i + 32);
     __m512i a = _mm512_loadu_si512(x + i), b = _mm512_loadu_si512(x + i + 32);
     if (!set_apart64(x + i, &a, &b, vt, tiny, ntiny)) return 0;
-    __m512d d[8];
-    f16_cvt16(_mm512_castsi512_si256(a), &d[0], &d[1]);
-    f16_cvt16(_mm512_extracti64x4_epi64(a, 1), &d[2], &d[3]);
-    f16_cvt16(_mm512_castsi512_si256(b), &d[4], &d[5]);
-    f16_cvt16(_mm512_extracti64x4_epi64(b, 1), &d[6], &d[7]);
-    for (int k = 0; k < 8; k++) h[k] = _mm512_fmadd_pd(d[k], d[k], h[k]);
+    __m512d d0, d1, d2, d3, d4, d5, d6, d7; /* spelled out: a loop's vectors live in memory at -O2 */
+    f16_cvt16(_mm512_castsi512_si256(a), &d0, &d1);
+    f16_cvt16(_mm512_extracti64x4_epi64(a, 1), &d2, &d3);
+    f16_cvt16(_mm512_castsi512_si256(b), &d4, &d5);
+    f16_cvt16(_mm512_extracti64x4_epi64(b, 1), &d6, &d7);
+    h[0] = _mm512_fmadd_pd(d0, d0, h[0]);
+    h[1] = _mm512_fmadd_pd(d1, d1, h[1]);
+    h[2] = _mm512_fmadd_pd(d2, d2, h[2]);
+    h[3] = _mm512_fmadd_pd(d3, d3, h[3]);
+    h[4] = _mm512_fmadd_pd(d4, d4, h[4]);
+    h[5] = _mm512_fmadd_pd(d5, d5, h[5]);
+    h[6] = _mm512_fmadd_pd(d6, d6, h[6]);
+    h[7] = _mm512_fmadd_pd(d7, d7, h[7]);
   }
   int64_t sum;
   if (!lanes8_fold(h, _mm512_castpd_si512(ah), &sum, hmax)) return 0;
