@@ -33,6 +33,8 @@ table_functions() {
       /^const bx_[a-z0-9]+_micro [a-z0-9_]+ = \{/ { intable = 1; sub(/^[^{]*\{/, "") }
       intable {
         line = $0
+        gsub(/\/\*.*\*\//, "", line) # comments (one line each)
+        sub(/\/\/.*/, "", line)
         done = sub(/\};.*/, "", line)
         n = split(line, w, /[^A-Za-z0-9_]+/)
         for (i = 1; i <= n; i++)

@@ -6,10 +6,11 @@
  * once per block of 1-2 K elements through a function pointer.
  *
  * The drivers own every decision: which window a block takes (from its
- * pass-1 statistics), the verified windows' state machine (fp32) and the
- * guessed windows' (bf16), the spike and NaN/Inf splits, the integer-bin
- * fallback and when to stay on it, the folding of block sums into the
- * accumulator (exact_grid.h: bx_pending). A micro-kernel does one pass of
+ * pass-1 statistics), when runs of verified windows (fp32, fp64, bf16:
+ * verified.h) or guessed windows (bf16, fp16) replace pass 1 and how they
+ * adapt, the spike and NaN/Inf splits, the integer-bin fallback and when
+ * to stay on it, the elements set apart, the folding of block sums into
+ * the accumulator (exact_grid.h: bx_pending). A micro-kernel does one pass of
  * arithmetic over one block and returns exact integers (lane sums minus
  * anchors) or statistics; the proofs that make those exact are in
  * exact_grid.h, named by the window each entry implements.
