@@ -1,8 +1,9 @@
 /*
  * bench_util.h — the plumbing of bench_norm.c: a small thread pool that can
  * spin or sleep between jobs, a clock, a check that nothing else was
- * running, and a deterministic generator of test values. Header-only,
- * included by bench_norm.c alone (every bench/ *.c is its own program).
+ * running, and float -> fp16 bits for the test values (drawn with the one
+ * generator, src/common/rng.h). Header-only, included by bench_norm.c
+ * alone (every bench/ *.c is its own program).
  */
 #ifndef BX_BENCH_UTIL_H
 #define BX_BENCH_UTIL_H
@@ -174,22 +175,6 @@ static double others_percent(cpu_sample a, cpu_sample b) {
 }
 
 /* ---------------------------------------------------------- test values */
-static uint64_t splitmix(uint64_t *state) {
-  uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-static double unit(uint64_t *state) { /* uniform in (0, 1) */
-  return ((double)(splitmix(state) >> 11) + 0.5) * 0x1p-53;
-}
-
-static double gauss(uint64_t *state) {
-  double u = unit(state), v = unit(state);
-  return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
-}
-
 static uint16_t float_to_f16_bits(float f) { /* nearest even */
   uint32_t x, sign;
   memcpy(&x, &f, 4);

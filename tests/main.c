@@ -128,6 +128,13 @@ static const test_entry TESTS[] = {
     {"cuda_refused_without_device", test_cuda_refused_without_device},
     {"cuda_sim_finish", test_cuda_sim_finish},
     {"cuda_sim_store_rounding", test_cuda_sim_store_rounding},
+    /* the block drivers and micro-kernels (test_kernels.c) */
+    {"kernels_driver_paths", test_kernels_driver_paths},
+    {"kernels_special_near_block_ends", test_kernels_special_near_block_ends},
+    {"kernels_f64_bins_flush", test_kernels_f64_bins_flush},
+    {"kernels_hostile_fpenv", test_kernels_hostile_fpenv},
+    {"kernels_dispatch_reason", test_kernels_dispatch_reason},
+    {"kernels_micro_tables", test_kernels_micro_tables},
     /* the shared deterministic power function vs MPFR (test_pow_det.c) */
     {"pow_det_special", test_pow_det_special},
     {"pow_det_random", test_pow_det_random},

@@ -113,6 +113,14 @@ void test_cuda_refused_without_device(void);
 void test_cuda_sim_finish(void);
 void test_cuda_sim_store_rounding(void);
 
+/* test_kernels.c */
+void test_kernels_driver_paths(void);
+void test_kernels_special_near_block_ends(void);
+void test_kernels_f64_bins_flush(void);
+void test_kernels_hostile_fpenv(void);
+void test_kernels_dispatch_reason(void);
+void test_kernels_micro_tables(void);
+
 /* test_pow_det.c */
 void test_pow_det_special(void);
 void test_pow_det_random(void);

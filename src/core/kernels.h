@@ -54,6 +54,13 @@ void bx_sumabs_bf16_scalar(const uint16_t *x, size_t n, bx_acc *acc);
 void bx_sumabs_f32_scalar(const float *x, size_t n, bx_acc *acc);
 void bx_sumabs_f64_scalar(const double *x, size_t n, bx_acc *acc);
 
+/* The same sum |x| kernels as bx_reduce_fn entries (every ISA's table
+ * uses them: p = 1 is not on the hot path). */
+void bx_portable_sumabs_f16(const void *x, size_t n, bx_acc *acc);
+void bx_portable_sumabs_bf16(const void *x, size_t n, bx_acc *acc);
+void bx_portable_sumabs_f32(const void *x, size_t n, bx_acc *acc);
+void bx_portable_sumabs_f64(const void *x, size_t n, bx_acc *acc);
+
 /* Kernels for the rarer norms (src/cpu/portable_misc.c), one span each. */
 double bx_load_as_double(const void *data, bx_dtype dt, size_t i);
 /* Updates max/min of |x| over non-NaN elements, counts NaN and non-zeros
@@ -82,8 +89,14 @@ extern const bx_scale_kernels bx_scale_avx512;
 #endif
 
 /* The kernel table chosen for this CPU at first use (or the one named by
- * the environment variable BX_ISA, if the CPU has it). Thread-safe. */
+ * the environment variable BX_ISA, if the CPU has it): the fastest the
+ * CPU runs, by dispatch.c's CPU table, else the widest. Thread-safe. */
 const bx_kernels *bx_kernels_active(void);
+
+/* Why the active table was chosen, one line for logs and benchmarks: its
+ * name, a colon, and the reason ("the CPU table's choice for ...", "the
+ * widest ISA this CPU runs (...)", "forced by ..."). */
+const char *bx_kernels_reason(void);
 
 /* The scaling table matching bx_kernels_active(). */
 const bx_scale_kernels *bx_scale_kernels_active(void);

@@ -1,64 +1,110 @@
 /*
- * avx2_half.c — exact sum of squares of bf16 and fp16 tensors, AVX2 + F16C.
- * Scheme and proofs: exact_grid.h. Blocks of 1024 (k = 64 per lane).
+ * avx2_half.c — the AVX2 + F16C bf16 and fp16 micro-kernels (micro.h;
+ * the driver is drive_half.c). Scheme and proofs: exact_grid.h. Blocks of
+ * 1024 (k <= 64 per lane). Loops read 32 elements (one 64-byte line) an
+ * iteration, as two halves of 16; a half past the end reads as zeros.
  */
 #include <string.h>
 
 #include "avx2_util.h"
+
+/* elements of x[i..len) left, 0 past the end */
+static inline size_t left_of(size_t len, size_t i) { return len > i ? len - i : 0; }
+
+/* 16 bf16/fp16 words at x, the ones past left (< 16) read as zeros */
+static inline __m256i ld16(const uint16_t *x, size_t left) {
+  if (left >= 16) return _mm256_loadu_si256((const void *)x);
+  uint16_t buf[16] = {0};
+  memcpy(buf, x, left * sizeof *x);
+  return _mm256_loadu_si256((const void *)buf);
+}
 
 /* ======================================================================
  * bf16: 16 elements a vector; widened to fp32 by interleaving with zeros
  * (lane order is irrelevant to a sum), then to fp64.
  * ====================================================================== */
 
-static void bf16_stats(const uint16_t *x, size_t len, uint32_t *amax, uint32_t *aminnz) {
-  const __m256i absm = _mm256_set1_epi16(0x7FFF), one = _mm256_set1_epi16(1);
-  __m256i mx = _mm256_setzero_si256(), mn = _mm256_set1_epi16(-1);
-  for (size_t i = 0; i < len; i += 16) {
-    uint16_t buf[16] = {0};
-    const uint16_t *p = x + i;
-    if (len - i < 16) {
-      memcpy(buf, p, (len - i) * sizeof *x);
-      p = buf;
-    }
-    __m256i a = _mm256_and_si256(_mm256_loadu_si256((const void *)p), absm);
-    mx = _mm256_max_epu16(mx, a);
-    mn = _mm256_min_epu16(mn, _mm256_sub_epi16(a, one));
-  }
+/* 16-bit lanes of max / min-minus-one into 32 bits, reduced */
+static inline uint32_t bf16_max_done(__m256i mx) {
   __m256i z = _mm256_setzero_si256();
-  *amax = hmax_epu32(_mm256_max_epu32(_mm256_unpacklo_epi16(mx, z), _mm256_unpackhi_epi16(mx, z)));
-  *aminnz = (hmin_epu32(_mm256_min_epu32(_mm256_unpacklo_epi16(mn, z), _mm256_unpackhi_epi16(mn, z))) + 1u) & 0xFFFF;
+  return hmax_epu32(_mm256_max_epu32(_mm256_unpacklo_epi16(mx, z), _mm256_unpackhi_epi16(mx, z)));
+}
+static inline uint32_t bf16_min_done(__m256i mn) { /* 0: no non-zero element */
+  __m256i z = _mm256_setzero_si256();
+  return (hmin_epu32(_mm256_min_epu32(_mm256_unpacklo_epi16(mn, z), _mm256_unpackhi_epi16(mn, z))) + 1u) & 0xFFFF;
 }
 
-/* 16 bf16 at p (or fewer, zero-padded) as two vectors of 8 fp32 bits */
-static inline void bf16_widen(const uint16_t *x, size_t left, __m256i *a, __m256i *b) {
-  uint16_t buf[16] = {0};
-  if (left < 16) {
-    memcpy(buf, x, left * sizeof *x);
-    x = buf;
+/* min over v's 16 words of (|x| bits - 1), zeros wrapping to 0xFFFF */
+static inline __m256i bf16_min16(__m256i v, __m256i mn) {
+  __m256i a = _mm256_and_si256(v, _mm256_set1_epi16(0x7FFF));
+  return _mm256_min_epu16(mn, _mm256_sub_epi16(a, _mm256_set1_epi16(1)));
+}
+
+/* micro.h: stats */
+static void bf16_stats(const uint16_t *x, size_t len, uint32_t *amax, uint32_t *aminnz) {
+  const __m256i absm = _mm256_set1_epi16(0x7FFF);
+  __m256i mx = _mm256_setzero_si256(), mn = _mm256_set1_epi16(-1);
+  for (size_t i = 0; i < len; i += 32) {
+    bx_prefetch_line(x + i);
+    __m256i a = ld16(x + i, len - i), b = ld16(x + i + 16, left_of(len, i + 16));
+    mx = _mm256_max_epu16(mx, _mm256_max_epu16(_mm256_and_si256(a, absm), _mm256_and_si256(b, absm)));
+    mn = bf16_min16(b, bf16_min16(a, mn));
   }
-  __m256i v = _mm256_loadu_si256((const void *)x);
-  *a = _mm256_unpacklo_epi16(_mm256_setzero_si256(), v);
-  *b = _mm256_unpackhi_epi16(_mm256_setzero_si256(), v);
+  *amax = bf16_max_done(mx);
+  *aminnz = bf16_min_done(mn);
 }
 
 static inline __m256d cvt_lo(__m256i f) { return _mm256_cvtps_pd(_mm256_castps256_ps128(_mm256_castsi256_ps(f))); }
 static inline __m256d cvt_hi(__m256i f) { return _mm256_cvtps_pd(_mm256_extractf128_ps(_mm256_castsi256_ps(f), 1)); }
 
-/* One-level: every non-zero x^2 a multiple of 2^G; fma(x,x,hi) is exact. */
-static bx_i128 bf16_window1_all(const uint16_t *x, size_t len, int g) {
+/* 16 bf16 words as two vectors of 8 fp32 bit patterns */
+static inline void bf16_widen(__m256i v, __m256i *a, __m256i *b) {
+  *a = _mm256_unpacklo_epi16(_mm256_setzero_si256(), v);
+  *b = _mm256_unpackhi_epi16(_mm256_setzero_si256(), v);
+}
+
+static inline void bf16_one16(__m256i v, __m256d h[4]) {
+  __m256i a, b;
+  bf16_widen(v, &a, &b);
+  __m256d d0 = cvt_lo(a), d1 = cvt_hi(a), d2 = cvt_lo(b), d3 = cvt_hi(b);
+  h[0] = _mm256_fmadd_pd(d0, d0, h[0]);
+  h[1] = _mm256_fmadd_pd(d1, d1, h[1]);
+  h[2] = _mm256_fmadd_pd(d2, d2, h[2]);
+  h[3] = _mm256_fmadd_pd(d3, d3, h[3]);
+}
+
+/* micro.h: window1 (converted). Every non-zero x^2 a multiple of 2^G:
+ * fma(x,x,hi) is exact. */
+static bx_i128 bf16_window1(const uint16_t *x, size_t len, int g) {
   const __m256d ah = anchor4(g);
-  __m256d h0 = ah, h1 = ah, h2 = ah, h3 = ah;
-  for (size_t i = 0; i < len; i += 16) {
-    __m256i a, b;
-    bf16_widen(x + i, len - i, &a, &b);
-    __m256d d0 = cvt_lo(a), d1 = cvt_hi(a), d2 = cvt_lo(b), d3 = cvt_hi(b);
-    h0 = _mm256_fmadd_pd(d0, d0, h0);
-    h1 = _mm256_fmadd_pd(d1, d1, h1);
-    h2 = _mm256_fmadd_pd(d2, d2, h2);
-    h3 = _mm256_fmadd_pd(d3, d3, h3);
+  __m256d h[4] = {ah, ah, ah, ah};
+  for (size_t i = 0; i < len; i += 32) {
+    bx_prefetch_line(x + i);
+    bf16_one16(ld16(x + i, len - i), h);
+    bf16_one16(ld16(x + i + 16, left_of(len, i + 16)), h);
   }
-  return bx_combine(lanes_sum(h0, h1, h2, h3, g), 0, 45);
+  return bx_combine(lanes_sum(h[0], h[1], h[2], h[3], g), 0, 45);
+}
+
+static inline void bf16_two16(__m256i v, __m256d h[4], __m256d l[4]) {
+  __m256i a, b;
+  bf16_widen(v, &a, &b);
+  sq2(cvt_lo(a), &h[0], &l[0]);
+  sq2(cvt_hi(a), &h[1], &l[1]);
+  sq2(cvt_lo(b), &h[2], &l[2]);
+  sq2(cvt_hi(b), &h[3], &l[3]);
+}
+
+/* micro.h: window2 (converted; subnormals within two levels) */
+static bx_i128 bf16_window2(const uint16_t *x, size_t len, int g) {
+  const __m256d ah = anchor4(g), al = anchor4(g - 45);
+  __m256d h[4] = {ah, ah, ah, ah}, l[4] = {al, al, al, al};
+  for (size_t i = 0; i < len; i += 32) {
+    bx_prefetch_line(x + i);
+    bf16_two16(ld16(x + i, len - i), h, l);
+    bf16_two16(ld16(x + i + 16, left_of(len, i + 16)), h, l);
+  }
+  return bx_combine(lanes_sum(h[0], h[1], h[2], h[3], g), lanes_sum(l[0], l[1], l[2], l[3], g - 45), 45);
 }
 
 /* Windows without conversions, for blocks without subnormals. A 64-bit
@@ -68,13 +114,7 @@ static bx_i128 bf16_window1_all(const uint16_t *x, size_t len, int g) {
  * + 1536: |x| 2^640 for normal x (x = 0 gives y = 0, so y*y' = 0 whatever
  * y' is). The fma sees y*y' = x^2 2^-256 exactly: the window of G moved by
  * -256 (every grid stays normal: G - 256 - 90 >= -640). */
-static inline void bf16_split4(const uint16_t *x, size_t left, __m256i w[4]) {
-  uint16_t buf[16] = {0};
-  if (left < 16) {
-    memcpy(buf, x, left * sizeof *x);
-    x = buf;
-  }
-  __m256i v = _mm256_loadu_si256((const void *)x);
+static inline void bf16_split4(__m256i v, __m256i w[4]) {
   w[0] = _mm256_slli_epi64(v, 45);
   w[1] = _mm256_slli_epi64(v, 29);
   w[2] = _mm256_slli_epi64(v, 13);
@@ -92,18 +132,26 @@ static inline __m256d bf16_sq1(__m256i w, __m256d h) {
   return _mm256_fmadd_pd(y, bf16_yp(y), h);
 }
 
+static inline void bf16_fast1_16(__m256i v, __m256d h[4]) {
+  __m256i w[4];
+  bf16_split4(v, w);
+  /* spelled out: -O2 keeps an unrolled array in registers, a loop in memory */
+  h[0] = bf16_sq1(w[0], h[0]);
+  h[1] = bf16_sq1(w[1], h[1]);
+  h[2] = bf16_sq1(w[2], h[2]);
+  h[3] = bf16_sq1(w[3], h[3]);
+}
+
+/* micro.h: window1_fast */
 static bx_i128 bf16_window1_fast(const uint16_t *x, size_t len, int g) {
   const __m256d ah = anchor4(g - 256);
-  __m256d h0 = ah, h1 = ah, h2 = ah, h3 = ah;
-  for (size_t i = 0; i < len; i += 16) {
-    __m256i w[4];
-    bf16_split4(x + i, len - i, w);
-    h0 = bf16_sq1(w[0], h0);
-    h1 = bf16_sq1(w[1], h1);
-    h2 = bf16_sq1(w[2], h2);
-    h3 = bf16_sq1(w[3], h3);
+  __m256d h[4] = {ah, ah, ah, ah};
+  for (size_t i = 0; i < len; i += 32) {
+    bx_prefetch_line(x + i);
+    bf16_fast1_16(ld16(x + i, len - i), h);
+    bf16_fast1_16(ld16(x + i + 16, left_of(len, i + 16)), h);
   }
-  return bx_combine(lanes_sum(h0, h1, h2, h3, g - 256), 0, 45);
+  return bx_combine(lanes_sum(h[0], h[1], h[2], h[3], g - 256), 0, 45);
 }
 
 static inline void bf16_sq2(__m256i w, __m256d *hi, __m256d *lo) {
@@ -113,19 +161,25 @@ static inline void bf16_sq2(__m256i w, __m256d *hi, __m256d *lo) {
   *hi = t;
 }
 
-/* Every non-zero element inside the two-level window of G. */
+static inline void bf16_fast2_16(__m256i v, __m256d h[4], __m256d l[4]) {
+  __m256i w[4];
+  bf16_split4(v, w);
+  bf16_sq2(w[0], &h[0], &l[0]);
+  bf16_sq2(w[1], &h[1], &l[1]);
+  bf16_sq2(w[2], &h[2], &l[2]);
+  bf16_sq2(w[3], &h[3], &l[3]);
+}
+
+/* micro.h: window2_fast */
 static bx_i128 bf16_window2_fast(const uint16_t *x, size_t len, int g) {
   const __m256d ah = anchor4(g - 256), al = anchor4(g - 301);
-  __m256d h0 = ah, h1 = ah, h2 = ah, h3 = ah, l0 = al, l1 = al, l2 = al, l3 = al;
-  for (size_t i = 0; i < len; i += 16) {
-    __m256i w[4];
-    bf16_split4(x + i, len - i, w);
-    bf16_sq2(w[0], &h0, &l0);
-    bf16_sq2(w[1], &h1, &l1);
-    bf16_sq2(w[2], &h2, &l2);
-    bf16_sq2(w[3], &h3, &l3);
+  __m256d h[4] = {ah, ah, ah, ah}, l[4] = {al, al, al, al};
+  for (size_t i = 0; i < len; i += 32) {
+    bx_prefetch_line(x + i);
+    bf16_fast2_16(ld16(x + i, len - i), h, l);
+    bf16_fast2_16(ld16(x + i + 16, left_of(len, i + 16)), h, l);
   }
-  return bx_combine(lanes_sum(h0, h1, h2, h3, g - 256), lanes_sum(l0, l1, l2, l3, g - 301), 45);
+  return bx_combine(lanes_sum(h[0], h[1], h[2], h[3], g - 256), lanes_sum(l[0], l[1], l[2], l[3], g - 301), 45);
 }
 
 static inline void bf16_sq3(__m256i w, __m256d *hi, __m256d *mi, __m256d *lo) {
@@ -139,7 +193,17 @@ static inline void bf16_sq3(__m256i w, __m256d *hi, __m256d *mi, __m256d *lo) {
   *mi = t2;
 }
 
-/* Three levels, 2 sets (8 lanes) over halves of 512: 64 elements a lane. */
+static inline void bf16_fast3_16(__m256i v, bx_sets3 *s) {
+  __m256i w[4];
+  bf16_split4(v, w);
+  bf16_sq3(w[0], &s->h0, &s->m0, &s->l0);
+  bf16_sq3(w[1], &s->h1, &s->m1, &s->l1);
+  bf16_sq3(w[2], &s->h0, &s->m0, &s->l0);
+  bf16_sq3(w[3], &s->h1, &s->m1, &s->l1);
+}
+
+/* micro.h: window3_fast. 2 sets (8 lanes) over halves of 512: 64
+ * elements a lane. */
 static bx_i128 bf16_window3_fast(const uint16_t *x, size_t len, int g, bx_i128 *v2) {
   bx_i128 v1 = 0;
   *v2 = 0;
@@ -147,112 +211,157 @@ static bx_i128 bf16_window3_fast(const uint16_t *x, size_t len, int g, bx_i128 *
     size_t end = len - h < BLOCK / 2 ? len : h + BLOCK / 2;
     bx_sets3 s;
     sets3_init(&s, g - 256);
-    for (size_t i = h; i < end; i += 16) {
-      __m256i w[4];
-      bf16_split4(x + i, end - i, w);
-      bf16_sq3(w[0], &s.h0, &s.m0, &s.l0);
-      bf16_sq3(w[1], &s.h1, &s.m1, &s.l1);
-      bf16_sq3(w[2], &s.h0, &s.m0, &s.l0);
-      bf16_sq3(w[3], &s.h1, &s.m1, &s.l1);
+    for (size_t i = h; i < end; i += 32) {
+      bx_prefetch_line(x + i);
+      bf16_fast3_16(ld16(x + i, end - i), &s);
+      bf16_fast3_16(ld16(x + i + 16, left_of(end, i + 16)), &s);
     }
     sets3_fold(&s, g - 256, &v1, v2);
   }
   return v1;
 }
 
-/* Two-level window with masks; thr/upper are bf16 |x| bits. */
-static bx_i128 bf16_window2_masked(const uint16_t *x, size_t len, int g, uint32_t thr,
-                                   uint32_t upper, uint32_t *restmax) {
-  const __m256d ah = anchor4(g), al = anchor4(g - 45);
-  const __m256i vt = _mm256_set1_epi32((int)(thr << 16)), vu = _mm256_set1_epi32((int)(upper << 16));
-  __m256d h0 = ah, h1 = ah, h2 = ah, h3 = ah, l0 = al, l1 = al, l2 = al, l3 = al;
-  __m256i r = _mm256_setzero_si256();
-  for (size_t i = 0; i < len; i += 16) {
-    __m256i a, b;
-    bf16_widen(x + i, len - i, &a, &b);
-    f32_masked8(a, vt, vu, &r, &h0, &l0, &h1, &l1);
-    f32_masked8(b, vt, vu, &r, &h2, &l2, &h3, &l3);
-  }
-  *restmax = hmax_epu32(r) >> 16;
-  return bx_combine(lanes_sum(h0, h1, h2, h3, g), lanes_sum(l0, l1, l2, l3, g - 45), 45);
+/* ---- guessed windows (exact_grid.h, GUESSED WINDOWS) ------------------- */
+
+/* the words with 0 < |x| bits < thr (thr <= 0x7F80: signed compares
+ * order the 15-bit values) as all-ones 16-bit lanes */
+static inline __m256i bf16_tiny16(__m256i v, __m256i vt) {
+  __m256i a = _mm256_and_si256(v, _mm256_set1_epi16(0x7FFF));
+  return _mm256_andnot_si256(_mm256_cmpeq_epi16(a, _mm256_setzero_si256()), _mm256_cmpgt_epi16(vt, a));
 }
 
-static int bf16_block(const uint16_t *x, size_t len, bx_acc *acc, bx_pending *p1, bx_pending *p2) {
-  uint32_t amax, aminnz;
-  bf16_stats(x, len, &amax, &aminnz);
-  if (amax >= 0x7F80u || bx_bf16_too_wide(amax, aminnz)) {
-    return 1; /* NaN/Inf, or spread too wide: the caller's scalar run */
-  }
-  if (amax == 0) return 0;
-  int ebtop = amax >> 7 ? (int)(amax >> 7) : 1, g = bx_f32_g(ebtop);
-  if (aminnz >= 0x80 && aminnz >= bx_bf16_thr(ebtop, 15)) { /* no subnormals */
-    bx_pend_add(p1, acc, bf16_window1_fast(x, len, g), g - 45);
-    return 0;
-  }
-  if (aminnz >= 0x80 && aminnz >= bx_bf16_thr(ebtop, 37)) {
-    bx_pend_add(p1, acc, bf16_window2_fast(x, len, g), g - 45);
-    return 0;
-  }
-  if (aminnz >= 0x80 && aminnz >= bx_bf16_thr(ebtop, 60)) {
-    bx_i128 v2, v1 = bf16_window3_fast(x, len, g, &v2);
-    bx_pend_add(p1, acc, v1, g - 45);
-    bx_pend_add(p2, acc, v2, g - 90);
-    return 0;
-  }
-  if (aminnz >= bx_bf16_thr(ebtop, 15)) {
-    bx_pend_add(p1, acc, bf16_window1_all(x, len, g), g - 45);
-    return 0;
-  }
-  uint32_t thr = bx_bf16_thr(ebtop, 37), upper = 0x7F80u;
-  for (;;) {
-    uint32_t rest;
-    bx_pend_add(p1, acc, bf16_window2_masked(x, len, g, thr, upper, &rest), g - 45);
-    if (rest == 0) return 0;
-    upper = thr;
-    ebtop = rest >> 7 ? (int)(rest >> 7) : 1;
-    g = bx_f32_g(ebtop);
-    thr = bx_bf16_thr(ebtop, 37);
-  }
+/* The words of x[0..16) flagged in k (all-ones lanes) into tiny[] (at
+ * most BX_BF16_TINY in all); 0 if there are more. Rare: scalar. */
+static int bf16_set_apart(const uint16_t *x, __m256i k, uint16_t *tiny, int *nt) {
+  unsigned m = _pext_u32((unsigned)_mm256_movemask_epi8(k), 0x55555555u); /* one bit a word */
+  if (*nt + __builtin_popcount(m) > BX_BF16_TINY) return 0;
+  for (; m; m &= m - 1) tiny[(*nt)++] = x[__builtin_ctz(m)];
+  return 1;
 }
 
-void bx_avx2_sumsq_bf16(const void *xv, size_t n, bx_acc *acc) {
-  unsigned csr = bx_csr_enter(); /* exact_grid.h: no DAZ, flags our own */
-  const uint16_t *x = xv;
-  bx_pending p1 = {0, 0, 0}, p2 = {0, 0, 0};
-  size_t scalar_n = 0, i = 0, len = BLOCK, run = 0, run_at = 0; /* run: for the scalar kernel */
-  if (((uintptr_t)x & 1) == 0) len -= ((uintptr_t)x >> 1) & 15;
-  while (i < n) {
-    if (len > n - i) len = n - i;
-    int scalar = bf16_block(x + i, len, acc, &p1, &p2);
-    if (scalar) {
-      if (!run) run_at = i;
-      run += len;
-    }
-    if (run && (!scalar || run >= BX_SCALAR_RUN_MAX)) { /* the run still in L2 */
-      bx_sumsq_bf16_scalar(x + run_at, run, acc); /* counts them */
-      scalar_n += run;
-      run = 0;
-    }
-    i += len;
-    len = BLOCK;
-  }
-  if (run) {
-    bx_sumsq_bf16_scalar(x + run_at, run, acc);
-    scalar_n += run;
-  }
-  bx_pend_flush(&p1, acc);
-  bx_pend_flush(&p2, acc);
-  acc->count += (int64_t)(n - scalar_n);
-  bx_csr_leave(csr);
+/* 32 words x[0..32) loaded as *a, *b: those with 0 < |x| bits < thr
+ * (vt) set apart into tiny[] and zeroed; 0 if there are too many. */
+static inline int set_apart32(const uint16_t *x, __m256i *a, __m256i *b, __m256i vt, uint16_t *tiny, int *nt) {
+  __m256i ka = bf16_tiny16(*a, vt), kb = bf16_tiny16(*b, vt), k = _mm256_or_si256(ka, kb);
+  if (_mm256_testz_si256(k, k)) return 1;
+  if (!bf16_set_apart(x, ka, tiny, nt) || !bf16_set_apart(x + 16, kb, tiny, nt)) return 0; /* rare */
+  *a = _mm256_andnot_si256(ka, *a);
+  *b = _mm256_andnot_si256(kb, *b);
+  return 1;
 }
+
+/* The 8 one-level accumulators anchored at an: 0 if a lane left its
+ * binade, else *sum of the lanes and *hmax, the largest (units of G). */
+static inline int lanes8_fold(const __m256d h[8], __m256i an, int64_t *sum, int64_t *hmax) {
+  __m256i bad = _mm256_setzero_si256(), d[8];
+  for (int k = 0; k < 8; k++) d[k] = lanes_diff(h[k], an, &bad);
+  if (lanes_bad(bad)) return 0;
+  __m256i s = d[0], m = d[0];
+  for (int k = 1; k < 8; k++) {
+    s = _mm256_add_epi64(s, d[k]);
+    m = max_epi64(m, d[k]);
+  }
+  *hmax = hmax_epi64(m);
+  *sum = hsum64(s);
+  return 1;
+}
+
+/* micro.h: guess1. One level, 8 accumulators (32 lanes, k = 32); the
+ * words with 0 < |x| bits < thr are set apart and zeroed. */
+static int bf16_guess1(const uint16_t *x, int g, uint32_t thr, uint16_t *tiny, int *ntiny, bx_i128 *v,
+                       int64_t *hmax) {
+  const __m256d ah = anchor4(g - 256);
+  const __m256i vt = _mm256_set1_epi16((short)thr);
+  __m256d h[8] = {ah, ah, ah, ah, ah, ah, ah, ah};
+  *ntiny = 0;
+  for (size_t i = 0; i < BLOCK; i += 32) {
+    bx_prefetch_line(x + i);
+    __m256i a = _mm256_loadu_si256((const void *)(x + i));
+    __m256i b = _mm256_loadu_si256((const void *)(x + i + 16));
+    if (!set_apart32(x + i, &a, &b, vt, tiny, ntiny)) return 0;
+    bf16_fast1_16(a, h);
+    bf16_fast1_16(b, h + 4);
+  }
+  int64_t sum;
+  if (!lanes8_fold(h, _mm256_castpd_si256(ah), &sum, hmax)) return 0;
+  *v = bx_combine(sum, 0, 45);
+  return 1;
+}
+
+/* micro.h: guess2. Two levels, 4 pairs (16 lanes, k = 64). */
+static int bf16_guess2(const uint16_t *x, int g, uint32_t *minnz, bx_i128 *v, int64_t *hmax) {
+  const __m256d ah = anchor4(g - 256), al = anchor4(g - 301);
+  __m256d h[4] = {ah, ah, ah, ah}, l[4] = {al, al, al, al};
+  __m256i mn = _mm256_set1_epi16(-1);
+  for (size_t i = 0; i < BLOCK; i += 32) {
+    bx_prefetch_line(x + i);
+    __m256i a = _mm256_loadu_si256((const void *)(x + i));
+    __m256i b = _mm256_loadu_si256((const void *)(x + i + 16));
+    mn = bf16_min16(b, bf16_min16(a, mn));
+    bf16_fast2_16(a, h, l);
+    bf16_fast2_16(b, h, l);
+  }
+  *minnz = bf16_min_done(mn);
+  const __m256i an = _mm256_castpd_si256(ah), aln = _mm256_castpd_si256(al);
+  __m256i bad = _mm256_setzero_si256(), a[4], b[4];
+  for (int k = 0; k < 4; k++) {
+    a[k] = lanes_diff(h[k], an, &bad);
+    b[k] = lanes_diff(l[k], aln, &bad);
+  }
+  if (lanes_bad(bad)) return 0;
+  __m256i hs = _mm256_add_epi64(_mm256_add_epi64(a[0], a[1]), _mm256_add_epi64(a[2], a[3]));
+  __m256i ls = _mm256_add_epi64(_mm256_add_epi64(b[0], b[1]), _mm256_add_epi64(b[2], b[3]));
+  *hmax = hmax_epi64(max_epi64(max_epi64(a[0], a[1]), max_epi64(a[2], a[3])));
+  *v = bx_combine(hsum64(hs), hsum64(ls), 45);
+  return 1;
+}
+
+/* micro.h: bins_prep. 16 elements a vector: exponent fields, significands
+ * with the hidden bit and their squares (< 2^16: vpmullw) in 16-bit lanes. */
+static size_t bf16_bins_prep(const uint16_t *x, size_t m, uint16_t *idx, uint16_t *val, bx_bins_span *sp) {
+  const __m256i ff = _mm256_set1_epi16(0xFF), frac = _mm256_set1_epi16(0x7F), zero = _mm256_setzero_si256();
+  __m256i emx = zero, emn = _mm256_set1_epi16(0xFF);
+  size_t mr = (m + 15) & ~(size_t)15; /* the rest of the last 16 reads as zeros */
+  for (size_t j = 0; j < mr; j += 16) {
+    if ((j & 31) == 0) bx_prefetch_line(x + j);
+    __m256i v = ld16(x + j, m - j);
+    __m256i e = _mm256_and_si256(_mm256_srli_epi16(v, 7), ff);
+    __m256i f = _mm256_and_si256(v, frac);
+    __m256i spec = _mm256_cmpeq_epi16(e, ff);
+    if (!_mm256_testz_si256(spec, spec)) { /* NaN/Inf: counted; bin 255 is never deposited */
+      __m256i nan = _mm256_andnot_si256(_mm256_cmpeq_epi16(f, zero), spec);
+      int ns = __builtin_popcount((unsigned)_mm256_movemask_epi8(spec)) / 2;
+      int nn = __builtin_popcount((unsigned)_mm256_movemask_epi8(nan)) / 2;
+      sp->nan += nn;
+      sp->inf += ns - nn;
+    }
+    __m256i mm = _mm256_or_si256(f, _mm256_andnot_si256(_mm256_cmpeq_epi16(e, zero), _mm256_set1_epi16(0x80)));
+    emx = _mm256_max_epu16(emx, _mm256_andnot_si256(spec, e));
+    __m256i isz = _mm256_cmpeq_epi16(_mm256_and_si256(v, _mm256_set1_epi16(0x7FFF)), zero);
+    emn = _mm256_min_epu16(emn, _mm256_or_si256(e, _mm256_and_si256(isz, ff)));
+    _mm256_store_si256((void *)(idx + j), e);
+    _mm256_store_si256((void *)(val + j), _mm256_mullo_epi16(mm, mm));
+  }
+  uint32_t hi = bf16_max_done(emx);
+  uint32_t lo = hmin_epu32(_mm256_min_epu32(_mm256_unpacklo_epi16(emn, zero), _mm256_unpackhi_epi16(emn, zero)));
+  sp->emax = hi > sp->emax ? hi : sp->emax;
+  sp->eminnz = lo < sp->eminnz ? lo : sp->eminnz;
+  return mr;
+}
+
+const bx_bf16_micro bx_micro_bf16_avx2 = {
+    BLOCK,             bf16_stats,        bf16_window1,   bf16_window2, bf16_window1_fast,
+    bf16_window2_fast, bf16_window3_fast, bf16_bins_prep, bf16_guess1,  bf16_guess2,
+    NULL, /* no verified window: no per-instruction exception suppression */
+};
 
 /* ======================================================================
  * fp16: one fixed window (G = -12, L = -57), no pass 1; F16C widening.
  * ====================================================================== */
 
-static inline void f16_step16(const uint16_t *p, __m256d h[4], __m256d l[4]) {
-  __m256 f0 = _mm256_cvtph_ps(_mm_loadu_si128((const void *)p));
-  __m256 f1 = _mm256_cvtph_ps(_mm_loadu_si128((const void *)(p + 8)));
+static inline void f16_step16(__m256i v, __m256d h[4], __m256d l[4]) {
+  __m256 f0 = _mm256_cvtph_ps(_mm256_castsi256_si128(v));
+  __m256 f1 = _mm256_cvtph_ps(_mm256_extracti128_si256(v, 1));
   sq2(_mm256_cvtps_pd(_mm256_castps256_ps128(f0)), &h[0], &l[0]);
   sq2(_mm256_cvtps_pd(_mm256_extractf128_ps(f0, 1)), &h[1], &l[1]);
   sq2(_mm256_cvtps_pd(_mm256_castps256_ps128(f1)), &h[2], &l[2]);
@@ -267,48 +376,59 @@ static inline int f16_finite(const __m256d h[4]) {
   return _mm256_movemask_epi8(ok) == -1;
 }
 
-void bx_avx2_sumsq_f16(const void *xv, size_t n, bx_acc *acc) {
-  unsigned csr = bx_csr_enter(); /* exact_grid.h: no DAZ, flags our own */
-  const uint16_t *x = xv;
+/* micro.h: the fp16 window. A lane takes one element per 16: at most 64
+ * a block, the zero-padded tail included. */
+static int f16_window(const uint16_t *b, size_t len, bx_i128 *v, int64_t *hmax) {
   const __m256d ah = anchor4(-12), al = anchor4(-57);
-  bx_pending p = {0, 0, 0};
-  size_t scalar_n = 0, i = 0, len = BLOCK, run = 0, run_at = 0; /* run: for the scalar kernel */
-  if (((uintptr_t)x & 1) == 0) len -= ((uintptr_t)x >> 1) & 15;
-  while (i < n) {
-    if (len > n - i) len = n - i;
-    const uint16_t *b = x + i;
-    __m256d h[4] = {ah, ah, ah, ah}, l[4] = {al, al, al, al};
-    size_t j = 0;
-    for (; j + 16 <= len; j += 16) f16_step16(b + j, h, l);
-    if (j < len) {
-      uint16_t buf[16] = {0};
-      memcpy(buf, b + j, (len - j) * sizeof *b);
-      f16_step16(buf, h, l);
-    }
-    if (f16_finite(h)) {
-      bx_pend_add(&p, acc, bx_combine(lanes_sum(h[0], h[1], h[2], h[3], -12), lanes_sum(l[0], l[1], l[2], l[3], -57), 45), -57);
-      if (run) {
-        bx_sumsq_f16_scalar(x + run_at, run, acc); /* counts them */
-        scalar_n += run;
-        run = 0;
-      }
-    } else { /* a NaN or Inf in the block: the scalar kernel redoes it */
-      if (!run) run_at = i;
-      run += len;
-      if (run >= BX_SCALAR_RUN_MAX) { /* the run still in L2 */
-        bx_sumsq_f16_scalar(x + run_at, run, acc);
-        scalar_n += run;
-        run = 0;
-      }
-    }
-    i += len;
-    len = BLOCK;
+  __m256d h[4] = {ah, ah, ah, ah}, l[4] = {al, al, al, al};
+  size_t j = 0;
+  for (; j + 32 <= len; j += 32) {
+    bx_prefetch_line(b + j);
+    f16_step16(_mm256_loadu_si256((const void *)(b + j)), h, l);
+    f16_step16(_mm256_loadu_si256((const void *)(b + j + 16)), h, l);
   }
-  if (run) {
-    bx_sumsq_f16_scalar(x + run_at, run, acc);
-    scalar_n += run;
-  }
-  bx_pend_flush(&p, acc);
-  acc->count += (int64_t)(n - scalar_n);
-  bx_csr_leave(csr);
+  for (; j < len; j += 16) f16_step16(ld16(b + j, len - j), h, l);
+  if (!f16_finite(h)) return 0;
+  const __m256i an = _mm256_castpd_si256(ah);
+  __m256i bad = _mm256_setzero_si256();
+  *hmax = hmax_epi64(max_epi64(max_epi64(lanes_diff(h[0], an, &bad), lanes_diff(h[1], an, &bad)),
+                               max_epi64(lanes_diff(h[2], an, &bad), lanes_diff(h[3], an, &bad))));
+  *v = bx_combine(lanes_sum(h[0], h[1], h[2], h[3], -12), lanes_sum(l[0], l[1], l[2], l[3], -57), 45);
+  return 1;
 }
+
+/* 16 fp16 words squared into 4 accumulators of 4 lanes (one level) */
+static inline void f16_one16(__m256i v, __m256d h[4]) {
+  __m256 f0 = _mm256_cvtph_ps(_mm256_castsi256_si128(v));
+  __m256 f1 = _mm256_cvtph_ps(_mm256_extracti128_si256(v, 1));
+  __m256d d0 = _mm256_cvtps_pd(_mm256_castps256_ps128(f0)), d1 = _mm256_cvtps_pd(_mm256_extractf128_ps(f0, 1));
+  __m256d d2 = _mm256_cvtps_pd(_mm256_castps256_ps128(f1)), d3 = _mm256_cvtps_pd(_mm256_extractf128_ps(f1, 1));
+  h[0] = _mm256_fmadd_pd(d0, d0, h[0]);
+  h[1] = _mm256_fmadd_pd(d1, d1, h[1]);
+  h[2] = _mm256_fmadd_pd(d2, d2, h[2]);
+  h[3] = _mm256_fmadd_pd(d3, d3, h[3]);
+}
+
+/* micro.h: guess (fp16). One level, 8 accumulators (32 lanes, k = 32);
+ * the words with 0 < |x| bits < thr are set apart and zeroed. */
+static int f16_guess(const uint16_t *x, int g, uint32_t thr, uint16_t *tiny, int *ntiny, bx_i128 *v,
+                     int64_t *hmax) {
+  const __m256d ah = anchor4(g);
+  const __m256i vt = _mm256_set1_epi16((short)thr);
+  __m256d h[8] = {ah, ah, ah, ah, ah, ah, ah, ah};
+  *ntiny = 0;
+  for (size_t i = 0; i < BLOCK; i += 32) {
+    bx_prefetch_line(x + i);
+    __m256i a = _mm256_loadu_si256((const void *)(x + i));
+    __m256i b = _mm256_loadu_si256((const void *)(x + i + 16));
+    if (!set_apart32(x + i, &a, &b, vt, tiny, ntiny)) return 0;
+    f16_one16(a, h);
+    f16_one16(b, h + 4);
+  }
+  int64_t sum;
+  if (!lanes8_fold(h, _mm256_castpd_si256(ah), &sum, hmax)) return 0;
+  *v = sum;
+  return 1;
+}
+
+const bx_f16_micro bx_micro_f16_avx2 = {BLOCK, f16_window, f16_guess};

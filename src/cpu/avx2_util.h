@@ -1,22 +1,18 @@
 /*
- * avx2_util.h — the AVX2 helpers the avx2*.c kernel files share (anchors,
- * the two- and three-level steps, masks, the exact fold) and the entry
- * points they export to avx2.c's table. Included only by src/cpu/avx2*.c,
- * which are compiled with the AVX2/FMA/F16C flags.
+ * avx2_util.h — the AVX2 helpers the avx2*.c micro-kernel files share
+ * (anchors, the two- and three-level steps, the exact fold, the binade
+ * test). Included only by src/cpu/avx2*.c, which are compiled with the
+ * AVX2/FMA/F16C flags.
  */
 #ifndef BX_AVX2_UTIL_H
 #define BX_AVX2_UTIL_H
 
 #include <immintrin.h>
 
-#include "exact_grid.h"
+#include "micro.h"
+#include "prefetch.h"
 
 #define BLOCK 1024 /* fp32/bf16/fp16 elements a block: 16 lanes x 64 */
-
-/* sum x^2 entry points of avx2_half.c and avx2_f64.c */
-void bx_avx2_sumsq_bf16(const void *x, size_t n, bx_acc *acc);
-void bx_avx2_sumsq_f16(const void *x, size_t n, bx_acc *acc);
-void bx_avx2_sumsq_f64(const void *x, size_t n, bx_acc *acc);
 
 static inline __m256d anchor4(int g) {
   return _mm256_castsi256_pd(_mm256_set1_epi64x(bx_anchor_bits(g)));
@@ -51,6 +47,29 @@ static inline int64_t lanes_sum(__m256d a, __m256d b, __m256d c, __m256d d, int 
   s = _mm256_add_epi64(s, _mm256_sub_epi64(_mm256_castpd_si256(c), an));
   s = _mm256_add_epi64(s, _mm256_sub_epi64(_mm256_castpd_si256(d), an));
   return hsum64(s);
+}
+
+/* signed 64-bit max (|x| bits and lane differences fit) */
+static inline __m256i max_epi64(__m256i a, __m256i b) {
+  return _mm256_blendv_epi8(a, b, _mm256_cmpgt_epi64(b, a));
+}
+
+static inline __m256i min_epi64(__m256i a, __m256i b) {
+  return _mm256_blendv_epi8(a, b, _mm256_cmpgt_epi64(a, b));
+}
+
+static inline int64_t hmin_epi64(__m256i v) {
+  __m128i m = _mm256_castsi256_si128(v), h = _mm256_extracti128_si256(v, 1);
+  m = _mm_blendv_epi8(m, h, _mm_cmpgt_epi64(m, h));
+  int64_t a = _mm_cvtsi128_si64(m), b = _mm_extract_epi64(m, 1);
+  return a < b ? a : b;
+}
+
+static inline int64_t hmax_epi64(__m256i v) {
+  __m128i m = _mm256_castsi256_si128(v), h = _mm256_extracti128_si256(v, 1);
+  m = _mm_blendv_epi8(m, h, _mm_cmpgt_epi64(h, m));
+  int64_t a = _mm_cvtsi128_si64(m), b = _mm_extract_epi64(m, 1);
+  return a > b ? a : b;
 }
 
 static inline uint32_t hmax_epu32(__m256i v) {
@@ -97,24 +116,15 @@ static inline void sets3_fold(const bx_sets3 *s, int g, bx_i128 *v1, bx_i128 *v2
   *v2 += lanes_sum(s->l0, s->l1, al, al, g - 90);
 }
 
-/* 8 elements (fp32 bits b) whose |x| bits lie in [thr, upper): zeroed
- * outside; the max of those below thr goes to *rest. All |x| bits are
- * below 2^31, so signed compares order them. */
-static inline __m256 f32_window_mask8(__m256i b, __m256i thr, __m256i upper, __m256i *rest) {
-  __m256i a = _mm256_and_si256(b, _mm256_set1_epi32(0x7FFFFFFF));
-  __m256i below = _mm256_cmpgt_epi32(thr, a);
-  __m256i in = _mm256_andnot_si256(below, _mm256_cmpgt_epi32(upper, a));
-  *rest = _mm256_max_epu32(*rest, _mm256_and_si256(below, a));
-  return _mm256_castsi256_ps(_mm256_and_si256(b, in));
+/* Lanes minus the anchor an; *bad gets lanes outside [anchor - 2^51,
+ * anchor + 2^51), i.e. outside the anchor's binade (non-finite included). */
+static inline __m256i lanes_diff(__m256d a, __m256i an, __m256i *bad) {
+  __m256i d = _mm256_sub_epi64(_mm256_castpd_si256(a), an);
+  *bad = _mm256_or_si256(*bad, _mm256_add_epi64(d, _mm256_set1_epi64x((int64_t)1 << 51)));
+  return d;
 }
-
-/* Two-level masked step for bf16 windows: 8 widened elements into two
- * accumulator pairs. */
-static inline void f32_masked8(__m256i b, __m256i thr, __m256i upper, __m256i *rest, __m256d *ha,
-                               __m256d *la, __m256d *hb, __m256d *lb) {
-  __m256 xs = f32_window_mask8(b, thr, upper, rest);
-  sq2(_mm256_cvtps_pd(_mm256_castps256_ps128(xs)), ha, la);
-  sq2(_mm256_cvtps_pd(_mm256_extractf128_ps(xs, 1)), hb, lb);
+static inline int lanes_bad(__m256i bad) {
+  return !_mm256_testz_si256(bad, _mm256_set1_epi64x(-((int64_t)1 << 52)));
 }
 
 #endif /* BX_AVX2_UTIL_H */

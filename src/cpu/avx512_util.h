@@ -1,22 +1,18 @@
 /*
- * avx512_util.h — the AVX-512 helpers the avx512*.c kernel files share
- * (anchors, the two- and three-level steps, the exact fold) and the entry
- * points they export to avx512.c's table. Included only by src/cpu/
- * avx512*.c, which are compiled with the AVX-512 flags.
+ * avx512_util.h — the AVX-512 helpers the avx512*.c micro-kernel files
+ * share (anchors, the two- and three-level steps, the exact fold, the
+ * binade test). Included only by src/cpu/avx512*.c, which are compiled
+ * with the AVX-512 flags.
  */
 #ifndef BX_AVX512_UTIL_H
 #define BX_AVX512_UTIL_H
 
 #include <immintrin.h>
 
-#include "exact_grid.h"
+#include "micro.h"
+#include "prefetch.h"
 
 #define BX_AVX512_BLOCK 2048 /* fp32/bf16/fp16 elements a block: 32 lanes x 64 */
-
-/* sum x^2 entry points of avx512_half.c and avx512_f64.c */
-void bx_avx512_sumsq_bf16(const void *x, size_t n, bx_acc *acc);
-void bx_avx512_sumsq_f16(const void *x, size_t n, bx_acc *acc);
-void bx_avx512_sumsq_f64(const void *x, size_t n, bx_acc *acc);
 
 static inline __m512d anchor_pd(int g) {
   return _mm512_castsi512_pd(_mm512_set1_epi64(bx_anchor_bits(g)));
@@ -60,6 +56,17 @@ static inline int64_t lanes_sum(__m512d a, __m512d b, __m512d c, __m512d d, int 
 /* H * 2^45 + L: a block's sum in units of 2^(G-45); 2^46 for fp64. */
 static inline bx_i128 combine45(int64_t h, int64_t l) { return bx_combine(h, l, 45); }
 static inline bx_i128 combine46(int64_t h, int64_t l) { return bx_combine(h, l, 46); }
+
+/* Lanes minus the anchor an; *bad gets lanes outside [anchor - 2^51,
+ * anchor + 2^51), i.e. outside the anchor's binade (non-finite included). */
+static inline __m512i lanes_diff(__m512d a, __m512i an, __m512i *bad) {
+  __m512i d = _mm512_sub_epi64(_mm512_castpd_si512(a), an);
+  *bad = _mm512_or_si512(*bad, _mm512_add_epi64(d, _mm512_set1_epi64((int64_t)1 << 51)));
+  return d;
+}
+static inline int lanes_bad(__m512i bad) {
+  return _mm512_test_epi64_mask(bad, _mm512_set1_epi64(-((int64_t)1 << 52))) != 0;
+}
 
 static inline uint32_t tail_mask32(size_t r) { /* r in [1, 31] */
   return (uint32_t)((1ull << r) - 1);

@@ -1,7 +1,8 @@
 /*
- * exact_grid.h — what the AVX2 and AVX-512 sum-of-squares kernels share:
- * the exactness argument, and the plain-C folding of block sums into the
- * accumulator. Included only by src/cpu/avx2*.c and src/cpu/avx512*.c.
+ * exact_grid.h — what the vector sum-of-squares kernels share: the
+ * exactness argument, and the plain-C folding of block sums into the
+ * accumulator. The drivers (drive_*.c) make the decisions below, the
+ * micro-kernels (avx2*.c, avx512*.c) do the arithmetic (micro.h).
  *
  * THE SCHEME. Every kernel result is exact: after normalisation the
  * accumulator holds the same value as the portable integer-bin kernels'
@@ -69,8 +70,9 @@
  *        elements lie in the top two-level window (spikes), those go
  *        through that window and a copy of the block without them through
  *        its own, else the integer bins (a cascade of masked windows costs
- *        a full pass per window: more than the bins beyond one). AVX-512:
- *        runs of blocks that fit two levels switch to VERIFIED WINDOWS.
+ *        a full pass per window: more than the bins beyond one). ISAs
+ *        with a verified window (AVX-512): runs of blocks that fit two
+ *        levels switch to VERIFIED WINDOWS.
  *  bf16  x = m 2^(eb-134), x^2 a multiple of 2^(2eb-268); same T, K, G, L:
  *        one level (hi only: fma(x,x,hi) is exact when x^2 is a multiple
  *        of 2^G and hi stays in its binade) admits eb >= ebtop - 14, two
@@ -80,17 +82,18 @@
  *        exactly; setting bits 61, 62 gives |x| 2^640 (normal x), so the
  *        fma squares y * y' = x^2 2^-256 exactly (x = 0: y = 0). The
  *        windows move by -256 (every grid stays normal). Otherwise
- *        conversions and masked two-level windows: AVX2 cascades them,
- *        AVX-512 takes one (subnormals within two levels) and sends wider
- *        blocks to the integer bins. AVX-512: runs of blocks without
- *        subnormals that fit one or two levels switch to GUESSED WINDOWS.
+ *        (subnormals) conversions: one level, or two, and wider blocks go
+ *        to the integer bins. Runs of blocks without subnormals that fit
+ *        two levels switch to VERIFIED WINDOWS in fp32 lanes (AVX-512,
+ *        |x| within about 2^+-56), else to GUESSED WINDOWS.
  *  fp16  x^2 < 2^32 (T = 32), all multiples of 2^-48: one fixed window for
  *        the whole range, K = 6: G = -12, L = -57 <= -48. No pass 1: a NaN
  *        or Inf makes hi non-finite for good (an anchored finite hi never
  *        is), so the block is redone by the scalar kernel when the fold
- *        finds a hi lane outside its binade. (AVX-512: a partial block's
- *        tail is one more round over the four accumulators, so a lane
- *        still takes at most 64 elements.)
+ *        finds a hi lane outside its binade. (A partial block's tail is
+ *        one more round over the accumulators, so a lane still takes at
+ *        most 64 elements.) ISAs with a guessed window (AVX-512, AVX2):
+ *        runs of full blocks switch to GUESSED WINDOWS (one level).
  *  fp64  x^2 has 106 bits. x' = x 2^s (exact; s = -E with E = floor(log2
  *        max|x|) puts the window's max in [1,2)), p = x'*x', r =
  *        fma(x',x',-p) (exact: x' >= 2^-18, nothing underflows). p and r
@@ -101,8 +104,15 @@
  *        2^(2ex-104)). Window x' >= 2^-18: 19 binades. The sums are
  *        deposited at 2^(L - 2s): multiples of 2^-2148 (every fp64 square
  *        is), so a deposit below the accumulator's LSB shifts out zeros.
+ *        Pass 1 also ORs a bitmap of 32-binade buckets: a block in more
+ *        than BX_F64_BUCKETS of them, or with NaN/Inf, goes to the 128-bit
+ *        integer bins (bins.h) at once, while it is in L1; a cascade
+ *        longer than BX_F64_WINDOWS leaves the rest to them too. A block
+ *        inside one window takes it unmasked. ISAs with a verified window
+ *        (AVX-512): runs of such blocks switch to VERIFIED WINDOWS.
  *
- * VERIFIED WINDOWS (fp32, AVX-512). The two-level step without pass 1:
+ * VERIFIED WINDOWS (fp32, fp64 and bf16; AVX-512). The two-level step without
+ * pass 1:
  *            t = fma(x,x,hi) rounded to nearest with exceptions suppressed
  *            ({rn-sae}: it sets no flag); d = hi - t; e = fma(x,x,d);
  *            lo += e; hi = t
@@ -117,83 +127,83 @@
  * bound on k, T or the binades of the intermediate values is needed). The
  * final lanes in their anchors' binades make the bit differences the
  * value differences (fold above). NaN/Inf: t is NaN/Inf (sae suppresses
- * only flags) and stays so, failing the binade test. The flags are the
- * kernel's own: bx_csr_enter sets MXCSR, and the read is ordered after
- * the windows by a data dependency (bx_csr_read). A block that fails
+ * only flags) and stays so, failing the binade test.
+ * fp64: x' = x 2^sc (scalef: exact, or it raises PE), p = x' x' rounded
+ * {rn-sae}, r = fma(x', x', -p) (x'^2 - p: exact, or PE), and p and r
+ * each through the add-form step t = hi + v {rn-sae}; d = hi - t; lo +=
+ * v + d. PE clear: x' is x 2^sc, p + r = x'^2, and each step keeps hi +
+ * lo + v = hi' + lo' in real arithmetic, so as above the four final
+ * lanes, in their binades, give sum x'^2 = (hp - ahp) + (lp - alp) + (hr
+ * - ahr) + (lr - alr) exactly (the fold of the checked fp64 windows; the
+ * checked window's bounds are not needed). An overflow of p or t (sae
+ * returns Inf silently) makes a lane non-finite: the binade test fails.
+ * bf16, in fp32 lanes: a bf16 word in the top half of a dword is its fp32
+ * value x exactly; the fp32 step t = fma(x,x,hi) {rn-sae}; d = hi - t;
+ * lo += fma(x,x,d), and the claim and proof above in fp32 arithmetic (16
+ * lanes a vector instead of 8; bf16 squares have 16 bits). Lanes take 8
+ * elements (K = 3) and are folded into int64 every 512 elements. G = 2
+ * ebtop - 271 puts 8 of the largest squares at the top of hi's binade; the
+ * lo grid 2^(G-19) holds 8 errors of 2^(G-1): the window admits |x| bits
+ * >= thr (e >= ebtop - 11, 2e - 268 >= G - 19) and sets the non-zero
+ * others apart into the integer bins (as the guessed one-level window
+ * below); G stays in [-130, 104] so every fp32 grid is normal.
+ * The flags are the
+ * library's own inside a call: the generic drivers (call.c, pool.c) enter
+ * the library's environment (fpenv.h), so no caller's DAZ, FTZ, rounding
+ * mode, trap or stale flag reaches a kernel. The drivers clear the
+ * flags (bx_fpenv_clear_flags: its memory clobber keeps the windows'
+ * loads after it) and read PE with bx_fpenv_inexact(dep), dep a value
+ * computed from every window's results: the read cannot move before the
+ * arithmetic it checks (a data dependency, not just program order; the
+ * micro-kernels are also opaque calls). A block that fails
  * (flag: the whole group; binade: that block) is redone by the checked
- * path. G only decides how often blocks fail: the first G is the checked
- * two-level G of the block before (2 ebtop - 296), then the largest hi
- * lane is kept near 2^46 of the 2^51 its binade holds above the anchor.
+ * path. G (or the fp64 scale) only decides how often blocks fail: the
+ * first is the checked one of the block before (fp32: 2 ebtop - 296;
+ * fp64: one binade lower, the max in [1/2, 1)), then the largest hi lane
+ * is kept near 2^46 of the 2^51 its binade holds above the anchor.
  *
- * GUESSED WINDOWS (bf16, AVX-512). One level (h = fma(y, y', h), y*y' =
- * x^2 2^-256, G' = G - 256) or two levels (the step of pass 2 on y*y'),
- * normal rounding, no pass 1 and no flags: G guessed as for fp32 (largest
- * lane near 2^49); the same loop finds the block's least non-zero |x|
- * bits; the final lanes are tested for their binades. Claim: if the least
- * non-zero x is normal with 2e - 268 >= G (one level; >= G - 45 for two)
- * and every final lane is in its anchor's binade, every operation was
- * exact. Proof, one level: each product is a multiple of 2^(2e-268-256),
- * so of 2^G' (zero: 0); h never decreases, so every intermediate h lies
- * between ah and the final h, in the binade, where every multiple of 2^G'
- * is representable: each fma is exact. Two levels: as in BOUNDS with hi
- * in its binade throughout (it never decreases): d exact (Sterbenz), |e|
- * <= 2^(G'-1) and a multiple of 2^(L') (x^2 2^-256 and t - hi are), so
- * e has <= 46 bits; k = 64 elements a lane keep |lo - al| <= 2^(L'+50):
- * lo in its binade, every lo += e exact. NaN/Inf: the shifted fields make
- * y*y' = (1.f)^2 in [1, 4) (exponent field 255: 2^-768 * 2^768), while
- * finite squares give y*y' < 1; with G <= 203 the binade top 2^(G'+53)
- * <= 1, so a NaN/Inf product takes hi out of its binade for good: the
- * block fails. Subnormals would give a wrong y' (no hidden bit), but they
+ * GUESSED WINDOWS (bf16 and fp16; AVX-512 and AVX2). One level (h = fma(y, y', h),
+ * y*y' = x^2 2^-256, G' = G - 256) or two levels (the step of pass 2 on
+ * y*y'), normal rounding, no pass 1 and no flags: G guessed as for fp32
+ * (largest lane near 2^49); the final lanes are tested for their binades.
+ * One level admits the elements with |x| bits >= thr = max(1, ceil((G +
+ * 268) / 2)) << 7, i.e. normal with 2e - 268 >= G; the loop zeroes the
+ * others and sets the non-zero ones apart (rare: a few tiny elements
+ * below a gradient block's window) into the integer bins, exactly; more
+ * than BX_BF16_TINY of them fail the block. Two levels admit all, and the
+ * same loop finds the block's least non-zero |x| bits. Claim: if every
+ * admitted x is normal with 2e - 268 >= G (one level; >= G - 45 for two:
+ * the least non-zero test) and every final lane is in its anchor's
+ * binade, every operation was exact. Proof, one level: each admitted
+ * product is a multiple of 2^(2e-268-256), so of 2^G' (zeroed or zero:
+ * 0); h never decreases, so every intermediate h lies between ah and the
+ * final h, in the binade, where every multiple of 2^G' is representable:
+ * each fma is exact. Two levels: as in BOUNDS with hi in its binade
+ * throughout (it never decreases): d exact (Sterbenz), |e| <= 2^(G'-1)
+ * and a multiple of 2^(L') (x^2 2^-256 and t - hi are), so e has <= 46
+ * bits; k = 64 elements a lane keep |lo - al| <= 2^(L'+50): lo in its
+ * binade, every lo += e exact. NaN/Inf (|x| bits above any thr): the
+ * shifted fields make y*y' = (1.f)^2 in [1, 4) (exponent field 255:
+ * 2^-768 * 2^768), while finite squares give y*y' < 1; with G <= 203 the
+ * binade top 2^(G'+53) <= 1, so a NaN/Inf product takes hi out of its
+ * binade for good: the block fails. Subnormals would give a wrong y' (no
+ * hidden bit), but one level sets them apart (thr >= 0x80) and two levels
  * fail the least-non-zero test (e = 0). A block that fails is redone by
  * the checked path, whose pass 1 restarts G.
- *
- * MXCSR. Every vector sum-of-squares kernel runs under BX_CSR_EXACT (see
- * below) and gives the caller's MXCSR back unchanged: a caller that set
- * DAZ (frameworks that "flush denormals") would otherwise have its
- * subnormal inputs read as zero by cvtps2pd / the fp64 arithmetic.
+ * fp16 (one level, fp64 lanes, the doubles by conversion: exact, any
+ * finite x, subnormals included): admits |x| with 2 max(e, 1) - 50 >= G,
+ * whose squares are multiples of 2^G, and sets the non-zero others apart
+ * as above; the one-level proof applies unchanged (h never decreases and
+ * ends in its binade). NaN/Inf: h becomes non-finite and fails the binade
+ * test. G starts from the fixed window's largest hi lane (a block of it is
+ * the fallback: no pass 1 exists for fp16) and then follows the lanes.
  */
 #ifndef BX_EXACT_GRID_H
 #define BX_EXACT_GRID_H
 
 #include <stdint.h>
-#include <string.h>
 
 #include "kernels.h"
-
-/* ---- MXCSR ---------------------------------------------------------------
- * The vector kernels run with MXCSR = BX_CSR_EXACT: every exception
- * masked, round to nearest even, no DAZ/FTZ (with DAZ a subnormal fp32 or
- * fp64 input would read as zero), flags clear. bx_csr_enter sets it and
- * returns the caller's word, bx_csr_leave puts that word back (flags
- * included), so a caller's mode never reaches the kernels and the
- * kernels' flags never reach the caller. The VERIFIED WINDOWS read the
- * inexact flag PE with bx_csr_read. */
-#define BX_CSR_EXACT 0x1F80u
-#define BX_CSR_PE 0x20u
-
-static inline unsigned bx_csr_enter(void) {
-  unsigned c, mine = BX_CSR_EXACT;
-  __asm__ volatile("stmxcsr %0\n\tldmxcsr %1" : "=m"(c) : "m"(mine) : "memory");
-  return c;
-}
-/* Every result is in memory (the accumulator) before the word goes back. */
-static inline void bx_csr_leave(unsigned c) { __asm__ volatile("ldmxcsr %0" : : "m"(c) : "memory"); }
-
-/* Clear the flags. The memory clobber keeps the loads that feed later
- * windows (and so all their arithmetic) after it. */
-static inline void bx_csr_clear(void) {
-  unsigned c = BX_CSR_EXACT;
-  __asm__ volatile("ldmxcsr %0" : : "m"(c) : "memory");
-}
-
-/* The flags after every floating-point operation that fed dep (a value
- * computed from the results of the windows to be checked: the asm cannot
- * run before them). */
-static inline unsigned bx_csr_read(uint64_t dep) {
-  unsigned c;
-  __asm__ volatile("stmxcsr %0" : "=m"(c) : "r"(dep) : "memory");
-  return c;
-}
 
 typedef __int128 bx_i128;
 
@@ -232,6 +242,9 @@ static inline int64_t bx_anchor_bits(int g) {
   return ((int64_t)(g + 1075) << 52) | ((int64_t)1 << 51);
 }
 
+/* Bit pattern of the fp32 anchor 1.5 * 2^(g+23); g + 150 in [1, 254]. */
+static inline int32_t bx_anchor_bits32(int g) { return (int32_t)(((uint32_t)(g + 150) << 23) | (1u << 22)); }
+
 /* h * 2^shift + l, exactly (shift 45 or 46). */
 static inline bx_i128 bx_combine(int64_t h, int64_t l, int shift) {
   return (bx_i128)h * ((bx_i128)1 << shift) + l;
@@ -267,42 +280,22 @@ static inline uint64_t bx_f64_window(uint64_t amax, int *sc) {
   return et >= -1074 ? 1ull << (et + 1074) : 0;
 }
 
-/* Blocks spread so wide that no window (nor a split of their spikes)
- * can take them go to the integer bins without trying: fp32 beyond 3
- * three-level windows (132 binades between max and min non-zero), bf16
- * beyond 3 two-level windows (111; bf16 still cascades below that). */
+/* fp32 blocks spread so wide that no window (nor a split of their
+ * spikes) can take them go to the integer bins without trying: beyond 3
+ * three-level windows (132 binades between max and min non-zero). */
 static inline int bx_f32_too_wide(uint32_t amax, uint32_t aminnz) {
   int top = amax >> 23 ? (int)(amax >> 23) : 1, bot = aminnz >> 23 ? (int)(aminnz >> 23) : 1;
   return aminnz != 0 && top - bot >= 132;
 }
-static inline int bx_bf16_too_wide(uint32_t amax, uint32_t aminnz) {
-  int top = amax >> 7 ? (int)(amax >> 7) : 1, bot = aminnz >> 7 ? (int)(aminnz >> 7) : 1;
-  return aminnz != 0 && top - bot >= 111;
-}
 
-/* Elements a run of blocks for the scalar kernel may reach before it is
- * summed: the run is still in L2 when the scalar kernel reads it again. */
+/* fp16 blocks with a NaN/Inf: elements a run of them may reach before the
+ * scalar kernel sums it: the run is still in L2 when it is read again. */
 #define BX_SCALAR_RUN_MAX ((size_t)1 << 15)
 
 /* fp64: pass 1 also ORs 1 << (|x| bits >> 57) (64 buckets of 32 binades).
- * A block in more than BX_F64_BUCKETS buckets goes to the scalar kernel; a
- * cascade longer than BX_F64_WINDOWS hands what is left to it. */
+ * A block in more than BX_F64_BUCKETS buckets goes to the integer bins; a
+ * cascade longer than BX_F64_WINDOWS hands what is left to them. */
 #define BX_F64_BUCKETS 4
 #define BX_F64_WINDOWS 6
-
-/* acc += the exact sum of squares of the elements of x[0..len), len <=
- * 1024, whose |x| bits are below upper, by the scalar kernel; the element
- * count is left as it was (the caller counts the block). */
-static inline void bx_f64_rest_scalar(const double *x, size_t len, uint64_t upper, bx_acc *acc) {
-  double buf[1024];
-  size_t m = 0;
-  for (size_t i = 0; i < len; i++) {
-    uint64_t b;
-    memcpy(&b, &x[i], sizeof b);
-    if ((b & 0x7FFFFFFFFFFFFFFFull) < upper) buf[m++] = x[i];
-  }
-  bx_sumsq_f64_scalar(buf, m, acc);
-  acc->count -= (int64_t)m;
-}
 
 #endif /* BX_EXACT_GRID_H */

@@ -14,8 +14,6 @@
 #include "bins.h"
 #include "kernels.h"
 
-typedef unsigned __int128 u128;
-
 /* Hidden bit by exponent field (0 for subnormals and zeros): a load, so
  * the loops below have no data-dependent branch but the NaN/Inf one. */
 static const uint32_t hidden_f32[256] = {[1 ... 255] = 0x800000};
@@ -53,11 +51,14 @@ static inline void f32_abs_one(const float *p, bx_bins *b, int k) {
 
 static void f32_bins_sq(const float *x, size_t n, bx_bins *b) {
   size_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    f32_sq_one(x + i, b, 0);
-    f32_sq_one(x + i + 1, b, 1);
-    f32_sq_one(x + i + 2, b, 2);
-    f32_sq_one(x + i + 3, b, 3);
+  for (; i + 16 <= n; i += 16) { /* one 64-byte line an iteration */
+    bx_prefetch_line(x + i);
+    for (size_t j = 0; j < 16; j += 4) {
+      f32_sq_one(x + i + j, b, 0);
+      f32_sq_one(x + i + j + 1, b, 1);
+      f32_sq_one(x + i + j + 2, b, 2);
+      f32_sq_one(x + i + j + 3, b, 3);
+    }
   }
   for (; i < n; i++) f32_sq_one(x + i, b, 0);
 }
@@ -79,11 +80,14 @@ void bx_sumabs_f32_scalar(const float *x, size_t n, bx_acc *acc) {
   bx_bins b; /* m < 2^24: 2^22 elements a call cannot overflow */
   bx_bins_init(&b, n);
   size_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    f32_abs_one(x + i, &b, 0);
-    f32_abs_one(x + i + 1, &b, 1);
-    f32_abs_one(x + i + 2, &b, 2);
-    f32_abs_one(x + i + 3, &b, 3);
+  for (; i + 16 <= n; i += 16) { /* one 64-byte line an iteration */
+    bx_prefetch_line(x + i);
+    for (size_t j = 0; j < 16; j += 4) {
+      f32_abs_one(x + i + j, &b, 0);
+      f32_abs_one(x + i + j + 1, &b, 1);
+      f32_abs_one(x + i + j + 2, &b, 2);
+      f32_abs_one(x + i + j + 3, &b, 3);
+    }
   }
   for (; i < n; i++) f32_abs_one(x + i, &b, 0);
   bx_bins_touch(&b, 0, 254);
@@ -104,11 +108,14 @@ static inline void bf16_one(const uint16_t *p, bx_bins *b, int k, int squares) {
 
 static inline void bf16_bins(const uint16_t *x, size_t n, bx_bins *b, int squares) {
   size_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    bf16_one(x + i, b, 0, squares);
-    bf16_one(x + i + 1, b, 1, squares);
-    bf16_one(x + i + 2, b, 2, squares);
-    bf16_one(x + i + 3, b, 3, squares);
+  for (; i + 32 <= n; i += 32) { /* one 64-byte line an iteration */
+    bx_prefetch_line(x + i);
+    for (size_t j = 0; j < 32; j += 4) {
+      bf16_one(x + i + j, b, 0, squares);
+      bf16_one(x + i + j + 1, b, 1, squares);
+      bf16_one(x + i + j + 2, b, 2, squares);
+      bf16_one(x + i + j + 3, b, 3, squares);
+    }
   }
   for (; i < n; i++) bf16_one(x + i, b, 0, squares);
   bx_bins_touch(b, 0, 254);
@@ -143,11 +150,14 @@ static inline void f16_one(const uint16_t *p, bx_bins *b, int k, int squares) {
 
 static inline void f16_bins(const uint16_t *x, size_t n, bx_bins *b, int squares) {
   size_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    f16_one(x + i, b, 0, squares);
-    f16_one(x + i + 1, b, 1, squares);
-    f16_one(x + i + 2, b, 2, squares);
-    f16_one(x + i + 3, b, 3, squares);
+  for (; i + 32 <= n; i += 32) { /* one 64-byte line an iteration */
+    bx_prefetch_line(x + i);
+    for (size_t j = 0; j < 32; j += 4) {
+      f16_one(x + i + j, b, 0, squares);
+      f16_one(x + i + j + 1, b, 1, squares);
+      f16_one(x + i + j + 2, b, 2, squares);
+      f16_one(x + i + j + 3, b, 3, squares);
+    }
   }
   for (; i < n; i++) f16_one(x + i, b, 0, squares);
   bx_bins_touch(b, 0, 30);
@@ -169,66 +179,19 @@ void bx_sumabs_f16_scalar(const uint16_t *x, size_t n, bx_acc *acc) {
   acc->count += (int64_t)n;
 }
 
-/* ---- fp64: x = m * 2^(e - 1075), m < 2^53; 128-bit bins --------------
- * m^2 < 2^106: 2^21 additions stay below 2^127. Only the range of bins
- * touched is cleared and flushed (2048 bins would cost 32 KiB a call). */
-#define F64_FLUSH ((size_t)1 << 21)
-
-typedef struct bins128 {
-  u128 bin[2048];
-  int lo, hi; /* touched range; lo > hi when empty */
-} bins128;
-
-static void bins128_touch(bins128 *b, int e) {
-  if (b->lo > b->hi) {
-    b->bin[e] = 0;
-    b->lo = b->hi = e;
-  } else if (e < b->lo) {
-    memset(&b->bin[e], 0, (size_t)(b->lo - e) * sizeof(u128));
-    b->lo = e;
-  } else if (e > b->hi) {
-    memset(&b->bin[b->hi + 1], 0, (size_t)(e - b->hi) * sizeof(u128));
-    b->hi = e;
-  }
-}
-
-static void bins128_flush(bins128 *b, bx_acc *acc, int exp_of_0, int exp_step) {
-  for (int e = b->lo; e <= b->hi; e++)
-    if (b->bin[e]) {
-      int exp = exp_of_0 + exp_step * e;
-      bx_acc_deposit_u64(acc, (uint64_t)b->bin[e], exp);
-      bx_acc_deposit_u64(acc, (uint64_t)(b->bin[e] >> 64), exp + 64);
-    }
-  b->lo = 1;
-  b->hi = 0;
-}
+/* ---- fp64: x = m * 2^(e - 1075), m < 2^53: the 128-bit bins of bins.h */
 
 static void sum_f64_bins(const double *x, size_t n, bx_acc *acc, int squares) {
-  bins128 b;
-  b.lo = 1;
-  b.hi = 0;
-  int64_t nan = 0, inf = 0;
-  for (size_t i = 0; i < n;) {
-    size_t end = n - i > F64_FLUSH ? i + F64_FLUSH : n;
-    for (; i < end; i++) {
-      uint64_t bits;
-      memcpy(&bits, &x[i], 8);
-      int e = (int)((bits >> 52) & 0x7FF);
-      uint64_t m = bits & ((1ull << 52) - 1);
-      if (e == 0x7FF) {
-        if (m) nan++; else inf++;
-        continue;
-      }
-      if (e) m |= 1ull << 52; else e = 1;
-      if (!m) continue;
-      if (e < b.lo || e > b.hi) bins128_touch(&b, e);
-      b.bin[e] += squares ? (u128)m * m : (u128)m;
-    }
-    if (squares) bins128_flush(&b, acc, -2150, 2);
-    else bins128_flush(&b, acc, -1075, 1);
+  bx_bins_f64 b;
+  bx_bins_f64_init(&b);
+  for (size_t i = 0; i < n; i += BX_BINS_F64_ROOM) {
+    size_t m = n - i < BX_BINS_F64_ROOM ? n - i : BX_BINS_F64_ROOM;
+    bx_bins_f64_add(&b, x + i, m, UINT64_MAX, squares);
+    if (squares) bx_bins_f64_flush(&b, acc, -2150, 2);
+    else bx_bins_f64_flush(&b, acc, -1075, 1);
   }
-  acc->nan_count += nan;
-  acc->inf_count += inf;
+  acc->nan_count += b.nan;
+  acc->inf_count += b.inf;
   acc->count += (int64_t)n;
 }
 
@@ -241,13 +204,13 @@ static void sumsq_f16(const void *x, size_t n, bx_acc *a) { bx_sumsq_f16_scalar(
 static void sumsq_bf16(const void *x, size_t n, bx_acc *a) { bx_sumsq_bf16_scalar(x, n, a); }
 static void sumsq_f32(const void *x, size_t n, bx_acc *a) { bx_sumsq_f32_scalar(x, n, a); }
 static void sumsq_f64(const void *x, size_t n, bx_acc *a) { bx_sumsq_f64_scalar(x, n, a); }
-static void sumabs_f16(const void *x, size_t n, bx_acc *a) { bx_sumabs_f16_scalar(x, n, a); }
-static void sumabs_bf16(const void *x, size_t n, bx_acc *a) { bx_sumabs_bf16_scalar(x, n, a); }
-static void sumabs_f32(const void *x, size_t n, bx_acc *a) { bx_sumabs_f32_scalar(x, n, a); }
-static void sumabs_f64(const void *x, size_t n, bx_acc *a) { bx_sumabs_f64_scalar(x, n, a); }
+void bx_portable_sumabs_f16(const void *x, size_t n, bx_acc *a) { bx_sumabs_f16_scalar(x, n, a); }
+void bx_portable_sumabs_bf16(const void *x, size_t n, bx_acc *a) { bx_sumabs_bf16_scalar(x, n, a); }
+void bx_portable_sumabs_f32(const void *x, size_t n, bx_acc *a) { bx_sumabs_f32_scalar(x, n, a); }
+void bx_portable_sumabs_f64(const void *x, size_t n, bx_acc *a) { bx_sumabs_f64_scalar(x, n, a); }
 
 const bx_kernels bx_kernels_portable = {
     "portable",
     {sumsq_f16, sumsq_bf16, sumsq_f32, sumsq_f64},
-    {sumabs_f16, sumabs_bf16, sumabs_f32, sumabs_f64},
+    {bx_portable_sumabs_f16, bx_portable_sumabs_bf16, bx_portable_sumabs_f32, bx_portable_sumabs_f64},
 };
