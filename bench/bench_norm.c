@@ -456,7 +456,7 @@ static void target_line(const char *what, const record *r, double value,
 static void report_targets(int log2n, int threads) {
   char what[96];
   const record *r;
-  printf("\nTargets at N = 2^%d, %d threads (issue 3; 1-thread figures above):\n", log2n, threads);
+  printf("\nTargets at N = 2^%d, %d threads (1-thread figures above):\n", log2n, threads);
   r = find_record(log2n, "f32 gauss", M_BX, threads, NULL, BX_SCALE_TORCH);
   snprintf(what, sizeof what, "f32 gauss: share of the read ceiling");
   target_line(what, r, r ? r->vs_read : 0, 0.95, 1, "%");

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# test.sh — build everything and run every test: the C suite, the demo (which
-# checks its own invariance), a quick benchmark run, the C suite again under
-# ASan+UBSan, and the fuzz harnesses for a bounded time (fuzz/run_ci.sh).
+# test.sh — build everything and run every test: the C suite, the kernel
+# checker (dev/), the GPU runner (built; run where a GPU is), mpirun, the
+# command line, the demo (which checks its own invariance), a quick
+# benchmark run, the C suite, MPI and CLI tests again under ASan+UBSan, the
+# Python package, and the fuzz harnesses for a bounded time
+# (fuzz/run_ci.sh).
 # Stops at the first failing stage with a non-zero exit status.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,6 +43,9 @@ make -j"$JOBS"
 
 stage "C test suite (make test)"
 counted make -j"$JOBS" test
+
+stage "kernel checker (make dev-check: prefetches in the emitted code; every kernel of every ISA against the reference, under hostile caller MXCSRs)"
+make -j"$JOBS" dev-check
 
 stage "GPU tests: built always (CUDA code compiles and links), run only where a GPU is present"
 make -j"$JOBS" cuda-tests
