@@ -132,28 +132,19 @@ float bx_acc_sqrtf(const bx_acc *acc) {
   return f;
 }
 
-/* The dtype code of an output dtype, or -1. */
-static int out_dtype_code(DLDataType d) {
-  if (d.lanes != 1) return -1;
-  if (d.code == kDLFloat && d.bits == 64) return BX_DT_F64;
-  if (d.code == kDLFloat && d.bits == 32) return BX_DT_F32;
-  if (d.code == kDLFloat && d.bits == 16) return BX_DT_F16;
-  if (d.code == kDLBfloat && d.bits == 16) return BX_DT_BF16;
-  return -1;
-}
-
 bx_status bx_acc_norm(const bx_acc *acc, double norm_type, DLDataType dtype, void *out) {
   static const char *fn = "bx_acc_norm";
   bx_call c;
   bx_status st = bx_call_enter(&c, fn);
   if (st != BX_OK) return st;
-  int code = out_dtype_code(dtype);
+  bx_dtype code = BX_DT_F64;
+  bx_status known = bx_dtype_from_dl(dtype, &code);
   if (!acc || !out) {
     st = bx_fail(BX_EINVAL, "%s: %s is NULL", fn, acc ? "out" : "acc");
   } else if (!(norm_type == 1.0 || norm_type == 2.0)) {
     st = bx_fail(BX_EINVAL, "%s: norm_type %g: an accumulator holds the sum of squares (2) or "
                  "of |x| (1)", fn, norm_type);
-  } else if (code < 0) {
+  } else if (known != BX_OK) {
     st = bx_fail(BX_EDTYPE, "%s: dtype (code %u, %u bits, %u lanes) is not float16, bfloat16, "
                  "float32 or float64", fn, (unsigned)dtype.code, (unsigned)dtype.bits,
                  (unsigned)dtype.lanes);
@@ -164,8 +155,8 @@ bx_status bx_acc_norm(const bx_acc *acc, double norm_type, DLDataType dtype, voi
     bx_norm_part_empty(&q);
     q.nan = acc->nan_count;
     q.inf = acc->inf_count;
-    bx_norm_store(code, out,
-                  bx_norm_value(mode, norm_type, acc->digit, &q, bx_fmt_of_dtype(code), &scratch));
+    bx_norm_store((int)code, out, bx_norm_value(mode, norm_type, acc->digit, &q,
+                                                bx_fmt_of_dtype((int)code), &scratch));
   }
   bx_call_leave(&c);
   return st;

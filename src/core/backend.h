@@ -47,9 +47,9 @@ typedef struct bx_device_backend {
   /* Everything before the first collective (see above); *out only on
    * success. */
   bx_status (*prepare)(const char *fn, const bx_device_prep *prep, bx_device_call **out);
-  /* Every group's partial (accumulator normalised), and the first NaN/Inf
-   * key of this rank (-1 none). */
-  bx_status (*partials)(bx_device_call *c, bx_partial *parts, int64_t *offender);
+  /* Every group's partial (accumulator normalised), the first NaN/Inf key
+   * of this rank (-1 none), and the dtypes seen (bit d: dtype d). */
+  bx_status (*partials)(bx_device_call *c, bx_partial *parts, int64_t *offender, unsigned *dtypes);
   /* A device communicator's all-reduce of host words, staged through the
    * call's device memory; waits. Returns the communicator's code (0 ok). */
   int (*allreduce_staged)(bx_device_call *c, const bx_comm *comm, int64_t *buf, size_t n,

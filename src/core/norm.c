@@ -380,14 +380,8 @@ bx_status bx_norm_run(const char *fn, const bx_group *groups, size_t ngroups, co
     } else {
       parts = (bx_partial *)ws;
       fin = ws + ((ng * sizeof(bx_partial) + 63) & ~(size_t)63);
-      for (size_t g = 0; g < ngroups; g++) /* validated by prepare */
-        for (size_t i = 0; i < groups[g].count; i++) {
-          bx_span s;
-          if (bx_tensor_span_cuda(&groups[g].tensors[i], fn, g, i, &s) == BX_OK)
-            dtmask |= 1u << s.dtype;
-        }
       bx_partial_init(&parts[0]);
-      st = be->partials(dev, parts, &offender);
+      st = be->partials(dev, parts, &offender, &dtmask);
     }
   } else if (st == BX_OK) {
     void *extra = NULL;

@@ -29,6 +29,10 @@ void bx_partial_init(bx_partial *q);
  * reduction mode. */
 bx_status bx_check_norm_opts(const char *fn, const bx_norm_opts *o, bx_mode *m);
 
+/* Check a clip's options besides max_norm and the norm options: eps,
+ * formula, scale mode and threads (bx_clip_grad_norm, CUDA plans). */
+bx_status bx_check_clip_opts(const char *fn, const bx_clip_opts *o);
+
 /* What a collective call adds to the norm: the clip's agreement items and
  * its scaling (run by the driver after the norm, with every byte it needs
  * reserved before the first collective). NULL for a plain norm. */

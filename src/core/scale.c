@@ -127,12 +127,16 @@ bx_status bx_scale(DLTensor *tensors, size_t count, double coef, const bx_scale_
 
 /* ---- clipping ---------------------------------------------------------- */
 
-static bx_status check_clip(const char *fn, double max_norm, const bx_clip_opts *o) {
-  if (!(max_norm >= 0)) return bx_fail(BX_EINVAL, "%s: max_norm %g is negative or NaN", fn, max_norm);
+bx_status bx_check_clip_opts(const char *fn, const bx_clip_opts *o) {
   if (!(o->eps >= 0)) return bx_fail(BX_EINVAL, "%s: eps %g is negative or NaN", fn, o->eps);
   if (o->formula != BX_COEF_TORCH && o->formula != BX_COEF_MAX)
     return bx_fail(BX_EINVAL, "%s: unknown formula %d", fn, o->formula);
-  return BX_OK;
+  return check_scale_opts(fn, &o->scale);
+}
+
+static bx_status check_clip(const char *fn, double max_norm, const bx_clip_opts *o) {
+  if (!(max_norm >= 0)) return bx_fail(BX_EINVAL, "%s: max_norm %g is negative or NaN", fn, max_norm);
+  return bx_check_clip_opts(fn, o);
 }
 
 bx_status bx_clip_coef(double total_norm, double max_norm, const bx_clip_opts *opts,
@@ -163,7 +167,6 @@ bx_status bx_clip_grad_norm(const bx_group *groups, size_t ngroups, const bx_com
    * the agreement step (prior != BX_OK), so the other ranks fail too
    * instead of waiting in the collective. */
   st = check_clip(fn, max_norm, &o);
-  if (st == BX_OK) st = check_scale_opts(fn, &o.scale);
   if (st != BX_OK && !comm) {
     bx_call_leave(&c);
     return st;

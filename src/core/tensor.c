@@ -16,7 +16,7 @@ static int host_readable(DLDeviceType dev) {
          dev == kDLROCMHost;
 }
 
-static bx_status dtype_of(DLDataType dt, bx_dtype *out) {
+bx_status bx_dtype_from_dl(DLDataType dt, bx_dtype *out) {
   if (dt.lanes != 1) return BX_EDTYPE;
   if (dt.code == kDLFloat && dt.bits == 16) *out = BX_DT_F16;
   else if (dt.code == kDLBfloat && dt.bits == 16) *out = BX_DT_BF16;
@@ -104,7 +104,7 @@ static bx_status check_span(const DLTensor *t, const char *what, int cuda, bx_sp
   if (t->dtype.lanes != 1)
     return bx_fail(BX_EDTYPE, "%s: dtype has %u lanes; only lanes == 1 is supported",
                    what, (unsigned)t->dtype.lanes);
-  if (dtype_of(t->dtype, &out->dtype) != BX_OK)
+  if (bx_dtype_from_dl(t->dtype, &out->dtype) != BX_OK)
     return bx_fail(BX_EDTYPE,
                    "%s: dtype %s%u (code %u) is not supported; use float16, "
                    "bfloat16, float32 or float64",

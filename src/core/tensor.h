@@ -23,6 +23,10 @@ typedef struct bx_span {
   bx_dtype dtype;
 } bx_span;
 
+/* The element type of a DLPack dtype: fp16, bf16, fp32 or fp64 with one
+ * lane; BX_EDTYPE otherwise (no message: the caller names the tensor). */
+bx_status bx_dtype_from_dl(DLDataType dt, bx_dtype *out);
+
 /* Validate t and describe its dense span. Errors name it as
  * "FN: group G, tensor I: ..." (or "FN: tensor I" with group BX_NO_GROUP). */
 #define BX_NO_GROUP BX_NO_INDEX

@@ -117,9 +117,9 @@ bx_status cu_prepare(const char *fn, const bx_device_prep *prep, bx_device_call 
   bx_cuda_plan *plan = dc->plan;
   bx_clip_opts o = BX_CLIP_OPTS_DEFAULT;
   o.norm.norm_type = prep->p;
+  bx_group none = {NULL, 0};
+  const bx_group *gs = prep->groups ? (prep->ngroups ? prep->groups : &none) : NULL;
   if (prep->reduce || prep->scale) {
-    bx_group none = {NULL, 0};
-    const bx_group *gs = prep->groups ? (prep->ngroups ? prep->groups : &none) : NULL;
     st = bx_cu_plan_check(fn, gs, prep->ngroups, prep->flat, prep->count, &o, prep->mode, plan);
     if (st != BX_OK) return st;
     if (prep->groups) plan->ngroups = prep->ngroups;
@@ -144,8 +144,6 @@ bx_status cu_prepare(const char *fn, const bx_device_prep *prep, bx_device_call 
   if (ext_bytes > host_bytes) host_bytes = ext_bytes;
   st = arena_reserve(fn, a, plan->device, bx_cu_plan_bytes(plan), host_bytes);
   if (st != BX_OK) return st;
-  bx_group none = {NULL, 0};
-  const bx_group *gs = prep->groups ? (prep->ngroups ? prep->groups : &none) : NULL;
   if (prep->reduce || prep->scale)
     st = bx_cu_plan_bind(fn, gs, prep->ngroups, prep->flat, prep->count, plan, a->dev,
                          (bx_cu_chunk *)a->host);
@@ -156,7 +154,7 @@ bx_status cu_prepare(const char *fn, const bx_device_prep *prep, bx_device_call 
   return BX_OK;
 }
 
-bx_status cu_partials(bx_device_call *dc, bx_partial *parts, int64_t *offender) {
+bx_status cu_partials(bx_device_call *dc, bx_partial *parts, int64_t *offender, unsigned *dtypes) {
   static const char *fn = "bx_total_norm";
   bx_cuda_plan *plan = dc->plan;
   arena *a = &arenas[dc->level];
@@ -178,6 +176,7 @@ bx_status cu_partials(bx_device_call *dc, bx_partial *parts, int64_t *offender) 
     e = cudaMemcpy(ext, plan->b.ext, ng * BX_CU_EXT_WORDS * sizeof(uint64_t), cudaMemcpyDeviceToHost);
   if (e == cudaSuccess) e = cudaMemcpy(offender, plan->b.offender, sizeof(int64_t), cudaMemcpyDeviceToHost);
   if (e != cudaSuccess) return bx_cu_fail(fn, "the reduction kernel", e, pending);
+  *dtypes |= plan->dtypes; /* found when the plan was checked */
   for (size_t g = 0; g < plan->ngroups; g++) {
     bx_partial *q = &parts[g];
     q->acc.naccs = 1;

@@ -217,16 +217,11 @@ static void plan_free(bx_cuda_plan *plan) {
 void bx_cuda_plan_destroy(bx_cuda_plan *plan) { plan_free(plan); }
 
 static bx_status check_clip_opts(const char *fn, const bx_clip_opts *o, int *mode) {
-  bx_mode m;
+  bx_mode m = BX_M_SQ;
   bx_status st = bx_check_norm_opts(fn, &o->norm, &m);
-  if (st != BX_OK) return st;
-  if (!(o->eps >= 0)) return bx_fail(BX_EINVAL, "%s: eps %g is negative or NaN", fn, o->eps);
-  if (o->formula != BX_COEF_TORCH && o->formula != BX_COEF_MAX)
-    return bx_fail(BX_EINVAL, "%s: unknown formula %d", fn, (int)o->formula);
-  if (o->scale.mode != BX_SCALE_TORCH && o->scale.mode != BX_SCALE_EXACT)
-    return bx_fail(BX_EINVAL, "%s: unknown scale mode %d", fn, (int)o->scale.mode);
+  if (st == BX_OK) st = bx_check_clip_opts(fn, o);
   *mode = (int)m;
-  return BX_OK;
+  return st;
 }
 
 static bx_status plan_build(const char *fn, const bx_group *groups, size_t ngroups,
@@ -409,21 +404,15 @@ bx_status bx_cuda_norm_async(bx_cuda_plan *plan, cudaStream_t stream, double *d_
 bx_status bx_cuda_norm_async_dtype(bx_cuda_plan *plan, cudaStream_t stream, DLDataType out_dtype,
                                    void *d_total_norm, int32_t *d_status) {
   static const char *fn = "bx_cuda_norm_async_dtype";
-  int code;
-  if (out_dtype.lanes != 1) code = -1;
-  else if (out_dtype.code == kDLFloat && out_dtype.bits == 64) code = BX_DT_F64;
-  else if (out_dtype.code == kDLFloat && out_dtype.bits == 32) code = BX_DT_F32;
-  else if (out_dtype.code == kDLFloat && out_dtype.bits == 16) code = BX_DT_F16;
-  else if (out_dtype.code == kDLBfloat && out_dtype.bits == 16) code = BX_DT_BF16;
-  else code = -1;
-  if (code < 0)
+  bx_dtype code;
+  if (bx_dtype_from_dl(out_dtype, &code) != BX_OK)
     return bx_fail(BX_EDTYPE, "%s: out_dtype (code %u, %u bits, %u lanes) is not float16, "
                    "bfloat16, float32 or float64", fn, (unsigned)out_dtype.code,
                    (unsigned)out_dtype.bits, (unsigned)out_dtype.lanes);
   bx_call c;
   bx_status st = bx_call_enter(&c, fn);
   if (st != BX_OK) return st;
-  st = enqueue(fn, plan, stream, 0, 0.0, code, d_total_norm, NULL, NULL, d_status);
+  st = enqueue(fn, plan, stream, 0, 0.0, (int)code, d_total_norm, NULL, NULL, d_status);
   bx_call_leave(&c);
   return st;
 }

@@ -239,9 +239,7 @@ typedef struct huge_fill {
 static void *huge_fill_range(void *arg) {
   huge_fill *f = arg;
   for (int64_t i = f->lo; i < f->hi; i++) {
-    uint64_t z = (uint64_t)i * 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 31)) * 0xBF58476D1CE4E5B9ull;
-    z ^= z >> 29;
+    uint64_t z = bx_rng_hash64(0, (uint64_t)i); /* rng.h: counter-based */
     uint16_t b = (uint16_t)(((z & 1) << 15) | ((100 + (z >> 1) % 40) << 7) | ((z >> 8) & 0x7F));
     f->x[i] = (z >> 20) % 97 == 0 ? 0 : b;
   }
