@@ -3,7 +3,7 @@
  * name, unknown names are refused, and the automatic choice is the one
  * the CPU table names for this CPU, else the widest the CPU supports
  * (kernels.h, dispatch.c: avx512 F+DQ+BW+VL, avx2 AVX2+FMA+F16C), with its
- * reason.
+ * reason. Elsewhere (aarch64) the portable table is the only one.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -41,6 +41,17 @@ void test_isa_force_and_names(void) {
   if (getenv("BX_ISA") == NULL && strstr(why, "the CPU table's choice") == NULL)
     CHECK(strcmp(bx_isa_name(), want) == 0, "automatic choice %s (%s), want the widest, %s",
           bx_isa_name(), why, want);
+#else
+  /* no other kernel tables are built here: the x86 names are refused and
+   * the automatic choice is the portable table, saying why */
+  CHECK_STATUS(bx_force_isa("avx2"), BX_EINVAL, "avx2 on a CPU that is not x86-64");
+  CHECK_STATUS(bx_force_isa("avx512"), BX_EINVAL, "avx512 on a CPU that is not x86-64");
+  CHECK_STATUS(bx_force_isa(NULL), BX_OK, "back to automatic");
+  const char *why = bx_kernels_reason();
+  CHECK(strcmp(bx_isa_name(), "portable") == 0, "automatic choice %s, want portable", bx_isa_name());
+  CHECK(strncmp(why, "portable:", 9) == 0 && strstr(why, "the only kernel table") != NULL,
+        "the reason says portable is the only table: \"%s\"", why);
+  CHECK(bxt_isa_count() == 1, "%d kernel tables can be forced here, want 1", bxt_isa_count());
 #endif
   CHECK_STATUS(bx_force_isa(NULL), BX_OK, "back to automatic");
   CHECK(bxt_isa_count() >= 1, "at least the portable kernels");

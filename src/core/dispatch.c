@@ -72,6 +72,12 @@ static void cpu_identify(cpu_id *c) {
 #endif
 }
 
+#if defined(__aarch64__)
+#define BX_ARCH_NAME "aarch64, no vector kernels"
+#elif !defined(BX_HAVE_X86)
+#define BX_ARCH_NAME "not x86-64"
+#endif
+
 /* ---- the ISAs: one registration line each, widest first ----------------- */
 
 typedef struct isa {
@@ -162,6 +168,12 @@ static void choose_once(void) {
       auto_isa = &isas[i];
       break;
     }
+#ifndef BX_HAVE_X86
+  snprintf(auto_reason, sizeof auto_reason, "%s: the only kernel table built for this architecture (%s)%s%s%s",
+           auto_isa->name, BX_ARCH_NAME, env && *env ? "; BX_ISA=" : "", env && *env ? env : "",
+           env && *env ? " ignored: unknown or not supported here" : "");
+  return;
+#endif
   snprintf(auto_reason, sizeof auto_reason, "%s: the widest ISA this CPU runs (%s; no CPU-table rule)%s%s%s",
            auto_isa->name, who, env && *env ? "; BX_ISA=" : "", env && *env ? env : "",
            env && *env ? " ignored: unknown or not supported here" : "");
