@@ -4,8 +4,9 @@
  * mode, unmasked exceptions and sticky flags already raised, every public
  * call gives the bits it gives in the default environment — every p, both
  * flavours, both scale modes, the clip, the accumulator calls, on 1, 2 and
- * 4 threads and every ISA — and gives the caller's MXCSR back unchanged
- * (control and flags). A communicator callback runs in the caller's
+ * 4 threads and every ISA — and gives the caller's control word back
+ * unchanged (control and flags: the MXCSR on x86-64, FPCR and FPSR on
+ * aarch64, tests/fpword.h). A communicator callback runs in the caller's
  * environment.
  */
 #include <math.h>
@@ -18,39 +19,41 @@
 #include "tests.h"
 #include "util.h"
 
-#if defined(__x86_64__)
+#include "fpword.h"
 
-#define CSR_DEFAULT 0x1F80u
-#define CSR_DAZ 0x0040u
-#define CSR_FTZ 0x8000u
-#define CSR_RD 0x2000u
-#define CSR_RU 0x4000u
-#define CSR_RZ 0x6000u
-#define CSR_FLAGS 0x003Fu
+#ifdef BXT_HAVE_FPWORD
 
-static unsigned csr_get(void) {
-  unsigned c;
-  __asm__ volatile("stmxcsr %0" : "=m"(c) : : "memory");
-  return c;
-}
-static void csr_set(unsigned c) { __asm__ volatile("ldmxcsr %0" : : "m"(c) : "memory"); }
+/* The caller's word (fpword.h: the MXCSR on x86-64, FPCR:FPSR on aarch64). */
+#define CSR_DEFAULT BXT_FPW_DEFAULT
+#define CSR_FLUSH BXT_FPW_FLUSH /* x86 DAZ|FTZ, aarch64 FZ|FZ16 */
+#define CSR_RD BXT_FPW_RD
+#define CSR_RU BXT_FPW_RU
+#define CSR_RZ BXT_FPW_RZ
+#define CSR_FLAGS BXT_FPW_FLAGS
+
+static bxt_fpword csr_get(void) { return bxt_fpword_get(); }
+static bxt_fpword csr_set(bxt_fpword c) { return bxt_fpword_set(c); }
 
 typedef struct env_case {
   const char *name;
-  unsigned csr;
+  bxt_fpword csr;
 } env_case;
 
-/* Hostile environments. The unmasked ones trap on any floating-point
- * exception the library would raise outside its own environment; flags
- * preset must come back set. */
+/* Hostile environments. The trapping ones trap on any floating-point
+ * exception the library would raise outside its own environment (where
+ * the hardware implements traps); flags preset must come back set. */
 static const env_case ENVS[] = {
-    {"DAZ|FTZ", CSR_DEFAULT | CSR_DAZ | CSR_FTZ},
+    {"flush to zero", CSR_DEFAULT | CSR_FLUSH},
     {"round up", CSR_DEFAULT | CSR_RU},
     {"round down", CSR_DEFAULT | CSR_RD},
     {"toward zero", CSR_DEFAULT | CSR_RZ},
-    {"DAZ|FTZ, toward zero, flags set", CSR_DEFAULT | CSR_DAZ | CSR_FTZ | CSR_RZ | CSR_FLAGS},
-    {"every exception unmasked", 0x0000u},
-    {"unmasked, DAZ|FTZ, round up, flags set", CSR_DAZ | CSR_FTZ | CSR_RU | 0x0021u},
+    {"flush to zero, toward zero, flags set", CSR_DEFAULT | CSR_FLUSH | CSR_RZ | CSR_FLAGS},
+    {"every exception trapping", BXT_FPW_TRAPS(CSR_DEFAULT)},
+    {"trapping, flush to zero, round up, flags set",
+     BXT_FPW_TRAPS(CSR_DEFAULT | CSR_FLUSH | CSR_RU) | BXT_FPW_INVALID_INEXACT},
+#if defined(__aarch64__)
+    {"AH, FIZ, NEP, DN, AHP, flush to zero, round down", BXT_FPW_EXTRA | CSR_FLUSH | CSR_RD},
+#endif
 };
 #define NENVS (sizeof ENVS / sizeof ENVS[0])
 
@@ -60,19 +63,22 @@ typedef struct outs {
   double d[OUT_MAX];
   int64_t i[OUT_MAX];
   int nd, ni;
-  unsigned csr_in_callback;
+  bxt_fpword csr_in_callback;
 } outs;
 
 typedef void (*scenario_fn)(void *ctx, outs *o);
 
-/* Run fn with the caller's MXCSR = csr (nothing else between the switch
- * and the call); the MXCSR the call gave back in *after. */
-static __attribute__((noinline)) void run_in(unsigned csr, scenario_fn fn, void *ctx, outs *o,
-                                              unsigned *after) {
-  csr_set(csr);
+/* Run fn with the caller's word = csr (nothing else between the switch
+ * and the call); the word in effect (what the hardware kept of csr) in
+ * *before, the word the call gave back in *after. */
+static __attribute__((noinline)) void run_in(bxt_fpword csr, scenario_fn fn, void *ctx, outs *o,
+                                              bxt_fpword *before, bxt_fpword *after) {
+  *before = csr_set(csr);
   fn(ctx, o);
   *after = csr_get();
   csr_set(CSR_DEFAULT);
+  CHECK((*before & BXT_FPW_IMPLEMENTED) == (csr & BXT_FPW_IMPLEMENTED),
+        "the caller's " BXT_FPW_NAME " 0x%llx was set as 0x%llx: the test did not run in it", csr, *before);
 }
 
 /* ---- the data: subnormals of every dtype, normals, zeros, a spike ------ */
@@ -209,7 +215,7 @@ static void sc_acc(void *vc, outs *o) {
 }
 
 /* A one-rank communicator whose callback records the MXCSR it runs in. */
-static unsigned callback_csr;
+static bxt_fpword callback_csr;
 static int record_csr_allreduce(int64_t *buf, size_t n, bx_op op, void *ctx) {
   (void)buf, (void)n, (void)op, (void)ctx;
   callback_csr = csr_get() & ~CSR_FLAGS;
@@ -219,7 +225,7 @@ static int record_csr_allreduce(int64_t *buf, size_t n, bx_op op, void *ctx) {
 static void sc_comm(void *vc, outs *o) {
   data *d = vc;
   bx_comm comm = {.allreduce_i64 = record_csr_allreduce, .ctx = NULL, .rank = 0};
-  callback_csr = 0xFFFFFFFFu;
+  callback_csr = ~0ull;
   o->i[o->ni++] = bx_total_norm(d->groups, 2, &comm, NULL, &o->d[0], &o->d[1]);
   o->nd = 3;
   o->csr_in_callback = callback_csr;
@@ -234,20 +240,20 @@ static int outs_equal(const outs *a, const outs *b) {
 }
 
 /* fn in the default environment, then in every hostile one: the same
- * outputs, the caller's MXCSR back unchanged. */
+ * outputs, the caller's word back unchanged. */
 static void check_envs(const char *what, scenario_fn fn, void *ctx, void (*reset)(void *)) {
   outs want, got;
   memset(&want, 0, sizeof want);
-  unsigned after;
+  bxt_fpword before, after;
   if (reset) reset(ctx);
-  run_in(CSR_DEFAULT, fn, ctx, &want, &after);
-  CHECK(after == CSR_DEFAULT, "%s: default MXCSR 0x%x came back as 0x%x", what, CSR_DEFAULT, after);
+  run_in(CSR_DEFAULT, fn, ctx, &want, &before, &after);
+  CHECK(after == before, "%s: default " BXT_FPW_NAME " 0x%llx came back as 0x%llx", what, before, after);
   for (size_t e = 0; e < NENVS && bxt_failures() < 10; e++) {
     memset(&got, 0, sizeof got);
     if (reset) reset(ctx);
-    run_in(ENVS[e].csr, fn, ctx, &got, &after);
-    CHECK(after == ENVS[e].csr, "%s under %s: the caller's MXCSR 0x%04x came back as 0x%04x", what,
-          ENVS[e].name, ENVS[e].csr, after);
+    run_in(ENVS[e].csr, fn, ctx, &got, &before, &after);
+    CHECK(after == before, "%s under %s: the caller's " BXT_FPW_NAME " 0x%llx came back as 0x%llx", what,
+          ENVS[e].name, before, after);
     CHECK(outs_equal(&got, &want), "%s under %s: outputs differ from the default environment", what,
           ENVS[e].name);
     for (int k = 0; k < got.nd && k < want.nd; k++)
@@ -342,13 +348,13 @@ void test_fpenv_callback_sees_caller(void) {
   for (size_t e = 0; e < NENVS; e++) {
     outs o;
     memset(&o, 0, sizeof o);
-    unsigned after;
-    run_in(ENVS[e].csr, sc_comm, &d, &o, &after);
+    bxt_fpword before, after;
+    run_in(ENVS[e].csr, sc_comm, &d, &o, &before, &after);
     CHECK(o.i[0] == BX_OK, "%s: status %lld", ENVS[e].name, (long long)o.i[0]);
-    CHECK(o.csr_in_callback == (ENVS[e].csr & ~CSR_FLAGS),
-          "%s: the callback ran with MXCSR 0x%04x, the caller's is 0x%04x", ENVS[e].name,
-          o.csr_in_callback, ENVS[e].csr & ~CSR_FLAGS);
-    CHECK(after == ENVS[e].csr, "%s: MXCSR 0x%04x came back as 0x%04x", ENVS[e].name, ENVS[e].csr,
+    CHECK(o.csr_in_callback == (before & ~CSR_FLAGS),
+          "%s: the callback ran with " BXT_FPW_NAME " 0x%llx, the caller's is 0x%llx", ENVS[e].name,
+          o.csr_in_callback, before & ~CSR_FLAGS);
+    CHECK(after == before, "%s: " BXT_FPW_NAME " 0x%llx came back as 0x%llx", ENVS[e].name, before,
           after);
   }
   data_free(&d);
@@ -386,18 +392,20 @@ void test_fpenv_subnormal_counts(void) {
       tiny_ctx c = {&g, ps[k], t};
       outs o;
       memset(&o, 0, sizeof o);
-      unsigned after;
-      run_in(CSR_DEFAULT | CSR_DAZ | CSR_FTZ, sc_tiny, &c, &o, &after);
+      bxt_fpword before, after;
+      run_in(CSR_DEFAULT | CSR_FLUSH, sc_tiny, &c, &o, &before, &after);
       CHECK(o.i[0] == BX_OK, "p=%g, %d threads: status %lld", ps[k], t, (long long)o.i[0]);
-      CHECK_BITS_D(o.d[0], want[k], "p=%g, %d threads, DAZ|FTZ: 2^22 elements of 1e-40", ps[k], t);
+      CHECK_BITS_D(o.d[0], want[k], "p=%g, %d threads, flush to zero: 2^22 elements of 1e-40", ps[k], t);
+      CHECK(after == before, "p=%g, %d threads: " BXT_FPW_NAME " 0x%llx came back as 0x%llx", ps[k], t, before,
+            after);
     }
   bxt_tensor_free(&x);
 }
 
-#else /* not x86-64: MXCSR does not exist */
+#else /* fpword.h knows no control word of this architecture */
 
-void test_fpenv_public_api(void) { bxt_skip("MXCSR tests need x86-64"); }
-void test_fpenv_callback_sees_caller(void) { bxt_skip("MXCSR tests need x86-64"); }
-void test_fpenv_subnormal_counts(void) { bxt_skip("MXCSR tests need x86-64"); }
+void test_fpenv_public_api(void) { bxt_skip("fpword.h: no control word of this architecture"); }
+void test_fpenv_callback_sees_caller(void) { bxt_skip("fpword.h: no control word of this architecture"); }
+void test_fpenv_subnormal_counts(void) { bxt_skip("fpword.h: no control word of this architecture"); }
 
 #endif

@@ -15,15 +15,12 @@
 
 #include "../src/cpu/micro.h"
 #include "checks.h"
+#include "fpword.h"
 #include "harness.h"
 #include "kernels.h"
 #include "tests.h"
 #include "util.h"
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <xmmintrin.h>
-#define KT_X86 1
-#endif
 
 /* ---- data for each driver path ------------------------------------------ */
 
@@ -223,40 +220,48 @@ void test_kernels_f64_bins_flush(void) {
 }
 
 /* ---- hostile caller environments ---------------------------------------- */
-#ifdef KT_X86
-/* DAZ | FTZ with each rounding mode, all flags raised (masked), then the
- * same with every exception unmasked and no flag (a library operation run
- * in the caller's mode would trap). */
-static const unsigned kt_csr[] = {
-    0x8040u | 0x0000u | 0x1F80u | 0x3Fu, 0x8040u | 0x2000u | 0x1F80u | 0x3Fu,
-    0x8040u | 0x4000u | 0x1F80u | 0x3Fu, 0x8040u | 0x6000u | 0x1F80u | 0x3Fu,
-    0x8040u | 0x0000u, 0x8040u | 0x2000u, 0x8040u | 0x4000u, 0x8040u | 0x6000u,
+#ifdef BXT_HAVE_FPWORD
+/* Flush to zero (x86 DAZ | FTZ, aarch64 FZ | FZ16) with each rounding
+ * mode, all flags raised (masked), then the same with every exception
+ * trapping and no flag (a library operation run in the caller's mode
+ * would trap, where the hardware implements traps). tests/fpword.h. */
+#define KT_F BXT_FPW_FLUSH
+#define KT_ALL (BXT_FPW_DEFAULT | BXT_FPW_FLAGS)
+static const bxt_fpword kt_csr[] = {
+    KT_F | KT_ALL, KT_F | BXT_FPW_RD | KT_ALL, KT_F | BXT_FPW_RU | KT_ALL, KT_F | BXT_FPW_RZ | KT_ALL,
+    BXT_FPW_TRAPS(BXT_FPW_DEFAULT | KT_F), BXT_FPW_TRAPS(BXT_FPW_DEFAULT | KT_F | BXT_FPW_RD),
+    BXT_FPW_TRAPS(BXT_FPW_DEFAULT | KT_F | BXT_FPW_RU), BXT_FPW_TRAPS(BXT_FPW_DEFAULT | KT_F | BXT_FPW_RZ),
+#if defined(__aarch64__)
+    BXT_FPW_EXTRA | KT_F | KT_ALL,
+#endif
 };
 
-/* one call under csr, nothing else inside the window */
-__attribute__((noinline)) static unsigned kt_under(unsigned csr, int op, bx_acc *acc, const DLTensor *t,
-                                                   bx_status *st) {
-  unsigned saved = _mm_getcsr(), after;
-  _mm_setcsr(csr);
+/* one call under csr, nothing else inside the window; *in: the word in
+ * effect (what the hardware kept of csr) */
+__attribute__((noinline)) static bxt_fpword kt_under(bxt_fpword csr, int op, bx_acc *acc, const DLTensor *t,
+                                                     bx_status *st, bxt_fpword *in) {
+  bxt_fpword saved = bxt_fpword_get(), after;
+  *in = bxt_fpword_set(csr);
   *st = op == 0 ? bx_acc_add_squares(acc, t) : bx_acc_add_abs(acc, t);
-  after = _mm_getcsr();
-  _mm_setcsr(saved);
+  after = bxt_fpword_get();
+  bxt_fpword_set(saved);
   return after;
 }
 
-__attribute__((noinline)) static unsigned kt_norm_under(unsigned csr, const bx_group *g, const bx_norm_opts *o,
-                                                        double *norm, bx_status *st) {
-  unsigned saved = _mm_getcsr(), after;
-  _mm_setcsr(csr);
+__attribute__((noinline)) static bxt_fpword kt_norm_under(bxt_fpword csr, const bx_group *g,
+                                                          const bx_norm_opts *o, double *norm, bx_status *st,
+                                                          bxt_fpword *in) {
+  bxt_fpword saved = bxt_fpword_get(), after;
+  *in = bxt_fpword_set(csr);
   *st = bx_total_norm(g, 1, NULL, o, norm, NULL);
-  after = _mm_getcsr();
-  _mm_setcsr(saved);
+  after = bxt_fpword_get();
+  bxt_fpword_set(saved);
   return after;
 }
 #endif
 
 void test_kernels_hostile_fpenv(void) {
-#ifdef KT_X86
+#ifdef BXT_HAVE_FPWORD
   bxt_rng r;
   bxt_rng_init(&r);
   for (int dt = 0; dt < REF_NDT; dt++) {
@@ -281,12 +286,14 @@ void test_kernels_hostile_fpenv(void) {
           bx_acc got;
           bx_acc_init(&got);
           bx_status st;
-          unsigned after = kt_under(kt_csr[c], op, &got, &x.t, &st);
-          CHECK_STATUS(st, BX_OK, "%s %s isa %s MXCSR 0x%04x", bxt_dt_name(dt), op ? "abs" : "squares",
-                       bxt_isa(isa), kt_csr[c]);
-          CHECK(after == kt_csr[c], "%s isa %s: the caller's MXCSR 0x%04x came back as 0x%04x",
-                bxt_dt_name(dt), bxt_isa(isa), kt_csr[c], after);
-          CHECK(memcmp(&got, &want, sizeof got) == 0, "%s %s isa %s: words differ under MXCSR 0x%04x",
+          bxt_fpword in, after = kt_under(kt_csr[c], op, &got, &x.t, &st, &in);
+          CHECK_STATUS(st, BX_OK, "%s %s isa %s " BXT_FPW_NAME " 0x%llx", bxt_dt_name(dt),
+                       op ? "abs" : "squares", bxt_isa(isa), kt_csr[c]);
+          CHECK((in & BXT_FPW_IMPLEMENTED) == (kt_csr[c] & BXT_FPW_IMPLEMENTED),
+                BXT_FPW_NAME " 0x%llx was set as 0x%llx", kt_csr[c], in);
+          CHECK(after == in, "%s isa %s: the caller's " BXT_FPW_NAME " 0x%llx came back as 0x%llx",
+                bxt_dt_name(dt), bxt_isa(isa), in, after);
+          CHECK(memcmp(&got, &want, sizeof got) == 0, "%s %s isa %s: words differ under " BXT_FPW_NAME " 0x%llx",
                 bxt_dt_name(dt), op ? "abs" : "squares", bxt_isa(isa), kt_csr[c]);
         }
       }
@@ -298,10 +305,10 @@ void test_kernels_hostile_fpenv(void) {
       CHECK_STATUS(bx_total_norm(&g, 1, NULL, &o, &want, NULL), BX_OK, "norm");
       for (size_t c = 0; c < sizeof kt_csr / sizeof kt_csr[0]; c++) {
         bx_status st;
-        unsigned after = kt_norm_under(kt_csr[c], &g, &o, &got, &st);
-        CHECK_STATUS(st, BX_OK, "norm under MXCSR 0x%04x", kt_csr[c]);
-        CHECK(after == kt_csr[c], "norm: MXCSR 0x%04x came back as 0x%04x", kt_csr[c], after);
-        CHECK_BITS_D(got, want, "%s isa %s: norm under MXCSR 0x%04x", bxt_dt_name(dt), bxt_isa(isa),
+        bxt_fpword in, after = kt_norm_under(kt_csr[c], &g, &o, &got, &st, &in);
+        CHECK_STATUS(st, BX_OK, "norm under " BXT_FPW_NAME " 0x%llx", kt_csr[c]);
+        CHECK(after == in, "norm: " BXT_FPW_NAME " 0x%llx came back as 0x%llx", in, after);
+        CHECK_BITS_D(got, want, "%s isa %s: norm under " BXT_FPW_NAME " 0x%llx", bxt_dt_name(dt), bxt_isa(isa),
                      kt_csr[c]);
       }
     }
@@ -309,7 +316,7 @@ void test_kernels_hostile_fpenv(void) {
     bxt_tensor_free(&x);
   }
 #else
-  bxt_skip("x86 MXCSR only");
+  bxt_skip("fpword.h: no control word of this architecture");
 #endif
 }
 
@@ -370,6 +377,15 @@ void test_kernels_micro_tables(void) {
   CHECK(bx_micro_f32_avx2.verified == NULL && bx_micro_f64_avx2.verified == NULL,
         "AVX2 cannot (no exception suppression)");
 #else
-  bxt_skip("no vector micro-kernels on this architecture");
+  /* no vector micro-kernels on this architecture: the portable tables are
+   * the only ones, complete, and active */
+  for (int dt = 0; dt < BX_DT_COUNT; dt++) {
+    CHECK(bx_kernels_portable.sumsq[dt] && bx_kernels_portable.sumabs[dt], "portable kernels: dtype %d missing",
+          dt);
+    CHECK(bx_scale_portable.torch[dt] && bx_scale_portable.exact[dt], "portable scaling: dtype %d missing", dt);
+  }
+  CHECK(bx_kernels_active() == &bx_kernels_portable && bx_scale_kernels_active() == &bx_scale_portable,
+        "the active tables are not the portable ones (%s)", bx_kernels_active()->name);
+  CHECK(bxt_isa_count() == 1, "%d kernel tables can be forced, want 1 (portable)", bxt_isa_count());
 #endif
 }

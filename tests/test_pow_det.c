@@ -17,10 +17,7 @@
 #include <string.h>
 
 #include <mpfr.h>
-#if defined(__SSE2__)
-#include <xmmintrin.h> /* the MXCSR flush-to-zero / denormals-are-zero bits */
-#endif
-
+#include "fpword.h" /* the caller's flush-to-zero bits: MXCSR FTZ|DAZ, FPCR FZ|FZ16 */
 #include "harness.h"
 #include "mpfr_ref.h"
 #include "pow_det.h"
@@ -301,9 +298,10 @@ void test_pow_det_roots(void) {
   stats_print("1/p roots", &st);
 }
 
-/* Subnormal inputs and results, with FTZ and DAZ set, give the same bits. */
+/* Subnormal inputs and results, with flush to zero set (x86 FTZ and DAZ,
+ * aarch64 FZ and FZ16), give the same bits. */
 void test_pow_det_flush_to_zero(void) {
-#if defined(__SSE2__)
+#ifdef BXT_HAVE_FPWORD
   enum { N = 20000 };
   static double a[N], p[N], want[N];
   bxt_rng r;
@@ -321,14 +319,16 @@ void test_pow_det_flush_to_zero(void) {
     }
     want[i] = pow_det(a[i], p[i]);
   }
-  unsigned int csr = _mm_getcsr();
-  _mm_setcsr(csr | 0x8040u); /* FTZ (bit 15) and DAZ (bit 6) */
+  bxt_fpword csr = bxt_fpword_get();
+  bxt_fpword in = bxt_fpword_set(csr | BXT_FPW_FLUSH);
   static double got[N];
   for (int i = 0; i < N; i++) got[i] = pow_det(a[i], p[i]);
-  _mm_setcsr(csr);
+  bxt_fpword_set(csr);
+  CHECK((in & BXT_FPW_IMPLEMENTED) == ((csr | BXT_FPW_FLUSH) & BXT_FPW_IMPLEMENTED),
+        "flush to zero was not set: " BXT_FPW_NAME " 0x%llx", in);
   for (int i = 0; i < N && bxt_failures() < 20; i++)
     CHECK_BITS_D(got[i], want[i], "bx_pow_det(%a, %a) under FTZ/DAZ", a[i], p[i]);
 #else
-  bxt_skip("no SSE control register on this CPU");
+  bxt_skip("fpword.h: no control word of this architecture");
 #endif
 }
