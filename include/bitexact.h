@@ -63,20 +63,44 @@
 extern "C" {
 #endif
 
+/* BX_API marks the library's public functions: the libraries are built
+ * with -fvisibility=hidden, so exactly the functions declared in the
+ * public headers (bitexact*.h) are exported from the shared objects. */
+#ifndef BX_API
+#if defined(__GNUC__) || defined(__clang__)
+#define BX_API __attribute__((visibility("default")))
+#else
+#define BX_API
+#endif
+#endif
+
+/* The version of these headers: the single source of the version number
+ * (build files and the Python packaging read these three lines). */
 #define BX_VERSION_MAJOR 0
-#define BX_VERSION_MINOR 1
+#define BX_VERSION_MINOR 2
 #define BX_VERSION_PATCH 0
 #define BX_VERSION_NUMBER \
   (BX_VERSION_MAJOR * 10000 + BX_VERSION_MINOR * 100 + BX_VERSION_PATCH)
+#define BX_STRINGIFY_(x) #x
+#define BX_STRINGIFY(x) BX_STRINGIFY_(x)
+/* "0.2.0" */
+#define BX_VERSION_STRING \
+  BX_STRINGIFY(BX_VERSION_MAJOR) "." BX_STRINGIFY(BX_VERSION_MINOR) "." BX_STRINGIFY(BX_VERSION_PATCH)
 
-/* Runtime version of the library actually linked (BX_VERSION_NUMBER). */
-unsigned bx_version(void);
+/* Runtime version of the library actually linked (its BX_VERSION_NUMBER),
+ * which may differ from the headers a program was compiled with. Cannot
+ * fail; thread-safe. */
+BX_API unsigned bx_version(void);
+
+/* The same as a text, "major.minor.patch" (the library's
+ * BX_VERSION_STRING). Never NULL; static storage; thread-safe. */
+BX_API const char *bx_version_string(void);
 
 /* The kernels this process uses: "avx512", "avx2" or "portable" (chosen
  * from the CPU's features at first use; the environment variable BX_ISA
  * forces one the CPU supports). Results never depend on it. Static
  * storage; thread-safe. */
-const char *bx_isa_name(void);
+BX_API const char *bx_isa_name(void);
 
 /* ------------------------------------------------------------------------
  * Status codes
@@ -97,13 +121,13 @@ typedef enum bx_status {
 
 /* Fixed English text for a status ("BX_EDTYPE: unsupported dtype").
  * Never NULL; static storage. */
-const char *bx_status_str(bx_status status);
+BX_API const char *bx_status_str(bx_status status);
 
 /* Detail of the last failing call made by this thread, e.g.
  * "bx_total_norm: group 1, tensor 7: dtype int32 is not supported".
  * Thread-local, static storage, valid until this thread's next failing
  * call. "" when this thread has not failed yet. */
-const char *bx_last_error(void);
+BX_API const char *bx_last_error(void);
 
 /* Where the last failing call of this thread failed, as numbers (so that
  * bindings can name a parameter without parsing the text): the rank (-1
@@ -118,12 +142,12 @@ typedef struct bx_error_location {
   long long group;
   long long tensor;
 } bx_error_location;
-const bx_error_location *bx_last_error_location(void);
+BX_API const bx_error_location *bx_last_error_location(void);
 
 /* BX_OK if this build has the CUDA backend (bitexact_cuda.h) and a CUDA
  * device is usable, else BX_EDEVICE with the reason in bx_last_error().
  * Callable in every build, without CUDA headers. Thread-safe. */
-bx_status bx_cuda_available(void);
+BX_API bx_status bx_cuda_available(void);
 
 /* Deepest nesting of calls from communicator callbacks (see Re-entry). */
 #define BX_MAX_NESTING 4
@@ -300,9 +324,9 @@ typedef struct bx_comm {
  *   group_norms      out, NULL or an array of ngroups doubles.
  * Outputs are written only on success. Tensors are only read. Runs on
  * opts->num_threads worker threads; thread-safe. */
-bx_status bx_total_norm(const bx_group *groups, size_t ngroups,
-                        const bx_comm *comm, const bx_norm_opts *opts,
-                        double *total_norm, double *group_norms);
+BX_API bx_status bx_total_norm(const bx_group *groups, size_t ngroups,
+                               const bx_comm *comm, const bx_norm_opts *opts,
+                               double *total_norm, double *group_norms);
 
 /* Multiply every element of every tensor by coef, in place, with the
  * rounding of opts->mode (see bx_scale_mode). Tensors must be writable,
@@ -310,8 +334,8 @@ bx_status bx_total_norm(const bx_group *groups, size_t ngroups,
  * coef must not be NaN (BX_EINVAL). Any dtype mix in one call. All
  * checks happen before any write: on error nothing is modified.
  * Multi-threaded; the result never depends on the thread count. */
-bx_status bx_scale(DLTensor *tensors, size_t count, double coef,
-                   const bx_scale_opts *opts);
+BX_API bx_status bx_scale(DLTensor *tensors, size_t count, double coef,
+                          const bx_scale_opts *opts);
 
 /* torch.nn.utils.clip_grad_norm_: computes the total norm as bx_total_norm,
  * then, if max_norm > 0, coef per opts->formula (clamped to 1), and scales
@@ -324,15 +348,15 @@ bx_status bx_scale(DLTensor *tensors, size_t count, double coef,
  * The tensors in groups are modified in place (the DLTensor structs are
  * const, their data is not). All-or-nothing: on any error no gradient is
  * modified. */
-bx_status bx_clip_grad_norm(const bx_group *groups, size_t ngroups,
-                            const bx_comm *comm, double max_norm,
-                            const bx_clip_opts *opts, double *total_norm,
-                            double *coef);
+BX_API bx_status bx_clip_grad_norm(const bx_group *groups, size_t ngroups,
+                                   const bx_comm *comm, double max_norm,
+                                   const bx_clip_opts *opts, double *total_norm,
+                                   double *coef);
 
 /* The clip coefficient bx_clip_grad_norm uses for a given total norm:
  * 1 when max_norm == 0; BX_EINVAL for negative/NaN max_norm. */
-bx_status bx_clip_coef(double total_norm, double max_norm,
-                       const bx_clip_opts *opts, double *coef);
+BX_API bx_status bx_clip_coef(double total_norm, double max_norm,
+                              const bx_clip_opts *opts, double *coef);
 
 /* ------------------------------------------------------------------------
  * The accumulator (DESIGN §3)
@@ -378,27 +402,27 @@ typedef struct bx_acc {
 } bx_acc;
 
 /* Set acc to zero (naccs 1, version tag). Cannot fail. */
-void bx_acc_init(bx_acc *acc);
+BX_API void bx_acc_init(bx_acc *acc);
 
 /* acc += sum of x*x over every element of t (exact); NaN/Inf elements are
  * counted in nan_count/inf_count and not summed. Single-threaded in the
  * calling thread. On error acc is unchanged. */
-bx_status bx_acc_add_squares(bx_acc *acc, const DLTensor *t);
+BX_API bx_status bx_acc_add_squares(bx_acc *acc, const DLTensor *t);
 
 /* acc += sum of |x| over every element of t (exact); as above. */
-bx_status bx_acc_add_abs(bx_acc *acc, const DLTensor *t);
+BX_API bx_status bx_acc_add_abs(bx_acc *acc, const DLTensor *t);
 
 /* into += from, word by word, then normalise into (from may be
  * un-normalised, e.g. the result of an all-reduce). into may equal from. */
-void bx_acc_merge(bx_acc *into, const bx_acc *from);
+BX_API void bx_acc_merge(bx_acc *into, const bx_acc *from);
 
 /* Normalise in place (digits in [0, 2^32), carries into the top digit).
  * Useful after summing words by hand. */
-void bx_acc_normalize(bx_acc *acc);
+BX_API void bx_acc_normalize(bx_acc *acc);
 
 /* BX_OK if acc's version word matches this build and naccs >= 1, else
  * BX_EMISMATCH with a message. */
-bx_status bx_acc_check(const bx_acc *acc);
+BX_API bx_status bx_acc_check(const bx_acc *acc);
 
 /* The reads below follow DESIGN §2's non-finite rules: NaN if any NaN was
  * counted (nan_count > 0); otherwise +Inf if any +-Inf was counted
@@ -409,15 +433,15 @@ bx_status bx_acc_check(const bx_acc *acc);
  * Thread-safe; acc is only read. */
 
 /* The sum, rounded to double. */
-double bx_acc_value(const bx_acc *acc);
+BX_API double bx_acc_value(const bx_acc *acc);
 
 /* The sum, rounded to float. */
-float bx_acc_valuef(const bx_acc *acc);
+BX_API float bx_acc_valuef(const bx_acc *acc);
 
 /* The square root of the sum, correctly rounded to double / float (NaN if
  * the sum is negative, never the case for sums of squares). */
-double bx_acc_sqrt(const bx_acc *acc);
-float bx_acc_sqrtf(const bx_acc *acc);
+BX_API double bx_acc_sqrt(const bx_acc *acc);
+BX_API float bx_acc_sqrtf(const bx_acc *acc);
 
 /* The norm an accumulator holds, rounded once into a chosen dtype: for
  * norm_type 2 (acc holds squares: bx_acc_add_squares) the correctly
@@ -430,10 +454,10 @@ float bx_acc_sqrtf(const bx_acc *acc);
  *   out    the norm's bits in dtype (8, 4 or 2 bytes, any alignment),
  *          written only on success.
  * Thread-safe; acc is only read. */
-bx_status bx_acc_norm(const bx_acc *acc, double norm_type, DLDataType dtype, void *out);
+BX_API bx_status bx_acc_norm(const bx_acc *acc, double norm_type, DLDataType dtype, void *out);
 
 /* Exact comparison of the sums held by two accumulators: -1, 0, 1. */
-int bx_acc_compare(const bx_acc *a, const bx_acc *b);
+BX_API int bx_acc_compare(const bx_acc *a, const bx_acc *b);
 
 #ifdef __cplusplus
 }

@@ -703,10 +703,11 @@ static PyObject *mod_clip_coef(PyObject *self, PyObject *args, PyObject *kwds) {
   return PyFloat_FromDouble(coef);
 }
 
+/* The linked library's version text (bx_version_string), the source of
+ * bitexact.__version__. */
 static PyObject *mod_version(PyObject *self, PyObject *unused) {
   (void)self, (void)unused;
-  unsigned v = bx_version();
-  return PyUnicode_FromFormat("%u.%u.%u", v / 10000, v / 100 % 100, v % 100);
+  return PyUnicode_FromString(bx_version_string());
 }
 
 static PyObject *mod_isa(PyObject *self, PyObject *unused) {
@@ -727,7 +728,7 @@ static PyMethodDef module_methods[] = {
      "bx_clip_coef(total_norm, max_norm, eps=1e-6, formula=0) -> coef"},
     {"register_exporter", bxpy_register_exporter, METH_VARARGS,
      "register_exporter(type, fn): objects of exactly this type export via fn(obj) -> capsule"},
-    {"version", mod_version, METH_NOARGS, "bx_version() as 'major.minor.patch'"},
+    {"version", mod_version, METH_NOARGS, "bx_version_string(): 'major.minor.patch'"},
     {"isa", mod_isa, METH_NOARGS, "the CPU kernel table in use: portable, avx2 or avx512"},
     {"status_str", mod_status_str, METH_VARARGS, "bx_status_str(status)"},
     {NULL, NULL, 0, NULL}};
@@ -772,6 +773,10 @@ PyMODINIT_FUNC PyInit__core(void) {
   if (bxpy_dlpack_init() < 0) goto fail;
   if (PyModule_AddFunctions(m, bxpy_cuda_methods) < 0 || bxpy_cuda_init(m) < 0) goto fail;
   if (PyModule_AddIntConstant(m, "ACC_WORDS", BX_ACC_WORDS) < 0) goto fail;
+  /* bx_version() of the library compiled in, and the version of the
+   * headers it was compiled with (equal in a sound build) */
+  if (PyModule_AddIntConstant(m, "VERSION_NUMBER", (long)bx_version()) < 0) goto fail;
+  if (PyModule_AddIntConstant(m, "HEADER_VERSION_NUMBER", BX_VERSION_NUMBER) < 0) goto fail;
   return m;
 fail:
   Py_DECREF(m);
