@@ -105,6 +105,9 @@ BX_API bx_status bx_cuda_plan_create(const bx_group *groups, size_t ngroups,
  * it (the last stream it was used on) before freeing its device buffers. */
 BX_API void bx_cuda_plan_destroy(bx_cuda_plan *plan);
 
+/* The calls below that enqueue work take the plan first and the stream
+ * second. */
+
 /* Enqueue the norm of the plan's tensors on stream (0 = legacy default).
  *   d_total_norm   device pointer, 1 double: the total norm (the same bits
  *                  as bx_total_norm on the same values).
@@ -143,17 +146,16 @@ BX_API bx_status bx_cuda_norm_async_dtype(bx_cuda_plan *plan, cudaStream_t strea
  *              A kernel argument: a captured graph replays this value.
  *   d_coef     device pointer to one double, or NULL.
  * Other arguments as bx_cuda_norm_async. */
-BX_API bx_status bx_cuda_clip_async(bx_cuda_plan *plan, double max_norm,
-                                    cudaStream_t stream, double *d_total_norm,
-                                    double *d_coef, int32_t *d_status);
+BX_API bx_status bx_cuda_clip_async(bx_cuda_plan *plan, cudaStream_t stream, double max_norm,
+                                    double *d_total_norm, double *d_coef, int32_t *d_status);
 
 /* Enqueue the scaling of the plan's tensors by the double at d_coef
  * (device memory), with the plan's scale mode; nothing is written when
  * *d_coef is exactly 1 (a NaN coefficient gives NaN, as on the CPU).
  * d_status (device, may be NULL): when non-NULL and non-zero at run time,
  * nothing is written. Returns as bx_cuda_norm_async. */
-BX_API bx_status bx_cuda_scale_async(bx_cuda_plan *plan, const double *d_coef,
-                                     const int32_t *d_status, cudaStream_t stream);
+BX_API bx_status bx_cuda_scale_async(bx_cuda_plan *plan, cudaStream_t stream,
+                                     const double *d_coef, const int32_t *d_status);
 
 /* The device the plan lives on (its CUDA ordinal). */
 BX_API int bx_cuda_plan_device(const bx_cuda_plan *plan);

@@ -417,7 +417,7 @@ bx_status bx_cuda_norm_async_dtype(bx_cuda_plan *plan, cudaStream_t stream, DLDa
   return st;
 }
 
-bx_status bx_cuda_clip_async(bx_cuda_plan *plan, double max_norm, cudaStream_t stream,
+bx_status bx_cuda_clip_async(bx_cuda_plan *plan, cudaStream_t stream, double max_norm,
                              double *d_total_norm, double *d_coef, int32_t *d_status) {
   static const char *fn = "bx_cuda_clip_async";
   bx_call c;
@@ -428,8 +428,8 @@ bx_status bx_cuda_clip_async(bx_cuda_plan *plan, double max_norm, cudaStream_t s
   return st;
 }
 
-bx_status bx_cuda_scale_async(bx_cuda_plan *plan, const double *d_coef, const int32_t *d_status,
-                              cudaStream_t stream) {
+bx_status bx_cuda_scale_async(bx_cuda_plan *plan, cudaStream_t stream, const double *d_coef,
+                              const int32_t *d_status) {
   static const char *fn = "bx_cuda_scale_async";
   if (!plan) return bx_fail(BX_EINVAL, "%s: plan is NULL", fn);
   if (!d_coef) return bx_fail(BX_EINVAL, "%s: d_coef is NULL", fn);

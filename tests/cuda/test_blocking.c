@@ -287,9 +287,9 @@ void test_blocking_bad_input(void) {
     double *d = NULL;
     if (cudaMalloc((void **)&d, 2 * sizeof(double)) == cudaSuccess) {
       CT_STATUS(bx_cuda_norm_async(plan, 0, d, NULL, NULL), BX_OK, "plan norm, overlapping");
-      CT_STATUS(bx_cuda_clip_async(plan, 1e-6, 0, d, d + 1, NULL), BX_ELAYOUT,
+      CT_STATUS(bx_cuda_clip_async(plan, 0, 1e-6, d, d + 1, NULL), BX_ELAYOUT,
                 "plan clip, overlapping");
-      CT_STATUS(bx_cuda_scale_async(plan, d + 1, NULL, 0), BX_ELAYOUT, "plan scale, overlapping");
+      CT_STATUS(bx_cuda_scale_async(plan, 0, d + 1, NULL), BX_ELAYOUT, "plan scale, overlapping");
       double hd = -3;
       cudaMemcpy(&hd, d, sizeof hd, cudaMemcpyDeviceToHost);
       CT_BITS(hd, tc, "plan norm of overlapping tensors");
