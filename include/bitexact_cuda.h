@@ -91,8 +91,13 @@ typedef struct bx_cuda_plan bx_cuda_plan;
  *                    fail (one host-side MAX all-reduce, as bx_total_norm).
  *                    The stream-ordered calls need a device communicator
  *                    (a host one would need the host to wait).
+ *                    comm->struct_size must be sizeof(bx_comm): a wrong one
+ *                    fails at once with BX_EINVAL, before any collective
+ *                    (see bx_comm in bitexact.h).
  *   opts             NULL = BX_CLIP_OPTS_DEFAULT; its norm and scale
- *                    options are fixed for the plan.
+ *                    options are fixed for the plan (copied). Its
+ *                    struct_size and those of its nested norm and scale
+ *                    options are checked first, as by bx_clip_grad_norm.
  *   out              *out receives the plan (NULL on failure).
  * Synchronous: allocates (cudaMalloc) and copies the chunk table; call it
  * outside graph capture. Errors: as bx_clip_grad_norm, plus BX_EDEVICE

@@ -478,7 +478,10 @@ static PyObject *Views_norm(Views *v, PyObject *args, PyObject *kwds) {
   o.flavor = (bx_norm_flavor)flavor;
   o.norm_dtype = (bx_norm_dtype)norm_dtype; /* checked by the library */
   pycomm pc = {comm_fn, NULL};
-  bx_comm comm = {.allreduce_i64 = pycomm_allreduce, .ctx = &pc, .rank = rank};
+  bx_comm comm = BX_COMM_DEFAULT;
+  comm.allreduce_i64 = pycomm_allreduce;
+  comm.ctx = &pc;
+  comm.rank = rank;
   const bx_comm *cp = comm_fn == Py_None ? NULL : &comm;
   double *gn = want_groups && ng ? PyMem_Malloc((size_t)ng * sizeof(double)) : NULL;
   if (want_groups && ng && !gn) return PyErr_NoMemory();
@@ -565,7 +568,10 @@ static PyObject *Views_clip(Views *v, PyObject *args, PyObject *kwds) {
   o.scale.num_threads = o.norm.num_threads;
   o.formula = (bx_coef_formula)formula;
   pycomm pc = {comm_fn, NULL};
-  bx_comm comm = {.allreduce_i64 = pycomm_allreduce, .ctx = &pc, .rank = rank};
+  bx_comm comm = BX_COMM_DEFAULT;
+  comm.allreduce_i64 = pycomm_allreduce;
+  comm.ctx = &pc;
+  comm.rank = rank;
   const bx_comm *cp = comm_fn == Py_None ? NULL : &comm;
   double total = 0, coef = 1;
   bx_status st;

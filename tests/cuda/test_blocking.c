@@ -154,7 +154,9 @@ void test_blocking_host_comm(void) {
   if (!std_set(&s, -1, 1, &r)) return;
   ct_fill(&s, CT_WIDE, &r);
   host_comm_ctx ctx = {0, 0};
-  bx_comm comm = {host_allreduce, &ctx, 0, 0, NULL, NULL};
+  bx_comm comm = BX_COMM_DEFAULT;
+  comm.allreduce_i64 = host_allreduce;
+  comm.ctx = &ctx;
   for (int k = 0; k < CT_NNORMS; k++) {
     bx_norm_opts o = ct_norm_opts(k);
     char label[64];

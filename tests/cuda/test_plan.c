@@ -553,6 +553,33 @@ void test_plan_errors(void) {
   CT_STATUS(bx_cuda_plan_create(NULL, 1, NULL, NULL, &p), BX_EINVAL,
             "plan_create, NULL groups with ngroups 1");
   CT_STATUS(bx_cuda_plan_create(NULL, 0, NULL, NULL, NULL), BX_EINVAL, "plan_create, NULL out");
+  /* options and communicators of another struct_size (bitexact.h, "Struct
+   * sizes"): refused before anything else, *out NULL, the comm never called */
+  {
+    bx_group g1 = {f.s.gpu, f.s.count};
+    bx_clip_opts co = BX_CLIP_OPTS_DEFAULT;
+    size_t *sizes[3] = {&co.struct_size, &co.norm.struct_size, &co.scale.struct_size};
+    const char *names[3] = {"opts->struct_size", "opts->norm.struct_size", "opts->scale.struct_size"};
+    for (int k = 0; k < 3; k++)
+      for (int v = 0; v < 2; v++) {
+        size_t keep = *sizes[k];
+        *sizes[k] = v ? keep + 8 : 0;
+        p = (bx_cuda_plan *)&f; /* any non-NULL value */
+        CT_STATUS(bx_cuda_plan_create(&g1, 1, NULL, &co, &p), BX_EINVAL, "plan_create, %s %zu",
+                  names[k], *sizes[k]);
+        CT_CHECK(strstr(bx_last_error(), names[k]) != NULL, "plan_create: the text names %s: %s",
+                 names[k], bx_last_error());
+        CT_CHECK(p == NULL, "plan_create, %s %zu: *out is not NULL", names[k], *sizes[k]);
+        *sizes[k] = keep;
+      }
+    bx_comm bad = BX_COMM_DEFAULT;
+    bad.struct_size = 0; /* refused before any collective */
+    p = (bx_cuda_plan *)&f;
+    CT_STATUS(bx_cuda_plan_create(&g1, 1, &bad, NULL, &p), BX_EINVAL, "plan_create, comm size 0");
+    CT_CHECK(strstr(bx_last_error(), "comm->struct_size is 0") != NULL, "plan_create: %s",
+             bx_last_error());
+    CT_CHECK(p == NULL, "plan_create, comm size 0: *out is not NULL");
+  }
   /* no tensors at all, and only empty tensors: a norm of +0, coefficient 1 */
   for (int empty = 0; empty < 2; empty++) {
     int64_t zero = 0;
