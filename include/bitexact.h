@@ -212,8 +212,11 @@ typedef struct bx_norm_opts {
    * CPU and GPU — the power function is built from IEEE basic operations
    * only). NaN and other p < 0 are rejected with BX_EINVAL. */
   double norm_type;
-  /* non-zero: any NaN or ±Inf element fails the call with BX_ENONFINITE,
-   * naming the first offending tensor (lowest group, then lowest index);
+  /* non-zero: the call fails with BX_ENONFINITE exactly when the total
+   * norm is NaN or ±Inf (torch's rule, DESIGN §2: p = 0 and p = -inf can
+   * stay finite with Inf elements), naming the first tensor that holds a
+   * NaN/Inf (lowest rank, then group, then index) — or, when none does,
+   * saying that the finite sum overflows the norm's format (norm_dtype);
    * nothing is written. Zero: NaN anywhere gives a NaN norm; otherwise any
    * ±Inf gives +Inf (for p > 0; p = 0 counts Inf as non-zero and p = -inf
    * takes min |x| with Inf as a value). */
