@@ -2,7 +2,8 @@
 # dev/check_prefetch.sh — check the emitted code: every hot loop function of
 # every kernel has its software prefetches (src/cpu/prefetch.h), as built.
 #
-#   dev/check_prefetch.sh [BUILD]        (default: build; `make dev-check`)
+#   dev/check_prefetch.sh [OBJDIR]   (default: build/CMakeFiles/bx_objects.dir,
+#                                     the library objects of the CMake build; `make dev-check`)
 #
 # The functions checked:
 #  - every function named in a micro-kernel table (const bx_*_micro ... =
@@ -16,7 +17,7 @@
 # directly (or jumps to: a tail call). GCC 12 once dropped _mm_prefetch from inlined helpers
 # silently; this is what would have caught it. Exit status 1 on any miss.
 set -u
-build=${1:-build}
+objdir=${1:-build/CMakeFiles/bx_objects.dir}
 cd "$(dirname "$0")/.." || exit 2
 command -v objdump >/dev/null || { echo "check_prefetch: objdump not found" >&2; exit 2; }
 
@@ -63,9 +64,9 @@ checked=0
 for pair in $(table_functions) $extra; do
   base=${pair%%:*}
   fn=${pair#*:}
-  obj=$build/src/cpu/$base.o
+  obj=$objdir/src/cpu/$base.c.o
   if [ ! -f "$obj" ]; then
-    echo "check_prefetch: no $obj (build first: make CUDA=0 lib)" >&2
+    echo "check_prefetch: no $obj (build first: make lib)" >&2
     status=1
     continue
   fi

@@ -21,7 +21,7 @@
 static const char *fz_isas[3];
 static int fz_nisas = -1;
 
-static void fz_init_isas(void) {
+static inline void fz_init_isas(void) {
   static const char *all[3] = {"portable", "avx2", "avx512"};
   if (fz_nisas >= 0) return;
   fz_nisas = 0;
@@ -38,19 +38,19 @@ static void fz_init_isas(void) {
     __builtin_trap();                         \
   } while (0)
 
-static void fz_same_d(double got, double want, const char *what, const char *isa) {
+static inline void fz_same_d(double got, double want, const char *what, const char *isa) {
   if (memcmp(&got, &want, sizeof got) != 0)
     FZ_FAIL("%s (isa %s): got %a want %a", what, isa, got, want);
 }
 
-static void fz_same_f(float got, float want, const char *what, const char *isa) {
+static inline void fz_same_f(float got, float want, const char *what, const char *isa) {
   if (memcmp(&got, &want, sizeof got) != 0)
     FZ_FAIL("%s (isa %s): got %a want %a", what, isa, (double)got, (double)want);
 }
 
 static const size_t fz_dt_size[4] = {2, 2, 4, 8};
 
-static DLTensor fz_tensor(void *data, int dt, int64_t *shape, size_t n, size_t offset_elems) {
+static inline DLTensor fz_tensor(void *data, int dt, int64_t *shape, size_t n, size_t offset_elems) {
   DLTensor t;
   memset(&t, 0, sizeof t);
   t.data = data;

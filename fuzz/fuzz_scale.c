@@ -51,7 +51,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     bx_force_isa(fz_isas[k]);
     memcpy(buf, orig, bytes);
     DLTensor t = fz_tensor(buf, dt, shape, n, (size_t)mis);
-    bx_scale_opts o = {exact ? BX_SCALE_EXACT : BX_SCALE_TORCH, threads};
+    bx_scale_opts o = BX_SCALE_OPTS_DEFAULT;
+    o.mode = exact ? BX_SCALE_EXACT : BX_SCALE_TORCH;
+    o.num_threads = threads;
     bx_status st = bx_scale(&t, 1, coef, &o);
     if (isnan(coef)) {
       if (st != BX_EINVAL) FZ_FAIL("NaN coef: status %d", (int)st);

@@ -63,20 +63,44 @@
 extern "C" {
 #endif
 
+/* BX_API marks the library's public functions: the libraries are built
+ * with -fvisibility=hidden, so exactly the functions declared in the
+ * public headers (bitexact*.h) are exported from the shared objects. */
+#ifndef BX_API
+#if defined(__GNUC__) || defined(__clang__)
+#define BX_API __attribute__((visibility("default")))
+#else
+#define BX_API
+#endif
+#endif
+
+/* The version of these headers: the single source of the version number
+ * (build files and the Python packaging read these three lines). */
 #define BX_VERSION_MAJOR 0
-#define BX_VERSION_MINOR 1
+#define BX_VERSION_MINOR 2
 #define BX_VERSION_PATCH 0
 #define BX_VERSION_NUMBER \
   (BX_VERSION_MAJOR * 10000 + BX_VERSION_MINOR * 100 + BX_VERSION_PATCH)
+#define BX_STRINGIFY_(x) #x
+#define BX_STRINGIFY(x) BX_STRINGIFY_(x)
+/* "0.2.0" */
+#define BX_VERSION_STRING \
+  BX_STRINGIFY(BX_VERSION_MAJOR) "." BX_STRINGIFY(BX_VERSION_MINOR) "." BX_STRINGIFY(BX_VERSION_PATCH)
 
-/* Runtime version of the library actually linked (BX_VERSION_NUMBER). */
-unsigned bx_version(void);
+/* Runtime version of the library actually linked (its BX_VERSION_NUMBER),
+ * which may differ from the headers a program was compiled with. Cannot
+ * fail; thread-safe. */
+BX_API unsigned bx_version(void);
+
+/* The same as a text, "major.minor.patch" (the library's
+ * BX_VERSION_STRING). Never NULL; static storage; thread-safe. */
+BX_API const char *bx_version_string(void);
 
 /* The kernels this process uses: "avx512", "avx2" or "portable" (chosen
  * from the CPU's features at first use; the environment variable BX_ISA
  * forces one the CPU supports). Results never depend on it. Static
  * storage; thread-safe. */
-const char *bx_isa_name(void);
+BX_API const char *bx_isa_name(void);
 
 /* ------------------------------------------------------------------------
  * Status codes
@@ -97,13 +121,13 @@ typedef enum bx_status {
 
 /* Fixed English text for a status ("BX_EDTYPE: unsupported dtype").
  * Never NULL; static storage. */
-const char *bx_status_str(bx_status status);
+BX_API const char *bx_status_str(bx_status status);
 
 /* Detail of the last failing call made by this thread, e.g.
  * "bx_total_norm: group 1, tensor 7: dtype int32 is not supported".
  * Thread-local, static storage, valid until this thread's next failing
  * call. "" when this thread has not failed yet. */
-const char *bx_last_error(void);
+BX_API const char *bx_last_error(void);
 
 /* Where the last failing call of this thread failed, as numbers (so that
  * bindings can name a parameter without parsing the text): the rank (-1
@@ -118,12 +142,12 @@ typedef struct bx_error_location {
   long long group;
   long long tensor;
 } bx_error_location;
-const bx_error_location *bx_last_error_location(void);
+BX_API const bx_error_location *bx_last_error_location(void);
 
 /* BX_OK if this build has the CUDA backend (bitexact_cuda.h) and a CUDA
  * device is usable, else BX_EDEVICE with the reason in bx_last_error().
  * Callable in every build, without CUDA headers. Thread-safe. */
-bx_status bx_cuda_available(void);
+BX_API bx_status bx_cuda_available(void);
 
 /* Deepest nesting of calls from communicator callbacks (see Re-entry). */
 #define BX_MAX_NESTING 4
@@ -132,6 +156,26 @@ bx_status bx_cuda_available(void);
  * Options (versioned by initializer macros: new fields go at the end, so
  * code written with the _DEFAULT macros keeps compiling and meaning the
  * same thing). A NULL options pointer means the defaults.
+ *
+ * Struct sizes (ABI): bx_norm_opts, bx_scale_opts, bx_clip_opts and bx_comm
+ * begin with `size_t struct_size`, which their _DEFAULT macro sets to the
+ * struct's sizeof as the caller's compiler saw it. Start every such struct
+ * from its macro and set the other fields by name:
+ *     bx_norm_opts o = BX_NORM_OPTS_DEFAULT;  o.norm_type = 1.0;
+ * never with a positional initialiser of your own or a bare memset.
+ * Every call that takes one (bx_total_norm, bx_scale, bx_clip_grad_norm,
+ * bx_clip_coef, bx_cuda_plan_create; for a bx_clip_opts also its nested
+ * norm and scale) checks struct_size first, before it reads any other
+ * field: a value other than this library's sizeof fails the call with
+ * BX_EINVAL, nothing written, and bx_last_error() says which case it is —
+ * 0 (not initialised with the macro), smaller (built against an older
+ * bitexact, or set by hand), larger (built against a newer bitexact than
+ * the library it runs with), or not a size at all (a program built against
+ * bitexact 0.1, whose structs had no struct_size). So a program and a
+ * library that disagree on a struct's layout fail loudly instead of
+ * misreading it. A NULL pointer still means the defaults. This version
+ * accepts its own sizes only; a later one may also accept the sizes of
+ * older releases (their fields are a prefix of its own).
  * ---------------------------------------------------------------------- */
 typedef enum bx_norm_flavor {
   /* exact: squares exact, sum exact, one correct rounding (DESIGN §2) */
@@ -161,14 +205,18 @@ typedef enum bx_norm_dtype {
 } bx_norm_dtype;
 
 typedef struct bx_norm_opts {
+  size_t struct_size; /* sizeof(bx_norm_opts): see "Struct sizes" above */
   /* 2.0 (default), 1.0, 0.0 (count of non-zeros), INFINITY (max |x|),
    * -INFINITY (min |x|), or any other p > 0 (|x|^p rounded to fp64, then
    * an exact sum, then the p-th root: not exact, but the same bits on every
    * CPU and GPU — the power function is built from IEEE basic operations
    * only). NaN and other p < 0 are rejected with BX_EINVAL. */
   double norm_type;
-  /* non-zero: any NaN or ±Inf element fails the call with BX_ENONFINITE,
-   * naming the first offending tensor (lowest group, then lowest index);
+  /* non-zero: the call fails with BX_ENONFINITE exactly when the total
+   * norm is NaN or ±Inf (torch's rule, DESIGN §2: p = 0 and p = -inf can
+   * stay finite with Inf elements), naming the first tensor that holds a
+   * NaN/Inf (lowest rank, then group, then index) — or, when none does,
+   * saying that the finite sum overflows the norm's format (norm_dtype);
    * nothing is written. Zero: NaN anywhere gives a NaN norm; otherwise any
    * ±Inf gives +Inf (for p > 0; p = 0 counts Inf as non-zero and p = -inf
    * takes min |x| with Inf as a value). */
@@ -182,7 +230,7 @@ typedef struct bx_norm_opts {
   bx_norm_dtype norm_dtype;
 } bx_norm_opts;
 
-#define BX_NORM_OPTS_DEFAULT {2.0, 0, 0, BX_EXACT, BX_NORM_F64}
+#define BX_NORM_OPTS_DEFAULT {sizeof(bx_norm_opts), 2.0, 0, 0, BX_EXACT, BX_NORM_F64}
 
 typedef enum bx_scale_mode {
   /* torch-compatible: c32 = (float)coef (nearest-even); fp32 grads
@@ -196,11 +244,12 @@ typedef enum bx_scale_mode {
 } bx_scale_mode;
 
 typedef struct bx_scale_opts {
+  size_t struct_size; /* sizeof(bx_scale_opts): see "Struct sizes" above */
   bx_scale_mode mode;
   int num_threads; /* 0 = library default; results never depend on it */
 } bx_scale_opts;
 
-#define BX_SCALE_OPTS_DEFAULT {BX_SCALE_TORCH, 0}
+#define BX_SCALE_OPTS_DEFAULT {sizeof(bx_scale_opts), BX_SCALE_TORCH, 0}
 
 typedef enum bx_coef_formula {
   /* coef = min(1, max_norm / (total_norm + eps)), computed in double: the
@@ -214,14 +263,15 @@ typedef enum bx_coef_formula {
 } bx_coef_formula;
 
 typedef struct bx_clip_opts {
-  bx_norm_opts norm;
-  bx_scale_opts scale;
+  size_t struct_size;  /* sizeof(bx_clip_opts): see "Struct sizes" above */
+  bx_norm_opts norm;   /* with its own struct_size, checked too */
+  bx_scale_opts scale; /* with its own struct_size, checked too */
   double eps; /* 1e-6, as torch */
   bx_coef_formula formula;
 } bx_clip_opts;
 
 #define BX_CLIP_OPTS_DEFAULT \
-  {BX_NORM_OPTS_DEFAULT, BX_SCALE_OPTS_DEFAULT, 1e-6, BX_COEF_TORCH}
+  {sizeof(bx_clip_opts), BX_NORM_OPTS_DEFAULT, BX_SCALE_OPTS_DEFAULT, 1e-6, BX_COEF_TORCH}
 
 /* ------------------------------------------------------------------------
  * Tensors, groups and communicators
@@ -247,20 +297,35 @@ typedef struct bx_group {
 typedef enum bx_op { BX_OP_SUM = 0, BX_OP_MAX = 1 } bx_op;
 
 /* An all-reduce over int64 words, supplied by the caller or an adapter
- * (bitexact_mpi.h, bitexact_nccl.h). allreduce_i64 must replace buf[0..n)
+ * (bitexact_mpi.h, bitexact_nccl.h). Build a host communicator of your own
+ * from BX_COMM_DEFAULT (which sets struct_size: see "Struct sizes" above):
+ *     bx_comm c = BX_COMM_DEFAULT;
+ *     c.allreduce_i64 = my_allreduce;  c.ctx = my_ctx;  c.rank = my_rank;
+ * The adapters set struct_size themselves. allreduce_i64 must replace buf[0..n)
  * on every rank with the element-wise SUM (or MAX) over all ranks of the
  * communicator, and return 0 on success, non-zero on failure. It is called
  * from the thread that called bx_total_norm / bx_clip_grad_norm, at most
  * twice per call (a tiny MAX agreement step, then the norm's one
  * fixed-size collective), in the same order on every rank. A NULL bx_comm
  * means this process alone. rank is this process's index, used only in
- * error messages (0 if unknown). */
+ * error messages (0 if unknown).
+ *
+ * A comm whose struct_size is wrong fails the call with BX_EINVAL at once,
+ * before any collective: its function pointers cannot be trusted, so it
+ * is never called, and this rank does not take part in the call's
+ * collectives. The other ranks then wait in their first collective for
+ * this one, as for a rank that never makes the call; in practice every
+ * rank runs the same program against the same library, so every rank
+ * fails the same way. (Options with a wrong struct_size and a good comm
+ * are a local failure like any other: the rank still joins the agreement
+ * step, so every rank fails and none waits.) */
 typedef struct bx_comm {
+  size_t struct_size; /* sizeof(bx_comm): see "Struct sizes" above */
   int (*allreduce_i64)(int64_t *buf, size_t n, bx_op op, void *ctx);
   void *ctx;
   int rank;
-  /* Device communicators (bitexact_nccl.h) only; zero for host ones, so
-   * {fn, ctx, rank} initialisers keep meaning a host communicator.
+  /* Device communicators (bitexact_nccl.h) only; zero (as
+   * BX_COMM_DEFAULT leaves them) for host ones.
    * on_device = 1: buf is CUDA device memory; allreduce_i64_async(buf, n,
    * op, ctx, s) enqueues the all-reduce on stream s (a cudaStream_t)
    * without waiting. The stream-ordered API (bitexact_cuda.h) uses it on
@@ -270,6 +335,10 @@ typedef struct bx_comm {
   void *stream;
   int (*allreduce_i64_async)(int64_t *buf, size_t n, bx_op op, void *ctx, void *s);
 } bx_comm;
+
+/* A host communicator with no function yet: every field zero or NULL
+ * except struct_size. */
+#define BX_COMM_DEFAULT {sizeof(bx_comm), NULL, NULL, 0, 0, NULL, NULL}
 
 /* ------------------------------------------------------------------------
  * Simple API
@@ -293,25 +362,32 @@ typedef struct bx_comm {
  *                    failing all-reduce gives BX_ECOMM. With
  *                    error_if_nonfinite, every rank fails with
  *                    BX_ENONFINITE naming the first (rank, group, tensor)
- *                    that holds a NaN/Inf.
- *   opts             NULL = BX_NORM_OPTS_DEFAULT.
+ *                    that holds a NaN/Inf. comm->struct_size must be
+ *                    sizeof(bx_comm) (BX_COMM_DEFAULT or an adapter); a
+ *                    wrong one fails with BX_EINVAL before any collective
+ *                    (see bx_comm).
+ *   opts             NULL = BX_NORM_OPTS_DEFAULT; else opts->struct_size
+ *                    must be sizeof(bx_norm_opts) (BX_EINVAL otherwise:
+ *                    "Struct sizes" above).
  *   total_norm       out, required. For p = 2 and BX_EXACT: the correctly
  *                    rounded sqrt of the exact sum of squares.
  *   group_norms      out, NULL or an array of ngroups doubles.
  * Outputs are written only on success. Tensors are only read. Runs on
  * opts->num_threads worker threads; thread-safe. */
-bx_status bx_total_norm(const bx_group *groups, size_t ngroups,
-                        const bx_comm *comm, const bx_norm_opts *opts,
-                        double *total_norm, double *group_norms);
+BX_API bx_status bx_total_norm(const bx_group *groups, size_t ngroups,
+                               const bx_comm *comm, const bx_norm_opts *opts,
+                               double *total_norm, double *group_norms);
 
 /* Multiply every element of every tensor by coef, in place, with the
  * rounding of opts->mode (see bx_scale_mode). Tensors must be writable,
  * must not overlap each other or themselves (BX_ELAYOUT otherwise).
- * coef must not be NaN (BX_EINVAL). Any dtype mix in one call. All
- * checks happen before any write: on error nothing is modified.
- * Multi-threaded; the result never depends on the thread count. */
-bx_status bx_scale(DLTensor *tensors, size_t count, double coef,
-                   const bx_scale_opts *opts);
+ * coef must not be NaN (BX_EINVAL). opts: NULL = BX_SCALE_OPTS_DEFAULT;
+ * else opts->struct_size must be sizeof(bx_scale_opts) (BX_EINVAL). Any
+ * dtype mix in one call. All checks happen before any write: on error
+ * nothing is modified. Tensors are borrowed for the call. Multi-threaded;
+ * the result never depends on the thread count; thread-safe. */
+BX_API bx_status bx_scale(DLTensor *tensors, size_t count, double coef,
+                          const bx_scale_opts *opts);
 
 /* torch.nn.utils.clip_grad_norm_: computes the total norm as bx_total_norm,
  * then, if max_norm > 0, coef per opts->formula (clamped to 1), and scales
@@ -320,19 +396,26 @@ bx_status bx_scale(DLTensor *tensors, size_t count, double coef,
  * norm is still computed and returned; coef = 1). Negative or NaN max_norm
  * → BX_EINVAL. A NaN/Inf total norm without error_if_nonfinite gives a NaN
  * or 0 coefficient exactly as torch would compute it.
+ *   comm        as bx_total_norm (struct_size checked before any collective).
+ *   opts        NULL = BX_CLIP_OPTS_DEFAULT; else opts->struct_size,
+ *               opts->norm.struct_size and opts->scale.struct_size must be
+ *               the sizeofs of this library (BX_EINVAL otherwise: "Struct
+ *               sizes" above; build it from BX_CLIP_OPTS_DEFAULT).
  *   total_norm  out, required;   coef  out, NULL or the coefficient used.
  * The tensors in groups are modified in place (the DLTensor structs are
- * const, their data is not). All-or-nothing: on any error no gradient is
- * modified. */
-bx_status bx_clip_grad_norm(const bx_group *groups, size_t ngroups,
-                            const bx_comm *comm, double max_norm,
-                            const bx_clip_opts *opts, double *total_norm,
-                            double *coef);
+ * const, their data is not; both are borrowed for the call). All-or-nothing:
+ * on any error no gradient and no output is modified. Thread-safe. */
+BX_API bx_status bx_clip_grad_norm(const bx_group *groups, size_t ngroups,
+                                   const bx_comm *comm, double max_norm,
+                                   const bx_clip_opts *opts, double *total_norm,
+                                   double *coef);
 
 /* The clip coefficient bx_clip_grad_norm uses for a given total norm:
- * 1 when max_norm == 0; BX_EINVAL for negative/NaN max_norm. */
-bx_status bx_clip_coef(double total_norm, double max_norm,
-                       const bx_clip_opts *opts, double *coef);
+ * 1 when max_norm == 0; BX_EINVAL for negative/NaN max_norm, a NULL coef,
+ * or a wrong struct_size in opts (as bx_clip_grad_norm; NULL = defaults).
+ * *coef is written only on success. Thread-safe. */
+BX_API bx_status bx_clip_coef(double total_norm, double max_norm,
+                              const bx_clip_opts *opts, double *coef);
 
 /* ------------------------------------------------------------------------
  * The accumulator (DESIGN §3)
@@ -378,27 +461,27 @@ typedef struct bx_acc {
 } bx_acc;
 
 /* Set acc to zero (naccs 1, version tag). Cannot fail. */
-void bx_acc_init(bx_acc *acc);
+BX_API void bx_acc_init(bx_acc *acc);
 
 /* acc += sum of x*x over every element of t (exact); NaN/Inf elements are
  * counted in nan_count/inf_count and not summed. Single-threaded in the
  * calling thread. On error acc is unchanged. */
-bx_status bx_acc_add_squares(bx_acc *acc, const DLTensor *t);
+BX_API bx_status bx_acc_add_squares(bx_acc *acc, const DLTensor *t);
 
 /* acc += sum of |x| over every element of t (exact); as above. */
-bx_status bx_acc_add_abs(bx_acc *acc, const DLTensor *t);
+BX_API bx_status bx_acc_add_abs(bx_acc *acc, const DLTensor *t);
 
 /* into += from, word by word, then normalise into (from may be
  * un-normalised, e.g. the result of an all-reduce). into may equal from. */
-void bx_acc_merge(bx_acc *into, const bx_acc *from);
+BX_API void bx_acc_merge(bx_acc *into, const bx_acc *from);
 
 /* Normalise in place (digits in [0, 2^32), carries into the top digit).
  * Useful after summing words by hand. */
-void bx_acc_normalize(bx_acc *acc);
+BX_API void bx_acc_normalize(bx_acc *acc);
 
 /* BX_OK if acc's version word matches this build and naccs >= 1, else
  * BX_EMISMATCH with a message. */
-bx_status bx_acc_check(const bx_acc *acc);
+BX_API bx_status bx_acc_check(const bx_acc *acc);
 
 /* The reads below follow DESIGN §2's non-finite rules: NaN if any NaN was
  * counted (nan_count > 0); otherwise +Inf if any +-Inf was counted
@@ -409,15 +492,15 @@ bx_status bx_acc_check(const bx_acc *acc);
  * Thread-safe; acc is only read. */
 
 /* The sum, rounded to double. */
-double bx_acc_value(const bx_acc *acc);
+BX_API double bx_acc_value(const bx_acc *acc);
 
 /* The sum, rounded to float. */
-float bx_acc_valuef(const bx_acc *acc);
+BX_API float bx_acc_valuef(const bx_acc *acc);
 
 /* The square root of the sum, correctly rounded to double / float (NaN if
  * the sum is negative, never the case for sums of squares). */
-double bx_acc_sqrt(const bx_acc *acc);
-float bx_acc_sqrtf(const bx_acc *acc);
+BX_API double bx_acc_sqrt(const bx_acc *acc);
+BX_API float bx_acc_sqrtf(const bx_acc *acc);
 
 /* The norm an accumulator holds, rounded once into a chosen dtype: for
  * norm_type 2 (acc holds squares: bx_acc_add_squares) the correctly
@@ -430,10 +513,10 @@ float bx_acc_sqrtf(const bx_acc *acc);
  *   out    the norm's bits in dtype (8, 4 or 2 bytes, any alignment),
  *          written only on success.
  * Thread-safe; acc is only read. */
-bx_status bx_acc_norm(const bx_acc *acc, double norm_type, DLDataType dtype, void *out);
+BX_API bx_status bx_acc_norm(const bx_acc *acc, double norm_type, DLDataType dtype, void *out);
 
 /* Exact comparison of the sums held by two accumulators: -1, 0, 1. */
-int bx_acc_compare(const bx_acc *a, const bx_acc *b);
+BX_API int bx_acc_compare(const bx_acc *a, const bx_acc *b);
 
 #ifdef __cplusplus
 }

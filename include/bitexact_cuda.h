@@ -91,19 +91,27 @@ typedef struct bx_cuda_plan bx_cuda_plan;
  *                    fail (one host-side MAX all-reduce, as bx_total_norm).
  *                    The stream-ordered calls need a device communicator
  *                    (a host one would need the host to wait).
+ *                    comm->struct_size must be sizeof(bx_comm): a wrong one
+ *                    fails at once with BX_EINVAL, before any collective
+ *                    (see bx_comm in bitexact.h).
  *   opts             NULL = BX_CLIP_OPTS_DEFAULT; its norm and scale
- *                    options are fixed for the plan.
+ *                    options are fixed for the plan (copied). Its
+ *                    struct_size and those of its nested norm and scale
+ *                    options are checked first, as by bx_clip_grad_norm.
  *   out              *out receives the plan (NULL on failure).
  * Synchronous: allocates (cudaMalloc) and copies the chunk table; call it
  * outside graph capture. Errors: as bx_clip_grad_norm, plus BX_EDEVICE
  * (no backend or device, tensors on several devices), BX_ENOMEM. */
-bx_status bx_cuda_plan_create(const bx_group *groups, size_t ngroups,
-                              const bx_comm *comm, const bx_clip_opts *opts,
-                              bx_cuda_plan **out);
+BX_API bx_status bx_cuda_plan_create(const bx_group *groups, size_t ngroups,
+                                     const bx_comm *comm, const bx_clip_opts *opts,
+                                     bx_cuda_plan **out);
 
 /* Free a plan (NULL is allowed). Waits for the work already enqueued on
  * it (the last stream it was used on) before freeing its device buffers. */
-void bx_cuda_plan_destroy(bx_cuda_plan *plan);
+BX_API void bx_cuda_plan_destroy(bx_cuda_plan *plan);
+
+/* The calls below that enqueue work take the plan first and the stream
+ * second. */
 
 /* Enqueue the norm of the plan's tensors on stream (0 = legacy default).
  *   d_total_norm   device pointer, 1 double: the total norm (the same bits
@@ -117,9 +125,9 @@ void bx_cuda_plan_destroy(bx_cuda_plan *plan);
  * Returns BX_EINVAL for a NULL plan or d_total_norm, BX_EDEVICE if a
  * launch fails (the CUDA error text in bx_last_error()). Never waits for
  * the device; captureable. The buffers must be on the plan's device. */
-bx_status bx_cuda_norm_async(bx_cuda_plan *plan, cudaStream_t stream,
-                             double *d_total_norm, double *d_group_norms,
-                             int32_t *d_status);
+BX_API bx_status bx_cuda_norm_async(bx_cuda_plan *plan, cudaStream_t stream,
+                                    double *d_total_norm, double *d_group_norms,
+                                    int32_t *d_status);
 
 /* As bx_cuda_norm_async, but the total norm is written in out_dtype
  * (float16, bfloat16, float32 or float64; BX_EDTYPE otherwise) at
@@ -128,8 +136,9 @@ bx_status bx_cuda_norm_async(bx_cuda_plan *plan, cudaStream_t stream,
  * norm in the gradients' dtype needs (rounding the fp64 norm again could be
  * off by one unit in the last place at a tie). Other norms: the fp64 value
  * rounded once into out_dtype (nearest-even). */
-bx_status bx_cuda_norm_async_dtype(bx_cuda_plan *plan, cudaStream_t stream, DLDataType out_dtype,
-                                   void *d_total_norm, int32_t *d_status);
+BX_API bx_status bx_cuda_norm_async_dtype(bx_cuda_plan *plan, cudaStream_t stream,
+                                          DLDataType out_dtype, void *d_total_norm,
+                                          int32_t *d_status);
 
 /* Enqueue a whole clip step on stream: the norm as bx_cuda_norm_async,
  * the coefficient (bx_clip_coef's formula, from the plan's options; 1 when
@@ -142,20 +151,19 @@ bx_status bx_cuda_norm_async_dtype(bx_cuda_plan *plan, cudaStream_t stream, DLDa
  *              A kernel argument: a captured graph replays this value.
  *   d_coef     device pointer to one double, or NULL.
  * Other arguments as bx_cuda_norm_async. */
-bx_status bx_cuda_clip_async(bx_cuda_plan *plan, double max_norm,
-                             cudaStream_t stream, double *d_total_norm,
-                             double *d_coef, int32_t *d_status);
+BX_API bx_status bx_cuda_clip_async(bx_cuda_plan *plan, cudaStream_t stream, double max_norm,
+                                    double *d_total_norm, double *d_coef, int32_t *d_status);
 
 /* Enqueue the scaling of the plan's tensors by the double at d_coef
  * (device memory), with the plan's scale mode; nothing is written when
  * *d_coef is exactly 1 (a NaN coefficient gives NaN, as on the CPU).
  * d_status (device, may be NULL): when non-NULL and non-zero at run time,
  * nothing is written. Returns as bx_cuda_norm_async. */
-bx_status bx_cuda_scale_async(bx_cuda_plan *plan, const double *d_coef,
-                              const int32_t *d_status, cudaStream_t stream);
+BX_API bx_status bx_cuda_scale_async(bx_cuda_plan *plan, cudaStream_t stream,
+                                     const double *d_coef, const int32_t *d_status);
 
 /* The device the plan lives on (its CUDA ordinal). */
-int bx_cuda_plan_device(const bx_cuda_plan *plan);
+BX_API int bx_cuda_plan_device(const bx_cuda_plan *plan);
 
 #ifdef __cplusplus
 }

@@ -29,7 +29,7 @@ extern "C" {
  * Thread-safety: calls on one communicator must not run concurrently from
  * several threads (an MPI rule); MPI must be initialised with at least
  * MPI_THREAD_FUNNELED if other threads use MPI. */
-bx_comm bx_comm_mpi(MPI_Comm comm);
+BX_API bx_comm bx_comm_mpi(MPI_Comm comm);
 
 #ifdef __cplusplus
 }

@@ -43,7 +43,7 @@ extern "C" {
  *
  * Every rank of comm must make the same bitexact calls in the same order
  * (they are collective), from one host thread per communicator. */
-bx_comm bx_comm_nccl(ncclComm_t comm, cudaStream_t stream);
+BX_API bx_comm bx_comm_nccl(ncclComm_t comm, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

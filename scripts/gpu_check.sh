@@ -118,14 +118,17 @@ grep -v '^\$ ' "$OUT/env.log" | grep -E 'NVIDIA|Driver|release|^torch|NCCL_' | h
 if where=$(dlpack_header); then
   record "  <dlpack/dlpack.h>" found "$where"
   case "$where" in *CPATH*)
-    export CPATH="/tmp/bx_dlpack${CPATH:+:$CPATH}" BITEXACT_DLPACK_INCLUDE=/tmp/bx_dlpack ;;
+    # the CMake build finds it through BX_DLPACK_INCLUDE_DIR (make and pip)
+    export CPATH="/tmp/bx_dlpack${CPATH:+:$CPATH}" CMAKE_ARGS="-DBX_DLPACK_INCLUDE_DIR=/tmp/bx_dlpack"
+    export SKBUILD_CMAKE_ARGS="-DBX_DLPACK_INCLUDE_DIR=/tmp/bx_dlpack" ;;
   esac
 else
   record "  <dlpack/dlpack.h>" "FAIL(missing)" "no libdlpack-dev, no .dlpack/ copy, no torch header"
 fi
 
-if step "build library (make lib)" build.log 240 make -j"$JOBS" lib; then
-  if ls build/src/cuda/*.o >/dev/null 2>&1; then
+record "  cmake" "$(cmake --version 2>/dev/null | head -n 1 || echo 'FAIL(missing)')" "the build needs CMake >= 3.24"
+if step "build library (make lib: CMake configure + build)" build.log 240 make -j"$JOBS" CUDA=1 lib; then
+  if grep -qx 'cuda=ON' build/bitexact-features.txt 2>/dev/null; then
     record "  CUDA backend built" yes ""
   else
     record "  CUDA backend built" "FAIL(no)" "nvcc not found? see build.log"
@@ -153,7 +156,7 @@ fi
 
 if "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; then
   if step "pip install . (Python package)" pip_install.log 180 \
-      env BITEXACT_CUDA=1 "$PY" -m pip install --no-build-isolation --no-deps --no-index --no-cache-dir . ; then
+      env BITEXACT_CUDA=ON "$PY" -m pip install --no-build-isolation --no-deps --no-index --no-cache-dir . ; then
     # run from outside the checkout so that the installed package is imported
     step "PyTorch comparison (bench_torch.py)" bench_torch.log 150 \
       bash -c "cd /tmp && '$PY' '$PWD/bench/cuda/bench_torch.py'"

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # py_setup.sh — install what the Python package and its tests need, then
-# build and install the package itself (`pip install .`, which compiles the
-# C library from source into bitexact._core, with the CUDA backend when nvcc
-# is found: BITEXACT_CUDA=0 / 1 forces it off / on, see setup.py).
+# build and install the package itself (`pip install .`: scikit-build-core
+# builds the project's CMake description with BITEXACT_PYTHON=ON, which
+# compiles the C library from source into bitexact._core, with the CUDA
+# backend when nvcc is found: BITEXACT_CUDA=OFF / ON forces it off / on, see
+# pyproject.toml). The build runs in a temporary directory.
 #
 # Idempotent: pinned Python packages already present at the pinned version
 # are not touched (torch from PyPI is a multi-GB download with its CUDA
@@ -18,6 +20,7 @@ PY="${PYTHON:-python3}"
 TORCH_PIN="2.15.0"
 NUMPY_PIN="2.3.5"
 PYTEST_PIN="8.4.2"
+SKBUILD_PIN="0.11.5"  # the build backend (pyproject.toml's build-system.requires)
 
 # System build dependencies (gcc, libdlpack-dev, ...): the C library's script.
 if [ -x scripts/setup.sh ] || [ -f scripts/setup.sh ]; then
@@ -36,23 +39,27 @@ missing=()
 have torch "$TORCH_PIN" || missing+=("torch==$TORCH_PIN")
 have numpy "$NUMPY_PIN" || missing+=("numpy==$NUMPY_PIN")
 have pytest "$PYTEST_PIN" || missing+=("pytest==$PYTEST_PIN")
+have scikit_build_core "$SKBUILD_PIN" || missing+=("scikit-build-core==$SKBUILD_PIN")
 if [ ${#missing[@]} -gt 0 ]; then
   echo "py_setup.sh: installing ${missing[*]}"
   "$PY" -m pip install "${missing[@]}"
 else
-  echo "py_setup.sh: torch $TORCH_PIN, numpy $NUMPY_PIN, pytest $PYTEST_PIN present"
+  echo "py_setup.sh: torch $TORCH_PIN, numpy $NUMPY_PIN, pytest $PYTEST_PIN, scikit-build-core $SKBUILD_PIN present"
 fi
 
-# The package. Without network access a present setuptools >= 64 builds it
-# in this environment; otherwise pip's isolated build fetches one.
-ISOLATION=()
-if "$PY" -c 'import setuptools, sys; sys.exit(int(setuptools.__version__.split(".")[0]) < 64)' \
-    2>/dev/null; then
-  ISOLATION=(--no-build-isolation)
-fi
+# The package, built in this environment with the pinned scikit-build-core
+# above (no isolated build: nothing fetched at build time). A failed build
+# fails this script.
 echo "py_setup.sh: pip install . (builds the C library into bitexact._core)"
-"$PY" -m pip install --quiet --no-deps "${ISOLATION[@]}" . 2>&1 \
-  | grep -v "Running pip as the 'root' user" || true
+export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc 2>/dev/null || echo 2)}"
+log=$(mktemp)
+if ! "$PY" -m pip install --no-deps --no-build-isolation . > "$log" 2>&1; then
+  grep -v "Running pip as the 'root' user" "$log" >&2
+  rm -f "$log"
+  echo "py_setup.sh: pip install . failed" >&2
+  exit 1
+fi
+rm -f "$log"
 "$PY" - <<'PYEOF'
 import bitexact
 cuda = bitexact.cuda_info()

@@ -157,6 +157,12 @@ static const test_entry TESTS[] = {
     {"acc_norm_rules", test_acc_norm_rules},
     {"norm_many_groups_state", test_norm_many_groups_state},
     {"ranks_norm_dtype", test_ranks_norm_dtype},
+    /* struct sizes and versions: the ABI (test_abi.c) */
+    {"abi_version", test_abi_version},
+    {"abi_defaults", test_abi_defaults},
+    {"abi_struct_sizes", test_abi_struct_sizes},
+    {"abi_old_binary", test_abi_old_binary},
+    {"abi_comm_default", test_abi_comm_default},
 };
 #define NTESTS (sizeof TESTS / sizeof TESTS[0])
 

@@ -96,7 +96,10 @@ static int nesting_allreduce(int64_t *buf, size_t n, bx_op op, void *ctx) {
   nest_ctx *c = ctx;
   if (!c->next || c->st != (bx_status)-1) return 0; /* once per level (the first collective) */
   nest_ctx *in = c->next;
-  bx_comm comm = {.allreduce_i64 = nesting_allreduce, .ctx = in, .rank = 0};
+  bx_comm comm = BX_COMM_DEFAULT;
+  comm.allreduce_i64 = nesting_allreduce;
+  comm.ctx = in;
+  comm.rank = 0;
   bx_norm_opts o = BX_NORM_OPTS_DEFAULT;
   o.num_threads = 2;
   c->st = bx_total_norm(in->inner, in->ninner, in->depth < in->max_depth ? &comm : NULL, &o,
@@ -139,7 +142,10 @@ void test_reentry_from_callback(void) {
     ctx[l].norm = -1.0;
     ctx[l].err[0] = 0;
   }
-  bx_comm comm = {.allreduce_i64 = nesting_allreduce, .ctx = &ctx[0], .rank = 0};
+  bx_comm comm = BX_COMM_DEFAULT;
+  comm.allreduce_i64 = nesting_allreduce;
+  comm.ctx = &ctx[0];
+  comm.rank = 0;
   bx_norm_opts o = BX_NORM_OPTS_DEFAULT;
   o.num_threads = 2;
   double got = -1.0;
@@ -316,7 +322,9 @@ void test_threads_extreme(void) {
   CHECK_STATUS(bx_total_norm(&g, 1, NULL, &o, &want, NULL), BX_OK, "1 thread");
   bxt_tensor y1;
   bxt_tensor_clone(&y1, &xs[0]);
-  bx_scale_opts s1 = {BX_SCALE_EXACT, 1};
+  bx_scale_opts s1 = BX_SCALE_OPTS_DEFAULT;
+  s1.mode = BX_SCALE_EXACT;
+  s1.num_threads = 1;
   CHECK_STATUS(bx_scale(&y1.t, 1, 0.3, &s1), BX_OK, "scale, 1 thread");
   static const int counts[] = {1000, 100000, -1, -1000};
   for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) {
@@ -326,7 +334,9 @@ void test_threads_extreme(void) {
     bx_status st = bx_total_norm(&g, 1, NULL, &o, &got, NULL);
     bxt_tensor y;
     bxt_tensor_clone(&y, &xs[0]);
-    bx_scale_opts so = {BX_SCALE_EXACT, n};
+    bx_scale_opts so = BX_SCALE_OPTS_DEFAULT;
+    so.mode = BX_SCALE_EXACT;
+    so.num_threads = n;
     bx_status ss = bx_scale(&y.t, 1, 0.3, &so);
     if (n < 0) {
       CHECK_STATUS(st, BX_EINVAL, "norm, %d threads", n);

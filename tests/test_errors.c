@@ -485,7 +485,9 @@ void test_errors_scale_bad_input(void) {
     CHECK(fingerprint(&f) == before, "NaN coef: nothing modified");
     CHECK(bx_last_error()[0] != '\0', "NaN coef: a message");
   }
-  bx_scale_opts o = {(bx_scale_mode)7, 1};
+  bx_scale_opts o = BX_SCALE_OPTS_DEFAULT;
+  o.mode = (bx_scale_mode)7;
+  o.num_threads = 1;
   CHECK_STATUS(bx_scale(dl, 4, 0.5, &o), BX_EINVAL, "unknown scale mode 7");
   CHECK(fingerprint(&f) == before, "unknown mode: nothing modified");
   /* a bad tensor after good ones: nothing written, not even the good ones */

@@ -167,7 +167,9 @@ typedef struct scale_ctx {
 
 static void sc_scale(void *vc, outs *o) {
   scale_ctx *c = vc;
-  bx_scale_opts so = {c->mode, c->threads};
+  bx_scale_opts so = BX_SCALE_OPTS_DEFAULT;
+  so.mode = c->mode;
+  so.num_threads = c->threads;
   o->i[o->ni++] = bx_scale(c->dl, 4, c->coef, &so);
 }
 
@@ -224,7 +226,10 @@ static int record_csr_allreduce(int64_t *buf, size_t n, bx_op op, void *ctx) {
 
 static void sc_comm(void *vc, outs *o) {
   data *d = vc;
-  bx_comm comm = {.allreduce_i64 = record_csr_allreduce, .ctx = NULL, .rank = 0};
+  bx_comm comm = BX_COMM_DEFAULT;
+  comm.allreduce_i64 = record_csr_allreduce;
+  comm.ctx = NULL;
+  comm.rank = 0;
   callback_csr = ~0ull;
   o->i[o->ni++] = bx_total_norm(d->groups, 2, &comm, NULL, &o->d[0], &o->d[1]);
   o->nd = 3;

@@ -138,6 +138,7 @@ static void run_ranks(world *w, rank_job *jobs) {
   for (int r = 0; r < w->n; r++) {
     jobs[r].ctx.w = w;
     jobs[r].ctx.rank = r;
+    jobs[r].comm = (bx_comm)BX_COMM_DEFAULT;
     jobs[r].comm.allreduce_i64 = sim_allreduce;
     jobs[r].comm.ctx = &jobs[r].ctx;
     jobs[r].comm.rank = r;
@@ -306,13 +307,14 @@ void test_ranks_clip(void) {
 
 /* Errors come back on every rank: a NaN owned by rank 2 with
  * error_if_nonfinite (named, with its rank, everywhere); ranks disagreeing
- * on the group count or the options; a failing collective. Nothing is
- * written on any rank. */
+ * on the group count or the options; a failing collective; one rank whose
+ * options have another struct_size (a program built against another
+ * bitexact). Nothing is written on any rank. */
 void test_ranks_errors(void) {
   bxt_rng r;
   bxt_rng_init(&r);
   const int n = 4;
-  for (int c = 0; c < 8; c++) {
+  for (int c = 0; c < 10; c++) {
     model m;
     model_make(&r, &m);
     world w;
@@ -351,6 +353,21 @@ void test_ranks_errors(void) {
       want = BX_EMISMATCH;
       what = "rank 0 asks for the Megatron flavour";
       break;
+    case 8: /* rank 2 was built against a newer bitexact: its options are
+             * refused, and the others fail with it instead of waiting */
+      jobs[2].opts.struct_size += 8;
+      want = BX_EINVAL;
+      what = "rank 2's norm options have another struct_size";
+      break;
+    case 9: /* the same in a clip (the options nested in bx_clip_opts) */
+      for (int q = 0; q < n; q++) {
+        jobs[q].clip = 1;
+        jobs[q].max_norm = 1e-3;
+      }
+      jobs[2].opts.struct_size = 0;
+      want = BX_EINVAL;
+      what = "rank 2's clip has norm options of struct_size 0";
+      break;
     case 6:
     case 7: /* rank 1 fails its own checks (an int32 tensor in group 2); in
              * case 7 its collective fails too: its own message stays */
@@ -385,6 +402,18 @@ void test_ranks_errors(void) {
               "%s: rank %d's location: rank %d group %lld tensor %lld", what, q, jobs[q].loc.rank,
               jobs[q].loc.group, jobs[q].loc.tensor);
       }
+    if (c == 8 || c == 9) {
+      CHECK(strstr(jobs[2].err, c == 8 ? "opts->struct_size is" : "opts->norm.struct_size is 0"),
+            "%s: rank 2 keeps its own message: \"%s\"", what, jobs[2].err);
+      for (int q = 0; q < n; q++) {
+        CHECK(jobs[q].loc.rank == 2 && jobs[q].loc.group == -1 && jobs[q].loc.tensor == -1,
+              "%s: rank %d's location: rank %d group %lld tensor %lld (want 2, -1, -1)", what, q,
+              jobs[q].loc.rank, jobs[q].loc.group, jobs[q].loc.tensor);
+        if (q != 2)
+          CHECK(bxt_mentions(jobs[q].err, "rank", 2), "%s: rank %d names rank 2: \"%s\"", what,
+                q, jobs[q].err);
+      }
+    }
     if (c == 6 || c == 7) {
       long long t = (long long)jobs[1].groups[2].count - 1;
       CHECK(strstr(jobs[1].err, "is not supported") && bxt_mentions(jobs[1].err, "group", 2) &&

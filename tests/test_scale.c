@@ -173,7 +173,9 @@ void test_scale_exact_ties(void) {
       for (int isa = 0; isa < bxt_isa_count(); isa++) {
         bxt_force(isa);
         bxt_tensor_clone(&y, &x);
-        bx_scale_opts o = {BX_SCALE_EXACT, 1};
+        bx_scale_opts o = BX_SCALE_OPTS_DEFAULT;
+        o.mode = BX_SCALE_EXACT;
+        o.num_threads = 1;
         CHECK_STATUS(bx_scale(&y.t, 1, coef, &o), BX_OK, "tie");
         double got = bxt_get(&y, 0);
         CHECK_BITS_D(got, want, "%s tie: g=%a coef=%a (construction %d), isa %s",
@@ -226,7 +228,9 @@ void test_scale_exact_subnormal_results(void) {
     double g[4] = {tiny, -tiny, 3 * tiny, -3 * tiny};
     bxt_tensor x;
     bxt_tensor_from(&x, dt, g, 4);
-    bx_scale_opts o = {BX_SCALE_EXACT, 1};
+    bx_scale_opts o = BX_SCALE_OPTS_DEFAULT;
+    o.mode = BX_SCALE_EXACT;
+    o.num_threads = 1;
     CHECK_STATUS(bx_scale(&x.t, 1, 0.5, &o), BX_OK, "halving");
     CHECK_BITS_D(bxt_get(&x, 0), 0.0, "%s: tiny/2 ties to +0", bxt_dt_name(dt));
     CHECK_BITS_D(bxt_get(&x, 1), -0.0, "%s: -tiny/2 ties to -0", bxt_dt_name(dt));
@@ -261,7 +265,9 @@ void test_scale_special_coefs(void) {
     bxt_tensor y;
     bxt_tensor_clone(&y, &x);
     for (int mode = 0; mode < 2; mode++) {
-      bx_scale_opts o = {(bx_scale_mode)mode, 2};
+      bx_scale_opts o = BX_SCALE_OPTS_DEFAULT;
+      o.mode = (bx_scale_mode)mode;
+      o.num_threads = 2;
       CHECK_STATUS(bx_scale(&y.t, 1, 1.0, &o), BX_OK, "coef 1");
       for (size_t i = 0; i < x.n; i++)
         if (!is_nan_bits(dt, bxt_get_bits(&x, i)))
@@ -298,7 +304,9 @@ void test_scale_threads_and_mix(void) {
         bxt_tensor_clone(&ys[k], &xs[k]);
         dl[k] = ys[k].t;
       }
-      bx_scale_opts o = {(bx_scale_mode)mode, threads[t]};
+      bx_scale_opts o = BX_SCALE_OPTS_DEFAULT;
+      o.mode = (bx_scale_mode)mode;
+      o.num_threads = threads[t];
       CHECK_STATUS(bx_scale(dl, N, coef, &o), BX_OK, "mode %d, %d threads", mode, threads[t]);
       for (int k = 0; k < N; k++) {
         char what[64];

@@ -147,4 +147,11 @@ void test_acc_norm_rules(void);
 void test_norm_many_groups_state(void);
 void test_ranks_norm_dtype(void); /* test_ranks.c */
 
+/* test_abi.c */
+void test_abi_version(void);
+void test_abi_defaults(void);
+void test_abi_struct_sizes(void);
+void test_abi_old_binary(void);
+void test_abi_comm_default(void);
+
 #endif /* BX_TEST_TESTS_H */

@@ -97,7 +97,7 @@ static void run_op(const op *o, cudaStream_t s) {
       else CK((cudaError_t)bxb_scale_f32(o->buf, o->bytes / 4, 0.999f, s));
       break;
     case OP_NORM: BX(bx_cuda_norm_async(o->plan, s, o->d_out, NULL, o->d_status)); break;
-    case OP_CLIP: BX(bx_cuda_clip_async(o->plan, o->max_norm, s, o->d_out, o->d_out + 1, o->d_status)); break;
+    case OP_CLIP: BX(bx_cuda_clip_async(o->plan, s, o->max_norm, o->d_out, o->d_out + 1, o->d_status)); break;
   }
 }
 

@@ -60,7 +60,9 @@ from ._core import (
     OutOfMemoryError,
 )
 
-__version__ = "0.1.0"
+# The version of the C library compiled into this package (bx_version_string):
+# one source, include/bitexact.h's BX_VERSION_MAJOR/MINOR/PATCH.
+__version__ = _core.version()
 __all__ = [
     "total_norm", "clip_grad_norm", "scale", "clip_coef", "Comm", "library_version", "isa",
     "cuda_available", "cuda_info", "cuda_plan_cache",
@@ -76,7 +78,8 @@ _FORMULAS = {"torch": 0, "max": 1}
 
 
 def library_version():
-    """Version of the C library compiled into this package ('0.1.0')."""
+    """Version of the C library compiled into this package, 'major.minor.patch'
+    (bx_version_string(); the same text as ``bitexact.__version__``)."""
     return _core.version()
 
 

@@ -478,7 +478,10 @@ static PyObject *Views_norm(Views *v, PyObject *args, PyObject *kwds) {
   o.flavor = (bx_norm_flavor)flavor;
   o.norm_dtype = (bx_norm_dtype)norm_dtype; /* checked by the library */
   pycomm pc = {comm_fn, NULL};
-  bx_comm comm = {.allreduce_i64 = pycomm_allreduce, .ctx = &pc, .rank = rank};
+  bx_comm comm = BX_COMM_DEFAULT;
+  comm.allreduce_i64 = pycomm_allreduce;
+  comm.ctx = &pc;
+  comm.rank = rank;
   const bx_comm *cp = comm_fn == Py_None ? NULL : &comm;
   double *gn = want_groups && ng ? PyMem_Malloc((size_t)ng * sizeof(double)) : NULL;
   if (want_groups && ng && !gn) return PyErr_NoMemory();
@@ -565,7 +568,10 @@ static PyObject *Views_clip(Views *v, PyObject *args, PyObject *kwds) {
   o.scale.num_threads = o.norm.num_threads;
   o.formula = (bx_coef_formula)formula;
   pycomm pc = {comm_fn, NULL};
-  bx_comm comm = {.allreduce_i64 = pycomm_allreduce, .ctx = &pc, .rank = rank};
+  bx_comm comm = BX_COMM_DEFAULT;
+  comm.allreduce_i64 = pycomm_allreduce;
+  comm.ctx = &pc;
+  comm.rank = rank;
   const bx_comm *cp = comm_fn == Py_None ? NULL : &comm;
   double total = 0, coef = 1;
   bx_status st;
@@ -703,10 +709,11 @@ static PyObject *mod_clip_coef(PyObject *self, PyObject *args, PyObject *kwds) {
   return PyFloat_FromDouble(coef);
 }
 
+/* The linked library's version text (bx_version_string), the source of
+ * bitexact.__version__. */
 static PyObject *mod_version(PyObject *self, PyObject *unused) {
   (void)self, (void)unused;
-  unsigned v = bx_version();
-  return PyUnicode_FromFormat("%u.%u.%u", v / 10000, v / 100 % 100, v % 100);
+  return PyUnicode_FromString(bx_version_string());
 }
 
 static PyObject *mod_isa(PyObject *self, PyObject *unused) {
@@ -727,7 +734,7 @@ static PyMethodDef module_methods[] = {
      "bx_clip_coef(total_norm, max_norm, eps=1e-6, formula=0) -> coef"},
     {"register_exporter", bxpy_register_exporter, METH_VARARGS,
      "register_exporter(type, fn): objects of exactly this type export via fn(obj) -> capsule"},
-    {"version", mod_version, METH_NOARGS, "bx_version() as 'major.minor.patch'"},
+    {"version", mod_version, METH_NOARGS, "bx_version_string(): 'major.minor.patch'"},
     {"isa", mod_isa, METH_NOARGS, "the CPU kernel table in use: portable, avx2 or avx512"},
     {"status_str", mod_status_str, METH_VARARGS, "bx_status_str(status)"},
     {NULL, NULL, 0, NULL}};
@@ -772,6 +779,10 @@ PyMODINIT_FUNC PyInit__core(void) {
   if (bxpy_dlpack_init() < 0) goto fail;
   if (PyModule_AddFunctions(m, bxpy_cuda_methods) < 0 || bxpy_cuda_init(m) < 0) goto fail;
   if (PyModule_AddIntConstant(m, "ACC_WORDS", BX_ACC_WORDS) < 0) goto fail;
+  /* bx_version() of the library compiled in, and the version of the
+   * headers it was compiled with (equal in a sound build) */
+  if (PyModule_AddIntConstant(m, "VERSION_NUMBER", (long)bx_version()) < 0) goto fail;
+  if (PyModule_AddIntConstant(m, "HEADER_VERSION_NUMBER", BX_VERSION_NUMBER) < 0) goto fail;
   return m;
 fail:
   Py_DECREF(m);

@@ -244,7 +244,7 @@ static PyObject *CudaPlan_clip_async(CudaPlan *p, PyObject *args, PyObject *kwds
   cudaStream_t s = (cudaStream_t)(uintptr_t)stream;
   int cap;
   if (join_before(p, s, &cap) < 0) return NULL;
-  bx_status st = bx_cuda_clip_async(p->plan, max_norm, s, (double *)(uintptr_t)total,
+  bx_status st = bx_cuda_clip_async(p->plan, s, max_norm, (double *)(uintptr_t)total,
                                     (double *)(uintptr_t)coef, (int32_t *)(uintptr_t)status);
   if (st != BX_OK) return enqueue_failed(st);
   record_after(p, s, cap);
@@ -261,8 +261,8 @@ static PyObject *CudaPlan_scale_async(CudaPlan *p, PyObject *args, PyObject *kwd
   cudaStream_t s = (cudaStream_t)(uintptr_t)stream;
   int cap;
   if (join_before(p, s, &cap) < 0) return NULL;
-  bx_status st = bx_cuda_scale_async(p->plan, (const double *)(uintptr_t)coef,
-                                     (const int32_t *)(uintptr_t)status, s);
+  bx_status st = bx_cuda_scale_async(p->plan, s, (const double *)(uintptr_t)coef,
+                                     (const int32_t *)(uintptr_t)status);
   if (st != BX_OK) return enqueue_failed(st);
   record_after(p, s, cap);
   Py_RETURN_NONE;

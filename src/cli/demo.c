@@ -237,7 +237,10 @@ static void *sim_rank_main(void *arg) {
   int64_t shapes[DEMO_MAX_TENSORS];
   bx_group groups[2];
   demo_rank_groups(w->R, me->r, w->shuffled, views, shapes, groups);
-  bx_comm comm = {.allreduce_i64 = sim_allreduce, .ctx = me, .rank = me->r};
+  bx_comm comm = BX_COMM_DEFAULT;
+  comm.allreduce_i64 = sim_allreduce;
+  comm.ctx = me;
+  comm.rank = me->r;
   bx_norm_opts o = BX_NORM_OPTS_DEFAULT;
   o.num_threads = w->T;
   w->st[me->r] = bx_total_norm(groups, 2, &comm, &o, &w->exact[me->r], w->groups[me->r]);

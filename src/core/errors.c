@@ -13,6 +13,8 @@ static _Thread_local bx_error_location last_loc = {-1, -1, -1};
 
 unsigned bx_version(void) { return BX_VERSION_NUMBER; }
 
+const char *bx_version_string(void) { return BX_VERSION_STRING; }
+
 const char *bx_status_str(bx_status status) {
   switch (status) {
     case BX_OK: return "BX_OK: success";

@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "abi.h"
 #include "backend.h"
 #include "call.h"
 #include "collective.h"
@@ -465,10 +466,19 @@ done:
 bx_status bx_total_norm(const bx_group *groups, size_t ngroups, const bx_comm *comm,
                         const bx_norm_opts *opts, double *total_norm, double *group_norms) {
   static const char *fn = "bx_total_norm";
-  bx_call c;
-  bx_status st = bx_call_enter(&c, fn);
+  /* struct sizes before anything else; a comm of another layout is never
+   * called (abi.h) */
+  bx_status st = bx_check_comm_size(fn, comm);
   if (st != BX_OK) return st;
-  st = bx_norm_run(fn, groups, ngroups, comm, opts, NULL, BX_OK, total_norm, group_norms);
+  bx_status sizes = bx_check_norm_opts_size(fn, opts);
+  if (sizes != BX_OK && !comm) return sizes;
+  bx_call c;
+  st = bx_call_enter(&c, fn);
+  if (st != BX_OK) return st;
+  /* with a communicator, options of another layout are a local failure:
+   * the rank still joins the agreement step so that no rank waits */
+  st = bx_norm_run(fn, groups, ngroups, comm, sizes == BX_OK ? opts : NULL, NULL, sizes,
+                   total_norm, group_norms);
   bx_call_leave(&c);
   return st;
 }

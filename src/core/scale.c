@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "abi.h"
 #include "backend.h"
 #include "call.h"
 #include "error.h"
@@ -117,8 +118,10 @@ static bx_status scale_impl(const char *fn, DLTensor *tensors, size_t count, dou
 
 bx_status bx_scale(DLTensor *tensors, size_t count, double coef, const bx_scale_opts *opts) {
   static const char *fn = "bx_scale";
+  bx_status st = bx_check_scale_opts_size(fn, opts); /* before anything else */
+  if (st != BX_OK) return st;
   bx_call c;
-  bx_status st = bx_call_enter(&c, fn);
+  st = bx_call_enter(&c, fn);
   if (st != BX_OK) return st;
   st = scale_impl(fn, tensors, count, coef, opts);
   bx_call_leave(&c);
@@ -142,10 +145,12 @@ static bx_status check_clip(const char *fn, double max_norm, const bx_clip_opts 
 bx_status bx_clip_coef(double total_norm, double max_norm, const bx_clip_opts *opts,
                        double *coef) {
   static const char *fn = "bx_clip_coef";
+  bx_status st = bx_check_clip_opts_size(fn, opts); /* before anything else */
+  if (st != BX_OK) return st;
   bx_clip_opts o = BX_CLIP_OPTS_DEFAULT;
   if (opts) o = *opts;
   bx_call c;
-  bx_status st = bx_call_enter(&c, fn);
+  st = bx_call_enter(&c, fn);
   if (st != BX_OK) return st;
   if (!coef) st = bx_fail(BX_EINVAL, "%s: coef is NULL", fn);
   else st = check_clip(fn, max_norm, &o);
@@ -158,15 +163,22 @@ bx_status bx_clip_grad_norm(const bx_group *groups, size_t ngroups, const bx_com
                             double max_norm, const bx_clip_opts *opts, double *total_norm,
                             double *coef) {
   static const char *fn = "bx_clip_grad_norm";
-  bx_clip_opts o = BX_CLIP_OPTS_DEFAULT;
-  if (opts) o = *opts;
-  bx_call c;
-  bx_status st = bx_call_enter(&c, fn);
+  /* struct sizes before anything else; a comm of another layout is never
+   * called (abi.h) */
+  bx_status st = bx_check_comm_size(fn, comm);
   if (st != BX_OK) return st;
-  /* Local checks. With a communicator a failure here still goes through
-   * the agreement step (prior != BX_OK), so the other ranks fail too
-   * instead of waiting in the collective. */
-  st = check_clip(fn, max_norm, &o);
+  bx_status sizes = bx_check_clip_opts_size(fn, opts);
+  if (sizes != BX_OK && !comm) return sizes;
+  bx_clip_opts o = BX_CLIP_OPTS_DEFAULT;
+  if (opts && sizes == BX_OK) o = *opts;
+  bx_call c;
+  st = bx_call_enter(&c, fn);
+  if (st != BX_OK) return st;
+  /* Local checks. With a communicator a failure here (options of another
+   * layout included) still goes through the agreement step (prior !=
+   * BX_OK), so the other ranks fail too instead of waiting in the
+   * collective. */
+  st = sizes != BX_OK ? sizes : check_clip(fn, max_norm, &o);
   if (st != BX_OK && !comm) {
     bx_call_leave(&c);
     return st;

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "abi.h"
 #include "call.h"
 #include "cuda_internal.h"
 
@@ -265,13 +266,20 @@ static bx_status plan_build(const char *fn, const bx_group *groups, size_t ngrou
 
 static bx_status plan_create(const char *fn, const bx_group *groups, size_t ngroups,
                              const bx_comm *comm, const bx_clip_opts *opts, bx_cuda_plan **out) {
+  /* struct sizes before anything else; a comm of another layout is never
+   * called (abi.h), options of another layout are a local failure that
+   * still joins the agreement below */
+  bx_status st = bx_check_comm_size(fn, comm);
+  if (out) *out = NULL;
+  if (st != BX_OK) return st;
+  st = bx_check_clip_opts_size(fn, opts);
+  if (st != BX_OK && !comm) return st;
   bx_clip_opts o = BX_CLIP_OPTS_DEFAULT;
-  if (opts) o = *opts;
-  if (!out) return bx_fail(BX_EINVAL, "%s: out is NULL", fn);
-  *out = NULL;
+  if (opts && st == BX_OK) o = *opts;
+  if (st == BX_OK && !out) return bx_fail(BX_EINVAL, "%s: out is NULL", fn);
   int mode = 0;
   bx_cuda_plan *plan = NULL;
-  bx_status st = check_clip_opts(fn, &o, &mode);
+  if (st == BX_OK) st = check_clip_opts(fn, &o, &mode);
   if (st == BX_OK) st = bx_cuda_available();
   if (st == BX_OK && ngroups > 0 && !groups)
     st = bx_fail(BX_EINVAL, "%s: groups is NULL with ngroups %zu", fn, ngroups);
@@ -417,7 +425,7 @@ bx_status bx_cuda_norm_async_dtype(bx_cuda_plan *plan, cudaStream_t stream, DLDa
   return st;
 }
 
-bx_status bx_cuda_clip_async(bx_cuda_plan *plan, double max_norm, cudaStream_t stream,
+bx_status bx_cuda_clip_async(bx_cuda_plan *plan, cudaStream_t stream, double max_norm,
                              double *d_total_norm, double *d_coef, int32_t *d_status) {
   static const char *fn = "bx_cuda_clip_async";
   bx_call c;
@@ -428,8 +436,8 @@ bx_status bx_cuda_clip_async(bx_cuda_plan *plan, double max_norm, cudaStream_t s
   return st;
 }
 
-bx_status bx_cuda_scale_async(bx_cuda_plan *plan, const double *d_coef, const int32_t *d_status,
-                              cudaStream_t stream) {
+bx_status bx_cuda_scale_async(bx_cuda_plan *plan, cudaStream_t stream, const double *d_coef,
+                              const int32_t *d_status) {
   static const char *fn = "bx_cuda_scale_async";
   if (!plan) return bx_fail(BX_EINVAL, "%s: plan is NULL", fn);
   if (!d_coef) return bx_fail(BX_EINVAL, "%s: d_coef is NULL", fn);

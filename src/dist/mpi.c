@@ -24,8 +24,7 @@ static int mpi_allreduce_i64(int64_t *buf, size_t n, bx_op op, void *ctx) {
 }
 
 bx_comm bx_comm_mpi(MPI_Comm comm) {
-  bx_comm c;
-  memset(&c, 0, sizeof c);
+  bx_comm c = BX_COMM_DEFAULT; /* struct_size: this build's sizeof(bx_comm) */
   c.allreduce_i64 = mpi_allreduce_i64;
   memcpy(&c.ctx, &comm, sizeof comm);
   if (MPI_Comm_rank(comm, &c.rank) != MPI_SUCCESS) c.rank = -1;

@@ -87,8 +87,7 @@ static int nccl_allreduce_i64(int64_t *buf, size_t n, bx_op op, void *ctx) {
 }
 
 bx_comm bx_comm_nccl(ncclComm_t comm, cudaStream_t stream) {
-  bx_comm c;
-  memset(&c, 0, sizeof c);
+  bx_comm c = BX_COMM_DEFAULT; /* struct_size: this build's sizeof(bx_comm) */
   c.allreduce_i64 = nccl_allreduce_i64;
   c.allreduce_i64_async = nccl_allreduce_i64_async;
   memcpy(&c.ctx, &comm, sizeof comm);

@@ -154,7 +154,9 @@ void test_blocking_host_comm(void) {
   if (!std_set(&s, -1, 1, &r)) return;
   ct_fill(&s, CT_WIDE, &r);
   host_comm_ctx ctx = {0, 0};
-  bx_comm comm = {host_allreduce, &ctx, 0, 0, NULL, NULL};
+  bx_comm comm = BX_COMM_DEFAULT;
+  comm.allreduce_i64 = host_allreduce;
+  comm.ctx = &ctx;
   for (int k = 0; k < CT_NNORMS; k++) {
     bx_norm_opts o = ct_norm_opts(k);
     char label[64];
@@ -287,9 +289,9 @@ void test_blocking_bad_input(void) {
     double *d = NULL;
     if (cudaMalloc((void **)&d, 2 * sizeof(double)) == cudaSuccess) {
       CT_STATUS(bx_cuda_norm_async(plan, 0, d, NULL, NULL), BX_OK, "plan norm, overlapping");
-      CT_STATUS(bx_cuda_clip_async(plan, 1e-6, 0, d, d + 1, NULL), BX_ELAYOUT,
+      CT_STATUS(bx_cuda_clip_async(plan, 0, 1e-6, d, d + 1, NULL), BX_ELAYOUT,
                 "plan clip, overlapping");
-      CT_STATUS(bx_cuda_scale_async(plan, d + 1, NULL, 0), BX_ELAYOUT, "plan scale, overlapping");
+      CT_STATUS(bx_cuda_scale_async(plan, 0, d + 1, NULL), BX_ELAYOUT, "plan scale, overlapping");
       double hd = -3;
       cudaMemcpy(&hd, d, sizeof hd, cudaMemcpyDeviceToHost);
       CT_BITS(hd, tc, "plan norm of overlapping tensors");

@@ -183,13 +183,13 @@ void test_nccl_plan(void) {
         CT_STATUS(bx_clip_grad_norm(gc, 3, NULL, 1e-3, &co, &tc, &cc), BX_OK, "CPU clip");
         if (captured) {
           if (!CT_CUDA(cudaStreamBeginCapture(f.st, cudaStreamCaptureModeGlobal))) break;
-          bx_status sc = bx_cuda_clip_async(p, 1e-3, f.st, dres, dres + 1, dst);
+          bx_status sc = bx_cuda_clip_async(p, f.st, 1e-3, dres, dres + 1, dst);
           cudaError_t e = cudaStreamEndCapture(f.st, &graph);
           CT_STATUS(sc, BX_OK, "clip_async with NCCL under capture");
           if (!CT_CUDA(e) || !CT_CUDA(cudaGraphInstantiate(&exec, graph, 0))) break;
           if (!CT_CUDA(cudaGraphLaunch(exec, f.st))) break;
         } else {
-          CT_STATUS(bx_cuda_clip_async(p, 1e-3, f.st, dres, dres + 1, dst), BX_OK, "clip_async with NCCL");
+          CT_STATUS(bx_cuda_clip_async(p, f.st, 1e-3, dres, dres + 1, dst), BX_OK, "clip_async with NCCL");
         }
         CT_CUDA(cudaStreamSynchronize(f.st));
         CT_CUDA(cudaMemcpy(h, dres, sizeof h, cudaMemcpyDeviceToHost));

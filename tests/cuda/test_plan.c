@@ -135,7 +135,7 @@ static void plan_clip_case(ct_set *s, bx_cuda_plan *p, const bx_clip_opts *co, d
   bx_status sc = cpu_clip(s, max_norm, co, &t, &c);
   CT_STATUS(sc, BX_OK, "%s: CPU clip", label);
   outs_poison(o, st);
-  CT_STATUS(bx_cuda_clip_async(p, max_norm, st, o->d_norm, o->d_coef, o->d_status), BX_OK, "%s", label);
+  CT_STATUS(bx_cuda_clip_async(p, st, max_norm, o->d_norm, o->d_coef, o->d_status), BX_OK, "%s", label);
   got g;
   if (!outs_read(o, st, &g)) return;
   CT_BITS(g.norm, t, "%s: total norm", label);
@@ -176,8 +176,8 @@ void test_plan_clip_async(void) {
       }
     }
     ct_upload(&s);
-    CT_STATUS(bx_cuda_clip_async(p, -1.0, st, o.d_norm, o.d_coef, o.d_status), BX_EINVAL, "max_norm -1");
-    CT_STATUS(bx_cuda_clip_async(p, NAN, st, o.d_norm, o.d_coef, o.d_status), BX_EINVAL, "max_norm NaN");
+    CT_STATUS(bx_cuda_clip_async(p, st, -1.0, o.d_norm, o.d_coef, o.d_status), BX_EINVAL, "max_norm -1");
+    CT_STATUS(bx_cuda_clip_async(p, st, NAN, o.d_norm, o.d_coef, o.d_status), BX_EINVAL, "max_norm NaN");
     CT_CUDA(cudaStreamSynchronize(st));
     if (ct_download(&s, back)) ct_compare_grads(&s, back, s.host, "refused clip_async left the gradients");
     bx_cuda_plan_destroy(p);
@@ -241,7 +241,7 @@ void test_plan_nonfinite_status(void) {
       CT_CHECK(isnan(g.norm), "norm_async on %s data: norm %g, expected NaN", dn, g.norm);
     }
     outs_poison(&f.o, f.st);
-    CT_STATUS(bx_cuda_clip_async(p, 1e-3, f.st, f.o.d_norm, f.o.d_coef, f.o.d_status), BX_OK,
+    CT_STATUS(bx_cuda_clip_async(p, f.st, 1e-3, f.o.d_norm, f.o.d_coef, f.o.d_status), BX_OK,
               "clip_async");
     if (outs_read(&f.o, f.st, &g)) {
       CT_CHECK(g.status == BX_ENONFINITE, "clip_async on %s data: d_status %d, expected BX_ENONFINITE",
@@ -274,7 +274,7 @@ void test_plan_scale_async(void) {
         int32_t zero = 0;
         ct_h2d(f.o.d_coef, &coefs[c], 8);
         ct_h2d(f.o.d_status, &zero, 4);
-        CT_STATUS(bx_cuda_scale_async(p, f.o.d_coef, c & 1 ? f.o.d_status : NULL, f.st), BX_OK,
+        CT_STATUS(bx_cuda_scale_async(p, f.st, f.o.d_coef, c & 1 ? f.o.d_status : NULL), BX_OK,
                   "scale_async");
         CT_CUDA(cudaStreamSynchronize(f.st));
         CT_STATUS(bx_scale(f.s.cpu, f.s.count, coefs[c], &co.scale), BX_OK, "CPU bx_scale");
@@ -288,7 +288,7 @@ void test_plan_scale_async(void) {
       int32_t five = 5;
       ct_h2d(f.o.d_coef, &coefs[0], 8);
       ct_h2d(f.o.d_status, &five, 4);
-      CT_STATUS(bx_cuda_scale_async(p, f.o.d_coef, f.o.d_status, f.st), BX_OK, "scale_async, status 5");
+      CT_STATUS(bx_cuda_scale_async(p, f.st, f.o.d_coef, f.o.d_status), BX_OK, "scale_async, status 5");
       CT_CUDA(cudaStreamSynchronize(f.st));
       if (ct_download(&f.s, f.back))
         ct_compare_grads(&f.s, f.back, f.s.host, "scale_async with d_status 5 wrote nothing");
@@ -312,12 +312,12 @@ void test_plan_graph_capture(void) {
   const double max_norm = 1e-3;
   ct_fill(&f.s, CT_GAUSS, &r);
   /* first use outside the capture (lazy module loading happens here) */
-  CT_STATUS(bx_cuda_clip_async(p, max_norm, f.st, f.o.d_norm, f.o.d_coef, f.o.d_status), BX_OK, "warm-up");
+  CT_STATUS(bx_cuda_clip_async(p, f.st, max_norm, f.o.d_norm, f.o.d_coef, f.o.d_status), BX_OK, "warm-up");
   CT_CUDA(cudaStreamSynchronize(f.st));
   /* global mode: any call that would synchronise or allocate during the
    * capture makes the capture fail */
   if (!CT_CUDA(cudaStreamBeginCapture(f.st, cudaStreamCaptureModeGlobal))) goto done;
-  bx_status sc = bx_cuda_clip_async(p, max_norm, f.st, f.o.d_norm, f.o.d_coef, f.o.d_status);
+  bx_status sc = bx_cuda_clip_async(p, f.st, max_norm, f.o.d_norm, f.o.d_coef, f.o.d_status);
   cudaError_t ce = cudaStreamEndCapture(f.st, &graph);
   CT_STATUS(sc, BX_OK, "clip_async under stream capture");
   if (!CT_CUDA(ce) || !CT_CUDA(cudaGraphInstantiate(&exec, graph, 0))) goto done;
@@ -359,9 +359,9 @@ void test_plan_async_no_host_sync(void) {
   if (!p || !outs_alloc(&o2) || !CT_CUDA(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming))) goto done;
   ct_fill(&f.s, CT_GAUSS, &r);
   /* warm-up: first launches (module loading) outside the timing */
-  CT_STATUS(bx_cuda_clip_async(p, 1e9, f.st, f.o.d_norm, f.o.d_coef, f.o.d_status), BX_OK, "warm-up clip");
+  CT_STATUS(bx_cuda_clip_async(p, f.st, 1e9, f.o.d_norm, f.o.d_coef, f.o.d_status), BX_OK, "warm-up clip");
   CT_STATUS(bx_cuda_norm_async(p, f.st, o2.d_norm, o2.d_groups, o2.d_status), BX_OK, "warm-up norm");
-  CT_STATUS(bx_cuda_scale_async(p, f.o.d_coef, f.o.d_status, f.st), BX_OK, "warm-up scale");
+  CT_STATUS(bx_cuda_scale_async(p, f.st, f.o.d_coef, f.o.d_status), BX_OK, "warm-up scale");
   CT_CUDA(cudaStreamSynchronize(f.st));
   ct_upload(&f.s);
   static const double one = 1.0;
@@ -373,11 +373,11 @@ void test_plan_async_no_host_sync(void) {
   double t0 = ct_now();
   if (!CT_CUDA(cudaLaunchHostFunc(f.st, sleep_host, (void *)&hold_us))) goto done;
   double t1 = ct_now();
-  bx_status s1 = bx_cuda_clip_async(p, 1e-3, f.st, f.o.d_norm, f.o.d_coef, f.o.d_status);
+  bx_status s1 = bx_cuda_clip_async(p, f.st, 1e-3, f.o.d_norm, f.o.d_coef, f.o.d_status);
   double t2 = ct_now();
   bx_status s2 = bx_cuda_norm_async(p, f.st, o2.d_norm, o2.d_groups, o2.d_status);
   double t3 = ct_now();
-  bx_status s3 = bx_cuda_scale_async(p, o2.d_coef, NULL, f.st); /* by 1: no writes */
+  bx_status s3 = bx_cuda_scale_async(p, f.st, o2.d_coef, NULL); /* by 1: no writes */
   double t4 = ct_now();
   cudaEventRecord(ev, f.st);
   cudaError_t q = cudaEventQuery(ev);
@@ -443,8 +443,8 @@ static int capture_count(bx_cuda_plan *p, int which, fixture *f, node_count *c) 
   cudaGraph_t g = NULL;
   if (!CT_CUDA(cudaStreamBeginCapture(f->st, cudaStreamCaptureModeGlobal))) return 0;
   bx_status s = which == 0 ? bx_cuda_norm_async(p, f->st, f->o.d_norm, f->o.d_groups, f->o.d_status)
-              : which == 1 ? bx_cuda_clip_async(p, 1e-3, f->st, f->o.d_norm, f->o.d_coef, f->o.d_status)
-                           : bx_cuda_scale_async(p, f->o.d_coef, f->o.d_status, f->st);
+              : which == 1 ? bx_cuda_clip_async(p, f->st, 1e-3, f->o.d_norm, f->o.d_coef, f->o.d_status)
+                           : bx_cuda_scale_async(p, f->st, f->o.d_coef, f->o.d_status);
   cudaError_t e = cudaStreamEndCapture(f->st, &g);
   int ok = CT_STATUS(s, BX_OK, "captured call %d", which) && CT_CUDA(e) && count_nodes(g, c);
   if (g) cudaGraphDestroy(g);
@@ -479,7 +479,7 @@ void test_plan_launch_count(void) {
     ct_fill(&f.s, CT_GAUSS, &r);
     bx_cuda_plan *p = plan_for(&f.s, 3, NULL, NULL);
     if (p) {
-      CT_STATUS(bx_cuda_clip_async(p, 1e9, f.st, f.o.d_norm, f.o.d_coef, f.o.d_status), BX_OK, "warm-up");
+      CT_STATUS(bx_cuda_clip_async(p, f.st, 1e9, f.o.d_norm, f.o.d_coef, f.o.d_status), BX_OK, "warm-up");
       CT_CUDA(cudaStreamSynchronize(f.st));
       for (int w = 0; w < 3; w++) {
         node_count c;
@@ -541,18 +541,45 @@ void test_plan_errors(void) {
   if (!fx_init(&f, 4, 100, &r)) return;
   ct_fill(&f.s, CT_GAUSS, &r);
   CT_STATUS(bx_cuda_norm_async(NULL, f.st, f.o.d_norm, NULL, NULL), BX_EINVAL, "norm_async, NULL plan");
-  CT_STATUS(bx_cuda_clip_async(NULL, 1.0, f.st, f.o.d_norm, NULL, NULL), BX_EINVAL, "clip_async, NULL plan");
-  CT_STATUS(bx_cuda_scale_async(NULL, f.o.d_coef, NULL, f.st), BX_EINVAL, "scale_async, NULL plan");
+  CT_STATUS(bx_cuda_clip_async(NULL, f.st, 1.0, f.o.d_norm, NULL, NULL), BX_EINVAL, "clip_async, NULL plan");
+  CT_STATUS(bx_cuda_scale_async(NULL, f.st, f.o.d_coef, NULL), BX_EINVAL, "scale_async, NULL plan");
   bx_cuda_plan_destroy(NULL);
   bx_cuda_plan *p = plan_for(&f.s, 1, NULL, NULL);
   if (p) {
     CT_STATUS(bx_cuda_norm_async(p, f.st, NULL, NULL, NULL), BX_EINVAL, "norm_async, NULL d_total_norm");
-    CT_STATUS(bx_cuda_clip_async(p, 1.0, f.st, NULL, NULL, NULL), BX_EINVAL, "clip_async, NULL d_total_norm");
+    CT_STATUS(bx_cuda_clip_async(p, f.st, 1.0, NULL, NULL, NULL), BX_EINVAL, "clip_async, NULL d_total_norm");
     bx_cuda_plan_destroy(p);
   }
   CT_STATUS(bx_cuda_plan_create(NULL, 1, NULL, NULL, &p), BX_EINVAL,
             "plan_create, NULL groups with ngroups 1");
   CT_STATUS(bx_cuda_plan_create(NULL, 0, NULL, NULL, NULL), BX_EINVAL, "plan_create, NULL out");
+  /* options and communicators of another struct_size (bitexact.h, "Struct
+   * sizes"): refused before anything else, *out NULL, the comm never called */
+  {
+    bx_group g1 = {f.s.gpu, f.s.count};
+    bx_clip_opts co = BX_CLIP_OPTS_DEFAULT;
+    size_t *sizes[3] = {&co.struct_size, &co.norm.struct_size, &co.scale.struct_size};
+    const char *names[3] = {"opts->struct_size", "opts->norm.struct_size", "opts->scale.struct_size"};
+    for (int k = 0; k < 3; k++)
+      for (int v = 0; v < 2; v++) {
+        size_t keep = *sizes[k];
+        *sizes[k] = v ? keep + 8 : 0;
+        p = (bx_cuda_plan *)&f; /* any non-NULL value */
+        CT_STATUS(bx_cuda_plan_create(&g1, 1, NULL, &co, &p), BX_EINVAL, "plan_create, %s %zu",
+                  names[k], *sizes[k]);
+        CT_CHECK(strstr(bx_last_error(), names[k]) != NULL, "plan_create: the text names %s: %s",
+                 names[k], bx_last_error());
+        CT_CHECK(p == NULL, "plan_create, %s %zu: *out is not NULL", names[k], *sizes[k]);
+        *sizes[k] = keep;
+      }
+    bx_comm bad = BX_COMM_DEFAULT;
+    bad.struct_size = 0; /* refused before any collective */
+    p = (bx_cuda_plan *)&f;
+    CT_STATUS(bx_cuda_plan_create(&g1, 1, &bad, NULL, &p), BX_EINVAL, "plan_create, comm size 0");
+    CT_CHECK(strstr(bx_last_error(), "comm->struct_size is 0") != NULL, "plan_create: %s",
+             bx_last_error());
+    CT_CHECK(p == NULL, "plan_create, comm size 0: *out is not NULL");
+  }
   /* no tensors at all, and only empty tensors: a norm of +0, coefficient 1 */
   for (int empty = 0; empty < 2; empty++) {
     int64_t zero = 0;
@@ -564,7 +591,7 @@ void test_plan_errors(void) {
                    "plan of %s", empty ? "an empty tensor" : "no groups"))
       continue;
     outs_poison(&f.o, f.st);
-    CT_STATUS(bx_cuda_clip_async(p, 1.0, f.st, f.o.d_norm, f.o.d_coef, f.o.d_status), BX_OK, "empty clip");
+    CT_STATUS(bx_cuda_clip_async(p, f.st, 1.0, f.o.d_norm, f.o.d_coef, f.o.d_status), BX_OK, "empty clip");
     got g;
     if (outs_read(&f.o, f.st, &g)) {
       CT_BITS(g.norm, 0.0, "empty plan: norm");

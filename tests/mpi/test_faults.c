@@ -156,7 +156,10 @@ int main(int argc, char **argv) {
   for (int at = 1; at <= 2; at++) {
     reset();
     failing f = {comm, 0, at};
-    bx_comm fc = {.allreduce_i64 = failing_allreduce, .ctx = &f, .rank = g_rank};
+    bx_comm fc = BX_COMM_DEFAULT;
+    fc.allreduce_i64 = failing_allreduce;
+    fc.ctx = &f;
+    fc.rank = g_rank;
     st = bx_clip_grad_norm(g, 2, &fc, 1e-3, &co, &v, &c);
     check_all_same(st, BX_ECOMM, "failing communicator");
     CHECK(strstr(bx_last_error(), "code 42") != NULL, "message: %s", bx_last_error());

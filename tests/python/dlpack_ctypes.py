@@ -120,12 +120,15 @@ class BxGroup(C.Structure):
 
 
 class BxNormOpts(C.Structure):
-    _fields_ = [("norm_type", C.c_double), ("error_if_nonfinite", C.c_int),
-                ("num_threads", C.c_int), ("flavor", C.c_int)]
+    """bx_norm_opts, field for field (bitexact.h); struct_size leads."""
+    _fields_ = [("struct_size", C.c_size_t), ("norm_type", C.c_double),
+                ("error_if_nonfinite", C.c_int), ("num_threads", C.c_int), ("flavor", C.c_int),
+                ("norm_dtype", C.c_int)]
 
 
-def c_total_norm(lib, tensors):
-    """bx_total_norm over torch tensors through ctypes -> (status, norm)."""
+def c_total_norm(lib, tensors, struct_size=None):
+    """bx_total_norm over torch tensors through ctypes -> (status, norm).
+    struct_size: what to put in opts.struct_size (default: the right one)."""
     keep, structs = [], []
     for t in tensors:
         dl, k = dltensor_of(t.data_ptr(), list(t.shape), str(t.dtype).replace("torch.", ""),
@@ -134,8 +137,9 @@ def c_total_norm(lib, tensors):
         keep.append(k)
     arr = (DLTensor * max(1, len(structs)))(*structs)
     group = BxGroup(C.cast(arr, C.POINTER(DLTensor)), len(structs))
-    opts = BxNormOpts(2.0, 0, 0, 0)
-    out = C.c_double()
+    size = C.sizeof(BxNormOpts) if struct_size is None else struct_size
+    opts = BxNormOpts(size, 2.0, 0, 0, 0, 0)
+    out = C.c_double(-1.0)
     lib.bx_total_norm.restype = C.c_int
     lib.bx_total_norm.argtypes = [C.POINTER(BxGroup), C.c_size_t, C.c_void_p,
                                   C.POINTER(BxNormOpts), C.POINTER(C.c_double), C.c_void_p]

@@ -1,0 +1,152 @@
+# BitexactPrograms.cmake — everything built on top of the library: the
+# `bitexact` command, the C suite, the MPI and GPU test runners, benchmarks,
+# examples, the kernel developers' checks (dev/). Each program lands in the
+# build tree where its source lies in the repository (build/tests/bx_tests,
+# build/bench/bench_norm, build/examples/simple, build/bitexact, ...).
+
+# bx_program(TARGET OUTPUT SOURCES... [LIBS libs...] [INTERNAL])
+#   OUTPUT: the path under the build tree (tests/mpi/test_faults).
+#   INTERNAL: the program may include the library's internal headers.
+function(bx_program _target _output)
+  cmake_parse_arguments(P "INTERNAL" "" "SOURCES;LIBS" ${ARGN})
+  add_executable(${_target} ${P_SOURCES})
+  get_filename_component(_dir "${_output}" DIRECTORY)
+  get_filename_component(_name "${_output}" NAME)
+  set_target_properties(${_target} PROPERTIES OUTPUT_NAME "${_name}"
+                        RUNTIME_OUTPUT_DIRECTORY "${PROJECT_BINARY_DIR}/${_dir}"
+                        LINKER_LANGUAGE C)
+  target_link_libraries(${_target} PRIVATE bx_flags ${P_LIBS} bx_static)
+  if(P_INTERNAL)
+    target_include_directories(${_target} PRIVATE ${BX_INTERNAL_INCLUDES})
+  endif()
+endfunction()
+
+# bx_programs_of(DIR OUTDIR [args of bx_program]): one program per DIR/*.c
+function(bx_programs_of _dir _outdir)
+  file(GLOB _srcs CONFIGURE_DEPENDS "${PROJECT_SOURCE_DIR}/${_dir}/*.c")
+  foreach(_src ${_srcs})
+    get_filename_component(_name "${_src}" NAME_WE)
+    string(REPLACE "/" "_" _prefix "${_outdir}")
+    bx_program(${_prefix}_${_name} "${_outdir}/${_name}" SOURCES "${_src}" ${ARGN})
+  endforeach()
+endfunction()
+
+# ---- optional dependencies of the programs --------------------------------
+find_path(BX_JANSSON_INCLUDE_DIR jansson.h)
+find_library(BX_JANSSON_LIBRARY jansson)
+find_path(BX_XXHASH_INCLUDE_DIR xxhash.h)
+find_library(BX_XXHASH_LIBRARY xxhash)
+find_path(BX_MPFR_INCLUDE_DIR mpfr.h)
+find_library(BX_MPFR_LIBRARY mpfr)
+find_library(BX_GMP_LIBRARY gmp)
+
+set(BX_HAVE_CLI OFF)
+if(NOT BITEXACT_CLI STREQUAL "OFF")
+  if(BX_JANSSON_INCLUDE_DIR AND BX_JANSSON_LIBRARY AND BX_XXHASH_INCLUDE_DIR AND BX_XXHASH_LIBRARY)
+    set(BX_HAVE_CLI ON)
+  endif()
+  bx_need(CLI BX_HAVE_CLI "jansson or xxhash not found (Debian: libjansson-dev libxxhash-dev)")
+endif()
+set(BX_HAVE_TESTS OFF)
+if(NOT BITEXACT_TESTS STREQUAL "OFF")
+  if(BX_MPFR_INCLUDE_DIR AND BX_MPFR_LIBRARY AND BX_GMP_LIBRARY)
+    set(BX_HAVE_TESTS ON)
+  endif()
+  bx_need(TESTS BX_HAVE_TESTS "MPFR or GMP not found (Debian: libmpfr-dev libgmp-dev)")
+endif()
+
+# ---- the `bitexact` command ---------------------------------------------------
+if(BX_HAVE_CLI)
+  file(GLOB BX_CLI_SOURCES CONFIGURE_DEPENDS "${PROJECT_SOURCE_DIR}/src/cli/*.c")
+  set(_cli_libs ${BX_JANSSON_LIBRARY} ${BX_XXHASH_LIBRARY})
+  if(BX_HAVE_MPI)
+    # `bitexact demo` under mpirun uses real ranks
+    list(PREPEND _cli_libs bx_mpi_static MPI::MPI_C)
+    set_source_files_properties("${PROJECT_SOURCE_DIR}/src/cli/demo_mpi.c"
+                                PROPERTIES COMPILE_DEFINITIONS BX_CLI_MPI=1)
+  endif()
+  bx_program(bx_cli bitexact SOURCES ${BX_CLI_SOURCES} LIBS ${_cli_libs} INTERNAL)
+  target_include_directories(bx_cli PRIVATE "${PROJECT_SOURCE_DIR}/src/cli"
+                             ${BX_JANSSON_INCLUDE_DIR} ${BX_XXHASH_INCLUDE_DIR})
+endif()
+
+# ---- examples: the public API only -------------------------------------------
+bx_programs_of(examples examples)
+if(NOT BX_HAVE_MPI AND TARGET examples_simple_mpi)
+  set_target_properties(examples_simple_mpi PROPERTIES EXCLUDE_FROM_ALL ON)
+elseif(TARGET examples_simple_mpi)
+  target_link_libraries(examples_simple_mpi PRIVATE bx_mpi_static MPI::MPI_C)
+endif()
+# the cross-architecture bit check (scripts/cross_aarch64.sh)
+bx_programs_of(tests/cross tests/cross)
+
+# ---- benchmarks -----------------------------------------------------------------
+bx_programs_of(bench bench INTERNAL)
+bx_programs_of(bench/cli bench/cli)
+if(BX_HAVE_MPI)
+  bx_programs_of(bench/mpi bench/mpi INTERNAL LIBS bx_mpi_static MPI::MPI_C)
+endif()
+
+# ---- the C suite, the kernel checker ------------------------------------------
+if(BX_HAVE_TESTS)
+  file(GLOB BX_TEST_SOURCES CONFIGURE_DEPENDS "${PROJECT_SOURCE_DIR}/tests/*.c")
+  bx_program(bx_tests tests/bx_tests SOURCES ${BX_TEST_SOURCES}
+             LIBS ${BX_MPFR_LIBRARY} ${BX_GMP_LIBRARY} INTERNAL)
+  target_include_directories(bx_tests PRIVATE "${PROJECT_SOURCE_DIR}/tests" ${BX_MPFR_INCLUDE_DIR})
+  if(BX_HAVE_CUDA)
+    target_include_directories(bx_tests SYSTEM PRIVATE ${CUDAToolkit_INCLUDE_DIRS})
+  endif()
+  add_test(NAME c_suite COMMAND bx_tests)
+  if(BX_X86)
+    bx_programs_of(dev dev INTERNAL)
+    target_compile_options(dev_sumsq_kernels PRIVATE ${BX_AVX512_FLAGS})
+  endif()
+  if(BX_HAVE_MPI)
+    bx_programs_of(tests/mpi tests/mpi INTERNAL LIBS bx_mpi_static MPI::MPI_C)
+  endif()
+endif()
+
+# ---- the GPU test runner and benchmark: built whenever CUDA is (no GPU needed) --
+if(BX_HAVE_CUDA AND BX_HAVE_TESTS)
+  file(GLOB BX_CUDA_TEST_SOURCES CONFIGURE_DEPENDS "${PROJECT_SOURCE_DIR}/tests/cuda/*.c")
+  set(_nccl_libs)
+  if(BX_HAVE_NCCL)
+    set(_nccl_libs bx_nccl_static bx_nccl_dep)
+  endif()
+  bx_program(bx_cuda_tests tests/cuda/bx_cuda_tests SOURCES ${BX_CUDA_TEST_SOURCES}
+             LIBS ${_nccl_libs} CUDA::cudart_static INTERNAL)
+  target_include_directories(bx_cuda_tests PRIVATE "${PROJECT_SOURCE_DIR}/tests/cuda")
+  target_include_directories(bx_cuda_tests SYSTEM PRIVATE ${CUDAToolkit_INCLUDE_DIRS})
+  if(BX_HAVE_NCCL)
+    target_compile_definitions(bx_cuda_tests PRIVATE BX_TEST_NCCL=1)
+  endif()
+  bx_program(bx_bench_cuda bench/cuda/bench_cuda
+             SOURCES "${PROJECT_SOURCE_DIR}/bench/cuda/bench_cuda.c"
+                     "${PROJECT_SOURCE_DIR}/bench/cuda/baseline.cu"
+             LIBS CUDA::cudart_static INTERNAL)
+  target_include_directories(bx_bench_cuda PRIVATE "${PROJECT_SOURCE_DIR}/bench/cuda")
+  target_include_directories(bx_bench_cuda SYSTEM PRIVATE ${CUDAToolkit_INCLUDE_DIRS})
+endif()
+
+# ---- the exported-symbol check (tests/abi/check_exports.py) --------------------
+find_package(Python3 COMPONENTS Interpreter QUIET)
+if(BITEXACT_SHARED AND Python3_FOUND)
+  set(_cuda_hdr)
+  if(BX_HAVE_CUDA)
+    set(_cuda_hdr "${PROJECT_SOURCE_DIR}/include/bitexact_cuda.h")
+  endif()
+  add_test(NAME exported_symbols
+           COMMAND Python3::Interpreter "${PROJECT_SOURCE_DIR}/tests/abi/check_exports.py"
+                   --lib $<TARGET_FILE:bx_shared>
+                   --soname libbitexact.so.${PROJECT_VERSION_MAJOR}
+                   "${PROJECT_SOURCE_DIR}/include/bitexact.h" ${_cuda_hdr})
+  foreach(_a mpi nccl)
+    if(TARGET bx_${_a}_shared)
+      add_test(NAME exported_symbols_${_a}
+               COMMAND Python3::Interpreter "${PROJECT_SOURCE_DIR}/tests/abi/check_exports.py"
+                       --lib $<TARGET_FILE:bx_${_a}_shared>
+                       --soname libbitexact_${_a}.so.${PROJECT_VERSION_MAJOR}
+                       "${PROJECT_SOURCE_DIR}/include/bitexact_${_a}.h")
+    endif()
+  endforeach()
+endif()
