@@ -74,8 +74,9 @@ typedef struct bx_fpenv {
 static inline void bx_fpenv_enter(bx_fpenv *saved) {
   uint64_t zero = 0;
   __asm__ volatile("mrs %0, fpcr\n\tmrs %1, fpsr" : "=r"(saved->fpcr), "=r"(saved->fpsr) : : "memory");
-  /* keep only the bits that do not change arithmetic (none we rely on):
-   * RMode 00, FZ 0, FZ16 0, DN 0, AH 0, FIZ 0, trap enables 0 */
+  /* FPCR = 0: RMode 00 (nearest even), FZ = FZ16 = 0, DN = 0, AH = FIZ =
+   * NEP = 0, AHP = 0 (IEEE half), every trap enable 0; the other bits are
+   * RES0. FPSR = 0: no cumulative flag raised inside the library. */
   __asm__ volatile("msr fpcr, %0\n\tmsr fpsr, %0" : : "r"(zero) : "memory");
 }
 
