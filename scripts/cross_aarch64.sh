@@ -15,8 +15,8 @@
 # Installs what is missing first (the arm64 architecture, the cross
 # compiler, qemu-user, the arm64 -dev packages; nothing when all are
 # present, like scripts/setup.sh). Last line: "N passed, N failed" (",
-# N skipped"), the checks of this script; the C suite's own line is
-# printed above it and counted as one check.
+# N skipped"): the C suite's tests plus this script's own checks (build,
+# CLI, each fixed_bits comparison).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -76,7 +76,12 @@ fi
 # ---- build: aarch64, and natively for the reference output ---------------
 CMAKE_ARGS=(-DBITEXACT_CUDA=OFF -DBITEXACT_MPI=OFF -DCMAKE_BUILD_TYPE=Release)
 t0=$(date +%s)
-if cmake -S . -B "$B" -DCMAKE_TOOLCHAIN_FILE=cmake/toolchains/aarch64-linux-gnu.cmake "${CMAKE_ARGS[@]}" &&
+TOOLCHAIN=()
+# the toolchain file is read by the first configure only (CMake warns it is
+# unused on later ones); the ELF check below catches a build tree of another
+# architecture
+[ -f "$B/CMakeCache.txt" ] || TOOLCHAIN=(-DCMAKE_TOOLCHAIN_FILE=cmake/toolchains/aarch64-linux-gnu.cmake)
+if cmake -S . -B "$B" "${TOOLCHAIN[@]}" "${CMAKE_ARGS[@]}" &&
    cmake --build "$B" -j "$JOBS"; then
   pass "aarch64 build ($B, $(( $(date +%s) - t0 ))s)"
 else
@@ -88,7 +93,8 @@ fi
 cmake --build "$N" -j "$JOBS" --target tests_cross_fixed_bits || die "native build of fixed_bits failed"
 
 for f in "$B/tests/bx_tests" "$B/bitexact" "$B/tests/cross/fixed_bits"; do
-  file "$f" 2>/dev/null | grep -q 'ARM aarch64' || die "$f is not an aarch64 executable"
+  # ELF e_machine (2 bytes at offset 18): 183 = EM_AARCH64
+  [ "$(od -An -tu2 -j18 -N2 "$f" 2>/dev/null | tr -d ' ')" = 183 ] || die "$f is not an aarch64 executable"
 done
 
 # ---- the C suite under qemu ----------------------------------------------
@@ -99,15 +105,26 @@ else
   [ "$SUITE" != all ] && args=("$SUITE")
   log=$(mktemp)
   t0=$(date +%s)
-  "${QEMU[@]}" "$B/tests/bx_tests" "${args[@]}" | tee "$log"
+  # fork_after_threads: qemu-user 7.2 (Debian 12) itself aborts in a forked
+  # child that starts a thread ("qemu_plugin_vcpu_init_hook: assertion
+  # failed", then "cpu_exec: assertion failed: (cpu == current_cpu)"), a
+  # bug of the emulator, not of the library: counted as skipped here.
+  BX_TEST_SKIP=${BX_TEST_SKIP-fork_after_threads} "${QEMU[@]}" "$B/tests/bx_tests" "${args[@]}" | tee "$log"
   rc=${PIPESTATUS[0]}
   secs=$(( $(date +%s) - t0 ))
   last=$(tail -n 1 "$log")
   rm -f "$log"
-  if [ "$rc" -eq 0 ] && echo "$last" | grep -qE '^[0-9]+ passed, 0 failed'; then
-    pass "C suite under qemu ${args[*]:+(filter ${args[*]}) }in ${secs}s: $last"
+  # the suite's own counts go into this script's total
+  if echo "$last" | grep -qE '^[0-9]+ passed, [0-9]+ failed'; then
+    sp=$(echo "$last" | sed -E 's/^([0-9]+) passed.*/\1/')
+    sf=$(echo "$last" | sed -E 's/^[0-9]+ passed, ([0-9]+) failed.*/\1/')
+    ss=0
+    echo "$last" | grep -q skipped && ss=$(echo "$last" | sed -E 's/.*, ([0-9]+) skipped.*/\1/')
+    passed=$((passed + sp)) failed=$((failed + sf)) skipped=$((skipped + ss))
+    echo "cross_aarch64: C suite under qemu ${args[*]:+(filter ${args[*]}) }in ${secs}s: $last (exit $rc)"
+    [ "$rc" -ne 0 ] && [ "$sf" -eq 0 ] && fail "C suite exit status $rc with no failed test"
   else
-    fail "C suite under qemu (exit $rc) in ${secs}s: $last"
+    fail "C suite under qemu (exit $rc) in ${secs}s: no closing counts; last line: $last"
   fi
 fi
 
