@@ -6,13 +6,14 @@
 # second. Needs root (or sudo) only when something is missing.
 set -euo pipefail
 
-# gcc/make: the build; clang + libclang-rt-14-dev: libFuzzer and the
+# gcc/make/cmake (>= 3.24; Debian 12 has 3.25): the build; pkg-config: the
+# install + consumer test; clang + libclang-rt-14-dev: libFuzzer and the
 # sanitizer runtimes; libdlpack-dev: <dlpack/dlpack.h>; libmpfr-dev +
 # libgmp-dev: the exact reference the tests compare against.
 # libopenmpi-dev + openmpi-bin: the MPI adapter and the mpirun multi-rank tests.
 # libjansson-dev + libxxhash-dev: the bitexact command-line tool (safetensors
 # headers, XXH3-128 hashes).
-PACKAGES=(build-essential gcc make clang libclang-rt-14-dev
+PACKAGES=(build-essential gcc make cmake pkg-config clang libclang-rt-14-dev
           libdlpack-dev libmpfr-dev libgmp-dev libopenmpi-dev openmpi-bin
           libjansson-dev libxxhash-dev)
 

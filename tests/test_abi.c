@@ -256,6 +256,13 @@ static bx_clip_opts *clip_case(int field, size_t sz, char *want, size_t cap, con
   return o;
 }
 
+/* bad_size for the struct that holds clip field `field` */
+static size_t clip_bad_size(int field, int k) {
+  return bad_size(field == CLIP_OUTER ? sizeof(bx_clip_opts)
+                  : field == CLIP_NORM ? sizeof(bx_norm_opts)
+                                       : sizeof(bx_scale_opts), k);
+}
+
 static const char *const clip_field_name[CLIP_FIELDS] = {
     "opts->struct_size", "opts->norm.struct_size", "opts->scale.struct_size"};
 
@@ -267,9 +274,7 @@ static void refuse_clip(abi_fixture *f) {
   double max_norm = f->norm / 4;
   for (int field = 0; field < CLIP_FIELDS; field++)
     for (int k = 0; k < NBAD; k++) {
-      size_t sz = bad_size(field == CLIP_OUTER ? sizeof(bx_clip_opts)
-                           : field == CLIP_NORM ? sizeof(bx_norm_opts)
-                                                : sizeof(bx_scale_opts), k);
+      size_t sz = clip_bad_size(field, k);
       /* nested fields live inside a full struct: "not a size" is the case
        * that matters there, not a short block */
       bx_clip_opts *o = clip_case(field, sz, want, sizeof want, "bx_clip_grad_norm");
@@ -315,9 +320,7 @@ static void refuse_plan(abi_fixture *f) {
   bx_cuda_plan *dummy = (bx_cuda_plan *)(void *)f; /* any non-NULL value */
   for (int field = 0; field < CLIP_FIELDS; field++)
     for (int k = 0; k < NBAD; k++) {
-      size_t sz = bad_size(field == CLIP_OUTER ? sizeof(bx_clip_opts)
-                           : field == CLIP_NORM ? sizeof(bx_norm_opts)
-                                                : sizeof(bx_scale_opts), k);
+      size_t sz = clip_bad_size(field, k);
       bx_clip_opts *o = clip_case(field, sz, want, sizeof want, "bx_cuda_plan_create");
       bx_cuda_plan *p = dummy;
       snprintf(what, sizeof what, "bx_cuda_plan_create, %s %zu", clip_field_name[field], sz);
