@@ -8,12 +8,15 @@
 # on x86-64 (dispatch.c refers to them there only).
 file(GLOB BX_CORE_SOURCES CONFIGURE_DEPENDS "${PROJECT_SOURCE_DIR}/src/core/*.c")
 file(GLOB BX_CPU_SOURCES CONFIGURE_DEPENDS "${PROJECT_SOURCE_DIR}/src/cpu/*.c")
+# the training kernels (bitexact_train.h): ISA-neutral drivers; their
+# per-ISA micro-kernels live in src/cpu/ with the others
+file(GLOB BX_TRAIN_SOURCES CONFIGURE_DEPENDS "${PROJECT_SOURCE_DIR}/src/train/*.c")
 file(GLOB BX_AVX2_SOURCES CONFIGURE_DEPENDS "${PROJECT_SOURCE_DIR}/src/cpu/avx2.c"
      "${PROJECT_SOURCE_DIR}/src/cpu/avx2_*.c")
 file(GLOB BX_AVX512_SOURCES CONFIGURE_DEPENDS "${PROJECT_SOURCE_DIR}/src/cpu/avx512.c"
      "${PROJECT_SOURCE_DIR}/src/cpu/avx512_*.c")
 list(REMOVE_ITEM BX_CPU_SOURCES ${BX_AVX2_SOURCES} ${BX_AVX512_SOURCES})
-set(BX_LIB_SOURCES ${BX_CORE_SOURCES} ${BX_CPU_SOURCES})
+set(BX_LIB_SOURCES ${BX_CORE_SOURCES} ${BX_CPU_SOURCES} ${BX_TRAIN_SOURCES})
 if(BX_X86)
   list(APPEND BX_LIB_SOURCES ${BX_AVX2_SOURCES} ${BX_AVX512_SOURCES})
   set_source_files_properties(${BX_AVX2_SOURCES} PROPERTIES COMPILE_OPTIONS "${BX_AVX2_FLAGS}")
@@ -27,7 +30,8 @@ endif()
 # Include directories of code inside this project: the public headers, the
 # core's and the shared host/device headers.
 set(BX_PUBLIC_INCLUDE "${PROJECT_SOURCE_DIR}/include")
-set(BX_INTERNAL_INCLUDES "${PROJECT_SOURCE_DIR}/src/core" "${PROJECT_SOURCE_DIR}/src/common")
+set(BX_INTERNAL_INCLUDES "${PROJECT_SOURCE_DIR}/src/core" "${PROJECT_SOURCE_DIR}/src/common"
+    "${PROJECT_SOURCE_DIR}/src/train")
 
 if(BITEXACT_FUZZ)
   return()  # cmake/BitexactFuzz.cmake compiles the sources its own way

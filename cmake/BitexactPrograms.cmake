@@ -139,7 +139,8 @@ if(BITEXACT_SHARED AND Python3_FOUND)
            COMMAND Python3::Interpreter "${PROJECT_SOURCE_DIR}/tests/abi/check_exports.py"
                    --lib $<TARGET_FILE:bx_shared>
                    --soname libbitexact.so.${PROJECT_VERSION_MAJOR}
-                   "${PROJECT_SOURCE_DIR}/include/bitexact.h" ${_cuda_hdr})
+                   "${PROJECT_SOURCE_DIR}/include/bitexact.h"
+                   "${PROJECT_SOURCE_DIR}/include/bitexact_train.h" ${_cuda_hdr})
   foreach(_a mpi nccl)
     if(TARGET bx_${_a}_shared)
       add_test(NAME exported_symbols_${_a}
