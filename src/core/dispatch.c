@@ -85,14 +85,15 @@ typedef struct isa {
   unsigned needs; /* CPU_* */
   const bx_kernels *kernels;
   const bx_scale_kernels *scale;
+  const bx_gemm_kernel *gemm;
 } isa;
 
 static const isa isas[] = {
 #ifdef BX_HAVE_X86
-    {"avx512", CPU_AVX512, &bx_kernels_avx512, &bx_scale_avx512},
-    {"avx2", CPU_AVX2, &bx_kernels_avx2, &bx_scale_portable},
+    {"avx512", CPU_AVX512, &bx_kernels_avx512, &bx_scale_avx512, &bx_gemm_avx512},
+    {"avx2", CPU_AVX2, &bx_kernels_avx2, &bx_scale_portable, &bx_gemm_avx2},
 #endif
-    {"portable", 0, &bx_kernels_portable, &bx_scale_portable},
+    {"portable", 0, &bx_kernels_portable, &bx_scale_portable, &bx_gemm_portable},
 };
 #define NISAS (sizeof isas / sizeof isas[0])
 
@@ -197,6 +198,8 @@ static const isa *active_isa(void) {
 const bx_kernels *bx_kernels_active(void) { return active_isa()->kernels; }
 
 const bx_scale_kernels *bx_scale_kernels_active(void) { return active_isa()->scale; }
+
+const bx_gemm_kernel *bx_gemm_kernel_active(void) { return active_isa()->gemm; }
 
 const char *bx_isa_name(void) { return active_isa()->name; }
 

@@ -88,6 +88,34 @@ extern const bx_scale_kernels bx_scale_portable;
 extern const bx_scale_kernels bx_scale_avx512;
 #endif
 
+/* GEMM micro-kernels (bitexact_train.h's bx_gemm; driver src/train/gemm.c):
+ * c[0..mr)[0..nr) (row stride ldc floats) gets, per element, the chain
+ * acc = load_c ? c[i][j] : +0.0f; then for k = 0..kc-1
+ * acc = fma(ap[k*mr + i], bp[k*nr + j], acc), one rounding per step, k in
+ * increasing order; then c[i][j] = acc. ap: kc x mr packed A (k-major), bp:
+ * kc x nr packed B. Every ISA's kernel gives identical bits (the chain is
+ * the whole numerics); only mr and nr differ. */
+typedef void (*bx_gemm_micro_fn)(size_t kc, const float *ap, const float *bp, float *c,
+                                 size_t ldc, int load_c);
+
+typedef struct bx_gemm_kernel {
+  const char *name;
+  size_t mr, nr; /* tile rows and columns, at most BX_GEMM_MR_MAX, BX_GEMM_NR_MAX */
+  bx_gemm_micro_fn micro;
+} bx_gemm_kernel;
+
+#define BX_GEMM_MR_MAX 16
+#define BX_GEMM_NR_MAX 64
+
+extern const bx_gemm_kernel bx_gemm_portable;
+#ifdef BX_HAVE_X86
+extern const bx_gemm_kernel bx_gemm_avx2;
+extern const bx_gemm_kernel bx_gemm_avx512;
+#endif
+
+/* The GEMM micro-kernel matching bx_kernels_active(). */
+const bx_gemm_kernel *bx_gemm_kernel_active(void);
+
 /* The kernel table chosen for this CPU at first use (or the one named by
  * the environment variable BX_ISA, if the CPU has it): the fastest the
  * CPU runs, by dispatch.c's CPU table, else the widest. Thread-safe. */

@@ -1,0 +1,344 @@
+/*
+ * gemm.c — bx_gemm's generic blocked driver (BLIS-style): the checks, then
+ * per task one mc x nc block of C over all of K, in kc blocks: pack a kc x
+ * nc panel of B into nr-wide slivers and an mc x kc block of A into
+ * mr-high slivers (fp32; bf16 widened exactly), then the active ISA's
+ * micro-kernel (kernels.h) on each mr x nr tile. Between kc blocks the
+ * running fp32 accumulator of every element lives in C itself (stored and
+ * reloaded exactly), so the k blocking leaves each element's chain of fmas
+ * as it would be unblocked: k = 0..K-1, one rounding per step. Threads take
+ * whole blocks of C (never a split of K), padding rows and columns are
+ * computed in a scratch tile and dropped: no layout choice reaches the
+ * bits.
+ */
+#include <stdint.h>
+#include <string.h>
+
+#include "abi.h"
+#include "call.h"
+#include "dtype.h"
+#include "error.h"
+#include "gemm_internal.h"
+#include "kernels.h"
+#include "pool.h"
+#include "tensor.h"
+#include "workspace.h"
+
+/* ---- checks -------------------------------------------------------------- */
+
+typedef struct gemm_operand {
+  const void *data; /* first element */
+  bx_dtype dt;
+  int ndim;
+  size_t dim[3];
+  size_t bytes;
+} gemm_operand;
+
+static int host_readable(DLDeviceType dev) {
+  return dev == kDLCPU || dev == kDLCUDAHost || dev == kDLCUDAManaged || dev == kDLROCMHost;
+}
+
+/* One tensor: present, host, 2-D (or 3-D where allowed), dtype, row-major
+ * contiguous, aligned. name: "a", "b" or "c". */
+static bx_status check_operand(const char *fn, const char *name, const DLTensor *t, int max_ndim,
+                               int c_dtype, gemm_operand *o) {
+  if (!t) return bx_fail(BX_EINVAL, "%s: tensor %s is NULL", fn, name);
+  if (!host_readable(t->device.device_type))
+    return bx_fail(BX_EDEVICE, "%s: tensor %s is on device type %d, not host memory", fn, name,
+                   (int)t->device.device_type);
+  if (bx_dtype_from_dl(t->dtype, &o->dt) != BX_OK ||
+      (c_dtype ? o->dt != BX_DT_F32 : (o->dt != BX_DT_F32 && o->dt != BX_DT_BF16)))
+    return bx_fail(BX_EDTYPE, "%s: tensor %s has dtype code %u bits %u lanes %u; want %s", fn, name,
+                   (unsigned)t->dtype.code, (unsigned)t->dtype.bits, (unsigned)t->dtype.lanes,
+                   c_dtype ? "float32" : "float32 or bfloat16");
+  if (t->ndim < 2 || t->ndim > max_ndim)
+    return bx_fail(BX_EINVAL, "%s: tensor %s has %d dimensions, want 2%s", fn, name, t->ndim,
+                   max_ndim == 3 ? " or 3" : "");
+  if (!t->shape) return bx_fail(BX_EINVAL, "%s: tensor %s has no shape", fn, name);
+  o->ndim = t->ndim;
+  size_t n = 1;
+  for (int d = 0; d < t->ndim; d++) {
+    if (t->shape[d] < 0)
+      return bx_fail(BX_EINVAL, "%s: tensor %s: shape[%d] = %lld is negative", fn, name, d,
+                     (long long)t->shape[d]);
+    o->dim[d] = (size_t)t->shape[d];
+    if (o->dim[d] && n > (SIZE_MAX / 8) / o->dim[d])
+      return bx_fail(BX_EINVAL, "%s: tensor %s: too many elements", fn, name);
+    n *= o->dim[d];
+  }
+  if (t->strides) {
+    int64_t want = 1;
+    for (int d = t->ndim - 1; d >= 0; d--) {
+      if (t->shape[d] != 1 && t->strides[d] != want)
+        return bx_fail(BX_ELAYOUT, "%s: tensor %s is not row-major contiguous: strides[%d] = %lld, "
+                       "want %lld", fn, name, d, (long long)t->strides[d], (long long)want);
+      want *= t->shape[d];
+    }
+  }
+  size_t es = bx_dtype_size(o->dt);
+  o->bytes = n * es;
+  if (n && !t->data) return bx_fail(BX_EINVAL, "%s: tensor %s: data is NULL", fn, name);
+  o->data = (const char *)t->data + t->byte_offset;
+  if ((uintptr_t)o->data % es)
+    return bx_fail(BX_ELAYOUT, "%s: tensor %s: data + byte_offset is not aligned to %zu bytes", fn,
+                   name, es);
+  return BX_OK;
+}
+
+static int overlaps(const gemm_operand *x, const gemm_operand *y) {
+  if (!x->bytes || !y->bytes) return 0;
+  uintptr_t x0 = (uintptr_t)x->data, y0 = (uintptr_t)y->data;
+  return x0 < y0 + y->bytes && y0 < x0 + x->bytes;
+}
+
+/* ---- packing (fp32 and bf16, one function each) ------------------------- */
+
+static inline float bf16_to_f32(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+/* A[i0.., k0..] (row stride lda) -> ap: ceil(mb/mr) slivers of kb x mr, k-major, zero-padded rows. */
+static void pack_a_f32(const float *a, size_t lda, size_t mb, size_t kb, size_t mr, float *ap) {
+  for (size_t r = 0; r < mb; r += mr, ap += kb * mr)
+    for (size_t ii = 0; ii < mr; ii++) {
+      if (r + ii < mb) {
+        const float *row = a + (r + ii) * lda;
+        for (size_t k = 0; k < kb; k++) ap[k * mr + ii] = row[k];
+      } else {
+        for (size_t k = 0; k < kb; k++) ap[k * mr + ii] = 0.0f;
+      }
+    }
+}
+
+static void pack_a_bf16(const uint16_t *a, size_t lda, size_t mb, size_t kb, size_t mr, float *ap) {
+  for (size_t r = 0; r < mb; r += mr, ap += kb * mr)
+    for (size_t ii = 0; ii < mr; ii++) {
+      if (r + ii < mb) {
+        const uint16_t *row = a + (r + ii) * lda;
+        for (size_t k = 0; k < kb; k++) ap[k * mr + ii] = bf16_to_f32(row[k]);
+      } else {
+        for (size_t k = 0; k < kb; k++) ap[k * mr + ii] = 0.0f;
+      }
+    }
+}
+
+/* NT: B is [N,K]; columns j of C are rows of B: b[j*ldb + k]. */
+static void pack_b_nt_f32(const float *b, size_t ldb, size_t nb, size_t kb, size_t nr, float *bp) {
+  for (size_t s = 0; s < nb; s += nr, bp += kb * nr)
+    for (size_t jj = 0; jj < nr; jj++) {
+      if (s + jj < nb) {
+        const float *row = b + (s + jj) * ldb;
+        for (size_t k = 0; k < kb; k++) bp[k * nr + jj] = row[k];
+      } else {
+        for (size_t k = 0; k < kb; k++) bp[k * nr + jj] = 0.0f;
+      }
+    }
+}
+
+static void pack_b_nt_bf16(const uint16_t *b, size_t ldb, size_t nb, size_t kb, size_t nr,
+                           float *bp) {
+  for (size_t s = 0; s < nb; s += nr, bp += kb * nr)
+    for (size_t jj = 0; jj < nr; jj++) {
+      if (s + jj < nb) {
+        const uint16_t *row = b + (s + jj) * ldb;
+        for (size_t k = 0; k < kb; k++) bp[k * nr + jj] = bf16_to_f32(row[k]);
+      } else {
+        for (size_t k = 0; k < kb; k++) bp[k * nr + jj] = 0.0f;
+      }
+    }
+}
+
+/* NN: B is [K,N]: b[k*ldb + j]. */
+static void pack_b_nn_f32(const float *b, size_t ldb, size_t nb, size_t kb, size_t nr, float *bp) {
+  for (size_t s = 0; s < nb; s += nr, bp += kb * nr) {
+    size_t w = nb - s < nr ? nb - s : nr;
+    for (size_t k = 0; k < kb; k++) {
+      const float *row = b + k * ldb + s;
+      float *dst = bp + k * nr;
+      for (size_t jj = 0; jj < w; jj++) dst[jj] = row[jj];
+      for (size_t jj = w; jj < nr; jj++) dst[jj] = 0.0f;
+    }
+  }
+}
+
+static void pack_b_nn_bf16(const uint16_t *b, size_t ldb, size_t nb, size_t kb, size_t nr,
+                           float *bp) {
+  for (size_t s = 0; s < nb; s += nr, bp += kb * nr) {
+    size_t w = nb - s < nr ? nb - s : nr;
+    for (size_t k = 0; k < kb; k++) {
+      const uint16_t *row = b + k * ldb + s;
+      float *dst = bp + k * nr;
+      for (size_t jj = 0; jj < w; jj++) dst[jj] = bf16_to_f32(row[jj]);
+      for (size_t jj = w; jj < nr; jj++) dst[jj] = 0.0f;
+    }
+  }
+}
+
+/* ---- the blocked product -------------------------------------------------- */
+
+typedef struct gemm_job {
+  const void *a, *b;
+  bx_dtype adt, bdt;
+  bx_gemm_layout layout;
+  float *c;
+  size_t m, n, k;
+  size_t mc, kc, nc, nblocks_n;
+  int accumulate;
+  const bx_gemm_kernel *kern;
+  char *scratch;       /* per worker: packed A block, then packed B panel */
+  size_t scratch_each; /* bytes per worker, a multiple of 64 */
+} gemm_job;
+
+static void pack_a(const gemm_job *j, size_t i0, size_t p0, size_t mb, size_t kb, float *ap) {
+  if (j->adt == BX_DT_BF16)
+    pack_a_bf16((const uint16_t *)j->a + i0 * j->k + p0, j->k, mb, kb, j->kern->mr, ap);
+  else
+    pack_a_f32((const float *)j->a + i0 * j->k + p0, j->k, mb, kb, j->kern->mr, ap);
+}
+
+static void pack_b(const gemm_job *j, size_t j0, size_t p0, size_t nb, size_t kb, float *bp) {
+  size_t nr = j->kern->nr;
+  if (j->layout == BX_GEMM_NT) {
+    if (j->bdt == BX_DT_BF16) pack_b_nt_bf16((const uint16_t *)j->b + j0 * j->k + p0, j->k, nb, kb, nr, bp);
+    else pack_b_nt_f32((const float *)j->b + j0 * j->k + p0, j->k, nb, kb, nr, bp);
+  } else {
+    if (j->bdt == BX_DT_BF16) pack_b_nn_bf16((const uint16_t *)j->b + p0 * j->n + j0, j->n, nb, kb, nr, bp);
+    else pack_b_nn_f32((const float *)j->b + p0 * j->n + j0, j->n, nb, kb, nr, bp);
+  }
+}
+
+/* One tile: the micro-kernel on C directly when the tile is whole, else on
+ * a scratch tile holding the chain's start (C's value or +0) whose mb x nb
+ * corner is copied back. */
+static void run_tile(const bx_gemm_kernel *kern, size_t kb, const float *ap, const float *bp,
+                     float *c, size_t ldc, size_t mb, size_t nb, int load_c) {
+  if (mb == kern->mr && nb == kern->nr) {
+    kern->micro(kb, ap, bp, c, ldc, load_c);
+    return;
+  }
+  _Alignas(64) float t[BX_GEMM_MR_MAX * BX_GEMM_NR_MAX];
+  size_t nr = kern->nr;
+  for (size_t i = 0; i < kern->mr; i++)
+    for (size_t jj = 0; jj < nr; jj++)
+      t[i * nr + jj] = load_c && i < mb && jj < nb ? c[i * ldc + jj] : 0.0f;
+  kern->micro(kb, ap, bp, t, nr, 1);
+  for (size_t i = 0; i < mb; i++) memcpy(c + i * ldc, t + i * nr, nb * sizeof(float));
+}
+
+/* bytes of a packed A block, rounded up so that the B panel after it is
+ * 64-byte aligned (the micro-kernels load B slivers aligned) */
+static size_t a_bytes(size_t mc, size_t kc) { return (mc * kc * sizeof(float) + 63) / 64 * 64; }
+
+static void gemm_task(void *ctx, size_t task, int worker) {
+  const gemm_job *j = ctx;
+  const bx_gemm_kernel *kern = j->kern;
+  size_t i0 = (task / j->nblocks_n) * j->mc, j0 = (task % j->nblocks_n) * j->nc;
+  size_t mb = j->m - i0 < j->mc ? j->m - i0 : j->mc;
+  size_t nb = j->n - j0 < j->nc ? j->n - j0 : j->nc;
+  float *ap = (float *)(j->scratch + (size_t)worker * j->scratch_each);
+  float *bp = (float *)(j->scratch + (size_t)worker * j->scratch_each + a_bytes(j->mc, j->kc));
+  for (size_t p0 = 0; p0 < j->k; p0 += j->kc) {
+    size_t kb = j->k - p0 < j->kc ? j->k - p0 : j->kc;
+    int load_c = p0 > 0 || j->accumulate; /* the running accumulator is in C */
+    pack_b(j, j0, p0, nb, kb, bp);
+    pack_a(j, i0, p0, mb, kb, ap);
+    for (size_t s = 0; s < nb; s += kern->nr) {
+      size_t w = nb - s < kern->nr ? nb - s : kern->nr;
+      const float *bs = bp + (s / kern->nr) * kb * kern->nr;
+      for (size_t r = 0; r < mb; r += kern->mr) {
+        size_t h = mb - r < kern->mr ? mb - r : kern->mr;
+        run_tile(kern, kb, ap + (r / kern->mr) * kb * kern->mr, bs, j->c + (i0 + r) * j->n + j0 + s,
+                 j->n, h, w, load_c);
+      }
+    }
+  }
+}
+
+static size_t round_up(size_t x, size_t q) { return (x + q - 1) / q * q; }
+
+static bx_status gemm_impl(const char *fn, const DLTensor *a, const DLTensor *b,
+                           bx_gemm_layout layout, DLTensor *c, const bx_gemm_opts *opts,
+                           const bx_gemm_blocking *blk) {
+  bx_gemm_opts o = BX_GEMM_OPTS_DEFAULT;
+  if (opts) o = *opts;
+  if (o.num_threads < 0)
+    return bx_fail(BX_EINVAL, "%s: num_threads %d is negative", fn, o.num_threads);
+  if (layout != BX_GEMM_NT && layout != BX_GEMM_NN)
+    return bx_fail(BX_EINVAL, "%s: unknown layout %d (BX_GEMM_NT or BX_GEMM_NN)", fn, (int)layout);
+  gemm_operand A, B, C;
+  bx_status st = check_operand(fn, "a", a, 3, 0, &A);
+  if (st == BX_OK) st = check_operand(fn, "b", b, 2, 0, &B);
+  if (st == BX_OK) st = check_operand(fn, "c", c, 3, 1, &C);
+  if (st != BX_OK) return st;
+  size_t m = A.ndim == 3 ? A.dim[0] * A.dim[1] : A.dim[0], k = A.dim[A.ndim - 1];
+  size_t bk = layout == BX_GEMM_NT ? B.dim[1] : B.dim[0];
+  size_t n = layout == BX_GEMM_NT ? B.dim[0] : B.dim[1];
+  if (bk != k)
+    return bx_fail(BX_EINVAL, "%s: a is [..., %zu] but b (%s) is [%zu, %zu]: K differs", fn, k,
+                   layout == BX_GEMM_NT ? "NT, [N,K]" : "NN, [K,N]", B.dim[0], B.dim[1]);
+  if (C.ndim != A.ndim)
+    return bx_fail(BX_EINVAL, "%s: c has %d dimensions, a has %d", fn, C.ndim, A.ndim);
+  if ((A.ndim == 3 && (C.dim[0] != A.dim[0] || C.dim[1] != A.dim[1])) ||
+      (A.ndim == 2 && C.dim[0] != A.dim[0]) || C.dim[C.ndim - 1] != n)
+    return bx_fail(BX_EINVAL, "%s: c's shape does not match [M = %zu rows of a, N = %zu]", fn, m, n);
+  if (overlaps(&C, &A)) return bx_fail(BX_ELAYOUT, "%s: c overlaps a", fn);
+  if (overlaps(&C, &B)) return bx_fail(BX_ELAYOUT, "%s: c overlaps b", fn);
+  float *cd = (float *)C.data;
+  if (m == 0 || n == 0) return BX_OK;
+  if (k == 0) {
+    if (!o.accumulate) memset(cd, 0, m * n * sizeof(float));
+    return BX_OK;
+  }
+
+  const bx_gemm_kernel *kern = bx_gemm_kernel_active();
+  size_t mc = round_up(blk && blk->mc ? blk->mc : BX_GEMM_MC, kern->mr);
+  size_t kc = blk && blk->kc ? blk->kc : BX_GEMM_KC;
+  size_t nc = round_up(blk && blk->nc ? blk->nc : BX_GEMM_NC, kern->nr);
+  if (mc > round_up(m, kern->mr)) mc = round_up(m, kern->mr);
+  if (kc > k) kc = k;
+  if (nc > round_up(n, kern->nr)) nc = round_up(n, kern->nr);
+  int nthreads = o.num_threads > 0 ? o.num_threads : bx_default_threads();
+  if (nthreads > BX_MAX_THREADS) nthreads = BX_MAX_THREADS;
+  size_t mblocks = (m + mc - 1) / mc;
+  /* default blocking only: narrower N blocks until every thread has about
+   * two blocks (speed only) */
+  if (!(blk && blk->nc) && nthreads > 1)
+    while (mblocks * ((n + nc - 1) / nc) < 2 * (size_t)nthreads && nc > 4 * kern->nr)
+      nc = round_up(nc / 2, kern->nr);
+  size_t nblocks = (n + nc - 1) / nc, ntasks = mblocks * nblocks;
+  if ((size_t)nthreads > ntasks) nthreads = (int)ntasks;
+  size_t each = a_bytes(mc, kc) + round_up(kc * nc * sizeof(float), 64);
+  if (each > (SIZE_MAX - 64) / (size_t)nthreads)
+    return bx_fail(BX_ENOMEM, "%s: blocking needs too much scratch", fn);
+  char *ws = bx_workspace(each * (size_t)nthreads + 64);
+  if (!ws) return bx_fail(BX_ENOMEM, "%s: cannot allocate %zu bytes of packing scratch", fn,
+                          each * (size_t)nthreads + 64);
+  gemm_job j = {A.data, B.data, A.dt, B.dt, layout, cd, m, n, k, mc, kc, nc, nblocks,
+                o.accumulate != 0, kern, ws + (64 - (uintptr_t)ws % 64) % 64, each};
+  bx_parallel_run(nthreads, ntasks, gemm_task, &j);
+  return BX_OK;
+}
+
+bx_status bx_gemm_blocked(const DLTensor *a, const DLTensor *b, bx_gemm_layout layout,
+                          DLTensor *c, const bx_gemm_opts *opts, const bx_gemm_blocking *blk) {
+  static const char *fn = "bx_gemm";
+  if (opts) { /* before anything else */
+    bx_status st = bx_check_struct_size(fn, "opts->struct_size", opts->struct_size, sizeof *opts,
+                                        "bx_gemm_opts", "BX_GEMM_OPTS_DEFAULT");
+    if (st != BX_OK) return st;
+  }
+  bx_call call;
+  bx_status st = bx_call_enter(&call, fn);
+  if (st != BX_OK) return st;
+  st = gemm_impl(fn, a, b, layout, c, opts, blk);
+  bx_call_leave(&call);
+  return st;
+}
+
+bx_status bx_gemm(const DLTensor *a, const DLTensor *b, bx_gemm_layout layout, DLTensor *c,
+                  const bx_gemm_opts *opts) {
+  return bx_gemm_blocked(a, b, layout, c, opts, NULL);
+}
