@@ -167,6 +167,14 @@ static const test_entry TESTS[] = {
     {"abi_struct_sizes", test_abi_struct_sizes},
     {"abi_old_binary", test_abi_old_binary},
     {"abi_comm_default", test_abi_comm_default},
+    /* GEMM (test_gemm.c) */
+    {"gemm_vs_reference", test_gemm_vs_reference},
+    {"gemm_special_values", test_gemm_special_values},
+    {"gemm_batch_invariance", test_gemm_batch_invariance},
+    {"gemm_layout_invariance", test_gemm_layout_invariance},
+    {"gemm_batched_3d", test_gemm_batched_3d},
+    {"gemm_empty", test_gemm_empty},
+    {"gemm_bad_input", test_gemm_bad_input},
 };
 #define NTESTS (sizeof TESTS / sizeof TESTS[0])
 

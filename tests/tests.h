@@ -154,4 +154,13 @@ void test_abi_struct_sizes(void);
 void test_abi_old_binary(void);
 void test_abi_comm_default(void);
 
+/* test_gemm.c */
+void test_gemm_vs_reference(void);
+void test_gemm_special_values(void);
+void test_gemm_batch_invariance(void);
+void test_gemm_layout_invariance(void);
+void test_gemm_batched_3d(void);
+void test_gemm_empty(void);
+void test_gemm_bad_input(void);
+
 #endif /* BX_TEST_TESTS_H */
