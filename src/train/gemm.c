@@ -1,8 +1,8 @@
 /*
  * gemm.c — bx_gemm's generic blocked driver (BLIS-style): the checks, then
- * per task one mc x nc block of C over all of K, in kc blocks: pack a kc x
- * nc panel of B into nr-wide slivers and an mc x kc block of A into
- * mr-high slivers (fp32; bf16 widened exactly), then the active ISA's
+ * per task one nc-column block of C over a range of rows and all of K, in
+ * kc blocks: pack a kc x nc panel of B into nr-wide slivers (once per kc
+ * block), then per mc rows an mc x kc block of A into mr-high slivers (fp32; bf16 widened exactly), then the active ISA's
  * micro-kernel (kernels.h) on each mr x nr tile. Between kc blocks the
  * running fp32 accumulator of every element lives in C itself (stored and
  * reloaded exactly), so the k blocking leaves each element's chain of fmas
@@ -102,15 +102,18 @@ static inline float bf16_to_f32(uint16_t h) {
 
 /* A[i0.., k0..] (row stride lda) -> ap: ceil(mb/mr) slivers of kb x mr, k-major, zero-padded rows. */
 static void pack_a_f32(const float *a, size_t lda, size_t mb, size_t kb, size_t mr, float *ap) {
-  for (size_t r = 0; r < mb; r += mr, ap += kb * mr)
-    for (size_t ii = 0; ii < mr; ii++) {
-      if (r + ii < mb) {
-        const float *row = a + (r + ii) * lda;
-        for (size_t k = 0; k < kb; k++) ap[k * mr + ii] = row[k];
-      } else {
-        for (size_t k = 0; k < kb; k++) ap[k * mr + ii] = 0.0f;
+  for (size_t r = 0; r < mb; r += mr, ap += kb * mr) {
+    size_t h = mb - r < mr ? mb - r : mr;
+    const float *rows = a + r * lda;
+    for (size_t k0 = 0; k0 < kb; k0 += 16) { /* 16 k at a time: one cache line of each row */
+      size_t k1 = kb - k0 < 16 ? kb : k0 + 16;
+      for (size_t k = k0; k < k1; k++) {
+        float *dst = ap + k * mr;
+        for (size_t ii = 0; ii < h; ii++) dst[ii] = rows[ii * lda + k];
+        for (size_t ii = h; ii < mr; ii++) dst[ii] = 0.0f;
       }
     }
+  }
 }
 
 static void pack_a_bf16(const uint16_t *a, size_t lda, size_t mb, size_t kb, size_t mr, float *ap) {
@@ -186,6 +189,7 @@ typedef struct gemm_job {
   float *c;
   size_t m, n, k;
   size_t mc, kc, nc, nblocks_n;
+  size_t mtask; /* rows of C per task, a multiple of mc */
   int accumulate;
   const bx_gemm_kernel *kern;
   char *scratch;       /* per worker: packed A block, then packed B panel */
@@ -235,23 +239,26 @@ static size_t a_bytes(size_t mc, size_t kc) { return (mc * kc * sizeof(float) + 
 static void gemm_task(void *ctx, size_t task, int worker) {
   const gemm_job *j = ctx;
   const bx_gemm_kernel *kern = j->kern;
-  size_t i0 = (task / j->nblocks_n) * j->mc, j0 = (task % j->nblocks_n) * j->nc;
-  size_t mb = j->m - i0 < j->mc ? j->m - i0 : j->mc;
+  size_t r0 = (task / j->nblocks_n) * j->mtask, j0 = (task % j->nblocks_n) * j->nc;
+  size_t r1 = j->m - r0 < j->mtask ? j->m : r0 + j->mtask;
   size_t nb = j->n - j0 < j->nc ? j->n - j0 : j->nc;
   float *ap = (float *)(j->scratch + (size_t)worker * j->scratch_each);
   float *bp = (float *)(j->scratch + (size_t)worker * j->scratch_each + a_bytes(j->mc, j->kc));
   for (size_t p0 = 0; p0 < j->k; p0 += j->kc) {
     size_t kb = j->k - p0 < j->kc ? j->k - p0 : j->kc;
     int load_c = p0 > 0 || j->accumulate; /* the running accumulator is in C */
-    pack_b(j, j0, p0, nb, kb, bp);
-    pack_a(j, i0, p0, mb, kb, ap);
-    for (size_t s = 0; s < nb; s += kern->nr) {
-      size_t w = nb - s < kern->nr ? nb - s : kern->nr;
-      const float *bs = bp + (s / kern->nr) * kb * kern->nr;
-      for (size_t r = 0; r < mb; r += kern->mr) {
-        size_t h = mb - r < kern->mr ? mb - r : kern->mr;
-        run_tile(kern, kb, ap + (r / kern->mr) * kb * kern->mr, bs, j->c + (i0 + r) * j->n + j0 + s,
-                 j->n, h, w, load_c);
+    pack_b(j, j0, p0, nb, kb, bp); /* once per k block, for all the task's rows */
+    for (size_t i0 = r0; i0 < r1; i0 += j->mc) {
+      size_t mb = r1 - i0 < j->mc ? r1 - i0 : j->mc;
+      pack_a(j, i0, p0, mb, kb, ap);
+      for (size_t s = 0; s < nb; s += kern->nr) {
+        size_t w = nb - s < kern->nr ? nb - s : kern->nr;
+        const float *bs = bp + (s / kern->nr) * kb * kern->nr;
+        for (size_t r = 0; r < mb; r += kern->mr) {
+          size_t h = mb - r < kern->mr ? mb - r : kern->mr;
+          run_tile(kern, kb, ap + (r / kern->mr) * kb * kern->mr, bs,
+                   j->c + (i0 + r) * j->n + j0 + s, j->n, h, w, load_c);
+        }
       }
     }
   }
@@ -302,13 +309,21 @@ static bx_status gemm_impl(const char *fn, const DLTensor *a, const DLTensor *b,
   if (nc > round_up(n, kern->nr)) nc = round_up(n, kern->nr);
   int nthreads = o.num_threads > 0 ? o.num_threads : bx_default_threads();
   if (nthreads > BX_MAX_THREADS) nthreads = BX_MAX_THREADS;
+  /* Tasks: nc-column blocks of C, each over a range of rows (several mc
+   * blocks, so that B's panel is packed once per k block for all of
+   * them). With the default blocking, narrower column blocks, then row
+   * ranges, until every thread has about two tasks. Speed only. */
   size_t mblocks = (m + mc - 1) / mc;
-  /* default blocking only: narrower N blocks until every thread has about
-   * two blocks (speed only) */
   if (!(blk && blk->nc) && nthreads > 1)
-    while (mblocks * ((n + nc - 1) / nc) < 2 * (size_t)nthreads && nc > 4 * kern->nr)
+    while (mblocks * ((n + nc - 1) / nc) < 2 * (size_t)nthreads && nc > 4 * kern->nr &&
+           (n + nc - 1) / nc < 2 * (size_t)nthreads)
       nc = round_up(nc / 2, kern->nr);
-  size_t nblocks = (n + nc - 1) / nc, ntasks = mblocks * nblocks;
+  size_t nblocks = (n + nc - 1) / nc;
+  size_t msplit = nblocks >= 2 * (size_t)nthreads ? 1 : (2 * (size_t)nthreads + nblocks - 1) / nblocks;
+  if (nthreads == 1) msplit = 1;
+  if (msplit > mblocks) msplit = mblocks;
+  size_t mtask = (mblocks + msplit - 1) / msplit * mc;
+  size_t ntasks = (m + mtask - 1) / mtask * nblocks;
   if ((size_t)nthreads > ntasks) nthreads = (int)ntasks;
   size_t each = a_bytes(mc, kc) + round_up(kc * nc * sizeof(float), 64);
   if (each > (SIZE_MAX - 64) / (size_t)nthreads)
@@ -316,7 +331,7 @@ static bx_status gemm_impl(const char *fn, const DLTensor *a, const DLTensor *b,
   char *ws = bx_workspace(each * (size_t)nthreads + 64);
   if (!ws) return bx_fail(BX_ENOMEM, "%s: cannot allocate %zu bytes of packing scratch", fn,
                           each * (size_t)nthreads + 64);
-  gemm_job j = {A.data, B.data, A.dt, B.dt, layout, cd, m, n, k, mc, kc, nc, nblocks,
+  gemm_job j = {A.data, B.data, A.dt, B.dt, layout, cd, m, n, k, mc, kc, nc, nblocks, mtask,
                 o.accumulate != 0, kern, ws + (64 - (uintptr_t)ws % 64) % 64, each};
   bx_parallel_run(nthreads, ntasks, gemm_task, &j);
   return BX_OK;
