@@ -366,7 +366,7 @@ void test_gemm_empty(void) {
 /* Errors: named, and C untouched. */
 static void expect_fail(const DLTensor *a, const DLTensor *b, int layout, mat *c, const bx_gemm_opts *o,
                         bx_status want, const char *word, const char *what) {
-  size_t bytes = c->rows * c->cols * 4;
+  size_t bytes = c->rows * c->cols * (c->bf16 ? 2 : 4);
   unsigned char *before = malloc(bytes + 1);
   memcpy(before, c->data, bytes);
   bx_status st = bx_gemm(a, b, (bx_gemm_layout)layout, &c->t, o);

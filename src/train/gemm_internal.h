@@ -18,7 +18,8 @@ extern "C" {
 /* Block sizes in elements: mc rows of A and C, kc of the k range, nc
  * columns of B and C per block (BLIS's MC, KC, NC). 0 = the default. mc and
  * nc are rounded up to the micro-kernel's mr and nr. A task of the thread
- * pool is one mc x nc block of C over all of K (never split). */
+ * pool is one nc-column block of C over a range of whole mc blocks of rows
+ * and all of K (K is never split). */
 typedef struct bx_gemm_blocking {
   size_t mc, kc, nc;
 } bx_gemm_blocking;
