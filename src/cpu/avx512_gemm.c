@@ -41,7 +41,18 @@ static void avx512_gemm_12x32(size_t kc, const float *ap, const float *bp, float
                               int load_c) {
   ALL_ROWS(ROW_DECL);
   ALL_ROWS(ROW_INIT);
-  for (size_t k = 0; k < kc; k++, ap += MR, bp += NR) {
+  /* the next tile down (the driver's next call) has its C rows fetched
+   * while this one computes: 12 rows of two lines, one pair per k step
+   * (a prefetch past the matrix is harmless) */
+  const float *next = c + (size_t)MR * ldc;
+  size_t k = 0;
+  for (; k < kc && k < MR; k++, ap += MR, bp += NR) {
+    _mm_prefetch((const char *)(next + k * ldc), _MM_HINT_T0);
+    _mm_prefetch((const char *)(next + k * ldc + 16), _MM_HINT_T0);
+    __m512 b0 = _mm512_load_ps(bp), b1 = _mm512_load_ps(bp + 16);
+    ALL_ROWS(ROW_FMA);
+  }
+  for (; k < kc; k++, ap += MR, bp += NR) {
     __m512 b0 = _mm512_load_ps(bp), b1 = _mm512_load_ps(bp + 16);
     ALL_ROWS(ROW_FMA);
   }
