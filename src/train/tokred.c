@@ -1,0 +1,875 @@
+/*
+ * tokred.c — the layout-invariant token reduction (bitexact_train.h,
+ * "Token reduction"; DESIGN §9 point 2): canonical chunk addends rounded
+ * onto a per-tensor int64 grid whose exponent is agreed over ranks, summed
+ * as int64 words in any order, rounded once. The grid's numerics live in
+ * src/common/tokred_grid.h; this file holds the state, the checks, the
+ * kernels over one partial and the collectives.
+ *
+ * Words of a state (one contiguous int64 array, the wire format):
+ *   for each tensor t: numel_t grid words, then 1 non-finite count
+ *   then ntensors * nchunks coverage counts (tensor-major)
+ * The ordinary mode keeps its fp32 sums aside (fsum) and uses the same
+ * words for the non-finite and coverage counts (its grid words stay 0).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "abi.h"
+#include "agree.h"
+#include "bitexact_train.h"
+#include "call.h"
+#include "collective.h"
+#include "error.h"
+#include "tensor.h"
+#include "tokred_grid.h"
+
+struct bx_tokred {
+  int mode;
+  int agreed;
+  size_t ntensors;
+  int64_t chunk_tokens, total_tokens, nchunks;
+  int64_t *numel;   /* [ntensors] */
+  int *ndim;        /* [ntensors] */
+  int64_t *shape;   /* concatenated shapes */
+  size_t *shape_at; /* [ntensors] start of tensor t's shape in shape[] */
+  size_t *word_at;  /* [ntensors] start of tensor t's grid words */
+  size_t fsum_total;
+  int *bound;       /* [ntensors] E_t */
+  int *grid;        /* [ntensors] e_t (after agree) */
+  int64_t *words;
+  size_t nwords;
+  size_t cover_at;  /* start of the coverage words */
+  float *fsum;      /* ordinary mode: [fsum_total] */
+};
+
+#define TOKRED_TAG (0x746B0000LL + BX_TOKRED_FORMAT)
+
+/* ---- small checks ------------------------------------------------------ */
+
+static int host_readable(DLDeviceType dev) {
+  return dev == kDLCPU || dev == kDLCUDAHost || dev == kDLCUDAManaged || dev == kDLROCMHost;
+}
+
+static int is_f32(DLDataType dt) { return dt.code == kDLFloat && dt.bits == 32 && dt.lanes == 1; }
+static int is_f64(DLDataType dt) { return dt.code == kDLFloat && dt.bits == 64 && dt.lanes == 1; }
+
+static bx_status check_opts_size(const char *fn, const bx_tokred_opts *o) {
+  if (!o) return BX_OK;
+  return bx_check_struct_size(fn, "opts->struct_size", o->struct_size, sizeof *o,
+                              "bx_tokred_opts", "BX_TOKRED_OPTS_DEFAULT");
+}
+
+/* A partial or an output against tensor t of s: host, dtype (fp32, or fp64
+ * too when allow_f64), same ndim and shape, row-major dense, aligned. */
+static bx_status check_like(const char *fn, const bx_tokred *s, size_t t, int64_t chunk,
+                            const DLTensor *x, const char *what, int allow_f64) {
+  char where[80];
+  if (chunk >= 0) snprintf(where, sizeof where, "tensor %zu, chunk %lld", t, (long long)chunk);
+  else snprintf(where, sizeof where, "tensor %zu", t);
+  if (!x) return bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, t, "%s: %s: %s is NULL", fn, where, what);
+  if (!host_readable(x->device.device_type))
+    return bx_fail_at(BX_EDEVICE, -1, BX_NO_INDEX, t,
+                      "%s: %s: %s is on device type %d, not host-readable memory", fn, where,
+                      what, (int)x->device.device_type);
+  if (!is_f32(x->dtype) && !(allow_f64 && is_f64(x->dtype)))
+    return bx_fail_at(BX_EDTYPE, -1, BX_NO_INDEX, t,
+                      "%s: %s: %s has dtype (code %d, bits %d, lanes %d); %s", fn, where, what,
+                      (int)x->dtype.code, (int)x->dtype.bits, (int)x->dtype.lanes,
+                      allow_f64 ? "fp32 or fp64 needed" : "fp32 needed");
+  const int64_t *sh = s->shape + s->shape_at[t];
+  if (x->ndim != s->ndim[t] || (x->ndim > 0 && !x->shape))
+    return bx_fail_at(BX_ELAYOUT, -1, BX_NO_INDEX, t,
+                      "%s: %s: %s has %d dimensions, the gradient %d", fn, where, what, x->ndim,
+                      s->ndim[t]);
+  for (int d = 0; d < x->ndim; d++)
+    if (x->shape[d] != sh[d])
+      return bx_fail_at(BX_ELAYOUT, -1, BX_NO_INDEX, t,
+                        "%s: %s: %s has size %lld in dimension %d, the gradient %lld", fn, where,
+                        what, (long long)x->shape[d], d, (long long)sh[d]);
+  if (x->strides) {
+    int64_t want = 1;
+    for (int d = x->ndim - 1; d >= 0; d--) {
+      if (x->shape[d] != 1 && x->strides[d] != want)
+        return bx_fail_at(BX_ELAYOUT, -1, BX_NO_INDEX, t,
+                          "%s: %s: %s is not dense row-major (stride %lld in dimension %d, "
+                          "%lld expected)",
+                          fn, where, what, (long long)x->strides[d], d, (long long)want);
+      want *= x->shape[d];
+    }
+  }
+  size_t esz = is_f64(x->dtype) ? 8 : 4;
+  if (s->numel[t] > 0) {
+    if (!x->data)
+      return bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, t, "%s: %s: %s has NULL data", fn, where,
+                        what);
+    uintptr_t p = (uintptr_t)x->data + (uintptr_t)x->byte_offset;
+    if (p % esz)
+      return bx_fail_at(BX_ELAYOUT, -1, BX_NO_INDEX, t,
+                        "%s: %s: %s is not aligned to its %zu-byte elements", fn, where, what,
+                        esz);
+  }
+  return BX_OK;
+}
+
+static const float *f32_data(const DLTensor *x) {
+  return (const float *)(const void *)((const char *)x->data + x->byte_offset);
+}
+
+static bx_status check_tensor_index(const char *fn, const bx_tokred *s, size_t t) {
+  if (t >= s->ntensors)
+    return bx_fail(BX_EINVAL, "%s: tensor %zu does not exist (the state has %zu)", fn, t,
+                   s->ntensors);
+  return BX_OK;
+}
+
+static bx_status check_chunk(const char *fn, const bx_tokred *s, size_t t, int64_t c) {
+  if (c < 0 || c >= s->nchunks)
+    return bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, t,
+                      "%s: tensor %zu: chunk %lld is outside [0, %lld) (%lld tokens in chunks "
+                      "of %lld)",
+                      fn, t, (long long)c, (long long)s->nchunks, (long long)s->total_tokens,
+                      (long long)s->chunk_tokens);
+  return BX_OK;
+}
+
+/* ---- create / destroy / fork ------------------------------------------- */
+
+static void free_state(bx_tokred *s) {
+  if (!s) return;
+  free(s->numel);
+  free(s->ndim);
+  free(s->shape);
+  free(s->shape_at);
+  free(s->word_at);
+  free(s->bound);
+  free(s->grid);
+  free(s->words);
+  free(s->fsum);
+  free(s);
+}
+
+/* Allocation of a state whose numel/ndim/shape/shape_at are filled:
+ * words, offsets, bounds, fsum. */
+static bx_status alloc_rest(const char *fn, bx_tokred *s) {
+  size_t n = s->ntensors ? s->ntensors : 1;
+  s->word_at = malloc(n * sizeof *s->word_at);
+  s->bound = malloc(n * sizeof *s->bound);
+  s->grid = malloc(n * sizeof *s->grid);
+  if (!s->word_at || !s->bound || !s->grid) goto oom;
+  size_t at = 0, elems = 0;
+  for (size_t t = 0; t < s->ntensors; t++) {
+    s->word_at[t] = at;
+    at += (size_t)s->numel[t] + 1;
+    elems += (size_t)s->numel[t];
+    s->bound[t] = BX_TOKRED_EMIN;
+    s->grid[t] = 0;
+  }
+  s->cover_at = at;
+  uint64_t cover = (uint64_t)s->ntensors * (uint64_t)s->nchunks;
+  if (cover > ((uint64_t)1 << 40) || at > ((size_t)1 << 60))
+    return bx_fail(BX_ENOMEM, "%s: %zu tensors x %lld chunks of coverage words is too many", fn,
+                   s->ntensors, (long long)s->nchunks);
+  s->nwords = at + (size_t)cover;
+  s->words = calloc(s->nwords ? s->nwords : 1, sizeof *s->words);
+  if (!s->words) goto oom;
+  s->fsum_total = elems;
+  if (s->mode == BX_TOKRED_ORDINARY) {
+    s->fsum = calloc(elems ? elems : 1, sizeof *s->fsum);
+    if (!s->fsum) goto oom;
+  }
+  return BX_OK;
+oom:
+  return bx_fail(BX_ENOMEM, "%s: cannot allocate the state (%zu tensors)", fn, s->ntensors);
+}
+
+static bx_status create_impl(const char *fn, const DLTensor *grads, size_t ntensors,
+                             int64_t chunk_tokens, int64_t total_tokens, const bx_tokred_opts *o,
+                             bx_tokred **out) {
+  if (!out) return bx_fail(BX_EINVAL, "%s: out is NULL", fn);
+  if (ntensors > 0 && !grads)
+    return bx_fail(BX_EINVAL, "%s: grads is NULL with ntensors %zu", fn, ntensors);
+  if (chunk_tokens < 1)
+    return bx_fail(BX_EINVAL, "%s: chunk_tokens %lld must be >= 1", fn, (long long)chunk_tokens);
+  if (total_tokens < 0)
+    return bx_fail(BX_EINVAL, "%s: total_tokens %lld must be >= 0", fn, (long long)total_tokens);
+  if (o->mode != BX_TOKRED_GRID && o->mode != BX_TOKRED_ORDINARY)
+    return bx_fail(BX_EINVAL, "%s: unknown mode %d", fn, (int)o->mode);
+  int64_t nchunks = total_tokens / chunk_tokens + (total_tokens % chunk_tokens != 0);
+  if (nchunks > BX_TOKRED_MAX_CHUNKS)
+    return bx_fail(BX_EINVAL, "%s: %lld chunks exceed BX_TOKRED_MAX_CHUNKS (2^38)", fn,
+                   (long long)nchunks);
+  size_t nshape = 0;
+  for (size_t t = 0; t < ntensors; t++) {
+    const DLTensor *g = &grads[t];
+    if (!host_readable(g->device.device_type))
+      return bx_fail_at(BX_EDEVICE, -1, BX_NO_INDEX, t,
+                        "%s: tensor %zu is on device type %d, not host-readable memory", fn, t,
+                        (int)g->device.device_type);
+    if (!is_f32(g->dtype))
+      return bx_fail_at(BX_EDTYPE, -1, BX_NO_INDEX, t,
+                        "%s: tensor %zu has dtype (code %d, bits %d, lanes %d); the token "
+                        "reduction takes fp32 gradients",
+                        fn, t, (int)g->dtype.code, (int)g->dtype.bits, (int)g->dtype.lanes);
+    if (g->ndim < 0 || (g->ndim > 0 && !g->shape))
+      return bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, t, "%s: tensor %zu: bad ndim %d or NULL shape",
+                        fn, t, g->ndim);
+    int64_t n = 1;
+    for (int d = 0; d < g->ndim; d++) {
+      if (g->shape[d] < 0)
+        return bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, t, "%s: tensor %zu: negative size %lld",
+                          fn, t, (long long)g->shape[d]);
+      if (g->shape[d] > 0 && n > (((int64_t)1 << 50) / g->shape[d]))
+        return bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, t, "%s: tensor %zu: too many elements",
+                          fn, t);
+      n *= g->shape[d];
+    }
+    nshape += (size_t)g->ndim;
+  }
+  bx_status st = BX_OK;
+  bx_tokred *s = calloc(1, sizeof *s);
+  if (!s) return bx_fail(BX_ENOMEM, "%s: cannot allocate the state", fn);
+  s->mode = (int)o->mode;
+  s->ntensors = ntensors;
+  s->chunk_tokens = chunk_tokens;
+  s->total_tokens = total_tokens;
+  s->nchunks = nchunks;
+  size_t n1 = ntensors ? ntensors : 1;
+  s->numel = malloc(n1 * sizeof *s->numel);
+  s->ndim = malloc(n1 * sizeof *s->ndim);
+  s->shape_at = malloc(n1 * sizeof *s->shape_at);
+  s->shape = malloc((nshape ? nshape : 1) * sizeof *s->shape);
+  if (!s->numel || !s->ndim || !s->shape_at || !s->shape) {
+    st = bx_fail(BX_ENOMEM, "%s: cannot allocate the state (%zu tensors)", fn, ntensors);
+    goto fail;
+  }
+  size_t at = 0;
+  for (size_t t = 0; t < ntensors; t++) {
+    int64_t n = 1;
+    s->ndim[t] = grads[t].ndim;
+    s->shape_at[t] = at;
+    for (int d = 0; d < grads[t].ndim; d++) {
+      s->shape[at++] = grads[t].shape[d];
+      n *= grads[t].shape[d];
+    }
+    s->numel[t] = n;
+  }
+  st = alloc_rest(fn, s);
+  if (st != BX_OK) goto fail;
+  *out = s;
+  return BX_OK;
+fail:
+  free_state(s);
+  return st;
+}
+
+bx_status bx_tokred_create(const DLTensor *grads, size_t ntensors, int64_t chunk_tokens,
+                           int64_t total_tokens, const bx_tokred_opts *opts, bx_tokred **out) {
+  static const char *fn = "bx_tokred_create";
+  bx_status st = check_opts_size(fn, opts); /* before anything else */
+  if (st != BX_OK) return st;
+  bx_tokred_opts o = BX_TOKRED_OPTS_DEFAULT;
+  if (opts) o = *opts;
+  bx_call c;
+  st = bx_call_enter(&c, fn);
+  if (st != BX_OK) return st;
+  st = create_impl(fn, grads, ntensors, chunk_tokens, total_tokens, &o, out);
+  bx_call_leave(&c);
+  return st;
+}
+
+void bx_tokred_destroy(bx_tokred *s) { free_state(s); }
+
+static bx_status fork_impl(const char *fn, const bx_tokred *s, bx_tokred **out) {
+  if (!s || !out) return bx_fail(BX_EINVAL, "%s: %s is NULL", fn, s ? "out" : "s");
+  if (!s->agreed)
+    return bx_fail(BX_EINVAL, "%s: the grid is not agreed yet (call bx_tokred_agree first)", fn);
+  bx_tokred *f = calloc(1, sizeof *f);
+  if (!f) return bx_fail(BX_ENOMEM, "%s: cannot allocate the state", fn);
+  bx_status st = BX_OK;
+  f->mode = s->mode;
+  f->ntensors = s->ntensors;
+  f->chunk_tokens = s->chunk_tokens;
+  f->total_tokens = s->total_tokens;
+  f->nchunks = s->nchunks;
+  size_t n1 = s->ntensors ? s->ntensors : 1, nshape = 0;
+  for (size_t t = 0; t < s->ntensors; t++) nshape += (size_t)s->ndim[t];
+  f->numel = malloc(n1 * sizeof *f->numel);
+  f->ndim = malloc(n1 * sizeof *f->ndim);
+  f->shape_at = malloc(n1 * sizeof *f->shape_at);
+  f->shape = malloc((nshape ? nshape : 1) * sizeof *f->shape);
+  if (!f->numel || !f->ndim || !f->shape_at || !f->shape) {
+    st = bx_fail(BX_ENOMEM, "%s: cannot allocate the state", fn);
+    goto fail;
+  }
+  memcpy(f->numel, s->numel, s->ntensors * sizeof *f->numel);
+  memcpy(f->ndim, s->ndim, s->ntensors * sizeof *f->ndim);
+  memcpy(f->shape_at, s->shape_at, s->ntensors * sizeof *f->shape_at);
+  if (nshape) memcpy(f->shape, s->shape, nshape * sizeof *f->shape);
+  st = alloc_rest(fn, f);
+  if (st != BX_OK) goto fail;
+  if (s->ntensors) {
+    memcpy(f->bound, s->bound, s->ntensors * sizeof *f->bound);
+    memcpy(f->grid, s->grid, s->ntensors * sizeof *f->grid);
+  }
+  f->agreed = 1;
+  *out = f;
+  return BX_OK;
+fail:
+  free_state(f);
+  return st;
+}
+
+bx_status bx_tokred_fork(const bx_tokred *s, bx_tokred **out) {
+  static const char *fn = "bx_tokred_fork";
+  bx_call c;
+  bx_status st = bx_call_enter(&c, fn);
+  if (st != BX_OK) return st;
+  st = fork_impl(fn, s, out);
+  bx_call_leave(&c);
+  return st;
+}
+
+/* ---- layouts ----------------------------------------------------------- */
+
+static bx_status chunks_impl(const char *fn, const bx_tokred *s, int64_t b, int64_t e,
+                             int64_t *cb, int64_t *ce) {
+  if (!s || !cb || !ce) return bx_fail(BX_EINVAL, "%s: NULL argument", fn);
+  int64_t C = s->chunk_tokens, T = s->total_tokens;
+  if (b < 0 || e < b || e > T)
+    return bx_fail(BX_ELAYOUT, "%s: token range [%lld, %lld) is not inside the global batch "
+                   "[0, %lld)", fn, (long long)b, (long long)e, (long long)T);
+  if (b % C != 0 && b != T)
+    return bx_fail(BX_ELAYOUT,
+                   "%s: token range [%lld, %lld) starts inside chunk %lld (tokens [%lld, %lld)): "
+                   "a micro-batch or rank must hold whole chunks of %lld global tokens",
+                   fn, (long long)b, (long long)e, (long long)(b / C), (long long)(b / C * C),
+                   (long long)(b / C * C + C), (long long)C);
+  if (e % C != 0 && e != T)
+    return bx_fail(BX_ELAYOUT,
+                   "%s: token range [%lld, %lld) ends inside chunk %lld (tokens [%lld, %lld)): "
+                   "a micro-batch or rank must hold whole chunks of %lld global tokens",
+                   fn, (long long)b, (long long)e, (long long)(e / C), (long long)(e / C * C),
+                   (long long)(e / C * C + C < T ? e / C * C + C : T), (long long)C);
+  *cb = b / C + (b % C != 0);
+  *ce = e / C + (e % C != 0);
+  return BX_OK;
+}
+
+bx_status bx_tokred_chunks(const bx_tokred *s, int64_t token_begin, int64_t token_end,
+                           int64_t *chunk_begin, int64_t *chunk_end) {
+  static const char *fn = "bx_tokred_chunks";
+  bx_call c;
+  bx_status st = bx_call_enter(&c, fn);
+  if (st != BX_OK) return st;
+  st = chunks_impl(fn, s, token_begin, token_end, chunk_begin, chunk_end);
+  bx_call_leave(&c);
+  return st;
+}
+
+/* ---- bounds ------------------------------------------------------------ */
+
+/* Largest |bits| of the finite elements of a[0..n). */
+static uint32_t max_finite_abs(const float *a, size_t n) {
+  const uint32_t *u = (const uint32_t *)(const void *)a;
+  uint32_t mx = 0;
+  for (size_t i = 0; i < n; i++) {
+    uint32_t ab = u[i] & 0x7fffffffu;
+    ab = ab < 0x7f800000u ? ab : 0;
+    mx = ab > mx ? ab : mx;
+  }
+  return mx;
+}
+
+static bx_status bound_impl(const char *fn, bx_tokred *s, size_t t, int64_t chunk,
+                            const DLTensor *p) {
+  if (!s) return bx_fail(BX_EINVAL, "%s: s is NULL", fn);
+  bx_status st = check_tensor_index(fn, s, t);
+  if (st == BX_OK) st = check_chunk(fn, s, t, chunk);
+  if (st == BX_OK && s->agreed)
+    st = bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, t,
+                    "%s: tensor %zu, chunk %lld: the grid is already agreed (bounds come before "
+                    "bx_tokred_agree)",
+                    fn, t, (long long)chunk);
+  if (st == BX_OK) st = check_like(fn, s, t, chunk, p, "the partial", 0);
+  if (st != BX_OK) return st;
+  int E = bx_tokred_exp_of_abs(max_finite_abs(f32_data(p), (size_t)s->numel[t]));
+  if (E > s->bound[t]) s->bound[t] = E;
+  return BX_OK;
+}
+
+bx_status bx_tokred_bound(bx_tokred *s, size_t tensor, int64_t chunk, const DLTensor *partial) {
+  static const char *fn = "bx_tokred_bound";
+  bx_call c;
+  bx_status st = bx_call_enter(&c, fn);
+  if (st != BX_OK) return st;
+  st = bound_impl(fn, s, tensor, chunk, partial);
+  bx_call_leave(&c);
+  return st;
+}
+
+bx_status bx_tokred_bound_exp(bx_tokred *s, size_t tensor, int exp2) {
+  static const char *fn = "bx_tokred_bound_exp";
+  bx_call c;
+  bx_status st = bx_call_enter(&c, fn);
+  if (st != BX_OK) return st;
+  if (!s) st = bx_fail(BX_EINVAL, "%s: s is NULL", fn);
+  else st = check_tensor_index(fn, s, tensor);
+  if (st == BX_OK && (exp2 < BX_TOKRED_EMIN || exp2 > BX_TOKRED_EMAX))
+    st = bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, tensor,
+                    "%s: tensor %zu: exp2 %d is outside [-149, 128]", fn, tensor, exp2);
+  if (st == BX_OK && s->agreed)
+    st = bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, tensor,
+                    "%s: tensor %zu: the grid is already agreed", fn, tensor);
+  if (st == BX_OK && exp2 > s->bound[tensor]) s->bound[tensor] = exp2;
+  bx_call_leave(&c);
+  return st;
+}
+
+/* ---- agreement --------------------------------------------------------- */
+
+enum {
+  AG_FORMAT = 0, /* TOKRED_TAG */
+  AG_CALL,       /* 1 agree, 2 allreduce */
+  AG_MODE,
+  AG_NTENSORS,
+  AG_CHUNK,
+  AG_TOTAL,
+  AG_SHAPES, /* a hash of every tensor's shape */
+  AG_GRID,   /* a hash of the agreed grid (allreduce only) */
+  AG_ITEMS
+};
+static const char *const ag_names[AG_ITEMS] = {
+    "the token-reduction format (bitexact build)", "the call (agree on some ranks, allreduce "
+    "on others)", "the mode", "the tensor count", "chunk_tokens", "total_tokens",
+    "the tensor shapes", "the agreed grid"};
+
+static int64_t mix(uint64_t h, uint64_t v) {
+  h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+  return (int64_t)(h & 0x3fffffffffffffffull);
+}
+
+static void fill_items(const bx_tokred *s, int call, int64_t *items) {
+  items[AG_FORMAT] = TOKRED_TAG;
+  items[AG_CALL] = call;
+  items[AG_MODE] = s->mode;
+  items[AG_NTENSORS] = (int64_t)s->ntensors;
+  items[AG_CHUNK] = s->chunk_tokens;
+  items[AG_TOTAL] = s->total_tokens;
+  uint64_t h = 1, g = 1;
+  for (size_t t = 0; t < s->ntensors; t++) {
+    h = (uint64_t)mix(h, (uint64_t)s->ndim[t]);
+    for (int d = 0; d < s->ndim[t]; d++) h = (uint64_t)mix(h, (uint64_t)s->shape[s->shape_at[t] + (size_t)d]);
+    g = (uint64_t)mix(g, (uint64_t)(int64_t)s->grid[t]);
+  }
+  items[AG_SHAPES] = (int64_t)h;
+  items[AG_GRID] = call == 2 ? (int64_t)g : 0;
+}
+
+/* One MAX all-reduce of the items, this rank's failure key and extra[0..n)
+ * (MAX'ed in place on success). local: this rank's own failure (kept). */
+static bx_status agree_step(const char *fn, const bx_tokred *s, const bx_comm *comm, int call,
+                            bx_status local, int64_t *extra, size_t nextra) {
+  int64_t items[AG_ITEMS];
+  if (s) fill_items(s, call, items);
+  else memset(items, 0, sizeof items);
+  size_t nw = 2 * AG_ITEMS + 1 + nextra;
+  int64_t *w = malloc(nw * sizeof *w);
+  if (!w) {
+    if (local != BX_OK) return local;
+    local = bx_fail(BX_ENOMEM, "%s: cannot allocate %zu agreement words", fn, nw);
+    return local; /* cannot join: the others time out as for a missing rank */
+  }
+  for (int i = 0; i < AG_ITEMS; i++) {
+    w[2 * i] = items[i];
+    w[2 * i + 1] = ~items[i];
+  }
+  w[2 * AG_ITEMS] = bx_agree_failure_key(comm->rank, (int)local);
+  for (size_t i = 0; i < nextra; i++) w[2 * AG_ITEMS + 1 + i] = extra[i];
+  bx_error_saved mine;
+  if (local != BX_OK) bx_error_save(&mine);
+  bx_status st = bx_comm_allreduce(comm, NULL, fn, "token-reduction agreement", w, nw, BX_OP_MAX);
+  if (local != BX_OK) {
+    bx_error_restore(&mine);
+    st = local;
+    goto done;
+  }
+  if (st != BX_OK) goto done;
+  int64_t failure = w[2 * AG_ITEMS];
+  if (failure >= 0) {
+    bx_status other = (bx_status)bx_agree_failure_status(failure);
+    int rank = bx_agree_failure_rank(failure);
+    st = bx_fail_at(other, rank, BX_NO_INDEX, BX_NO_INDEX,
+                    "%s: rank %d: rank %d failed its local checks with %s (its bx_last_error() "
+                    "has the detail); every rank fails, nothing was modified",
+                    fn, comm->rank, rank, bx_status_str(other));
+    goto done;
+  }
+  for (int i = 0; i < AG_ITEMS; i++)
+    if (w[2 * i] != ~w[2 * i + 1]) {
+      st = bx_fail_at(BX_EMISMATCH, comm->rank, BX_NO_INDEX, BX_NO_INDEX,
+                      "%s: rank %d: ranks disagree on %s (this rank: %lld; smallest %lld, "
+                      "largest %lld); nothing was modified",
+                      fn, comm->rank, ag_names[i], (long long)items[i], (long long)~w[2 * i + 1],
+                      (long long)w[2 * i]);
+      goto done;
+    }
+  for (size_t i = 0; i < nextra; i++) extra[i] = w[2 * AG_ITEMS + 1 + i];
+done:
+  free(w);
+  return st;
+}
+
+static bx_status agree_impl(const char *fn, bx_tokred *s, const bx_comm *comm) {
+  bx_status local = BX_OK;
+  if (!s) local = bx_fail(BX_EINVAL, "%s: s is NULL", fn);
+  else if (s->agreed)
+    local = bx_fail(BX_EINVAL, "%s: the grid of this state is already agreed", fn);
+  if (local != BX_OK && (!comm || !s)) return local; /* no state: cannot join */
+  size_t n = s->ntensors;
+  int64_t *E = malloc((n ? n : 1) * sizeof *E);
+  if (!E) return bx_fail(BX_ENOMEM, "%s: cannot allocate %zu bound words", fn, n);
+  for (size_t t = 0; t < n; t++) E[t] = s->bound[t];
+  bx_status st = local;
+  if (comm) st = agree_step(fn, s, comm, 1, local, E, n);
+  if (st == BX_OK) {
+    for (size_t t = 0; t < n; t++) {
+      s->bound[t] = (int)E[t];
+      s->grid[t] = bx_tokred_grid_exponent((int)E[t], s->nchunks);
+    }
+    s->agreed = 1;
+  }
+  free(E);
+  return st;
+}
+
+bx_status bx_tokred_agree(bx_tokred *s, const bx_comm *comm) {
+  static const char *fn = "bx_tokred_agree";
+  bx_status st = bx_check_comm_size(fn, comm); /* before anything else */
+  if (st != BX_OK) return st;
+  bx_call c;
+  st = bx_call_enter(&c, fn);
+  if (st != BX_OK) return st;
+  st = agree_impl(fn, s, comm);
+  bx_call_leave(&c);
+  return st;
+}
+
+bx_status bx_tokred_grid_exp(const bx_tokred *s, size_t tensor, int *exp2) {
+  static const char *fn = "bx_tokred_grid_exp";
+  bx_call c;
+  bx_status st = bx_call_enter(&c, fn);
+  if (st != BX_OK) return st;
+  if (!s || !exp2) st = bx_fail(BX_EINVAL, "%s: NULL argument", fn);
+  else st = check_tensor_index(fn, s, tensor);
+  if (st == BX_OK && (!s->agreed || s->mode != BX_TOKRED_GRID))
+    st = bx_fail(BX_EINVAL, "%s: %s", fn,
+                 s->agreed ? "the ordinary mode has no grid" : "the grid is not agreed yet");
+  if (st == BX_OK) *exp2 = s->grid[tensor];
+  bx_call_leave(&c);
+  return st;
+}
+
+/* ---- adding a partial -------------------------------------------------- */
+
+/* w[i] += q(a[i]) for the finite a[i] (non-finite ones count in *nonfinite
+ * and add 0); returns the largest finite |bits|. sign = -1 undoes a
+ * previous call with the same arguments exactly. */
+static uint32_t grid_add(int64_t *w, const float *a, size_t n, double inv_step, int64_t sign,
+                         int64_t *nonfinite) {
+  const uint32_t *u = (const uint32_t *)(const void *)a;
+  uint32_t mx = 0;
+  int64_t nf = 0;
+  for (size_t i = 0; i < n; i++) {
+    uint32_t ab = u[i] & 0x7fffffffu;
+    int fin = ab < 0x7f800000u;
+    uint32_t bits = fin ? u[i] : 0;
+    nf += !fin;
+    uint32_t m = fin ? ab : 0;
+    mx = m > mx ? m : mx;
+    float v;
+    memcpy(&v, &bits, sizeof v);
+    w[i] += sign * bx_tokred_q(v, inv_step);
+  }
+  *nonfinite = nf;
+  return mx;
+}
+
+static void count_nonfinite(const float *a, size_t n, int64_t *nonfinite) {
+  const uint32_t *u = (const uint32_t *)(const void *)a;
+  int64_t nf = 0;
+  for (size_t i = 0; i < n; i++) nf += (u[i] & 0x7fffffffu) >= 0x7f800000u;
+  *nonfinite = nf;
+}
+
+static bx_status add_impl(const char *fn, bx_tokred *s, size_t t, int64_t chunk,
+                          const DLTensor *p) {
+  if (!s) return bx_fail(BX_EINVAL, "%s: s is NULL", fn);
+  bx_status st = check_tensor_index(fn, s, t);
+  if (st == BX_OK) st = check_chunk(fn, s, t, chunk);
+  if (st == BX_OK && !s->agreed)
+    st = bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, t,
+                    "%s: tensor %zu, chunk %lld: the grid is not agreed yet (call "
+                    "bx_tokred_agree before adding)",
+                    fn, t, (long long)chunk);
+  if (st == BX_OK) st = check_like(fn, s, t, chunk, p, "the partial", 0);
+  if (st != BX_OK) return st;
+  const float *a = f32_data(p);
+  size_t n = (size_t)s->numel[t];
+  int64_t *w = s->words + s->word_at[t];
+  int64_t nf = 0;
+  if (s->mode == BX_TOKRED_GRID) {
+    double inv = bx_tokred_pow2(-s->grid[t]);
+    uint32_t lim = bx_tokred_abs_limit(s->bound[t]);
+    uint32_t mx = grid_add(w, a, n, inv, 1, &nf);
+    if (mx >= lim) {
+      int64_t ignore;
+      grid_add(w, a, n, inv, -1, &ignore); /* exactly undone: s unchanged */
+      const uint32_t *u = (const uint32_t *)(const void *)a;
+      size_t i = 0;
+      while (i < n && !((u[i] & 0x7fffffffu) >= lim && (u[i] & 0x7fffffffu) < 0x7f800000u)) i++;
+      return bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, t,
+                        "%s: tensor %zu, chunk %lld, element %zu: |%a| is not below the agreed "
+                        "bound 2^%d (the partial differs from the one bounded, or a stated "
+                        "bound was too small); nothing was added",
+                        fn, t, (long long)chunk, i, (double)a[i < n ? i : 0], s->bound[t]);
+    }
+  } else {
+    float *f = s->fsum + (s->word_at[t] - t); /* word_at counts one extra word per tensor */
+    count_nonfinite(a, n, &nf);
+    for (size_t i = 0; i < n; i++) f[i] += a[i];
+  }
+  w[n] += nf;
+  s->words[s->cover_at + t * (size_t)s->nchunks + (size_t)chunk] += 1;
+  return BX_OK;
+}
+
+bx_status bx_tokred_add(bx_tokred *s, size_t tensor, int64_t chunk, const DLTensor *partial) {
+  static const char *fn = "bx_tokred_add";
+  bx_call c;
+  bx_status st = bx_call_enter(&c, fn);
+  if (st != BX_OK) return st;
+  st = add_impl(fn, s, tensor, chunk, partial);
+  bx_call_leave(&c);
+  return st;
+}
+
+/* ---- merge, words, allreduce ------------------------------------------- */
+
+static int same_config(const bx_tokred *a, const bx_tokred *b) {
+  if (a->mode != b->mode || a->ntensors != b->ntensors || a->chunk_tokens != b->chunk_tokens ||
+      a->total_tokens != b->total_tokens || a->agreed != b->agreed)
+    return 0;
+  for (size_t t = 0; t < a->ntensors; t++) {
+    if (a->ndim[t] != b->ndim[t] || a->grid[t] != b->grid[t] || a->bound[t] != b->bound[t])
+      return 0;
+    for (int d = 0; d < a->ndim[t]; d++)
+      if (a->shape[a->shape_at[t] + (size_t)d] != b->shape[b->shape_at[t] + (size_t)d]) return 0;
+  }
+  return 1;
+}
+
+bx_status bx_tokred_merge(bx_tokred *into, const bx_tokred *from) {
+  static const char *fn = "bx_tokred_merge";
+  bx_call c;
+  bx_status st = bx_call_enter(&c, fn);
+  if (st != BX_OK) return st;
+  if (!into || !from) st = bx_fail(BX_EINVAL, "%s: %s is NULL", fn, into ? "from" : "into");
+  else if (into == from) st = bx_fail(BX_EINVAL, "%s: into and from are the same state", fn);
+  else if (!into->agreed || !from->agreed)
+    st = bx_fail(BX_EINVAL, "%s: merge states after bx_tokred_agree (and bx_tokred_fork)", fn);
+  else if (!same_config(into, from))
+    st = bx_fail(BX_EMISMATCH, "%s: the states differ in mode, tensors, chunks or grid", fn);
+  if (st == BX_OK) {
+    for (size_t i = 0; i < into->nwords; i++) into->words[i] += from->words[i];
+    if (into->mode == BX_TOKRED_ORDINARY)
+      for (size_t i = 0; i < into->fsum_total; i++) into->fsum[i] += from->fsum[i];
+  }
+  bx_call_leave(&c);
+  return st;
+}
+
+bx_status bx_tokred_words(bx_tokred *s, int64_t **words, size_t *count) {
+  static const char *fn = "bx_tokred_words";
+  bx_call c;
+  bx_status st = bx_call_enter(&c, fn);
+  if (st != BX_OK) return st;
+  if (!s || !words || !count) st = bx_fail(BX_EINVAL, "%s: NULL argument", fn);
+  else if (s->mode != BX_TOKRED_GRID)
+    st = bx_fail(BX_EINVAL, "%s: the ordinary mode's fp32 sums are not summable int64 words",
+                 fn);
+  else if (!s->agreed) st = bx_fail(BX_EINVAL, "%s: the grid is not agreed yet", fn);
+  if (st == BX_OK) {
+    *words = s->words;
+    *count = s->nwords;
+  }
+  bx_call_leave(&c);
+  return st;
+}
+
+/* The ordinary mode over ranks: a rank count, then each rank's fp32 sums
+ * in its own slot (a SUM gathers them), added in rank order. */
+static bx_status ordinary_allreduce(const char *fn, bx_tokred *s, const bx_comm *comm,
+                                    int64_t *sum_words) {
+  int64_t who[3] = {1, comm->rank, (int64_t)comm->rank * comm->rank};
+  bx_status st = bx_comm_allreduce(comm, NULL, fn, "rank count", who, 3, BX_OP_SUM);
+  if (st != BX_OK) return st;
+  int64_t n = who[0];
+  if (comm->rank < 0 || comm->rank >= n || who[1] != n * (n - 1) / 2 ||
+      who[2] != (n - 1) * n * (2 * n - 1) / 6)
+    return bx_fail_at(BX_EINVAL, comm->rank, BX_NO_INDEX, BX_NO_INDEX,
+                      "%s: rank %d: the ordinary mode needs comm->rank to be 0..%lld, each once",
+                      fn, comm->rank, (long long)(n - 1));
+  size_t m = s->fsum_total;
+  int64_t *g = calloc((size_t)n * m + 1, sizeof *g);
+  float *f = malloc((m ? m : 1) * sizeof *f);
+  if (!g || !f) {
+    free(g);
+    free(f);
+    return bx_fail(BX_ENOMEM, "%s: cannot allocate %lld x %zu gather words", fn, (long long)n, m);
+  }
+  for (size_t i = 0; i < m; i++) {
+    uint32_t b;
+    memcpy(&b, &s->fsum[i], 4);
+    g[(size_t)comm->rank * m + i] = (int64_t)b;
+  }
+  st = bx_comm_allreduce(comm, NULL, fn, "ordinary gather", g, (size_t)n * m, BX_OP_SUM);
+  if (st == BX_OK) st = bx_comm_allreduce(comm, NULL, fn, "counts", sum_words, s->nwords, BX_OP_SUM);
+  if (st == BX_OK) {
+    for (size_t i = 0; i < m; i++) {
+      float acc = 0.0f;
+      for (int64_t r = 0; r < n; r++) {
+        uint32_t b = (uint32_t)g[(size_t)r * m + i];
+        float v;
+        memcpy(&v, &b, 4);
+        acc = r == 0 ? v : acc + v;
+      }
+      f[i] = acc;
+    }
+    memcpy(s->fsum, f, m * sizeof *f);
+  }
+  free(g);
+  free(f);
+  return st;
+}
+
+static bx_status allreduce_impl(const char *fn, bx_tokred *s, const bx_comm *comm) {
+  bx_status local = BX_OK;
+  if (!s) local = bx_fail(BX_EINVAL, "%s: s is NULL", fn);
+  else if (!s->agreed) local = bx_fail(BX_EINVAL, "%s: the grid is not agreed yet", fn);
+  if (!comm || !s) return local;
+  bx_status st = agree_step(fn, s, comm, 2, local, NULL, 0);
+  if (st != BX_OK) return st;
+  /* reduce a copy, so that a failing collective leaves s unchanged */
+  int64_t *w = malloc((s->nwords ? s->nwords : 1) * sizeof *w);
+  if (!w) return bx_fail(BX_ENOMEM, "%s: cannot allocate %zu words", fn, s->nwords);
+  memcpy(w, s->words, s->nwords * sizeof *w);
+  if (s->mode == BX_TOKRED_GRID)
+    st = bx_comm_allreduce(comm, NULL, fn, "token-reduction words", w, s->nwords, BX_OP_SUM);
+  else
+    st = ordinary_allreduce(fn, s, comm, w);
+  if (st == BX_OK) memcpy(s->words, w, s->nwords * sizeof *w);
+  free(w);
+  return st;
+}
+
+bx_status bx_tokred_allreduce(bx_tokred *s, const bx_comm *comm) {
+  static const char *fn = "bx_tokred_allreduce";
+  bx_status st = bx_check_comm_size(fn, comm); /* before anything else */
+  if (st != BX_OK) return st;
+  bx_call c;
+  st = bx_call_enter(&c, fn);
+  if (st != BX_OK) return st;
+  st = allreduce_impl(fn, s, comm);
+  bx_call_leave(&c);
+  return st;
+}
+
+/* ---- finish ------------------------------------------------------------ */
+
+static bx_status finish_checks(const char *fn, const bx_tokred *s, DLTensor *out, size_t nout,
+                               int64_t divisor) {
+  if (!s) return bx_fail(BX_EINVAL, "%s: s is NULL", fn);
+  if (!s->agreed) return bx_fail(BX_EINVAL, "%s: the grid is not agreed yet", fn);
+  if (divisor < 1)
+    return bx_fail(BX_EINVAL, "%s: divisor %lld must be >= 1", fn, (long long)divisor);
+  if (nout != s->ntensors)
+    return bx_fail(BX_EINVAL, "%s: %zu outputs for %zu tensors", fn, nout, s->ntensors);
+  if (nout > 0 && !out) return bx_fail(BX_EINVAL, "%s: out is NULL", fn);
+  for (size_t t = 0; t < s->ntensors; t++) {
+    const int64_t *cov = s->words + s->cover_at + t * (size_t)s->nchunks;
+    for (int64_t c = 0; c < s->nchunks; c++)
+      if (cov[c] != 1)
+        return bx_fail_at(BX_ELAYOUT, -1, BX_NO_INDEX, t,
+                          "%s: tensor %zu, chunk %lld (tokens [%lld, %lld)) was added %lld "
+                          "times over all threads, micro-batches and ranks; every chunk must "
+                          "be added exactly once",
+                          fn, t, (long long)c, (long long)(c * s->chunk_tokens),
+                          (long long)((c + 1) * s->chunk_tokens < s->total_tokens
+                                          ? (c + 1) * s->chunk_tokens
+                                          : s->total_tokens),
+                          (long long)cov[c]);
+    int64_t nf = s->words[s->word_at[t] + (size_t)s->numel[t]];
+    if (nf != 0)
+      return bx_fail_at(BX_ENONFINITE, -1, BX_NO_INDEX, t,
+                        "%s: tensor %zu: %lld NaN or Inf addend elements; nothing written", fn,
+                        t, (long long)nf);
+  }
+  for (size_t t = 0; t < nout; t++) {
+    bx_status st = check_like(fn, s, t, -1, &out[t], "the output", 1);
+    if (st != BX_OK) return st;
+  }
+  if (nout > 1) return bx_check_writable(fn, out, nout, NULL, 0, 0);
+  return BX_OK;
+}
+
+static void finish_grid(const int64_t *w, size_t n, int e, int64_t d, DLTensor *o) {
+  void *base = (char *)o->data + o->byte_offset;
+  int f64 = is_f64(o->dtype);
+  double step = bx_tokred_pow2(e);
+  const int64_t small = (int64_t)1 << 53;
+  if (f64) {
+    double *y = base;
+    for (size_t i = 0; i < n; i++) {
+      int64_t Q = w[i];
+      if (d == 1 && Q > -small && Q < small) y[i] = (double)Q * step; /* exact */
+      else y[i] = bx_f64_from_bits(bx_tokred_finish_bits(Q, e, d, 53));
+    }
+  } else {
+    float *y = base;
+    for (size_t i = 0; i < n; i++) {
+      int64_t Q = w[i];
+      if (d == 1 && Q > -small && Q < small) y[i] = (float)((double)Q * step); /* one rounding */
+      else y[i] = bx_f32_from_bits((uint32_t)bx_tokred_finish_bits(Q, e, d, 24));
+    }
+  }
+}
+
+static void finish_ordinary(const float *f, size_t n, int64_t d, DLTensor *o) {
+  void *base = (char *)o->data + o->byte_offset;
+  float fd = (float)d;
+  for (size_t i = 0; i < n; i++) {
+    float v = d == 1 ? f[i] : f[i] / fd;
+    if (is_f64(o->dtype)) ((double *)base)[i] = (double)v;
+    else ((float *)base)[i] = v;
+  }
+}
+
+bx_status bx_tokred_finish(const bx_tokred *s, DLTensor *out, size_t nout, int64_t divisor) {
+  static const char *fn = "bx_tokred_finish";
+  bx_call c;
+  bx_status st = bx_call_enter(&c, fn);
+  if (st != BX_OK) return st;
+  st = finish_checks(fn, s, out, nout, divisor);
+  if (st == BX_OK)
+    for (size_t t = 0; t < nout; t++) {
+      size_t n = (size_t)s->numel[t];
+      if (s->mode == BX_TOKRED_GRID)
+        finish_grid(s->words + s->word_at[t], n, s->grid[t], divisor, &out[t]);
+      else
+        finish_ordinary(s->fsum + (s->word_at[t] - t), n, divisor, &out[t]);
+    }
+  bx_call_leave(&c);
+  return st;
+}
