@@ -167,6 +167,14 @@ static const test_entry TESTS[] = {
     {"abi_struct_sizes", test_abi_struct_sizes},
     {"abi_old_binary", test_abi_old_binary},
     {"abi_comm_default", test_abi_comm_default},
+    /* the token reduction (test_tokred.c) */
+    {"tokred_grid_numerics", test_tokred_grid_numerics},
+    {"tokred_vs_exact_reference", test_tokred_vs_exact_reference},
+    {"tokred_invariance", test_tokred_invariance},
+    {"tokred_ordinary_drifts", test_tokred_ordinary_drifts},
+    {"tokred_layout_refused", test_tokred_layout_refused},
+    {"tokred_ranks_errors", test_tokred_ranks_errors},
+    {"tokred_bad_arguments", test_tokred_bad_arguments},
 };
 #define NTESTS (sizeof TESTS / sizeof TESTS[0])
 

@@ -154,4 +154,13 @@ void test_abi_struct_sizes(void);
 void test_abi_old_binary(void);
 void test_abi_comm_default(void);
 
+/* test_tokred.c: the layout-invariant token reduction (bitexact_train.h) */
+void test_tokred_grid_numerics(void);
+void test_tokred_vs_exact_reference(void);
+void test_tokred_invariance(void);
+void test_tokred_ordinary_drifts(void);
+void test_tokred_layout_refused(void);
+void test_tokred_ranks_errors(void);
+void test_tokred_bad_arguments(void);
+
 #endif /* BX_TEST_TESTS_H */
