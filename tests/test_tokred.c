@@ -103,6 +103,7 @@ static void grads_like(DLTensor *g) {
 typedef struct result {
   float sum[NT][DIN * DOUT];
   double mean[NT][DIN * DOUT];
+  float mean32[NT][DIN * DOUT];
   int grid[NT];
 } result;
 
@@ -152,6 +153,7 @@ static void reference(const batch *b, result *ref) {
       mpfr_set_prec(tmp, 2000);
       mpfr_div_si(tmp, Q, (long)b->T, MPFR_RNDZ);
       ref->mean[k][i] = ref_round_d(tmp);
+      ref->mean32[k][i] = ref_round_f(tmp);
       mpfr_set_prec(tmp, 600);
     }
     mpfr_clears(q, Q, exact, tmp, err, bound, (mpfr_ptr)0);
@@ -304,13 +306,15 @@ static bx_status rank_step(rank_job *j) {
     bx_status a = comm ? note(j, bx_tokred_allreduce(s, comm)) : BX_OK;
     if (st == BX_OK) st = a;
   }
-  DLTensor out[NT], mean[NT];
+  DLTensor out[NT], mean[NT], mean32[NT];
   for (int k = 0; k < NT; k++) {
     out[k] = view(j->out.sum[k], k, 0);
     mean[k] = view(j->out.mean[k], k, 1);
+    mean32[k] = view(j->out.mean32[k], k, 0);
   }
   if (st == BX_OK) st = note(j, bx_tokred_finish(s, out, NT, 1));
   if (st == BX_OK) st = note(j, bx_tokred_finish(s, mean, NT, b->T));
+  if (st == BX_OK) st = note(j, bx_tokred_finish(s, mean32, NT, b->T));
   for (int k = 0; k < NT && st == BX_OK && j->mode == BX_TOKRED_GRID; k++)
     st = note(j, bx_tokred_grid_exp(s, (size_t)k, &j->out.grid[k]));
   bx_tokred_destroy(s);
@@ -392,7 +396,8 @@ static void run_world(rank_job *jobs, int nranks) {
 static int same_result(const result *a, const result *b) {
   for (int k = 0; k < NT; k++)
     if (memcmp(a->sum[k], b->sum[k], (size_t)numel_of[k] * sizeof(float)) != 0 ||
-        memcmp(a->mean[k], b->mean[k], (size_t)numel_of[k] * sizeof(double)) != 0)
+        memcmp(a->mean[k], b->mean[k], (size_t)numel_of[k] * sizeof(double)) != 0 ||
+        memcmp(a->mean32[k], b->mean32[k], (size_t)numel_of[k] * sizeof(float)) != 0)
       return 0;
   return 1;
 }
@@ -450,6 +455,43 @@ void test_tokred_grid_numerics(void) {
     CHECK(gd == bxt_dbits(wd), "fp64 of %lld * 2^%d / %lld: 0x%016llx want %a", (long long)Q,
           ee, (long long)d, (unsigned long long)gd, wd);
   }
+  /* the fast paths (|Q|, d < 2^53, grid exponents) against the exact one,
+   * midpoints of fp32 included: (2^25 + 2) / 2 = 2^24 + 1, a tie */
+  for (int i = 0; i < 40000 && bxt_failures() < 10; i++) {
+    int e = (int)bxt_below(&r, 305) - 200;
+    int64_t Q = (int64_t)(bxt_next(&r) >> (11 + bxt_below(&r, 53)));
+    int64_t d = 1 + (int64_t)(bxt_next(&r) >> (11 + bxt_below(&r, 53)));
+    if (i % 5 == 0) {
+      d = 1 + (int64_t)bxt_below(&r, 9);
+      Q = ((int64_t)(bxt_next(&r) >> 40) | 1) * d << bxt_below(&r, 3); /* often a tie */
+      if (i % 10 == 0) Q = (((int64_t)1 << 25) + 2) * d / 2 * 2;
+    }
+    if (i % 7 == 0) {
+      /* Q / d within 2^-40 of an fp32 midpoint k / 1024 (k odd, 25 bits):
+       * the double quotient rounds onto the midpoint, the exact one is not
+       * on it. d odd, k = d^-1 (mod 1024), so k d = 1 (mod 1024). */
+      d = ((int64_t)1 << 30) + 1 + 2 * (int64_t)bxt_below(&r, 1 << 20);
+      int64_t inv = 1;
+      for (int it = 0; it < 10; it++) inv = inv * (2 - d * inv) & 1023; /* Newton mod 2^k */
+      int64_t k = ((int64_t)1 << 24) + 1024 * (int64_t)bxt_below(&r, 1 << 14) + inv;
+      int above = (int)bxt_below(&r, 2);
+      int64_t kk = above ? k * d + 1 : k * d - 1; /* wanted 1024 | kk: adjust k for "above" */
+      if (above) {
+        k = ((int64_t)1 << 24) + 1024 * (int64_t)bxt_below(&r, 1 << 14) + ((1024 - inv) & 1023);
+        kk = k * d + 1;
+      }
+      Q = kk / 1024;
+      e = -10 + (int)bxt_below(&r, 20) - 10;
+    }
+    if (bxt_below(&r, 2)) Q = -Q;
+    double step = bx_tokred_pow2(e);
+    float gf = bx_tokred_finish_f32(Q, e, d, step);
+    double gd = bx_tokred_finish_f64(Q, e, d, step);
+    CHECK(bxt_fbits(gf) == (uint32_t)bx_tokred_finish_bits(Q, e, d, 24),
+          "fast fp32 of %lld * 2^%d / %lld: %a", (long long)Q, e, (long long)d, (double)gf);
+    CHECK(bxt_dbits(gd) == bx_tokred_finish_bits(Q, e, d, 53), "fast fp64 of %lld * 2^%d / %lld",
+          (long long)Q, e, (long long)d);
+  }
   mpfr_clear(m);
 }
 
@@ -483,6 +525,8 @@ void test_tokred_vs_exact_reference(void) {
                      round, (long long)T, (long long)C, k, (long long)i);
         CHECK_BITS_D(j.out.mean[k][i], ref.mean[k][i], "round %d tensor %d [%lld] mean", round, k,
                      (long long)i);
+        CHECK_BITS_F(j.out.mean32[k][i], ref.mean32[k][i], "round %d tensor %d [%lld] fp32 mean",
+                     round, k, (long long)i);
       }
     }
   }

@@ -138,4 +138,31 @@ static inline BX_HD uint64_t bx_tokred_finish_bits(int64_t Q, int e, int64_t d, 
   return bx_tokred_round_bits(neg, q, sticky, e - s, prec, emax);
 }
 
+/* The same as a value, with a fast path: for |Q|, d < 2^53 the IEEE
+ * quotient (double)Q / d is correctly rounded to double and the scaling by
+ * step = 2^e is exact (the result stays far above fp64's subnormals:
+ * e >= -200). fp64: that is the answer. fp32: rounding that double again
+ * gives the correct fp32 unless it is exactly a midpoint between two fp32
+ * numbers (every midpoint is a double, and rounding to double is
+ * monotonic, so the exact value lies on the same side of every other
+ * midpoint); midpoints, fp32 subnormal and overflow ranges take the exact
+ * path. */
+static inline BX_HD double bx_tokred_finish_f64(int64_t Q, int e, int64_t d, double step) {
+  const int64_t lim = (int64_t)1 << 53;
+  if (Q > -lim && Q < lim && d < lim) return (double)Q / (double)d * step;
+  return bx_f64_from_bits(bx_tokred_finish_bits(Q, e, d, 53));
+}
+
+static inline BX_HD float bx_tokred_finish_f32(int64_t Q, int e, int64_t d, double step) {
+  const int64_t lim = (int64_t)1 << 53;
+  if (Q > -lim && Q < lim && d < lim) {
+    double v = (double)Q / (double)d * step;
+    uint64_t b = bx_f64_bits(v);
+    uint64_t be = (b >> 52) & 0x7ff; /* fp32 normal range: 2^-126 <= |v| < 2^127 */
+    if (v == 0.0 || (be >= 1023 - 126 && be < 1023 + 127 && (b & 0x1fffffffu) != 0x10000000u))
+      return (float)v;
+  }
+  return bx_f32_from_bits((uint32_t)bx_tokred_finish_bits(Q, e, d, 24));
+}
+
 #endif /* BX_TOKRED_GRID_H */

@@ -25,6 +25,15 @@
 #include "tensor.h"
 #include "tokred_grid.h"
 
+/* The per-element loops below are exact integer and exactly-rounded
+ * elementwise operations (no float reduction), so vectorising them cannot
+ * change a bit. GCC's -O2 cost model declines them; ask for it. */
+#if defined(__GNUC__) && !defined(__clang__)
+#define BX_VECTORIZE __attribute__((optimize("tree-vectorize", "vect-cost-model=dynamic")))
+#else
+#define BX_VECTORIZE
+#endif
+
 struct bx_tokred {
   int mode;
   int agreed;
@@ -371,15 +380,16 @@ bx_status bx_tokred_chunks(const bx_tokred *s, int64_t token_begin, int64_t toke
 /* ---- bounds ------------------------------------------------------------ */
 
 /* Largest |bits| of the finite elements of a[0..n). */
-static uint32_t max_finite_abs(const float *a, size_t n) {
-  const uint32_t *u = (const uint32_t *)(const void *)a;
-  uint32_t mx = 0;
+BX_VECTORIZE static uint32_t max_finite_abs(const float *restrict a, size_t n) {
+  int32_t mx = 0;
   for (size_t i = 0; i < n; i++) {
-    uint32_t ab = u[i] & 0x7fffffffu;
-    ab = ab < 0x7f800000u ? ab : 0;
+    int32_t b;
+    memcpy(&b, &a[i], sizeof b);
+    int32_t ab = b & 0x7fffffff;
+    ab &= -(int32_t)(ab < 0x7f800000);
     mx = ab > mx ? ab : mx;
   }
-  return mx;
+  return (uint32_t)mx;
 }
 
 static bx_status bound_impl(const char *fn, bx_tokred *s, size_t t, int64_t chunk,
@@ -441,9 +451,14 @@ enum {
   AG_ITEMS
 };
 static const char *const ag_names[AG_ITEMS] = {
-    "the token-reduction format (bitexact build)", "the call (agree on some ranks, allreduce "
-    "on others)", "the mode", "the tensor count", "chunk_tokens", "total_tokens",
-    "the tensor shapes", "the agreed grid"};
+    "the token-reduction format (bitexact build)",
+    "the call (agree on some ranks, allreduce on others)",
+    "the mode",
+    "the tensor count",
+    "chunk_tokens",
+    "total_tokens",
+    "the tensor shapes",
+    "the agreed grid"};
 
 static int64_t mix(uint64_t h, uint64_t v) {
   h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
@@ -574,33 +589,54 @@ bx_status bx_tokred_grid_exp(const bx_tokred *s, size_t tensor, int *exp2) {
 /* ---- adding a partial -------------------------------------------------- */
 
 /* w[i] += q(a[i]) for the finite a[i] (non-finite ones count in *nonfinite
- * and add 0); returns the largest finite |bits|. sign = -1 undoes a
- * previous call with the same arguments exactly. */
-static uint32_t grid_add(int64_t *w, const float *a, size_t n, double inv_step, int64_t sign,
-                         int64_t *nonfinite) {
-  const uint32_t *u = (const uint32_t *)(const void *)a;
-  uint32_t mx = 0;
+ * and add 0); returns the largest finite |bits|. Branch-free, so it
+ * vectorises. */
+BX_VECTORIZE static uint32_t grid_add(int64_t *restrict w, const float *restrict a, size_t n,
+                                      double inv_step, int64_t *nonfinite) {
+  const double magic = 6755399441055744.0; /* 1.5 * 2^52: see bx_tokred_q */
+  int64_t mbits;
+  memcpy(&mbits, &magic, sizeof mbits);
+  int32_t mx = 0;
   int64_t nf = 0;
   for (size_t i = 0; i < n; i++) {
-    uint32_t ab = u[i] & 0x7fffffffu;
-    int fin = ab < 0x7f800000u;
-    uint32_t bits = fin ? u[i] : 0;
-    nf += !fin;
-    uint32_t m = fin ? ab : 0;
-    mx = m > mx ? m : mx;
+    int32_t b;
+    memcpy(&b, &a[i], sizeof b);
+    int32_t ab = b & 0x7fffffff;
+    int32_t fin = -(int32_t)(ab < 0x7f800000); /* all ones when finite */
+    nf += 1 + fin;
+    b &= fin;
+    ab &= fin;
+    mx = ab > mx ? ab : mx;
     float v;
-    memcpy(&v, &bits, sizeof v);
-    w[i] += sign * bx_tokred_q(v, inv_step);
+    memcpy(&v, &b, sizeof v);
+    double r = (double)v * inv_step + magic;
+    int64_t rb;
+    memcpy(&rb, &r, sizeof rb);
+    w[i] += rb - mbits;
   }
   *nonfinite = nf;
-  return mx;
+  return (uint32_t)mx;
 }
 
-static void count_nonfinite(const float *a, size_t n, int64_t *nonfinite) {
-  const uint32_t *u = (const uint32_t *)(const void *)a;
+/* Undoes grid_add(w, a, n, inv_step) exactly. */
+static void grid_sub(int64_t *w, const float *a, size_t n, double inv_step) {
+  for (size_t i = 0; i < n; i++) {
+    uint32_t b;
+    memcpy(&b, &a[i], sizeof b);
+    if ((b & 0x7fffffffu) < 0x7f800000u) w[i] -= bx_tokred_q(a[i], inv_step);
+  }
+}
+
+/* f[i] += a[i] in fp32 (the ordinary mode); returns the non-finite count. */
+BX_VECTORIZE static int64_t plain_add(float *restrict f, const float *restrict a, size_t n) {
   int64_t nf = 0;
-  for (size_t i = 0; i < n; i++) nf += (u[i] & 0x7fffffffu) >= 0x7f800000u;
-  *nonfinite = nf;
+  for (size_t i = 0; i < n; i++) {
+    int32_t b;
+    memcpy(&b, &a[i], sizeof b);
+    nf += (b & 0x7fffffff) >= 0x7f800000;
+    f[i] += a[i];
+  }
+  return nf;
 }
 
 static bx_status add_impl(const char *fn, bx_tokred *s, size_t t, int64_t chunk,
@@ -622,10 +658,9 @@ static bx_status add_impl(const char *fn, bx_tokred *s, size_t t, int64_t chunk,
   if (s->mode == BX_TOKRED_GRID) {
     double inv = bx_tokred_pow2(-s->grid[t]);
     uint32_t lim = bx_tokred_abs_limit(s->bound[t]);
-    uint32_t mx = grid_add(w, a, n, inv, 1, &nf);
+    uint32_t mx = grid_add(w, a, n, inv, &nf);
     if (mx >= lim) {
-      int64_t ignore;
-      grid_add(w, a, n, inv, -1, &ignore); /* exactly undone: s unchanged */
+      grid_sub(w, a, n, inv); /* exactly undone: s unchanged */
       const uint32_t *u = (const uint32_t *)(const void *)a;
       size_t i = 0;
       while (i < n && !((u[i] & 0x7fffffffu) >= lim && (u[i] & 0x7fffffffu) < 0x7f800000u)) i++;
@@ -637,8 +672,7 @@ static bx_status add_impl(const char *fn, bx_tokred *s, size_t t, int64_t chunk,
     }
   } else {
     float *f = s->fsum + (s->word_at[t] - t); /* word_at counts one extra word per tensor */
-    count_nonfinite(a, n, &nf);
-    for (size_t i = 0; i < n; i++) f[i] += a[i];
+    nf = plain_add(f, a, n);
   }
   w[n] += nf;
   s->words[s->cover_at + t * (size_t)s->nchunks + (size_t)chunk] += 1;
@@ -824,25 +858,38 @@ static bx_status finish_checks(const char *fn, const bx_tokred *s, DLTensor *out
   return BX_OK;
 }
 
+/* 1 when every |w[i]| < 2^53 (the fast, exact conversion applies). */
+BX_VECTORIZE static int all_small(const int64_t *restrict w, size_t n) {
+  const uint64_t lim = (uint64_t)1 << 53;
+  int64_t big = 0;
+  for (size_t i = 0; i < n; i++) big |= (int64_t)((uint64_t)w[i] + lim >= 2 * lim);
+  return big == 0;
+}
+
+/* Q * 2^e with |Q| < 2^53: exact in double, then one rounding to fp32. */
+BX_VECTORIZE static void small_to_f32(float *restrict y, const int64_t *restrict w, size_t n,
+                                      double step) {
+  for (size_t i = 0; i < n; i++) y[i] = (float)((double)w[i] * step);
+}
+
+BX_VECTORIZE static void small_to_f64(double *restrict y, const int64_t *restrict w, size_t n,
+                                      double step) {
+  for (size_t i = 0; i < n; i++) y[i] = (double)w[i] * step; /* exact */
+}
+
 static void finish_grid(const int64_t *w, size_t n, int e, int64_t d, DLTensor *o) {
   void *base = (char *)o->data + o->byte_offset;
   int f64 = is_f64(o->dtype);
   double step = bx_tokred_pow2(e);
-  const int64_t small = (int64_t)1 << 53;
-  if (f64) {
+  if (d == 1 && all_small(w, n)) {
+    if (f64) small_to_f64(base, w, n, step);
+    else small_to_f32(base, w, n, step);
+  } else if (f64) {
     double *y = base;
-    for (size_t i = 0; i < n; i++) {
-      int64_t Q = w[i];
-      if (d == 1 && Q > -small && Q < small) y[i] = (double)Q * step; /* exact */
-      else y[i] = bx_f64_from_bits(bx_tokred_finish_bits(Q, e, d, 53));
-    }
+    for (size_t i = 0; i < n; i++) y[i] = bx_tokred_finish_f64(w[i], e, d, step);
   } else {
     float *y = base;
-    for (size_t i = 0; i < n; i++) {
-      int64_t Q = w[i];
-      if (d == 1 && Q > -small && Q < small) y[i] = (float)((double)Q * step); /* one rounding */
-      else y[i] = bx_f32_from_bits((uint32_t)bx_tokred_finish_bits(Q, e, d, 24));
-    }
+    for (size_t i = 0; i < n; i++) y[i] = bx_tokred_finish_f32(w[i], e, d, step);
   }
 }
 
