@@ -215,7 +215,8 @@ BX_API bx_status bx_tokred_words(bx_tokred *s, int64_t **words, size_t *count);
  * mode, one SUM all-reduce of bx_tokred_words's words; every rank then
  * holds the global state. Ordinary mode: each rank's fp32 sums are
  * gathered (a SUM all-reduce of a rank count, then one of nranks * words
- * with each rank in its own slot) and added in rank order. Errors come back
+ * with each rank in its own slot, so comm->rank must number the ranks
+ * 0..n-1) and added in rank order. Errors come back
  * on every rank (BX_EMISMATCH, BX_ECOMM, or the failing rank's status);
  * on error s is unchanged. */
 BX_API bx_status bx_tokred_allreduce(bx_tokred *s, const bx_comm *comm);
