@@ -175,6 +175,14 @@ static const test_entry TESTS[] = {
     {"gemm_batched_3d", test_gemm_batched_3d},
     {"gemm_empty", test_gemm_empty},
     {"gemm_bad_input", test_gemm_bad_input},
+    /* the token reduction (test_tokred.c) */
+    {"tokred_grid_numerics", test_tokred_grid_numerics},
+    {"tokred_vs_exact_reference", test_tokred_vs_exact_reference},
+    {"tokred_invariance", test_tokred_invariance},
+    {"tokred_ordinary_drifts", test_tokred_ordinary_drifts},
+    {"tokred_layout_refused", test_tokred_layout_refused},
+    {"tokred_ranks_errors", test_tokred_ranks_errors},
+    {"tokred_bad_arguments", test_tokred_bad_arguments},
 };
 #define NTESTS (sizeof TESTS / sizeof TESTS[0])
 

@@ -162,5 +162,13 @@ void test_gemm_layout_invariance(void);
 void test_gemm_batched_3d(void);
 void test_gemm_empty(void);
 void test_gemm_bad_input(void);
+/* test_tokred.c: the layout-invariant token reduction (bitexact_train.h) */
+void test_tokred_grid_numerics(void);
+void test_tokred_vs_exact_reference(void);
+void test_tokred_invariance(void);
+void test_tokred_ordinary_drifts(void);
+void test_tokred_layout_refused(void);
+void test_tokred_ranks_errors(void);
+void test_tokred_bad_arguments(void);
 
 #endif /* BX_TEST_TESTS_H */

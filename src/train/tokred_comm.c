@@ -1,0 +1,230 @@
+/*
+ * tokred_comm.c — the token reduction over ranks (bitexact_train.h, "Token
+ * reduction"): bx_tokred_agree (one MAX all-reduce of the agreement items
+ * and each tensor's exponent bound: the grid) and bx_tokred_allreduce (the
+ * agreement, then one SUM all-reduce of the words; the ordinary mode's
+ * gather in rank order). The state lives in tokred_internal.h.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "abi.h"
+#include "agree.h"
+#include "call.h"
+#include "collective.h"
+#include "error.h"
+#include "tokred_grid.h"
+#include "tokred_internal.h"
+
+/* ---- agreement --------------------------------------------------------- */
+
+enum {
+  AG_FORMAT = 0, /* TOKRED_TAG */
+  AG_CALL,       /* 1 agree, 2 allreduce */
+  AG_MODE,
+  AG_NTENSORS,
+  AG_CHUNK,
+  AG_TOTAL,
+  AG_SHAPES, /* a hash of every tensor's shape */
+  AG_GRID,   /* a hash of the agreed grid (allreduce only) */
+  AG_ITEMS
+};
+static const char *const ag_names[AG_ITEMS] = {
+    "the token-reduction format (bitexact build)",
+    "the call (agree on some ranks, allreduce on others)",
+    "the mode",
+    "the tensor count",
+    "chunk_tokens",
+    "total_tokens",
+    "the tensor shapes",
+    "the agreed grid"};
+
+static int64_t mix(uint64_t h, uint64_t v) {
+  h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+  return (int64_t)(h & 0x3fffffffffffffffull);
+}
+
+static void fill_items(const bx_tokred *s, int call, int64_t *items) {
+  items[AG_FORMAT] = TOKRED_TAG;
+  items[AG_CALL] = call;
+  items[AG_MODE] = s->mode;
+  items[AG_NTENSORS] = (int64_t)s->ntensors;
+  items[AG_CHUNK] = s->chunk_tokens;
+  items[AG_TOTAL] = s->total_tokens;
+  uint64_t h = 1, g = 1;
+  for (size_t t = 0; t < s->ntensors; t++) {
+    h = (uint64_t)mix(h, (uint64_t)s->ndim[t]);
+    for (int d = 0; d < s->ndim[t]; d++) h = (uint64_t)mix(h, (uint64_t)s->shape[s->shape_at[t] + (size_t)d]);
+    g = (uint64_t)mix(g, (uint64_t)(int64_t)s->grid[t]);
+  }
+  items[AG_SHAPES] = (int64_t)h;
+  items[AG_GRID] = call == 2 ? (int64_t)g : 0;
+}
+
+/* One MAX all-reduce of the items, this rank's failure key and extra[0..n)
+ * (MAX'ed in place on success). local: this rank's own failure (kept). */
+static bx_status agree_step(const char *fn, const bx_tokred *s, const bx_comm *comm, int call,
+                            bx_status local, int64_t *extra, size_t nextra) {
+  int64_t items[AG_ITEMS];
+  if (s) fill_items(s, call, items);
+  else memset(items, 0, sizeof items);
+  size_t nw = 2 * AG_ITEMS + 1 + nextra;
+  int64_t *w = malloc(nw * sizeof *w);
+  if (!w) {
+    if (local != BX_OK) return local;
+    local = bx_fail(BX_ENOMEM, "%s: cannot allocate %zu agreement words", fn, nw);
+    return local; /* cannot join: the others time out as for a missing rank */
+  }
+  for (int i = 0; i < AG_ITEMS; i++) {
+    w[2 * i] = items[i];
+    w[2 * i + 1] = ~items[i];
+  }
+  w[2 * AG_ITEMS] = bx_agree_failure_key(comm->rank, (int)local);
+  for (size_t i = 0; i < nextra; i++) w[2 * AG_ITEMS + 1 + i] = extra[i];
+  bx_error_saved mine;
+  if (local != BX_OK) bx_error_save(&mine);
+  bx_status st = bx_comm_allreduce(comm, NULL, fn, "token-reduction agreement", w, nw, BX_OP_MAX);
+  if (local != BX_OK) {
+    bx_error_restore(&mine);
+    st = local;
+    goto done;
+  }
+  if (st != BX_OK) goto done;
+  int64_t failure = w[2 * AG_ITEMS];
+  if (failure >= 0) {
+    bx_status other = (bx_status)bx_agree_failure_status(failure);
+    int rank = bx_agree_failure_rank(failure);
+    st = bx_fail_at(other, rank, BX_NO_INDEX, BX_NO_INDEX,
+                    "%s: rank %d: rank %d failed its local checks with %s (its bx_last_error() "
+                    "has the detail); every rank fails, nothing was modified",
+                    fn, comm->rank, rank, bx_status_str(other));
+    goto done;
+  }
+  for (int i = 0; i < AG_ITEMS; i++)
+    if (w[2 * i] != ~w[2 * i + 1]) {
+      st = bx_fail_at(BX_EMISMATCH, comm->rank, BX_NO_INDEX, BX_NO_INDEX,
+                      "%s: rank %d: ranks disagree on %s (this rank: %lld; smallest %lld, "
+                      "largest %lld); nothing was modified",
+                      fn, comm->rank, ag_names[i], (long long)items[i], (long long)~w[2 * i + 1],
+                      (long long)w[2 * i]);
+      goto done;
+    }
+  for (size_t i = 0; i < nextra; i++) extra[i] = w[2 * AG_ITEMS + 1 + i];
+done:
+  free(w);
+  return st;
+}
+
+static bx_status agree_impl(const char *fn, bx_tokred *s, const bx_comm *comm) {
+  bx_status local = BX_OK;
+  if (!s) local = bx_fail(BX_EINVAL, "%s: s is NULL", fn);
+  else if (s->agreed)
+    local = bx_fail(BX_EINVAL, "%s: the grid of this state is already agreed", fn);
+  if (local != BX_OK && (!comm || !s)) return local; /* no state: cannot join */
+  size_t n = s->ntensors;
+  int64_t *E = malloc((n ? n : 1) * sizeof *E);
+  if (!E) return bx_fail(BX_ENOMEM, "%s: cannot allocate %zu bound words", fn, n);
+  for (size_t t = 0; t < n; t++) E[t] = s->bound[t];
+  bx_status st = local;
+  if (comm) st = agree_step(fn, s, comm, 1, local, E, n);
+  if (st == BX_OK) {
+    for (size_t t = 0; t < n; t++) {
+      s->bound[t] = (int)E[t];
+      s->grid[t] = bx_tokred_grid_exponent((int)E[t], s->nchunks);
+    }
+    s->agreed = 1;
+  }
+  free(E);
+  return st;
+}
+
+bx_status bx_tokred_agree(bx_tokred *s, const bx_comm *comm) {
+  static const char *fn = "bx_tokred_agree";
+  bx_status st = bx_check_comm_size(fn, comm); /* before anything else */
+  if (st != BX_OK) return st;
+  bx_call c;
+  st = bx_call_enter(&c, fn);
+  if (st != BX_OK) return st;
+  st = agree_impl(fn, s, comm);
+  bx_call_leave(&c);
+  return st;
+}
+
+/* The ordinary mode over ranks: a rank count, then each rank's fp32 sums
+ * in its own slot (a SUM gathers them), added in rank order. */
+static bx_status ordinary_allreduce(const char *fn, bx_tokred *s, const bx_comm *comm,
+                                    int64_t *sum_words) {
+  int64_t who[3] = {1, comm->rank, (int64_t)comm->rank * comm->rank};
+  bx_status st = bx_comm_allreduce(comm, NULL, fn, "rank count", who, 3, BX_OP_SUM);
+  if (st != BX_OK) return st;
+  int64_t n = who[0];
+  if (comm->rank < 0 || comm->rank >= n || who[1] != n * (n - 1) / 2 ||
+      who[2] != (n - 1) * n * (2 * n - 1) / 6)
+    return bx_fail_at(BX_EINVAL, comm->rank, BX_NO_INDEX, BX_NO_INDEX,
+                      "%s: rank %d: the ordinary mode needs comm->rank to be 0..%lld, each once",
+                      fn, comm->rank, (long long)(n - 1));
+  size_t m = s->fsum_total;
+  int64_t *g = calloc((size_t)n * m + 1, sizeof *g);
+  float *f = malloc((m ? m : 1) * sizeof *f);
+  if (!g || !f) {
+    free(g);
+    free(f);
+    return bx_fail(BX_ENOMEM, "%s: cannot allocate %lld x %zu gather words", fn, (long long)n, m);
+  }
+  for (size_t i = 0; i < m; i++) {
+    uint32_t b;
+    memcpy(&b, &s->fsum[i], 4);
+    g[(size_t)comm->rank * m + i] = (int64_t)b;
+  }
+  st = bx_comm_allreduce(comm, NULL, fn, "ordinary gather", g, (size_t)n * m, BX_OP_SUM);
+  if (st == BX_OK) st = bx_comm_allreduce(comm, NULL, fn, "counts", sum_words, s->nwords, BX_OP_SUM);
+  if (st == BX_OK) {
+    for (size_t i = 0; i < m; i++) {
+      float acc = 0.0f;
+      for (int64_t r = 0; r < n; r++) {
+        uint32_t b = (uint32_t)g[(size_t)r * m + i];
+        float v;
+        memcpy(&v, &b, 4);
+        acc = r == 0 ? v : acc + v;
+      }
+      f[i] = acc;
+    }
+    memcpy(s->fsum, f, m * sizeof *f);
+  }
+  free(g);
+  free(f);
+  return st;
+}
+
+static bx_status allreduce_impl(const char *fn, bx_tokred *s, const bx_comm *comm) {
+  bx_status local = BX_OK;
+  if (!s) local = bx_fail(BX_EINVAL, "%s: s is NULL", fn);
+  else if (!s->agreed) local = bx_fail(BX_EINVAL, "%s: the grid is not agreed yet", fn);
+  if (!comm || !s) return local;
+  bx_status st = agree_step(fn, s, comm, 2, local, NULL, 0);
+  if (st != BX_OK) return st;
+  /* reduce a copy, so that a failing collective leaves s unchanged */
+  int64_t *w = malloc((s->nwords ? s->nwords : 1) * sizeof *w);
+  if (!w) return bx_fail(BX_ENOMEM, "%s: cannot allocate %zu words", fn, s->nwords);
+  memcpy(w, s->words, s->nwords * sizeof *w);
+  if (s->mode == BX_TOKRED_GRID)
+    st = bx_comm_allreduce(comm, NULL, fn, "token-reduction words", w, s->nwords, BX_OP_SUM);
+  else
+    st = ordinary_allreduce(fn, s, comm, w);
+  if (st == BX_OK) memcpy(s->words, w, s->nwords * sizeof *w);
+  free(w);
+  return st;
+}
+
+bx_status bx_tokred_allreduce(bx_tokred *s, const bx_comm *comm) {
+  static const char *fn = "bx_tokred_allreduce";
+  bx_status st = bx_check_comm_size(fn, comm); /* before anything else */
+  if (st != BX_OK) return st;
+  bx_call c;
+  st = bx_call_enter(&c, fn);
+  if (st != BX_OK) return st;
+  st = allreduce_impl(fn, s, comm);
+  bx_call_leave(&c);
+  return st;
+}
