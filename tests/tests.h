@@ -133,6 +133,11 @@ void test_math_vs_mpfr(void);
 void test_math_tensor_invariance(void);
 void test_math_errors(void);
 
+/* test_adamw.c */
+void test_adamw_vs_reference(void);
+void test_adamw_threads_and_isa(void);
+void test_adamw_errors(void);
+
 /* test_fpenv.c */
 void test_fpenv_subnormal_counts(void);
 void test_fpenv_callback_sees_caller(void);
