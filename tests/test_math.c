@@ -165,7 +165,9 @@ static float draw(bxt_rng *r, int f) {
   case F_LOG:
   case F_RSQRT: return bf((uint32_t)(bxt_below(r, 0x7f800000u)));
   case F_SIGMOID:
-  case F_SILU: return (u & 4) ? (float)(-110.0 + 150.0 * t) : (float)(s * ldexp(1.0, -(int)bxt_below(r, 149)) * (1 + t));
+  case F_SILU:
+    if (u & 4) return (float)(-110.0 + 150.0 * t);
+    return (float)(s * ldexp(1.0, -(int)bxt_below(r, 149)) * (1 + t));
   default: /* RoPE angles: position times an inverse frequency, up to 2^28 */
     return (float)(s * ldexp(1.0 + t, (int)bxt_below(r, 40) - 12));
   }
