@@ -145,6 +145,13 @@ static const test_entry TESTS[] = {
     {"pow_det_edges", test_pow_det_edges},
     {"pow_det_roots", test_pow_det_roots},
     {"pow_det_flush_to_zero", test_pow_det_flush_to_zero},
+    /* the elementwise math and AdamW of bitexact_train.h (test_math.c, test_adamw.c) */
+    {"math_vs_mpfr", test_math_vs_mpfr},
+    {"math_tensor_invariance", test_math_tensor_invariance},
+    {"math_errors", test_math_errors},
+    {"adamw_vs_reference", test_adamw_vs_reference},
+    {"adamw_threads_and_isa", test_adamw_threads_and_isa},
+    {"adamw_errors", test_adamw_errors},
     /* the caller's floating-point environment (test_fpenv.c) */
     {"fpenv_subnormal_counts", test_fpenv_subnormal_counts},
     {"fpenv_callback_sees_caller", test_fpenv_callback_sees_caller},

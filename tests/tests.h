@@ -128,6 +128,16 @@ void test_pow_det_edges(void);
 void test_pow_det_roots(void);
 void test_pow_det_flush_to_zero(void);
 
+/* test_math.c */
+void test_math_vs_mpfr(void);
+void test_math_tensor_invariance(void);
+void test_math_errors(void);
+
+/* test_adamw.c */
+void test_adamw_vs_reference(void);
+void test_adamw_threads_and_isa(void);
+void test_adamw_errors(void);
+
 /* test_fpenv.c */
 void test_fpenv_subnormal_counts(void);
 void test_fpenv_callback_sees_caller(void);

@@ -1,0 +1,214 @@
+/*
+ * math.c — the elementwise tensor calls of bitexact_train.h (bx_exp,
+ * bx_log, bx_sigmoid, bx_silu, bx_rsqrt, bx_sin, bx_cos) and their scalar
+ * versions, over src/common/math_det.h. Every check runs before the first
+ * write; the elements are split into fixed pieces over the pool (each
+ * element's result depends on that element only, so the thread count
+ * cannot change a bit).
+ */
+#include <stdint.h>
+#include <string.h>
+
+#include "abi.h"
+#include "bitexact_train.h"
+#include "call.h"
+#include "error.h"
+#include "fpenv.h"
+#include "math_det.h"
+#include "pool.h"
+#include "tensor.h"
+#include "train_elementwise.h"
+
+#define PIECE BX_EW_PIECE /* elements per task */
+
+/* ---- validation shared with adamw.c (train_elementwise.h) ----------------- */
+
+/* Row-major strides for NULL; strides of size-1 dimensions do not matter. */
+static int64_t stride_of(const DLTensor *t, int d) {
+  if (t->strides) return t->strides[d];
+  int64_t s = 1;
+  for (int k = t->ndim - 1; k > d; k--) s *= t->shape[k];
+  return s;
+}
+
+bx_status bx_ew_check(const char *fn, const DLTensor *const *ts, size_t count,
+                      const int *writable, int allow_inplace, bx_span *spans) {
+  for (size_t i = 0; i < count; i++) {
+    bx_status st = bx_tensor_span(ts[i], fn, BX_NO_GROUP, i, &spans[i]);
+    if (st != BX_OK) return st;
+    if (spans[i].dtype != BX_DT_F32)
+      return bx_fail_at(BX_EDTYPE, -1, BX_NO_GROUP, i, "%s: tensor %zu: dtype must be float32", fn,
+                        i);
+  }
+  const DLTensor *a = ts[0];
+  for (size_t i = 1; i < count; i++) {
+    const DLTensor *b = ts[i];
+    int same = a->ndim == b->ndim;
+    for (int d = 0; same && d < a->ndim; d++) same = a->shape[d] == b->shape[d];
+    if (!same)
+      return bx_fail_at(BX_EINVAL, -1, BX_NO_GROUP, i,
+                        "%s: tensor %zu: shape differs from tensor 0's", fn, i);
+    for (int d = 0; d < a->ndim; d++)
+      if (a->shape[d] > 1 && stride_of(a, d) != stride_of(b, d))
+        return bx_fail_at(BX_ELAYOUT, -1, BX_NO_GROUP, i,
+                          "%s: tensor %zu: strides differ from tensor 0's (dimension %d)", fn, i,
+                          d);
+  }
+  /* overlap: a written tensor shares no byte with another tensor, except
+   * itself exactly when allow_inplace (the same span: same shape and
+   * strides were checked above) */
+  for (size_t i = 0; i < count; i++) {
+    if (!writable[i]) continue;
+    const char *lo_i = spans[i].data;
+    const char *hi_i = lo_i + spans[i].n * 4;
+    for (size_t j = 0; j < count; j++) {
+      if (j == i || spans[i].n == 0 || spans[j].n == 0) continue;
+      const char *lo_j = spans[j].data;
+      const char *hi_j = lo_j + spans[j].n * 4;
+      if (lo_i < hi_j && lo_j < hi_i) {
+        if (allow_inplace && lo_i == lo_j) continue;
+        return bx_fail_at(BX_ELAYOUT, -1, BX_NO_GROUP, i,
+                          "%s: tensor %zu overlaps tensor %zu%s", fn, i, j,
+                          allow_inplace ? " (only exactly in place is allowed)" : "");
+      }
+    }
+  }
+  return BX_OK;
+}
+
+int bx_ew_threads(int num_threads, size_t n) {
+  int t = num_threads > 0 ? num_threads : bx_default_threads();
+  size_t pieces = (n + PIECE - 1) / PIECE;
+  if (pieces < 1) pieces = 1;
+  if ((size_t)t > pieces) t = (int)pieces;
+  return t;
+}
+
+/* ---- the loops ------------------------------------------------------------- */
+
+typedef enum ew_op { EW_EXP, EW_LOG, EW_SIGMOID, EW_SILU, EW_RSQRT, EW_SIN, EW_COS } ew_op;
+
+#define EW_LOOP(name, f)                                          \
+  static void name(const float *x, float *y, size_t n) {         \
+    for (size_t i = 0; i < n; i++) y[i] = f(x[i]);                \
+  }
+EW_LOOP(loop_log, bx_logf_det)
+EW_LOOP(loop_sigmoid, bx_sigmoidf_det)
+EW_LOOP(loop_silu, bx_siluf_det)
+EW_LOOP(loop_rsqrt, bx_rsqrtf_det)
+EW_LOOP(loop_sin, bx_sinf_det)
+EW_LOOP(loop_cos, bx_cosf_det)
+#undef EW_LOOP
+
+/* exp in two passes per block: the branch-free binary64 fast path for
+ * every element (clamped so that it is defined; the compiler may
+ * vectorise it), then per element the scalar function's own decision:
+ * inputs outside the fast path's range or failing the rounding test go to
+ * bx_expf_det, the others take the fast value. bx_expf_det computes the
+ * same fast value for them, so the bits are the scalar function's. */
+#define EW_BLOCK 256
+static void loop_exp(const float *x, float *y, size_t n) {
+  double fast[EW_BLOCK];
+  for (size_t b = 0; b < n; b += EW_BLOCK) {
+    size_t len = n - b < EW_BLOCK ? n - b : EW_BLOCK;
+    for (size_t i = 0; i < len; i++) {
+      float xi = x[b + i];
+      float c = xi <= 89.0f && xi >= -104.0f ? xi : 0.0f; /* NaN -> 0 */
+      fast[i] = bx_md_exp_fast((double)c);
+    }
+    for (size_t i = 0; i < len; i++) {
+      float xi = x[b + i];
+      int in_range = xi <= 89.0f && xi >= -104.0f;
+      y[b + i] = in_range && !bx_md_hard(fast[i]) ? (float)fast[i] : bx_expf_det(xi);
+    }
+  }
+}
+
+typedef void (*ew_loop)(const float *x, float *y, size_t n);
+static const ew_loop LOOPS[] = {loop_exp, loop_log, loop_sigmoid, loop_silu,
+                                loop_rsqrt, loop_sin, loop_cos};
+
+typedef struct ew_job {
+  const float *x;
+  float *y;
+  size_t n;
+  ew_loop loop;
+} ew_job;
+
+static void run_piece(void *ctx, size_t task, int worker) {
+  (void)worker;
+  const ew_job *j = ctx;
+  size_t off = task * PIECE;
+  size_t len = j->n - off < PIECE ? j->n - off : PIECE;
+  j->loop(j->x + off, j->y + off, len);
+}
+
+static bx_status ew_run(const char *fn, ew_op op, const DLTensor *x, DLTensor *y,
+                        const bx_math_opts *opts) {
+  bx_status st = opts ? bx_check_struct_size(fn, "opts->struct_size", opts->struct_size,
+                                             sizeof(bx_math_opts), "bx_math_opts",
+                                             "BX_MATH_OPTS_DEFAULT")
+                      : BX_OK;
+  if (st != BX_OK) return st;
+  bx_math_opts o = BX_MATH_OPTS_DEFAULT;
+  if (opts) o = *opts;
+  bx_call c;
+  st = bx_call_enter(&c, fn);
+  if (st != BX_OK) return st;
+  if (o.num_threads < 0) {
+    st = bx_fail(BX_EINVAL, "%s: num_threads %d is negative", fn, o.num_threads);
+    goto done;
+  }
+  const DLTensor *ts[2] = {x, y};
+  const int writable[2] = {0, 1};
+  bx_span sp[2];
+  st = bx_ew_check(fn, ts, 2, writable, 1, sp);
+  if (st != BX_OK) goto done;
+  ew_job j = {sp[0].data, sp[1].data, sp[0].n, LOOPS[op]};
+  if (j.n) bx_parallel_run(bx_ew_threads(o.num_threads, j.n), (j.n + PIECE - 1) / PIECE,
+                           run_piece, &j);
+done:
+  bx_call_leave(&c);
+  return st;
+}
+
+bx_status bx_exp(const DLTensor *x, DLTensor *y, const bx_math_opts *opts) {
+  return ew_run("bx_exp", EW_EXP, x, y, opts);
+}
+bx_status bx_log(const DLTensor *x, DLTensor *y, const bx_math_opts *opts) {
+  return ew_run("bx_log", EW_LOG, x, y, opts);
+}
+bx_status bx_sigmoid(const DLTensor *x, DLTensor *y, const bx_math_opts *opts) {
+  return ew_run("bx_sigmoid", EW_SIGMOID, x, y, opts);
+}
+bx_status bx_silu(const DLTensor *x, DLTensor *y, const bx_math_opts *opts) {
+  return ew_run("bx_silu", EW_SILU, x, y, opts);
+}
+bx_status bx_rsqrt(const DLTensor *x, DLTensor *y, const bx_math_opts *opts) {
+  return ew_run("bx_rsqrt", EW_RSQRT, x, y, opts);
+}
+bx_status bx_sin(const DLTensor *x, DLTensor *y, const bx_math_opts *opts) {
+  return ew_run("bx_sin", EW_SIN, x, y, opts);
+}
+bx_status bx_cos(const DLTensor *x, DLTensor *y, const bx_math_opts *opts) {
+  return ew_run("bx_cos", EW_COS, x, y, opts);
+}
+
+/* ---- scalar versions: the library's floating-point environment around one
+ * evaluation (no nesting level needed: nothing here calls back) ------------ */
+#define EW_SCALAR(name, f)       \
+  float name(float x) {          \
+    bx_fpenv saved;              \
+    bx_fpenv_enter(&saved);      \
+    float r = f(x);              \
+    bx_fpenv_leave(&saved);      \
+    return r;                    \
+  }
+EW_SCALAR(bx_exp_f32, bx_expf_det)
+EW_SCALAR(bx_log_f32, bx_logf_det)
+EW_SCALAR(bx_sigmoid_f32, bx_sigmoidf_det)
+EW_SCALAR(bx_silu_f32, bx_siluf_det)
+EW_SCALAR(bx_rsqrt_f32, bx_rsqrtf_det)
+EW_SCALAR(bx_sin_f32, bx_sinf_det)
+EW_SCALAR(bx_cos_f32, bx_cosf_det)
+#undef EW_SCALAR

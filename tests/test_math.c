@@ -1,0 +1,310 @@
+/*
+ * test_math.c — the elementwise functions of math_det.h and their tensor
+ * and scalar entries (bitexact_train.h) against MPFR: every result must be
+ * the correctly rounded one, bit for bit (they are for all 2^32 inputs:
+ * dev/math_exhaustive.c; here a sample that runs in the suite). Inputs:
+ * special values, subnormals, the overflow / underflow / saturation
+ * thresholds and their neighbours, large RoPE angles, random bit patterns
+ * and random values in each function's interesting range. The tensor
+ * calls must equal the scalar function under every ISA and thread count,
+ * in place or not; bad arguments give named errors and write nothing.
+ */
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <mpfr.h>
+#include "bitexact_train.h"
+#include "harness.h"
+#include "math_det.h"
+#include "mpfr_ref.h"
+#include "tests.h"
+#include "util.h"
+
+enum { F_EXP, F_LOG, F_SIGMOID, F_SILU, F_RSQRT, F_SIN, F_COS, NFUNC };
+static const char *const NAMES[NFUNC] = {"exp", "log", "sigmoid", "silu", "rsqrt", "sin", "cos"};
+
+static float det(int f, float x) {
+  switch (f) {
+  case F_EXP: return bx_expf_det(x);
+  case F_LOG: return bx_logf_det(x);
+  case F_SIGMOID: return bx_sigmoidf_det(x);
+  case F_SILU: return bx_siluf_det(x);
+  case F_RSQRT: return bx_rsqrtf_det(x);
+  case F_SIN: return bx_sinf_det(x);
+  default: return bx_cosf_det(x);
+  }
+}
+
+static float pub_scalar(int f, float x) {
+  switch (f) {
+  case F_EXP: return bx_exp_f32(x);
+  case F_LOG: return bx_log_f32(x);
+  case F_SIGMOID: return bx_sigmoid_f32(x);
+  case F_SILU: return bx_silu_f32(x);
+  case F_RSQRT: return bx_rsqrt_f32(x);
+  case F_SIN: return bx_sin_f32(x);
+  default: return bx_cos_f32(x);
+  }
+}
+
+typedef bx_status (*tensor_fn)(const DLTensor *, DLTensor *, const bx_math_opts *);
+static const tensor_fn TENSOR_FNS[NFUNC] = {bx_exp, bx_log, bx_sigmoid, bx_silu,
+                                            bx_rsqrt, bx_sin, bx_cos};
+
+static uint32_t fb(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return u;
+}
+static float bf(uint32_t u) {
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+/* The correctly rounded f(x) by MPFR (200 bits, then one rounding to
+ * fp32 with subnormals: ref_round_f), with the special values of
+ * math_det.h's rules. */
+static float reference(int f, float x) {
+  if (x != x) return bf(fb(x) | 0x00400000u);
+  if ((f == F_SIN || f == F_COS) && !(fabsf(x) < BX_TRIG_DOMAIN)) return bf(0x7fc00000u);
+  switch (f) {
+  case F_LOG:
+    if (x == 0.0f) return -INFINITY;
+    if (x < 0.0f) return bf(0x7fc00000u);
+    if (isinf(x)) return x;
+    break;
+  case F_RSQRT:
+    if (x == 0.0f) return signbit(x) ? -INFINITY : INFINITY;
+    if (x < 0.0f) return bf(0x7fc00000u);
+    if (isinf(x)) return 0.0f;
+    break;
+  case F_EXP:
+    if (isinf(x)) return x > 0 ? x : 0.0f;
+    break;
+  case F_SIGMOID:
+    if (isinf(x)) return x > 0 ? 1.0f : 0.0f;
+    break;
+  case F_SILU:
+    if (isinf(x)) return x > 0 ? x : -0.0f;
+    if (x == 0.0f) return x;
+    break;
+  case F_SIN:
+    if (x == 0.0f) return x;
+    break;
+  default:
+    break;
+  }
+  mpfr_t X, Y, T;
+  mpfr_init2(X, 24);
+  mpfr_init2(Y, 200);
+  mpfr_init2(T, 200);
+  mpfr_set_flt(X, x, MPFR_RNDN);
+  switch (f) {
+  case F_EXP: mpfr_exp(Y, X, MPFR_RNDN); break;
+  case F_LOG: mpfr_log(Y, X, MPFR_RNDN); break;
+  case F_SIGMOID:
+  case F_SILU:
+    mpfr_neg(T, X, MPFR_RNDN);
+    mpfr_exp(T, T, MPFR_RNDN);
+    mpfr_add_ui(T, T, 1, MPFR_RNDN);
+    mpfr_ui_div(Y, 1, T, MPFR_RNDN);
+    if (f == F_SILU) mpfr_mul(Y, Y, X, MPFR_RNDN);
+    break;
+  case F_RSQRT: mpfr_rec_sqrt(Y, X, MPFR_RNDN); break;
+  case F_SIN: mpfr_sin(Y, X, MPFR_RNDN); break;
+  default: mpfr_cos(Y, X, MPFR_RNDN); break;
+  }
+  float r = ref_round_f(Y);
+  mpfr_clear(X);
+  mpfr_clear(Y);
+  mpfr_clear(T);
+  return r;
+}
+
+static const float SPECIAL[] = {
+    0.0f, -0.0f, INFINITY, -INFINITY, 1.0f, -1.0f, 0.5f, 2.0f, 0x1p-149f, -0x1p-149f,
+    0x1p-126f, 0x1.fffffcp-127f, FLT_MAX, -FLT_MAX, 0x1p-12f, 0x1.fffffep-13f, 0x1p-60f,
+    -0x1p-60f, 0x1.fffffep-61f, 88.72283935546875f, 88.7228469848632812f, 89.0f, 89.0000076f,
+    -103.972084f, -103.97208f, -104.0f, -87.3365402f, -87.3365478f, 40.0f, 39.9999962f,
+    -110.0f, -109.999992f, 17.3286800f, 16.6355324f, 0x1p28f, 0x1.fffffep27f, -0x1.fffffep27f,
+    1.5707963f, 3.14159274f, 6.28318548f, 1e6f, 1048576.0f, 131071.0f, 12582912.0f,
+    0x1.921fb6p+0f, 0x1.921fb6p+1f, 0x1.fe0000p-1f, 0x1.000002p0f, 0x1.6a09e6p+0f,
+    0x1.6a09e8p+0f, 0x1.6a09e6p-1f, 4.0f, 0.25f, 0x1p-148f, 0x1p127f, 1e-30f, -1e-30f};
+#define NSPECIAL (sizeof SPECIAL / sizeof SPECIAL[0])
+
+typedef struct stats {
+  long n, ok;
+} stats;
+
+static void check_one(int f, float x, stats *st) {
+  float got = det(f, x), want = reference(f, x);
+  st->n++;
+  if (fb(got) == fb(want)) {
+    st->ok++;
+    return;
+  }
+  if (bxt_failures() < 20)
+    CHECK(0, "%s(%a = 0x%08x): got %a (0x%08x), correctly rounded %a (0x%08x)", NAMES[f],
+          (double)x, fb(x), (double)got, fb(got), (double)want, fb(want));
+  else
+    bxt_check(0, __FILE__, __LINE__, "fb(got) == fb(want)", "further mismatch");
+}
+
+/* x drawn for function f: half random bit patterns, half values in the
+ * range where its result is neither saturated nor trivially x. */
+static float draw(bxt_rng *r, int f) {
+  uint64_t u = bxt_next(r);
+  if (u & 1) return bf((uint32_t)(u >> 32));
+  double t = bxt_uniform(r);
+  double s = (u & 2) ? -1.0 : 1.0;
+  switch (f) {
+  case F_EXP: return (float)(-104.0 + 193.0 * t);
+  case F_LOG:
+  case F_RSQRT: return bf((uint32_t)(bxt_below(r, 0x7f800000u)));
+  case F_SIGMOID:
+  case F_SILU:
+    if (u & 4) return (float)(-110.0 + 150.0 * t);
+    return (float)(s * ldexp(1.0, -(int)bxt_below(r, 149)) * (1 + t));
+  default: /* RoPE angles: position times an inverse frequency, up to 2^28 */
+    return (float)(s * ldexp(1.0 + t, (int)bxt_below(r, 40) - 12));
+  }
+}
+
+void test_math_vs_mpfr(void) {
+  bxt_rng r;
+  bxt_rng_init(&r);
+  for (int f = 0; f < NFUNC; f++) {
+    stats st = {0, 0};
+    for (size_t i = 0; i < NSPECIAL; i++) {
+      check_one(f, SPECIAL[i], &st);
+      /* neighbours of each special value */
+      check_one(f, bf(fb(SPECIAL[i]) + 1u), &st);
+      check_one(f, bf(fb(SPECIAL[i]) - 1u), &st);
+    }
+    /* NaN payloads, signalling and quiet, both signs */
+    const uint32_t nans[] = {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xff812345u, 0x7fffffffu};
+    for (size_t i = 0; i < sizeof nans / sizeof nans[0]; i++) check_one(f, bf(nans[i]), &st);
+    /* every subnormal exponent, and the first 2^12 subnormals */
+    for (uint32_t k = 0; k < 4096; k++) check_one(f, bf(k * 1021u + 1u), &st);
+    for (int i = 0; i < 40000; i++) check_one(f, draw(&r, f), &st);
+    printf("  %-8s %ld inputs, %ld correctly rounded\n", NAMES[f], st.n, st.ok);
+  }
+}
+
+/* The tensor calls and the scalar entries equal math_det.h bit for bit,
+ * under every ISA and thread count, in place and not, with a strided
+ * (transposed, dense) layout. */
+void test_math_tensor_invariance(void) {
+  bxt_rng r;
+  bxt_rng_init(&r);
+  const size_t n = 100003; /* several pieces of 2^14 and a tail */
+  bxt_tensor x, y, z;
+  bxt_tensor_alloc(&x, REF_F32, n);
+  bxt_tensor_alloc(&y, REF_F32, n);
+  bxt_tensor_alloc(&z, REF_F32, n);
+  float *xs = x.buf, *ys = y.buf, *zs = z.buf;
+  for (int f = 0; f < NFUNC; f++) {
+    for (size_t i = 0; i < n; i++) xs[i] = draw(&r, f);
+    long bad = 0;
+    for (size_t i = 0; i < n; i++)
+      if (fb(pub_scalar(f, xs[i])) != fb(det(f, xs[i]))) bad++;
+    CHECK(bad == 0, "%s: bx_%s_f32 differs from the inline function on %ld inputs", NAMES[f],
+          NAMES[f], bad);
+    const int threads[] = {1, 2, 3, 7};
+    for (int isa = 0; isa < bxt_isa_count(); isa++) {
+      bxt_force(isa);
+      for (size_t ti = 0; ti < sizeof threads / sizeof threads[0]; ti++) {
+        bx_math_opts o = BX_MATH_OPTS_DEFAULT;
+        o.num_threads = threads[ti];
+        memset(ys, 0xa5, n * 4);
+        CHECK_STATUS(TENSOR_FNS[f](&x.t, &y.t, &o), BX_OK, "bx_%s", NAMES[f]);
+        bad = 0;
+        for (size_t i = 0; i < n; i++)
+          if (fb(ys[i]) != fb(det(f, xs[i]))) bad++;
+        CHECK(bad == 0, "bx_%s, isa %s, %d threads: %ld elements differ", NAMES[f],
+              bxt_isa(isa), threads[ti], bad);
+      }
+      /* in place */
+      memcpy(zs, xs, n * 4);
+      CHECK_STATUS(TENSOR_FNS[f](&z.t, &z.t, NULL), BX_OK, "bx_%s in place", NAMES[f]);
+      CHECK(memcmp(zs, ys, n * 4) == 0, "bx_%s in place differs (isa %s)", NAMES[f],
+            bxt_isa(isa));
+    }
+    bxt_force(-1);
+  }
+  /* a transposed dense 2-D view: shape (7, 9), strides (1, 7), both x and y */
+  int64_t shape[2] = {7, 9}, strides[2] = {1, 7};
+  DLTensor xt = x.t, yt = y.t;
+  xt.ndim = yt.ndim = 2;
+  xt.shape = yt.shape = shape;
+  xt.strides = yt.strides = strides;
+  memset(ys, 0, 63 * 4);
+  CHECK_STATUS(bx_exp(&xt, &yt, NULL), BX_OK, "bx_exp transposed");
+  long bad = 0;
+  for (size_t i = 0; i < 63; i++)
+    if (fb(ys[i]) != fb(bx_expf_det(xs[i]))) bad++;
+  CHECK(bad == 0, "bx_exp transposed: %ld differ", bad);
+  bxt_tensor_free(&x);
+  bxt_tensor_free(&y);
+  bxt_tensor_free(&z);
+}
+
+static int untouched(const float *y, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (fb(y[i]) != 0x12345678u) return 0;
+  return 1;
+}
+
+void test_math_errors(void) {
+  const size_t n = 64;
+  bxt_tensor x, y, d;
+  bxt_tensor_alloc(&x, REF_F32, n + 8);
+  bxt_tensor_alloc(&y, REF_F32, n);
+  bxt_tensor_alloc(&d, REF_F64, n);
+  for (size_t i = 0; i < n + 8; i++) ((float *)x.buf)[i] = (float)i;
+  float *ys = y.buf;
+#define RESET() for (size_t i = 0; i < n; i++) ys[i] = bf(0x12345678u)
+  x.shape[0] = (int64_t)n;
+  for (int f = 0; f < NFUNC; f++) {
+    tensor_fn fn = TENSOR_FNS[f];
+    RESET();
+    CHECK_STATUS(fn(NULL, &y.t, NULL), BX_EINVAL, "bx_%s: NULL x", NAMES[f]);
+    CHECK_STATUS(fn(&x.t, NULL, NULL), BX_EINVAL, "bx_%s: NULL y", NAMES[f]);
+    CHECK_STATUS(fn(&d.t, &y.t, NULL), BX_EDTYPE, "bx_%s: fp64 x", NAMES[f]);
+    CHECK(strstr(bx_last_error(), "tensor 0") != NULL, "names tensor 0: %s", bx_last_error());
+    CHECK_STATUS(fn(&x.t, &d.t, NULL), BX_EDTYPE, "bx_%s: fp64 y", NAMES[f]);
+    CHECK(strstr(bx_last_error(), "tensor 1") != NULL, "names tensor 1: %s", bx_last_error());
+    y.shape[0] = (int64_t)n - 1;
+    CHECK_STATUS(fn(&x.t, &y.t, NULL), BX_EINVAL, "bx_%s: shape", NAMES[f]);
+    CHECK(strstr(bx_last_error(), "shape") != NULL, "says shape: %s", bx_last_error());
+    y.shape[0] = (int64_t)n;
+    /* y overlapping x partly: x's view shifted by 4 elements */
+    DLTensor xs = x.t;
+    xs.byte_offset = 16;
+    CHECK_STATUS(fn(&xs, &x.t, NULL), BX_ELAYOUT, "bx_%s: partial overlap", NAMES[f]);
+    CHECK(strstr(bx_last_error(), "overlaps") != NULL, "says overlaps: %s", bx_last_error());
+    DLDevice cuda = {kDLCUDA, 0};
+    DLTensor yc = y.t;
+    yc.device = cuda;
+    CHECK(fn(&x.t, &yc, NULL) != BX_OK, "bx_%s: CUDA y refused", NAMES[f]);
+    bx_math_opts o = BX_MATH_OPTS_DEFAULT;
+    o.num_threads = -1;
+    CHECK_STATUS(fn(&x.t, &y.t, &o), BX_EINVAL, "bx_%s: negative threads", NAMES[f]);
+    o = (bx_math_opts)BX_MATH_OPTS_DEFAULT;
+    o.struct_size = sizeof o - 1;
+    CHECK_STATUS(fn(&x.t, &y.t, &o), BX_EINVAL, "bx_%s: struct_size", NAMES[f]);
+    CHECK(strstr(bx_last_error(), "struct_size") != NULL, "names struct_size: %s",
+          bx_last_error());
+    CHECK(untouched(ys, n), "bx_%s: y written by a failing call", NAMES[f]);
+    /* and a good call still works after all that */
+    CHECK_STATUS(fn(&x.t, &y.t, NULL), BX_OK, "bx_%s after errors", NAMES[f]);
+    CHECK(fb(ys[3]) == fb(det(f, 3.0f)), "bx_%s(3)", NAMES[f]);
+  }
+#undef RESET
+  bxt_tensor_free(&x);
+  bxt_tensor_free(&y);
+  bxt_tensor_free(&d);
+}
