@@ -11,27 +11,18 @@ exit status 1 on any difference in the AdamW comparison. (The Python
 package has no binding for bitexact_train.h yet, hence ctypes and dev/.)
 """
 import ctypes as C
+import os
 import sys
 
 import numpy as np
 import torch
 
+# the DLPack structs in ctypes, shared with the Python tests
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
+from dlpack_ctypes import DLDataType, DLDevice, DLTensor  # noqa: E402
+
 LIB = sys.argv[1] if len(sys.argv) > 1 else "build/libbitexact.so"
 lib = C.CDLL(LIB)
-
-
-class DLDevice(C.Structure):
-    _fields_ = [("device_type", C.c_int32), ("device_id", C.c_int32)]
-
-
-class DLDataType(C.Structure):
-    _fields_ = [("code", C.c_uint8), ("bits", C.c_uint8), ("lanes", C.c_uint16)]
-
-
-class DLTensor(C.Structure):
-    _fields_ = [("data", C.c_void_p), ("device", DLDevice), ("ndim", C.c_int32),
-                ("dtype", DLDataType), ("shape", C.POINTER(C.c_int64)),
-                ("strides", C.POINTER(C.c_int64)), ("byte_offset", C.c_uint64)]
 
 
 class AdamWOpts(C.Structure):

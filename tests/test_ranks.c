@@ -18,6 +18,7 @@
 
 #include "checks.h"
 #include "harness.h"
+#include "sim_comm.h"
 #include "tests.h"
 #include "util.h"
 
@@ -25,77 +26,9 @@
 #define NGROUPS 3
 #define SENTINEL -999.0
 
-/* ---- the simulated communicator ------------------------------------- */
-typedef struct world {
-  int n;
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  int arrived;
-  unsigned gen;
-  int timed_out;
-  int64_t *slot[MAX_RANKS];
-  size_t len[MAX_RANKS];
-  bx_op op[MAX_RANKS];
-  int fail_rank; /* this rank's all-reduce reports failure (-1: none; n: all) */
-} world;
-
-typedef struct rank_ctx {
-  world *w;
-  int rank;
-} rank_ctx;
-
-/* A generation barrier that gives up after 5 s (a rank that never comes is
- * a hang in the library: report it instead of waiting forever). */
-static int barrier(world *w) {
-  pthread_mutex_lock(&w->mu);
-  unsigned g = w->gen;
-  if (++w->arrived == w->n) {
-    w->arrived = 0;
-    w->gen++;
-    pthread_cond_broadcast(&w->cv);
-  } else {
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += 5;
-    while (g == w->gen && !w->timed_out)
-      if (pthread_cond_timedwait(&w->cv, &w->mu, &until) == ETIMEDOUT) {
-        w->timed_out = 1;
-        pthread_cond_broadcast(&w->cv);
-      }
-  }
-  int bad = w->timed_out;
-  pthread_mutex_unlock(&w->mu);
-  return bad;
-}
-
-static int sim_allreduce(int64_t *buf, size_t n, bx_op op, void *ctx) {
-  rank_ctx *c = ctx;
-  world *w = c->w;
-  w->slot[c->rank] = buf;
-  w->len[c->rank] = n;
-  w->op[c->rank] = op;
-  if (barrier(w)) return 1;
-  int agree = 1;
-  for (int r = 0; r < w->n; r++) agree &= w->len[r] == n && w->op[r] == op;
-  int64_t *tmp = NULL;
-  if (agree) {
-    tmp = malloc(n * sizeof *tmp + 1);
-    for (size_t i = 0; i < n; i++) {
-      int64_t v = w->slot[0][i];
-      for (int r = 1; r < w->n; r++)
-        v = op == BX_OP_SUM ? v + w->slot[r][i] : (w->slot[r][i] > v ? w->slot[r][i] : v);
-      tmp[i] = v;
-    }
-  }
-  if (barrier(w)) { /* everyone has read every slot before anyone writes */
-    free(tmp);
-    return 1;
-  }
-  if (tmp) memcpy(buf, tmp, n * sizeof *tmp);
-  free(tmp);
-  if (w->fail_rank == c->rank || w->fail_rank == w->n) return 1;
-  return agree ? 0 : 1;
-}
+/* ---- the simulated communicator: sim_comm.h ------------------------- */
+typedef bxt_world world;
+typedef bxt_rank_ctx rank_ctx;
 
 /* ---- one call per rank, run concurrently ----------------------------- */
 typedef struct rank_job {
@@ -139,26 +72,13 @@ static void run_ranks(world *w, rank_job *jobs) {
     jobs[r].ctx.w = w;
     jobs[r].ctx.rank = r;
     jobs[r].comm = (bx_comm)BX_COMM_DEFAULT;
-    jobs[r].comm.allreduce_i64 = sim_allreduce;
+    jobs[r].comm.allreduce_i64 = bxt_sim_allreduce;
     jobs[r].comm.ctx = &jobs[r].ctx;
     jobs[r].comm.rank = r;
     pthread_create(&th[r], NULL, rank_main, &jobs[r]);
   }
   for (int r = 0; r < w->n; r++) pthread_join(th[r], NULL);
   CHECK(!w->timed_out, "a rank waited 5 s in the collective for another: a hang");
-}
-
-static void world_init(world *w, int n) {
-  memset(w, 0, sizeof *w);
-  w->n = n;
-  w->fail_rank = -1;
-  pthread_mutex_init(&w->mu, NULL);
-  pthread_cond_init(&w->cv, NULL);
-}
-
-static void world_free(world *w) {
-  pthread_mutex_destroy(&w->mu);
-  pthread_cond_destroy(&w->cv);
 }
 
 /* The data: tensors in NGROUPS groups; each tensor cut into pieces (views)
@@ -240,7 +160,7 @@ void test_ranks_invariance(void) {
         CHECK_BITS_D(want, bxt_ref_norm(l.src, l.n, ps[pi]), "one process vs reference");
       int n = nranks[rep % 5];
       world w;
-      world_init(&w, n);
+      bxt_world_init(&w, n);
       rank_job jobs[MAX_RANKS];
       distribute(&r, &m, jobs, n);
       for (int q = 0; q < n; q++) {
@@ -257,7 +177,7 @@ void test_ranks_invariance(void) {
           CHECK_BITS_D(jobs[q].gn[g], wgn[g], "rep %d, %d ranks, rank %d, p=%g: group %d", rep,
                        n, q, ps[pi], g);
       }
-      world_free(&w);
+      bxt_world_free(&w);
     }
     bxt_tensors_free(m.x, m.n);
   }
@@ -281,7 +201,7 @@ void test_ranks_clip(void) {
     if (want_coef > 1) want_coef = 1;
     int n = 2 + rep % 4;
     world w;
-    world_init(&w, n);
+    bxt_world_init(&w, n);
     rank_job jobs[MAX_RANKS];
     distribute(&r, &m, jobs, n);
     for (int q = 0; q < n; q++) {
@@ -300,7 +220,7 @@ void test_ranks_clip(void) {
       bxt_check_scaled(what, &before[k], &m.x[k], want_coef, BX_SCALE_TORCH, 0);
       bxt_tensor_free(&before[k]);
     }
-    world_free(&w);
+    bxt_world_free(&w);
     bxt_tensors_free(m.x, m.n);
   }
 }
@@ -318,7 +238,7 @@ void test_ranks_errors(void) {
     model m;
     model_make(&r, &m);
     world w;
-    world_init(&w, n);
+    bxt_world_init(&w, n);
     rank_job jobs[MAX_RANKS];
     distribute(&r, &m, jobs, n);
     bx_status want = BX_OK;
@@ -429,7 +349,7 @@ void test_ranks_errors(void) {
       }
     }
     bxt_tensor_free(&nan1);
-    world_free(&w);
+    bxt_world_free(&w);
     bxt_tensors_free(m.x, m.n);
   }
 }
@@ -440,7 +360,7 @@ void test_ranks_norm_dtype(void) {
   bxt_rng r;
   bxt_rng_init(&r);
   world w;
-  world_init(&w, 2);
+  bxt_world_init(&w, 2);
   rank_job jobs[MAX_RANKS];
   bxt_tensor x[2];
   memset(jobs, 0, sizeof jobs);
@@ -465,5 +385,5 @@ void test_ranks_norm_dtype(void) {
     CHECK_BITS_D(jobs[q].total, want, "rank %d: the norm in fp32 (bf16 on one rank, fp16 on the other)", q);
   }
   for (int q = 0; q < 2; q++) bxt_tensor_free(&x[q]);
-  world_free(&w);
+  bxt_world_free(&w);
 }

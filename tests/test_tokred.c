@@ -22,6 +22,7 @@
 
 #include "bitexact_train.h"
 #include "harness.h"
+#include "sim_comm.h"
 #include "mpfr_ref.h"
 #include "tests.h"
 #include "tokred_grid.h"
@@ -160,73 +161,9 @@ static void reference(const batch *b, result *ref) {
   }
 }
 
-/* ---- simulated ranks (as tests/test_ranks.c) ---------------------------- */
-
-typedef struct world {
-  int n;
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  int arrived, timed_out;
-  unsigned gen;
-  int64_t *slot[MAXR];
-  size_t len[MAXR];
-  bx_op op[MAXR];
-} world;
-
-typedef struct rank_ctx {
-  world *w;
-  int rank;
-} rank_ctx;
-
-static int barrier(world *w) {
-  pthread_mutex_lock(&w->mu);
-  unsigned g = w->gen;
-  if (++w->arrived == w->n) {
-    w->arrived = 0;
-    w->gen++;
-    pthread_cond_broadcast(&w->cv);
-  } else {
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += 5;
-    while (g == w->gen && !w->timed_out)
-      if (pthread_cond_timedwait(&w->cv, &w->mu, &until) == ETIMEDOUT) {
-        w->timed_out = 1;
-        pthread_cond_broadcast(&w->cv);
-      }
-  }
-  int bad = w->timed_out;
-  pthread_mutex_unlock(&w->mu);
-  return bad;
-}
-
-static int sim_allreduce(int64_t *buf, size_t n, bx_op op, void *ctx) {
-  rank_ctx *c = ctx;
-  world *w = c->w;
-  w->slot[c->rank] = buf;
-  w->len[c->rank] = n;
-  w->op[c->rank] = op;
-  if (barrier(w)) return 1;
-  int agree = 1;
-  for (int r = 0; r < w->n; r++) agree &= w->len[r] == n && w->op[r] == op;
-  int64_t *tmp = NULL;
-  if (agree) {
-    tmp = malloc(n * sizeof *tmp + 1);
-    for (size_t i = 0; i < n; i++) {
-      int64_t v = w->slot[0][i];
-      for (int r = 1; r < w->n; r++)
-        v = op == BX_OP_SUM ? v + w->slot[r][i] : (w->slot[r][i] > v ? w->slot[r][i] : v);
-      tmp[i] = v;
-    }
-  }
-  if (barrier(w)) {
-    free(tmp);
-    return 1;
-  }
-  if (tmp) memcpy(buf, tmp, n * sizeof *tmp);
-  free(tmp);
-  return agree ? 0 : 1;
-}
+/* ---- simulated ranks: sim_comm.h ---------------------------------------- */
+typedef bxt_world world;
+typedef bxt_rank_ctx rank_ctx;
 
 /* ---- one rank's step under a layout -------------------------------------- */
 
@@ -372,25 +309,16 @@ static void random_layout(bxt_rng *r, const batch *b, rank_job *jobs, int nranks
 
 static void run_world(rank_job *jobs, int nranks) {
   world w;
-  memset(&w, 0, sizeof w);
-  w.n = nranks;
-  pthread_mutex_init(&w.mu, NULL);
-  pthread_cond_init(&w.cv, NULL);
+  bxt_world_init(&w, nranks);
   pthread_t th[MAXR];
   for (int q = 0; q < nranks; q++) {
-    jobs[q].ctx.w = &w;
-    jobs[q].ctx.rank = q;
-    jobs[q].comm = (bx_comm)BX_COMM_DEFAULT;
-    jobs[q].comm.allreduce_i64 = sim_allreduce;
-    jobs[q].comm.ctx = &jobs[q].ctx;
-    jobs[q].comm.rank = q;
+    jobs[q].comm = bxt_sim_comm(&w, &jobs[q].ctx, q);
     jobs[q].use_comm = 1;
     pthread_create(&th[q], NULL, rank_main, &jobs[q]);
   }
   for (int q = 0; q < nranks; q++) pthread_join(th[q], NULL);
   CHECK(!w.timed_out, "a rank waited 5 s in a collective: a hang");
-  pthread_mutex_destroy(&w.mu);
-  pthread_cond_destroy(&w.cv);
+  bxt_world_free(&w);
 }
 
 static int same_result(const result *a, const result *b) {
