@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include <bitexact.h>
+#include <bitexact_train.h>
 
 /* ---- the generator and the data --------------------------------------- */
 
@@ -462,6 +463,127 @@ static void fb_accs(void) {
   }
 }
 
+/* ---- the training kernels (bitexact_train.h) ------------------------------ */
+
+/* fp32 values of both signs in [2^-8, 2^8) (lo_exp..hi_exp binades), from
+ * integer bit fields only */
+static void fb_f32_fill(float *x, size_t n, uint64_t seed, int lo_exp, int nbinades) {
+  for (size_t i = 0; i < n; i++) {
+    uint64_t h = fb_hash(seed, i);
+    uint32_t e = (uint32_t)(127 + lo_exp + (int)(h % (uint64_t)nbinades));
+    uint32_t bits = (uint32_t)((h >> 32) & 0x80000000u) | (e << 23) | (uint32_t)((h >> 8) & 0x7fffffu);
+    memcpy(&x[i], &bits, 4);
+  }
+}
+
+static DLTensor fb_dl_f32(float *data, int ndim, int64_t *shape) {
+  DLTensor t;
+  memset(&t, 0, sizeof t);
+  t.data = data;
+  t.device.device_type = kDLCPU;
+  t.ndim = ndim;
+  t.dtype.code = kDLFloat;
+  t.dtype.bits = 32;
+  t.dtype.lanes = 1;
+  t.shape = shape;
+  return t;
+}
+
+static void out_hash(const char *what, const void *p, size_t bytes) {
+  printf("%s fnv1a 0x%016" PRIx64 "\n", what, fb_fnv(FB_FNV_INIT, p, bytes));
+}
+
+static void fb_train(void) {
+  enum { M = 33, K = 40, N = 24, NE = 1000, NP = 257, TE = 64, TC = 5 };
+  static float a[M * K], bt[N * K], bn[N * K], c[M * K], c3[M * K];
+  fb_f32_fill(a, M * K, 0x6a01, -8, 16);
+  fb_f32_fill(bt, N * K, 0x6a02, -8, 16);
+  fb_f32_fill(bn, N * K, 0x6a03, -8, 16);
+  /* GEMM: NT (the forward, B as [N,K]) and NN (the input gradient, B as
+   * [K,N] with K = 24 here), 1 and 3 threads */
+  for (int layout = 0; layout < 2; layout++) {
+    int64_t sa[2] = {M, layout == 0 ? K : N}, sb[2] = {layout == 0 ? N : N, layout == 0 ? K : K},
+            sc[2] = {M, layout == 0 ? N : K};
+    DLTensor ta = fb_dl_f32(a, 2, sa), tb = fb_dl_f32(layout == 0 ? bt : bn, 2, sb);
+    DLTensor tc = fb_dl_f32(c, 2, sc), tc3 = fb_dl_f32(c3, 2, sc);
+    bx_gemm_opts o = BX_GEMM_OPTS_DEFAULT;
+    o.num_threads = 1;
+    const char *name = layout == 0 ? "gemm NT 33x40 . (24x40)^T" : "gemm NN 33x24 . 24x40";
+    bx_gemm_layout l = layout == 0 ? BX_GEMM_NT : BX_GEMM_NN;
+    if (!expect_ok(name, bx_gemm(&ta, &tb, l, &tc, &o))) continue;
+    o.num_threads = 3;
+    if (!expect_ok(name, bx_gemm(&ta, &tb, l, &tc3, &o))) continue;
+    size_t bytes = (size_t)sc[0] * (size_t)sc[1] * 4;
+    out_hash(name, c, bytes);
+    if (memcmp(c, c3, bytes) != 0) {
+      printf("%s: 1 and 3 threads DIFFER\n", name);
+      g_errors++;
+    }
+  }
+  /* elementwise math */
+  static float x[NE], y[NE];
+  int64_t se[1] = {NE};
+  DLTensor tx = fb_dl_f32(x, 1, se), ty = fb_dl_f32(y, 1, se);
+  typedef bx_status (*fn_t)(const DLTensor *, DLTensor *, const bx_math_opts *);
+  static const fn_t fns[] = {bx_exp, bx_log, bx_sigmoid, bx_silu, bx_rsqrt, bx_sin, bx_cos};
+  static const char *const names[] = {"exp", "log", "sigmoid", "silu", "rsqrt", "sin", "cos"};
+  for (int f = 0; f < 7; f++) {
+    fb_f32_fill(x, NE, 0x6b00 + (uint64_t)f, -8, 13);
+    if (f == 1 || f == 4)
+      for (int i = 0; i < NE; i++) x[i] = fabsf(x[i]);
+    char what[64];
+    snprintf(what, sizeof what, "math %s x%d", names[f], NE);
+    if (expect_ok(what, fns[f](&tx, &ty, NULL))) out_hash(what, y, sizeof y);
+  }
+  /* AdamW: three steps with torch's defaults and weight decay */
+  static float pp[NP], g[NP], m[NP], v[NP];
+  fb_f32_fill(pp, NP, 0x6c01, -6, 6);
+  memset(m, 0, sizeof m);
+  memset(v, 0, sizeof v);
+  int64_t sp[1] = {NP};
+  DLTensor tp = fb_dl_f32(pp, 1, sp), tg = fb_dl_f32(g, 1, sp), tm = fb_dl_f32(m, 1, sp),
+           tv = fb_dl_f32(v, 1, sp);
+  bx_adamw_opts ao = BX_ADAMW_OPTS_DEFAULT;
+  ao.lr = 1e-2;
+  ao.weight_decay = 0.1;
+  int ok = 1;
+  for (int64_t step = 1; step <= 3 && ok; step++) {
+    fb_f32_fill(g, NP, 0x6c10 + (uint64_t)step, -10, 8);
+    ok = expect_ok("adamw", bx_adamw_step(&tp, &tg, &tm, &tv, step, &ao));
+  }
+  if (ok) {
+    out_hash("adamw 3 steps param", pp, sizeof pp);
+    out_hash("adamw 3 steps exp_avg", m, sizeof m);
+    out_hash("adamw 3 steps exp_avg_sq", v, sizeof v);
+  }
+  /* the token reduction: 5 chunks of 4 tokens (the last one whole), one
+   * tensor of 8x8, sum and token mean */
+  static float part[TC][TE], sum[TE], mean[TE];
+  int64_t st8[2] = {8, 8};
+  DLTensor tgrad = fb_dl_f32(NULL, 2, st8), tsum = fb_dl_f32(sum, 2, st8),
+           tmean = fb_dl_f32(mean, 2, st8);
+  bx_tokred *s = NULL;
+  if (!expect_ok("tokred create", bx_tokred_create(&tgrad, 1, 4, 20, NULL, &s))) return;
+  ok = 1;
+  for (int k = 0; k < TC && ok; k++) {
+    fb_f32_fill(part[k], TE, 0x6d00 + (uint64_t)k, -12, 20);
+    DLTensor tk = fb_dl_f32(part[k], 2, st8);
+    ok = expect_ok("tokred bound", bx_tokred_bound(s, 0, k, &tk));
+  }
+  if (ok) ok = expect_ok("tokred agree", bx_tokred_agree(s, NULL));
+  for (int k = TC - 1; k >= 0 && ok; k--) { /* any order: integer words */
+    DLTensor tk = fb_dl_f32(part[k], 2, st8);
+    ok = expect_ok("tokred add", bx_tokred_add(s, 0, k, &tk));
+  }
+  if (ok && expect_ok("tokred finish", bx_tokred_finish(s, &tsum, 1, 1)) &&
+      expect_ok("tokred finish mean", bx_tokred_finish(s, &tmean, 1, 20))) {
+    out_hash("tokred 5 chunks sum", sum, sizeof sum);
+    out_hash("tokred 5 chunks mean", mean, sizeof mean);
+    out_f("tokred sum[0]", sum[0]);
+  }
+  bx_tokred_destroy(s);
+}
+
 int main(void) {
   for (int i = 0; i < NT; i++)
     if (!fb_make(&T[i], 0xb17e5ac7ull + (uint64_t)i * 0x100000001b3ull, strcmp(T[i].name, "f64.huge") == 0)) {
@@ -480,6 +602,7 @@ int main(void) {
   fb_clip();
   fb_scale();
   fb_accs();
+  fb_train();
   for (int i = 0; i < NT; i++) {
     free(T[i].buf);
     free(T[i].orig);
