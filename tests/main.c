@@ -190,6 +190,17 @@ static const test_entry TESTS[] = {
     {"tokred_layout_refused", test_tokred_layout_refused},
     {"tokred_ranks_errors", test_tokred_ranks_errors},
     {"tokred_bad_arguments", test_tokred_bad_arguments},
+    /* the MoE router and token dispatch (test_moe.c) */
+    {"moe_router_vs_reference", test_moe_router_vs_reference},
+    {"moe_router_ties", test_moe_router_ties},
+    {"moe_router_backward", test_moe_router_backward},
+    {"moe_router_invariance", test_moe_router_invariance},
+    {"moe_bias_update", test_moe_bias_update},
+    {"moe_router_bad_input", test_moe_router_bad_input},
+    {"moe_dispatch_plan", test_moe_dispatch_plan},
+    {"moe_dispatch_ranks", test_moe_dispatch_ranks},
+    {"moe_permute_roundtrip", test_moe_permute_roundtrip},
+    {"moe_dispatch_bad_input", test_moe_dispatch_bad_input},
 };
 #define NTESTS (sizeof TESTS / sizeof TESTS[0])
 

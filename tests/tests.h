@@ -181,4 +181,16 @@ void test_tokred_layout_refused(void);
 void test_tokred_ranks_errors(void);
 void test_tokred_bad_arguments(void);
 
+/* test_moe.c: the MoE router and token dispatch (bitexact_train.h) */
+void test_moe_router_vs_reference(void);
+void test_moe_router_ties(void);
+void test_moe_router_backward(void);
+void test_moe_router_invariance(void);
+void test_moe_bias_update(void);
+void test_moe_router_bad_input(void);
+void test_moe_dispatch_plan(void);
+void test_moe_dispatch_ranks(void);
+void test_moe_permute_roundtrip(void);
+void test_moe_dispatch_bad_input(void);
+
 #endif /* BX_TEST_TESTS_H */

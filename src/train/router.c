@@ -1,0 +1,391 @@
+/*
+ * router.c — the GLM-4.5 MoE router of bitexact_train.h ("MoE router and
+ * token dispatch"): bx_moe_router_forward (sigmoid scores, group-limited
+ * top-k with exact decisions, the normalised and scaled weights, the
+ * per-chunk expert counts), bx_moe_router_backward and
+ * bx_moe_bias_update. One token's result depends on that token's row
+ * only; tokens go over the pool in fixed pieces of PIECE tokens.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "abi.h"
+#include "bitexact_train.h"
+#include "call.h"
+#include "error.h"
+#include "math_det.h"
+#include "moe_internal.h"
+#include "pool.h"
+#include "workspace.h"
+
+#define PIECE 64 /* tokens per task */
+
+/* ---- options --------------------------------------------------------------- */
+
+static bx_status router_opts(const char *fn, const bx_moe_router_opts *opts,
+                             bx_moe_router_opts *o) {
+  bx_status st = opts ? bx_check_struct_size(fn, "opts->struct_size", opts->struct_size,
+                                             sizeof(bx_moe_router_opts), "bx_moe_router_opts",
+                                             "BX_MOE_ROUTER_OPTS_DEFAULT")
+                      : BX_OK;
+  if (st != BX_OK) return st;
+  bx_moe_router_opts d = BX_MOE_ROUTER_OPTS_DEFAULT;
+  *o = opts ? *opts : d;
+  return BX_OK;
+}
+
+/* The options against E experts and k slots (k < 0: not checked). */
+static bx_status router_config(const char *fn, const bx_moe_router_opts *o, int64_t E, int64_t k) {
+  if (o->num_threads < 0) return bx_fail(BX_EINVAL, "%s: num_threads %d is negative", fn, o->num_threads);
+  if (o->n_group < 1)
+    return bx_fail(BX_EINVAL, "%s: n_group = %lld, want >= 1", fn, (long long)o->n_group);
+  if (E % o->n_group != 0)
+    return bx_fail(BX_EINVAL, "%s: n_routed_experts %lld is not divisible by n_group %lld", fn,
+                   (long long)E, (long long)o->n_group);
+  if (E / o->n_group < 2)
+    return bx_fail(BX_EINVAL,
+                   "%s: %lld experts per group (n_routed_experts %lld / n_group %lld); the group "
+                   "score takes the top 2, want >= 2",
+                   fn, (long long)(E / o->n_group), (long long)E, (long long)o->n_group);
+  if (o->topk_group < 1 || o->topk_group > o->n_group)
+    return bx_fail(BX_EINVAL, "%s: topk_group = %lld, want 1 <= topk_group <= n_group = %lld", fn,
+                   (long long)o->topk_group, (long long)o->n_group);
+  if (o->norm_topk_prob != 0 && o->norm_topk_prob != 1)
+    return bx_fail(BX_EINVAL, "%s: norm_topk_prob = %d, want 0 or 1", fn, o->norm_topk_prob);
+  if (!isfinite(o->routed_scaling_factor) || !isfinite((float)o->routed_scaling_factor))
+    return bx_fail(BX_EINVAL, "%s: routed_scaling_factor is not finite in fp32", fn);
+  if (k >= 0) {
+    int64_t avail = o->topk_group * (E / o->n_group);
+    if (k < 1 || k > avail)
+      return bx_fail(BX_EINVAL,
+                     "%s: k = %lld experts per token, want 1 <= k <= topk_group * experts per "
+                     "group = %lld",
+                     fn, (long long)k, (long long)avail);
+  }
+  return BX_OK;
+}
+
+/* ---- forward --------------------------------------------------------------- */
+
+typedef struct fwd_job {
+  const float *logits, *bias;
+  bx_moe_tensor *ids;
+  float *weights;
+  int64_t T, E, G, S, kg, k;
+  int norm;
+  float rsf;
+  char *scratch; /* per worker: s[E], c[E], gs[G], (pad), sel[k], kept[G] */
+  size_t scratch_each;
+  size_t sel_at; /* floats before sel: 2E + G rounded up to even */
+} fwd_job;
+
+/* Is (va, a) ahead of (vb, b): larger value, ties the lower index. */
+static inline int ahead(float va, int64_t a, float vb, int64_t b) {
+  return va > vb || (va == vb && a < b);
+}
+
+static void store_id(bx_moe_tensor *ids, size_t i, int64_t v) {
+  if (ids->dtype == BX_MOE_I32)
+    ((int32_t *)ids->data)[i] = (int32_t)v;
+  else
+    ((int64_t *)ids->data)[i] = v;
+}
+
+/* One token: the documented algorithm (bitexact_train.h). */
+static void route_token(const fwd_job *j, int64_t t, float *s, float *c, float *gs,
+                        unsigned char *kept, int64_t *sel) {
+  const float *l = j->logits + t * j->E;
+  for (int64_t e = 0; e < j->E; e++) {
+    s[e] = bx_sigmoidf_det(l[e]);
+    c[e] = s[e] + j->bias[e];
+  }
+  /* group scores: the two largest c of each group, added in fp32 */
+  for (int64_t g = 0; g < j->G; g++) {
+    const float *cg = c + g * j->S;
+    float m1 = cg[0], m2 = cg[1];
+    if (m2 > m1) { float x = m1; m1 = m2; m2 = x; }
+    for (int64_t i = 2; i < j->S; i++) {
+      if (cg[i] > m1) { m2 = m1; m1 = cg[i]; }
+      else if (cg[i] > m2) m2 = cg[i];
+    }
+    gs[g] = m1 + m2;
+    kept[g] = 0;
+  }
+  /* the topk_group best groups, ties to the lower group id */
+  for (int64_t r = 0; r < j->kg; r++) {
+    int64_t best = -1;
+    for (int64_t g = 0; g < j->G; g++)
+      if (!kept[g] && (best < 0 || ahead(gs[g], g, gs[best], best))) best = g;
+    kept[best] = 1;
+  }
+  /* masked choice scores: +0 outside the kept groups (transformers' masked_fill) */
+  for (int64_t e = 0; e < j->E; e++)
+    if (!kept[e / j->S]) c[e] = 0.0f;
+  /* the k best experts: a list kept sorted by (value desc, id asc); an
+   * expert enters only when strictly ahead of the current k-th, so the
+   * lower id wins a tie (experts are visited in ascending id) */
+  int64_t n = 0;
+  for (int64_t e = 0; e < j->E; e++) {
+    if (n == j->k && !ahead(c[e], e, c[sel[n - 1]], sel[n - 1])) continue;
+    int64_t i = n < j->k ? n++ : n - 1;
+    while (i > 0 && ahead(c[e], e, c[sel[i - 1]], sel[i - 1])) {
+      sel[i] = sel[i - 1];
+      i--;
+    }
+    sel[i] = e;
+  }
+  /* written in ascending expert id */
+  for (int64_t a = 1; a < j->k; a++) {
+    int64_t v = sel[a], b = a;
+    while (b > 0 && sel[b - 1] > v) { sel[b] = sel[b - 1]; b--; }
+    sel[b] = v;
+  }
+  float *w = j->weights + t * j->k;
+  double D = 0.0;
+  if (j->norm) {
+    for (int64_t a = 0; a < j->k; a++) D += (double)s[sel[a]];
+    D += 1e-20;
+  }
+  for (int64_t a = 0; a < j->k; a++) {
+    float q = j->norm ? (float)((double)s[sel[a]] / D) : s[sel[a]];
+    w[a] = q * j->rsf;
+    store_id(j->ids, (size_t)(t * j->k + a), sel[a]);
+  }
+}
+
+static void fwd_piece(void *ctx, size_t task, int worker) {
+  const fwd_job *j = ctx;
+  char *sc = j->scratch + (size_t)worker * j->scratch_each;
+  float *s = (float *)sc, *c = s + j->E, *gs = c + j->E;
+  int64_t *sel = (int64_t *)(s + j->sel_at);
+  unsigned char *kept = (unsigned char *)(sel + j->k);
+  int64_t t0 = (int64_t)task * PIECE, t1 = t0 + PIECE < j->T ? t0 + PIECE : j->T;
+  for (int64_t t = t0; t < t1; t++) route_token(j, t, s, c, gs, kept, sel);
+}
+
+bx_status bx_moe_router_forward(const DLTensor *logits, const DLTensor *bias,
+                                DLTensor *topk_ids, DLTensor *topk_weights, int64_t chunk_tokens,
+                                DLTensor *counts, const bx_moe_router_opts *opts) {
+  const char *fn = "bx_moe_router_forward";
+  bx_moe_router_opts o;
+  bx_status st = router_opts(fn, opts, &o);
+  if (st != BX_OK) return st;
+  bx_call call;
+  st = bx_call_enter(&call, fn);
+  if (st != BX_OK) return st;
+  bx_moe_tensor tl, tb, ti, tw, tc;
+  int64_t any2[2] = {-1, -1};
+  if ((st = bx_moe_check(fn, 0, "logits", logits, BX_MOE_F32, 2, any2, 0, &tl)) != BX_OK) goto done;
+  int64_t T = tl.dim[0], E = tl.dim[1];
+  int64_t wb[1] = {E};
+  if ((st = bx_moe_check(fn, 1, "bias", bias, BX_MOE_F32, 1, wb, 0, &tb)) != BX_OK) goto done;
+  int64_t wi[2] = {T, -1};
+  if ((st = bx_moe_check(fn, 2, "topk_ids", topk_ids, BX_MOE_IDS, 2, wi, 1, &ti)) != BX_OK) goto done;
+  int64_t k = ti.dim[1];
+  int64_t ww[2] = {T, k};
+  if ((st = bx_moe_check(fn, 3, "topk_weights", topk_weights, BX_MOE_F32, 2, ww, 1, &tw)) != BX_OK)
+    goto done;
+  if (chunk_tokens < 1) {
+    st = bx_fail(BX_EINVAL, "%s: chunk_tokens = %lld, want >= 1", fn, (long long)chunk_tokens);
+    goto done;
+  }
+  int64_t nchunks = T / chunk_tokens + (T % chunk_tokens != 0);
+  int have_counts = counts != NULL;
+  if (have_counts) {
+    int64_t wc[2] = {nchunks, E};
+    if ((st = bx_moe_check(fn, 5, "counts", counts, BX_MOE_I64, 2, wc, 1, &tc)) != BX_OK) goto done;
+  }
+  if ((st = router_config(fn, &o, E, k)) != BX_OK) goto done;
+  if (ti.dtype == BX_MOE_I32 && E > INT32_MAX) {
+    st = bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, 2, "%s: tensor 2 (topk_ids): int32 cannot hold %lld expert ids", fn, (long long)E);
+    goto done;
+  }
+  const bx_moe_tensor *all[5] = {&tl, &tb, &ti, &tw, have_counts ? &tc : NULL};
+  if ((st = bx_moe_check_overlap(fn, all, 5)) != BX_OK) goto done;
+  const float *lg = tl.data, *bs = tb.data;
+  for (int64_t e = 0; e < E; e++)
+    if (!isfinite(bs[e])) {
+      st = bx_fail_at(BX_ENONFINITE, -1, BX_NO_INDEX, 1, "%s: tensor 1 (bias): element %lld is not finite",
+                      fn, (long long)e);
+      goto done;
+    }
+  for (size_t i = 0; i < tl.n; i++)
+    if (lg[i] != lg[i]) {
+      st = bx_fail_at(BX_ENONFINITE, -1, BX_NO_INDEX, 0,
+                      "%s: tensor 0 (logits): token %lld expert %lld is NaN (no order to choose by)",
+                      fn, (long long)(i / (size_t)E), (long long)(i % (size_t)E));
+      goto done;
+    }
+  fwd_job j = {lg, bs, &ti, tw.data, T, E, o.n_group, E / o.n_group, o.topk_group, k,
+               o.norm_topk_prob, (float)o.routed_scaling_factor, NULL, 0, 0};
+  size_t npieces = (size_t)(T / PIECE + (T % PIECE != 0));
+  int nt = bx_moe_threads(o.num_threads, npieces);
+  size_t fl = (size_t)(2 * E + o.n_group);
+  fl += fl & 1;
+  j.sel_at = fl;
+  j.scratch_each = (fl * 4 + (size_t)k * 8 + (size_t)o.n_group + 63) & ~(size_t)63;
+  if (T > 0) {
+    j.scratch = bx_workspace(j.scratch_each * (size_t)nt);
+    if (!j.scratch) {
+      st = bx_fail(BX_ENOMEM, "%s: no memory for %zu bytes of scratch", fn, j.scratch_each * (size_t)nt);
+      goto done;
+    }
+    bx_parallel_run(nt, npieces, fwd_piece, &j);
+  }
+  if (have_counts) {
+    int64_t *cn = tc.data;
+    memset(cn, 0, tc.n * sizeof *cn);
+    for (int64_t t = 0; t < T; t++)
+      for (int64_t a = 0; a < k; a++)
+        cn[(t / chunk_tokens) * E + bx_moe_id(&ti, (size_t)(t * k + a))]++;
+  }
+done:
+  bx_call_leave(&call);
+  return st;
+}
+
+/* ---- backward -------------------------------------------------------------- */
+
+typedef struct bwd_job {
+  const float *logits, *dw;
+  const bx_moe_tensor *ids;
+  float *dl;
+  int64_t T, E, k;
+  int norm;
+  double r;
+  double *scratch; /* per worker: g[k], s[k], m[k] */
+} bwd_job;
+
+static void bwd_piece(void *ctx, size_t task, int worker) {
+  const bwd_job *j = ctx;
+  double *g = j->scratch + (size_t)worker * 3 * (size_t)j->k, *s = g + j->k, *m = s + j->k;
+  int64_t t0 = (int64_t)task * PIECE, t1 = t0 + PIECE < j->T ? t0 + PIECE : j->T;
+  for (int64_t t = t0; t < t1; t++) {
+    const float *l = j->logits + t * j->E;
+    float *dl = j->dl + t * j->E;
+    for (int64_t e = 0; e < j->E; e++) dl[e] = 0.0f;
+    double D = 0.0, P = 0.0;
+    for (int64_t a = 0; a < j->k; a++) {
+      int64_t e = bx_moe_id(j->ids, (size_t)(t * j->k + a));
+      s[a] = (double)bx_sigmoidf_det(l[e]);
+      m[a] = (double)bx_sigmoidf_det(-l[e]); /* 1 - s, correctly rounded: no cancellation */
+      g[a] = (double)j->dw[t * j->k + a] * j->r;
+    }
+    if (j->norm) {
+      for (int64_t a = 0; a < j->k; a++) D += s[a];
+      D += 1e-20;
+      for (int64_t a = 0; a < j->k; a++) P += g[a] * s[a];
+    }
+    double u = j->norm ? P / D : 0.0;
+    for (int64_t a = 0; a < j->k; a++) {
+      int64_t e = bx_moe_id(j->ids, (size_t)(t * j->k + a));
+      double dw = j->norm ? (g[a] - u) / D : g[a];
+      dl[e] = (float)(dw * (s[a] * m[a]));
+    }
+  }
+}
+
+bx_status bx_moe_router_backward(const DLTensor *logits, const DLTensor *topk_ids,
+                                 const DLTensor *dweights, DLTensor *dlogits,
+                                 const bx_moe_router_opts *opts) {
+  const char *fn = "bx_moe_router_backward";
+  bx_moe_router_opts o;
+  bx_status st = router_opts(fn, opts, &o);
+  if (st != BX_OK) return st;
+  bx_call call;
+  st = bx_call_enter(&call, fn);
+  if (st != BX_OK) return st;
+  bx_moe_tensor tl, ti, tw, td;
+  int64_t any2[2] = {-1, -1};
+  if ((st = bx_moe_check(fn, 0, "logits", logits, BX_MOE_F32, 2, any2, 0, &tl)) != BX_OK) goto done;
+  int64_t T = tl.dim[0], E = tl.dim[1];
+  int64_t wi[2] = {T, -1};
+  if ((st = bx_moe_check(fn, 1, "topk_ids", topk_ids, BX_MOE_IDS, 2, wi, 0, &ti)) != BX_OK) goto done;
+  int64_t k = ti.dim[1];
+  int64_t ww[2] = {T, k};
+  if ((st = bx_moe_check(fn, 2, "dweights", dweights, BX_MOE_F32, 2, ww, 0, &tw)) != BX_OK) goto done;
+  int64_t wd[2] = {T, E};
+  if ((st = bx_moe_check(fn, 3, "dlogits", dlogits, BX_MOE_F32, 2, wd, 1, &td)) != BX_OK) goto done;
+  if ((st = router_config(fn, &o, E, -1)) != BX_OK) goto done;
+  if (k < 1 || k > E) {
+    st = bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, 1, "%s: tensor 1 (topk_ids): k = %lld, want 1 <= k <= %lld",
+                    fn, (long long)k, (long long)E);
+    goto done;
+  }
+  const bx_moe_tensor *all[4] = {&tl, &ti, &tw, &td};
+  if ((st = bx_moe_check_overlap(fn, all, 4)) != BX_OK) goto done;
+  size_t npieces = (size_t)(T / PIECE + (T % PIECE != 0));
+  int nt = bx_moe_threads(o.num_threads, npieces);
+  size_t need = (size_t)E + (size_t)nt * 3 * (size_t)k * sizeof(double) + 16;
+  char *ws = bx_workspace(need);
+  if (!ws) {
+    st = bx_fail(BX_ENOMEM, "%s: no memory for %zu bytes of scratch", fn, need);
+    goto done;
+  }
+  double *dsc = (double *)ws;
+  unsigned char *seen = (unsigned char *)(dsc + (size_t)nt * 3 * (size_t)k);
+  memset(seen, 0, (size_t)E);
+  if ((st = bx_moe_check_ids(fn, &ti, E, seen)) != BX_OK) goto done;
+  bwd_job j = {tl.data, tw.data, &ti, td.data, T, E, k, o.norm_topk_prob,
+               (double)(float)o.routed_scaling_factor, dsc};
+  if (T > 0) bx_parallel_run(nt, npieces, bwd_piece, &j);
+done:
+  bx_call_leave(&call);
+  return st;
+}
+
+/* ---- expert-bias update ------------------------------------------------------ */
+
+bx_status bx_moe_bias_update(DLTensor *bias, const DLTensor *counts, double rate) {
+  const char *fn = "bx_moe_bias_update";
+  bx_call call;
+  bx_status st = bx_call_enter(&call, fn);
+  if (st != BX_OK) return st;
+  bx_moe_tensor tb, tc;
+  int64_t any1[1] = {-1};
+  if ((st = bx_moe_check(fn, 0, "bias", bias, BX_MOE_F32, 1, any1, 1, &tb)) != BX_OK) goto done;
+  int64_t E = tb.dim[0];
+  int cdim = counts && counts->ndim == 2 ? 2 : 1;
+  int64_t w1[1] = {E}, w2[2] = {-1, E};
+  if ((st = bx_moe_check(fn, 1, "counts", counts, BX_MOE_I64, cdim, cdim == 2 ? w2 : w1, 0, &tc)) !=
+      BX_OK)
+    goto done;
+  if (!isfinite(rate) || rate < 0.0 || !isfinite((float)rate)) {
+    st = bx_fail(BX_EINVAL, "%s: rate must be finite and >= 0", fn);
+    goto done;
+  }
+  const bx_moe_tensor *all[2] = {&tb, &tc};
+  if ((st = bx_moe_check_overlap(fn, all, 2)) != BX_OK) goto done;
+  const int64_t *cn = tc.data;
+  const int64_t LIM = (int64_t)1 << 62;
+  int64_t rows = cdim == 2 ? tc.dim[0] : 1;
+  int64_t total = 0;
+  for (int64_t i = 0; i < rows * E; i++) {
+    if (cn[i] < 0 || cn[i] > LIM - total) {
+      st = bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, 1,
+                      cn[i] < 0 ? "%s: tensor 1 (counts): element %lld is negative"
+                                : "%s: tensor 1 (counts): the sum passes 2^62 at element %lld",
+                      fn, (long long)i);
+      goto done;
+    }
+    total += cn[i];
+  }
+  /* E * count_e <= E * total: needs E * total < 2^63 */
+  if (E > 0 && total > INT64_MAX / E) {
+    st = bx_fail(BX_EINVAL, "%s: E * total count passes 2^63", fn);
+    goto done;
+  }
+  float *b = tb.data;
+  float fr = (float)rate;
+  for (int64_t e = 0; e < E; e++) {
+    int64_t ce = 0;
+    for (int64_t r = 0; r < rows; r++) ce += cn[r * E + e];
+    int64_t off = total - E * ce; /* E * (mean - count_e) */
+    float step = off > 0 ? fr : off < 0 ? -fr : 0.0f;
+    b[e] = b[e] + step;
+  }
+done:
+  bx_call_leave(&call);
+  return st;
+}
