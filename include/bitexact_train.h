@@ -560,11 +560,13 @@ BX_API bx_status bx_rope_cos_sin(const DLTensor *positions, int64_t rotary_dim, 
  *   h = fl(bx_silu_f32(g) * u)      (SiLU correctly rounded, then one product)
  *
  * Backward (torch's mul backward then its silu_backward CPU formula
- * dy * sigmoid * (1 + x * (1 - sigmoid)), left to right), with
- * s = bx_sigmoid_f32(g) (correctly rounded):
+ * dy * sigmoid * (1 + x * (1 - sigmoid)), left to right, with the one
+ * fused multiply-add that torch's vectorised x86 kernels, built with FMA,
+ * form: 1 + x * (1 - sigmoid)), with s = bx_sigmoid_f32(g) (correctly
+ * rounded):
  *
  *   dsilu = fl(dh * u)
- *   dg    = fl(fl(dsilu * s) * fl(1 + fl(g * fl(1 - s))))
+ *   dg    = fl(fl(dsilu * s) * fmaf(g, fl(1 - s), 1))
  *   du    = fl(dh * bx_silu_f32(g))
  *
  * Two-tensor form: gate, up, h, dh, dgate, dup all [T, F] (or [B, L, F]).

@@ -292,7 +292,7 @@ void test_rope_bad_input(void) {
 
 static float ref_dg(float g, float u, float dh) {
   float s = bx_sigmoid_f32(g);
-  return ((dh * u) * s) * (1.0f + g * (1.0f - s));
+  return ((dh * u) * s) * fmaf(g, 1.0f - s, 1.0f);
 }
 
 /* gate values: gradient-like, plus the special ones */

@@ -7,6 +7,7 @@
  * the fused ([T, 2F]: gate then up) forms share one row loop, given the
  * row strides of each operand.
  */
+#include <math.h>
 #include <stdint.h>
 
 #include "abi.h"
@@ -46,7 +47,7 @@ static void bwd_piece(void *ctx, size_t task, int worker) {
       float x = g[k], up = u[k], d = dh[k]; /* read before dg / du overwrite them */
       float s = bx_sigmoidf_det(x);
       float dsilu = d * up;
-      dg[k] = (dsilu * s) * (1.0f + x * (1.0f - s));
+      dg[k] = (dsilu * s) * fmaf(x, 1.0f - s, 1.0f); /* torch's FMA build contracts this */
       du[k] = d * bx_siluf_det(x);
     }
   }
