@@ -621,6 +621,191 @@ BX_API bx_status bx_moe_unpermute_backward(const DLTensor *dout, const DLTensor 
                                            const DLTensor *pos, DLTensor *dy_perm,
                                            DLTensor *dweights,
                                            const bx_moe_dispatch_opts *opts);
+ * Layers: RMSNorm, RoPE, SwiGLU (section owner: norms)
+ * ==================================================================== */
+
+/* Forward and backward kernels of three layers of the GLM-4.5 MoE model as
+ * Hugging Face transformers defines it (modeling_glm4_moe.py:
+ * Glm4MoeRMSNorm, apply_rotary_pos_emb with partial rotary, Glm4MoeMLP /
+ * the experts' act_fn(gate) * up), in fp32, batch invariant (DESIGN §9
+ * rule 1): a token's output row depends only on that token's inputs (and
+ * the weights), never on the token count T, the thread count, the ISA or
+ * the tiling. Every reduction over features runs in one fixed sequential
+ * order stated below; fmaf is one rounding of the exact a*b + c, every
+ * other operation one IEEE fp32 rounding (nearest even), fl(.) a rounding
+ * to fp32. docs/train_layers.md compares each with torch's eager CPU bits.
+ *
+ * Common rules. Tensors: fp32 (kDLFloat 32, one lane; positions int64),
+ * host memory (kDLCPU, kDLCUDAHost, kDLCUDAManaged), row-major contiguous
+ * (strides NULL or compact; a dimension of extent 1 may have any stride),
+ * aligned to the element size. Token-major activations are [T, F] or
+ * [B, L, F] read as [B*L, F] (any leading dimensions flatten into rows).
+ * All tensors are borrowed for the call. An output shares no byte with
+ * another tensor except where a call allows exactly in place (the same
+ * first byte and element count). Every check runs before the first write:
+ * on error nothing is written and bx_last_error() names the function and
+ * the tensor by its position and name ("bx_rmsnorm_backward: tensor 2
+ * (dy): ..."). Errors: BX_EINVAL (NULL tensor or data, shape, bad
+ * parameter, bad struct_size, negative num_threads), BX_EDTYPE, BX_EDEVICE,
+ * BX_ELAYOUT (strides, alignment, overlap). Threads: fixed pieces of whole
+ * rows (or of weight-gradient chunks) over up to num_threads workers of
+ * the library's pool (0 = bx_default_threads()); no piece splits a
+ * reduction, so the bits do not depend on the count. Thread-safe on
+ * distinct outputs. The caller's floating-point environment is not used. */
+
+/* ---- RMSNorm -----------------------------------------------------------
+ *
+ * Glm4MoeRMSNorm (also the QK-norm: the same call on q viewed as
+ * [T*heads, head_dim], e.g. a 3-D [T, heads, head_dim] tensor: rows are
+ * rows). Per row x[0..H) (H >= 1), weight w[0..H), e = fl(eps):
+ *
+ *   acc = +0; for j = 0..H-1: acc = fmaf(x[j], x[j], acc)   (sequential)
+ *   mean = fl(acc / H)                  (H converted to fp32 exactly, H < 2^24)
+ *   rstd = bx_rsqrt_f32(fl(mean + e))   (1/sqrt, correctly rounded)
+ *   xhat[j] = fl(x[j] * rstd)
+ *   y[j] = fl(w[j] * xhat[j])
+ *
+ * Forward: x [T, H] (or [B, L, H]), weight [H], eps >= 0 finite (rounded to
+ * fp32 as torch does with the Python float), y like x (may be x itself:
+ * in place), rstd: T elements ([T], [B, L] or [T, 1]) or NULL (not saved;
+ * the backward needs it). Tensor positions: x 0, weight 1, y 2, rstd 3.
+ *
+ * Backward, per row, from the saved rstd (xhat recomputed with the
+ * forward's formula, the same bits):
+ *
+ *   g[j] = fl(dy[j] * w[j])
+ *   acc = +0; for j = 0..H-1: acc = fmaf(g[j], xhat[j], acc)  (sequential)
+ *   m = fl(acc / H)
+ *   dx[j] = fl(rstd * fmaf(-xhat[j], m, g[j]))
+ *
+ * (dx = rstd (g - xhat mean(g xhat)): the exact gradient of the forward
+ * with eps, written with xhat.) The weight gradient as chunk partials
+ * (DESIGN §9 rule 2): chunk_tokens = C >= 1, nchunks = ceil(T / C),
+ * dweight_partials [nchunks, H]; partial c, column j:
+ *
+ *   acc = +0; for t = c*C .. min((c+1)*C, T)-1: acc = fmaf(dy[t][j], xhat[t][j], acc)
+ *
+ * Pass partial c to bx_tokred_bound / bx_tokred_add as chunk
+ * (first_chunk + c), first_chunk from bx_tokred_chunks: that the rows
+ * start on a global chunk boundary is the caller's duty (bx_tokred_chunks
+ * checks it). chunk_tokens = T gives one partial (a framework's sum).
+ * dweight_partials may be NULL (not wanted; chunk_tokens still checked).
+ * Tensor positions: x 0, weight 1, dy 2 (like x), rstd 3 (T elements),
+ * dx 4 (like x; may be dy itself: in place), dweight_partials 5. */
+typedef struct bx_rmsnorm_opts {
+  size_t struct_size; /* sizeof(bx_rmsnorm_opts): see "Struct sizes" in bitexact.h */
+  int num_threads;    /* 0 = default, >= 1 = at most that many; < 0 BX_EINVAL */
+} bx_rmsnorm_opts;
+#define BX_RMSNORM_OPTS_DEFAULT {sizeof(bx_rmsnorm_opts), 0}
+
+BX_API bx_status bx_rmsnorm_forward(const DLTensor *x, const DLTensor *weight, double eps,
+                                    DLTensor *y, DLTensor *rstd, const bx_rmsnorm_opts *opts);
+BX_API bx_status bx_rmsnorm_backward(const DLTensor *x, const DLTensor *weight,
+                                     const DLTensor *dy, const DLTensor *rstd,
+                                     int64_t chunk_tokens, DLTensor *dx,
+                                     DLTensor *dweight_partials, const bx_rmsnorm_opts *opts);
+
+/* ---- RoPE ----------------------------------------------------------------
+ *
+ * transformers' apply_rotary_pos_emb with partial rotary (Glm4Moe: the
+ * rotate_half form on the two halves of the rotary part, not the
+ * interleaved pairs of Glm4 dense): per head, only the first rotary_dim
+ * features rotate (rotary_dim = int(head_dim * partial_rotary_factor),
+ * GLM-4.5: 128 * 0.5 = 64), the others pass through unchanged. With
+ * half = rotary_dim / 2 and i = 0..half-1, the table is formed as torch
+ * forms it in fp32 (Glm4MoeRotaryEmbedding), but with bitexact's
+ * correctly rounded functions:
+ *
+ *   b        = fl(theta)                      (the base as an fp32 scalar)
+ *   ex[i]    = fl((float)(2i) / (float)rotary_dim)
+ *   p[i]     = fl(bx_pow_det(b, ex[i]))       (b^ex in binary64, then fp32)
+ *   inv[i]   = fl(1 / p[i])
+ *   ang[t,i] = fl((float)pos[t] * inv[i])
+ *   cos[t,i] = bx_cos_f32(ang), sin[t,i] = bx_sin_f32(ang)  (correctly rounded)
+ *
+ * and each head's pair (a, b) = (x[i], x[i + half]) becomes
+ *
+ *   y[i]        = fl(fl(a * cos) - fl(b * sin))
+ *   y[i + half] = fl(fl(b * cos) + fl(a * sin))
+ *
+ * (torch: q*cos + rotate_half(q)*sin, every product and sum rounded). The
+ * backward is the transposed rotation of the gradient, as torch's autograd
+ * of the same expression gives it:
+ *
+ *   dx[i]        = fl(fl(da * cos) + fl(db * sin))
+ *   dx[i + half] = fl(fl(db * cos) - fl(da * sin))
+ *
+ * The bits differ from torch's only where torch's fp32 pow, sin or cos
+ * (SLEEF, within 1 ulp) is not correctly rounded (docs/train_layers.md).
+ *
+ * Arguments: x (dy) [T, heads*head_dim] or [T, heads, head_dim] or
+ * [B, L, heads*head_dim] (the last dimension a multiple of head_dim, or
+ * head_dim itself with heads as a dimension); positions: int64 with T
+ * elements ([T] or [B, L]), each 0 <= pos <= 2^24 (exact in fp32: torch's
+ * position_ids.float()); 2 <= rotary_dim <= head_dim, rotary_dim even;
+ * theta finite with fl(theta) >= 1 (config rope_theta; GLM-4.5 uses a
+ * large base). y (dx) like x; may be x (dy) itself: in place. Tensor
+ * positions: x (dy) 0, positions 1, y (dx) 2. */
+typedef struct bx_rope_opts {
+  size_t struct_size; /* sizeof(bx_rope_opts) */
+  int num_threads;    /* 0 = default; < 0 BX_EINVAL */
+} bx_rope_opts;
+#define BX_ROPE_OPTS_DEFAULT {sizeof(bx_rope_opts), 0}
+
+BX_API bx_status bx_rope_forward(const DLTensor *x, const DLTensor *positions, int64_t head_dim,
+                                 int64_t rotary_dim, double theta, DLTensor *y,
+                                 const bx_rope_opts *opts);
+BX_API bx_status bx_rope_backward(const DLTensor *dy, const DLTensor *positions,
+                                  int64_t head_dim, int64_t rotary_dim, double theta,
+                                  DLTensor *dx, const bx_rope_opts *opts);
+
+/* The table itself: cos and sin [T, rotary_dim/2] (or any shape of T rows
+ * of rotary_dim/2 elements), the distinct half of torch's
+ * cat((freqs, freqs)) tables, computed as above. Tensor positions:
+ * positions 0, cos 1, sin 2 (they must not overlap). */
+BX_API bx_status bx_rope_cos_sin(const DLTensor *positions, int64_t rotary_dim, double theta,
+                                 DLTensor *cos, DLTensor *sin, const bx_rope_opts *opts);
+
+/* ---- SwiGLU --------------------------------------------------------------
+ *
+ * Glm4MoeMLP's act_fn(gate_proj(x)) * up_proj(x) with act_fn = SiLU, in
+ * torch eager's order, elementwise:
+ *
+ *   h = fl(bx_silu_f32(g) * u)      (SiLU correctly rounded, then one product)
+ *
+ * Backward (torch's mul backward then its silu_backward CPU formula
+ * dy * sigmoid * (1 + x * (1 - sigmoid)), left to right, with the one
+ * fused multiply-add that torch's vectorised x86 kernels, built with FMA,
+ * form: 1 + x * (1 - sigmoid)), with s = bx_sigmoid_f32(g) (correctly
+ * rounded):
+ *
+ *   dsilu = fl(dh * u)
+ *   dg    = fl(fl(dsilu * s) * fmaf(g, fl(1 - s), 1))
+ *   du    = fl(dh * bx_silu_f32(g))
+ *
+ * Two-tensor form: gate, up, h, dh, dgate, dup all [T, F] (or [B, L, F]).
+ * Fused form: gate_up [T, 2F] holds gate in columns [0, F) and up in
+ * [F, 2F) of each row (the experts' gate_up_proj output split by
+ * .chunk(2, dim=-1): gate first), h and dh [T, F], dgate_up [T, 2F] in the
+ * same layout. In place: h may be gate or up itself; dgate may be gate
+ * itself and dup up itself; dgate_up may be gate_up itself.
+ * Tensor positions: forward gate 0, up 1, h 2 (fused: gate_up 0, h 1);
+ * backward gate 0, up 1, dh 2, dgate 3, dup 4 (fused: gate_up 0, dh 1,
+ * dgate_up 2). */
+typedef struct bx_swiglu_opts {
+  size_t struct_size; /* sizeof(bx_swiglu_opts) */
+  int num_threads;    /* 0 = default; < 0 BX_EINVAL */
+} bx_swiglu_opts;
+#define BX_SWIGLU_OPTS_DEFAULT {sizeof(bx_swiglu_opts), 0}
+
+BX_API bx_status bx_swiglu_forward(const DLTensor *gate, const DLTensor *up, DLTensor *h,
+                                   const bx_swiglu_opts *opts);
+BX_API bx_status bx_swiglu_forward_fused(const DLTensor *gate_up, DLTensor *h,
+                                         const bx_swiglu_opts *opts);
+BX_API bx_status bx_swiglu_backward(const DLTensor *gate, const DLTensor *up, const DLTensor *dh,
+                                    DLTensor *dgate, DLTensor *dup, const bx_swiglu_opts *opts);
+BX_API bx_status bx_swiglu_backward_fused(const DLTensor *gate_up, const DLTensor *dh,
+                                          DLTensor *dgate_up, const bx_swiglu_opts *opts);
 
 /* ====================================================================== */
 

@@ -201,6 +201,17 @@ static const test_entry TESTS[] = {
     {"moe_dispatch_ranks", test_moe_dispatch_ranks},
     {"moe_permute_roundtrip", test_moe_permute_roundtrip},
     {"moe_dispatch_bad_input", test_moe_dispatch_bad_input},
+    /* the layers: RMSNorm, RoPE, SwiGLU (test_layers.c, test_layers_rope.c) */
+    {"rmsnorm_vs_reference", test_rmsnorm_vs_reference},
+    {"rmsnorm_batch_invariance", test_rmsnorm_batch_invariance},
+    {"rmsnorm_bad_input", test_rmsnorm_bad_input},
+    {"rope_vs_reference", test_rope_vs_reference},
+    {"rope_batch_invariance", test_rope_batch_invariance},
+    {"rope_bad_input", test_rope_bad_input},
+    {"swiglu_vs_reference", test_swiglu_vs_reference},
+    {"swiglu_batch_invariance", test_swiglu_batch_invariance},
+    {"swiglu_bad_input", test_swiglu_bad_input},
+    {"layers_threads_and_isa", test_layers_threads_and_isa},
 };
 #define NTESTS (sizeof TESTS / sizeof TESTS[0])
 

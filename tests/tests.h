@@ -180,6 +180,17 @@ void test_tokred_ordinary_drifts(void);
 void test_tokred_layout_refused(void);
 void test_tokred_ranks_errors(void);
 void test_tokred_bad_arguments(void);
+/* test_layers.c, test_layers_rope.c: RMSNorm, RoPE, SwiGLU (bitexact_train.h) */
+void test_rmsnorm_vs_reference(void);
+void test_rmsnorm_batch_invariance(void);
+void test_rmsnorm_bad_input(void);
+void test_rope_vs_reference(void);
+void test_rope_batch_invariance(void);
+void test_rope_bad_input(void);
+void test_swiglu_vs_reference(void);
+void test_swiglu_batch_invariance(void);
+void test_swiglu_bad_input(void);
+void test_layers_threads_and_isa(void);
 
 /* test_moe.c: the MoE router and token dispatch (bitexact_train.h) */
 void test_moe_router_vs_reference(void);

@@ -1,0 +1,221 @@
+/*
+ * swiglu.c — bx_swiglu_forward(_fused) / bx_swiglu_backward(_fused)
+ * (bitexact_train.h, "Layers"): SiLU(gate) * up and its gradients in torch
+ * eager's order with bitexact's correctly rounded SiLU and sigmoid. Each
+ * output element depends on the same element of the inputs only; threads
+ * take whole rows, so the bits depend on nothing else. The two-tensor and
+ * the fused ([T, 2F]: gate then up) forms share one row loop, given the
+ * row strides of each operand.
+ */
+#include <math.h>
+#include <stdint.h>
+
+#include "abi.h"
+#include "bitexact_train.h"
+#include "call.h"
+#include "error.h"
+#include "layers_internal.h"
+#include "math_det.h"
+#include "pool.h"
+
+typedef struct swiglu_job {
+  const float *g, *u, *dh;
+  float *h, *dg, *du;
+  size_t ldg, ldu, ldh, lddg, lddu; /* row strides, in elements */
+  size_t rows, f, piece;
+} swiglu_job;
+
+static void fwd_piece(void *ctx, size_t task, int worker) {
+  (void)worker;
+  const swiglu_job *j = ctx;
+  size_t r0 = task * j->piece, r1 = j->rows - r0 < j->piece ? j->rows : r0 + j->piece;
+  for (size_t r = r0; r < r1; r++) {
+    const float *g = j->g + r * j->ldg, *u = j->u + r * j->ldu;
+    float *h = j->h + r * j->ldh;
+    for (size_t k = 0; k < j->f; k++) h[k] = bx_siluf_det(g[k]) * u[k];
+  }
+}
+
+static void bwd_piece(void *ctx, size_t task, int worker) {
+  (void)worker;
+  const swiglu_job *j = ctx;
+  size_t r0 = task * j->piece, r1 = j->rows - r0 < j->piece ? j->rows : r0 + j->piece;
+  for (size_t r = r0; r < r1; r++) {
+    const float *g = j->g + r * j->ldg, *u = j->u + r * j->ldu, *dh = j->dh + r * j->ldh;
+    float *dg = j->dg + r * j->lddg, *du = j->du + r * j->lddu;
+    for (size_t k = 0; k < j->f; k++) {
+      float x = g[k], up = u[k], d = dh[k]; /* read before dg / du overwrite them */
+      float s = bx_sigmoidf_det(x);
+      float dsilu = d * up;
+      dg[k] = (dsilu * s) * fmaf(x, 1.0f - s, 1.0f); /* torch's FMA build contracts this */
+      du[k] = d * bx_siluf_det(x);
+    }
+  }
+}
+
+static bx_status opts_threads(const char *fn, const bx_swiglu_opts *opts, int *threads) {
+  bx_status st = opts ? bx_check_struct_size(fn, "opts->struct_size", opts->struct_size,
+                                             sizeof(bx_swiglu_opts), "bx_swiglu_opts",
+                                             "BX_SWIGLU_OPTS_DEFAULT")
+                      : BX_OK;
+  if (st != BX_OK) return st;
+  *threads = opts ? opts->num_threads : 0;
+  if (*threads < 0) return bx_fail(BX_EINVAL, "%s: num_threads %d is negative", fn, *threads);
+  return BX_OK;
+}
+
+static void run(swiglu_job *j, int threads, bx_task_fn fn) {
+  if (!j->rows || !j->f) return;
+  j->piece = bx_layer_piece_rows(j->f);
+  size_t pieces = (j->rows + j->piece - 1) / j->piece;
+  bx_parallel_run(bx_layer_threads(threads, pieces), pieces, fn, j);
+}
+
+/* the checks of count tensors: all fp32, 1-3 dimensions; shape of each
+ * against tensor 0's rows and cols[i]; overlap rules */
+static bx_status check_all(const char *fn, const DLTensor *const *ts, const char *const *names,
+                           size_t count, const size_t *cols_mult, const int *writable,
+                           const int *inplace, bx_layer_arg *a) {
+  bx_status st = BX_OK;
+  for (size_t i = 0; st == BX_OK && i < count; i++)
+    st = bx_layer_check(fn, i, names[i], ts[i], BX_LAYER_F32, 1, 3, &a[i]);
+  if (st != BX_OK) return st;
+  /* tensor 0 has cols_mult[0] * F columns */
+  if (a[0].cols % cols_mult[0])
+    return bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, 0,
+                      "%s: tensor 0 (%s) has %zu columns, not even (gate then up halves)", fn,
+                      names[0], a[0].cols);
+  size_t f = a[0].cols / cols_mult[0];
+  for (size_t i = 1; st == BX_OK && i < count; i++)
+    st = bx_layer_shape(fn, &a[i], a[0].rows, f * cols_mult[i],
+                        cols_mult[i] == 2 ? "[T, 2F] =" : "[T, F] =");
+  if (st != BX_OK) return st;
+  const size_t es[5] = {4, 4, 4, 4, 4};
+  return bx_layer_overlap(fn, a, es, count, writable, inplace);
+}
+
+bx_status bx_swiglu_forward(const DLTensor *gate, const DLTensor *up, DLTensor *h,
+                            const bx_swiglu_opts *opts) {
+  static const char *fn = "bx_swiglu_forward";
+  int threads = 0;
+  bx_status st = opts_threads(fn, opts, &threads);
+  if (st != BX_OK) return st;
+  bx_call c;
+  st = bx_call_enter(&c, fn);
+  if (st != BX_OK) return st;
+  const DLTensor *ts[3] = {gate, up, h};
+  const char *names[3] = {"gate", "up", "h"};
+  const size_t mult[3] = {1, 1, 1};
+  const int writable[3] = {0, 0, 1};
+  /* h may be gate or up exactly: checked as "h in place of gate", then up */
+  int inplace[3] = {-1, -1, 0};
+  bx_layer_arg a[3];
+  st = check_all(fn, ts, names, 3, mult, writable, inplace, a);
+  if (st == BX_ELAYOUT && a[2].data == a[1].data && a[2].n == a[1].n) {
+    inplace[2] = 1;
+    st = check_all(fn, ts, names, 3, mult, writable, inplace, a);
+  }
+  if (st == BX_OK) {
+    swiglu_job j = {0};
+    j.g = a[0].data;
+    j.u = a[1].data;
+    j.h = a[2].data;
+    j.ldg = j.ldu = j.ldh = j.f = a[0].cols;
+    j.rows = a[0].rows;
+    run(&j, threads, fwd_piece);
+  }
+  bx_call_leave(&c);
+  return st;
+}
+
+bx_status bx_swiglu_forward_fused(const DLTensor *gate_up, DLTensor *h,
+                                  const bx_swiglu_opts *opts) {
+  static const char *fn = "bx_swiglu_forward_fused";
+  int threads = 0;
+  bx_status st = opts_threads(fn, opts, &threads);
+  if (st != BX_OK) return st;
+  bx_call c;
+  st = bx_call_enter(&c, fn);
+  if (st != BX_OK) return st;
+  const DLTensor *ts[2] = {gate_up, h};
+  const char *names[2] = {"gate_up", "h"};
+  const size_t mult[2] = {2, 1};
+  const int writable[2] = {0, 1}, inplace[2] = {-1, -1};
+  bx_layer_arg a[2];
+  st = check_all(fn, ts, names, 2, mult, writable, inplace, a);
+  if (st == BX_OK) {
+    swiglu_job j = {0};
+    j.f = a[1].cols;
+    j.g = a[0].data;
+    j.u = a[0].data ? (const float *)a[0].data + j.f : NULL;
+    j.h = a[1].data;
+    j.ldg = j.ldu = 2 * j.f;
+    j.ldh = j.f;
+    j.rows = a[0].rows;
+    run(&j, threads, fwd_piece);
+  }
+  bx_call_leave(&c);
+  return st;
+}
+
+bx_status bx_swiglu_backward(const DLTensor *gate, const DLTensor *up, const DLTensor *dh,
+                             DLTensor *dgate, DLTensor *dup, const bx_swiglu_opts *opts) {
+  static const char *fn = "bx_swiglu_backward";
+  int threads = 0;
+  bx_status st = opts_threads(fn, opts, &threads);
+  if (st != BX_OK) return st;
+  bx_call c;
+  st = bx_call_enter(&c, fn);
+  if (st != BX_OK) return st;
+  const DLTensor *ts[5] = {gate, up, dh, dgate, dup};
+  const char *names[5] = {"gate", "up", "dh", "dgate", "dup"};
+  const size_t mult[5] = {1, 1, 1, 1, 1};
+  const int writable[5] = {0, 0, 0, 1, 1}, inplace[5] = {-1, -1, -1, 0, 1};
+  bx_layer_arg a[5];
+  st = check_all(fn, ts, names, 5, mult, writable, inplace, a);
+  if (st == BX_OK) {
+    swiglu_job j = {0};
+    j.g = a[0].data;
+    j.u = a[1].data;
+    j.dh = a[2].data;
+    j.dg = a[3].data;
+    j.du = a[4].data;
+    j.f = j.ldg = j.ldu = j.ldh = j.lddg = j.lddu = a[0].cols;
+    j.rows = a[0].rows;
+    run(&j, threads, bwd_piece);
+  }
+  bx_call_leave(&c);
+  return st;
+}
+
+bx_status bx_swiglu_backward_fused(const DLTensor *gate_up, const DLTensor *dh,
+                                   DLTensor *dgate_up, const bx_swiglu_opts *opts) {
+  static const char *fn = "bx_swiglu_backward_fused";
+  int threads = 0;
+  bx_status st = opts_threads(fn, opts, &threads);
+  if (st != BX_OK) return st;
+  bx_call c;
+  st = bx_call_enter(&c, fn);
+  if (st != BX_OK) return st;
+  const DLTensor *ts[3] = {gate_up, dh, dgate_up};
+  const char *names[3] = {"gate_up", "dh", "dgate_up"};
+  const size_t mult[3] = {2, 1, 2};
+  const int writable[3] = {0, 0, 1}, inplace[3] = {-1, -1, 0};
+  bx_layer_arg a[3];
+  st = check_all(fn, ts, names, 3, mult, writable, inplace, a);
+  if (st == BX_OK) {
+    swiglu_job j = {0};
+    j.f = a[1].cols;
+    j.g = a[0].data;
+    j.u = a[0].data ? (const float *)a[0].data + j.f : NULL;
+    j.dh = a[1].data;
+    j.dg = a[2].data;
+    j.du = a[2].data ? (float *)a[2].data + j.f : NULL;
+    j.ldg = j.ldu = j.lddg = j.lddu = 2 * j.f;
+    j.ldh = j.f;
+    j.rows = a[0].rows;
+    run(&j, threads, bwd_piece);
+  }
+  bx_call_leave(&c);
+  return st;
+}
