@@ -190,6 +190,13 @@ static const test_entry TESTS[] = {
     {"tokred_layout_refused", test_tokred_layout_refused},
     {"tokred_ranks_errors", test_tokred_ranks_errors},
     {"tokred_bad_arguments", test_tokred_bad_arguments},
+    /* causal GQA attention (test_attention.c) */
+    {"attention_vs_reference", test_attention_vs_reference},
+    {"attention_reference_gradient", test_attention_reference_gradient},
+    {"attention_batch_invariance", test_attention_batch_invariance},
+    {"attention_threads_isa", test_attention_threads_isa},
+    {"attention_special_values", test_attention_special_values},
+    {"attention_bad_input", test_attention_bad_input},
 };
 #define NTESTS (sizeof TESTS / sizeof TESTS[0])
 

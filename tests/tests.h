@@ -180,5 +180,12 @@ void test_tokred_ordinary_drifts(void);
 void test_tokred_layout_refused(void);
 void test_tokred_ranks_errors(void);
 void test_tokred_bad_arguments(void);
+/* test_attention.c: causal GQA attention (bitexact_train.h) */
+void test_attention_vs_reference(void);
+void test_attention_reference_gradient(void);
+void test_attention_batch_invariance(void);
+void test_attention_threads_isa(void);
+void test_attention_special_values(void);
+void test_attention_bad_input(void);
 
 #endif /* BX_TEST_TESTS_H */
