@@ -14,12 +14,13 @@
 #include "call.h"
 #include "dtype.h"
 #include "error.h"
+#include "kernels.h"
 #include "math_det.h"
 #include "pool.h"
 #include "tensor.h"
 #include "workspace.h"
 
-#define ATTN_ROWS 32 /* positions per forward piece (speed only) */
+#define ATTN_ROWS 32 /* about this many positions per forward piece (speed only) */
 
 /* ---- checks ----------------------------------------------------------------- */
 
@@ -177,51 +178,124 @@ bx_status bx_attn_check(const char *fn, const bx_attention_opts *opts, int64_t s
   return BX_OK;
 }
 
-/* ---- the forward ------------------------------------------------------------ */
+/* ---- the forward ------------------------------------------------------------
+ *
+ * Per piece (sequence b, query head h, rows [i0, i1)): the score chains
+ * dot(q_i, k_j) for the block's rows and every j < i1 come from the GEMM
+ * micro-kernel of the active ISA (kernels.h: per element the chain
+ * acc = +0, acc = fma(a_k, b_k, acc) for k = 0..kc-1, the same bits on
+ * every ISA), on q and k packed into its slivers; the softmax is scalar;
+ * o_i = sum_j p_j v_j is the micro-kernel's chain over j < i0 (common to
+ * all rows of the block) continued by scalar fmaf for j = i0..i. Each
+ * element is thus exactly the documented chain. */
 
 typedef struct fwd_job {
   bx_attn_geom g;
   const float *q, *k, *v;
   float *o, *stats;
+  const bx_gemm_kernel *kern;
+  size_t rows;     /* positions per piece, a multiple of mr */
   size_t nblk;     /* row blocks per (sequence, head) */
-  float *scratch;  /* per worker: 2 * L floats */
+  char *scratch;   /* per worker: each bytes, 64-byte aligned */
+  size_t each;
 } fwd_job;
 
-/* Row i of sequence b, query head h: scores, softmax, output, stats. */
-static void fwd_row(const fwd_job *j, size_t b, size_t h, size_t i, float *s, float *p) {
-  const bx_attn_geom *g = &j->g;
-  size_t D = g->D, kvh = h / g->R, t0 = b * g->L;
-  const float *qi = j->q + (t0 + i) * g->ldq + h * D;
-  const float *kb = j->k + t0 * g->ldk + kvh * D, *vb = j->v + t0 * g->ldk + kvh * D;
-  for (size_t c = 0; c <= i; c++) s[c] = bx_attn_score(qi, kb + c * g->ldk, D, g->scale);
-  float m = s[0];
-  for (size_t c = 1; c <= i; c++) m = s[c] > m ? s[c] : m;
-  double sum = 0.0;
-  for (size_t c = 0; c <= i; c++) {
-    p[c] = bx_expf_det(s[c] - m);
-    sum += (double)p[c];
+static size_t rup(size_t x, size_t q) { return (x + q - 1) / q * q; }
+
+/* n rows of x (row stride ld), their first kc columns, into k-major
+ * slivers w rows wide, zero padded: element (row s + ii, k) of sliver s / w
+ * at out[s * kc + k * w + ii] (the micro-kernel's packed A, or packed B of
+ * an NT product). */
+static void pack_rows(const float *x, size_t ld, size_t n, size_t kc, size_t w, float *out) {
+  for (size_t s = 0; s < n; s += w) {
+    size_t hgt = n - s < w ? n - s : w;
+    for (size_t k = 0; k < kc; k++) {
+      float *dst = out + s * kc + k * w;
+      for (size_t ii = 0; ii < hgt; ii++) dst[ii] = x[(s + ii) * ld + k];
+      for (size_t ii = hgt; ii < w; ii++) dst[ii] = 0.0f;
+    }
   }
-  float l = (float)sum;
-  for (size_t c = 0; c <= i; c++) p[c] = p[c] / l;
-  float *oi = j->o + (t0 + i) * g->ldq + h * D;
-  for (size_t d = 0; d < D; d++) oi[d] = 0.0f;
-  for (size_t c = 0; c <= i; c++) {
-    const float *vc = vb + c * g->ldk;
-    float pc = p[c];
-    for (size_t d = 0; d < D; d++) oi[d] = fmaf(pc, vc[d], oi[d]);
+}
+
+/* kc rows of x (stride ld), columns [0, D), into slivers of w columns,
+ * zero padded: element (k, s + jj) at out[s * kc + k * w + jj] (packed B of
+ * an NN product). */
+static void pack_cols(const float *x, size_t ld, size_t kc, size_t D, size_t w, float *out) {
+  for (size_t s = 0; s < D; s += w) {
+    size_t wd = D - s < w ? D - s : w;
+    for (size_t k = 0; k < kc; k++) {
+      float *dst = out + s * kc + k * w;
+      for (size_t jj = 0; jj < wd; jj++) dst[jj] = x[k * ld + s + jj];
+      for (size_t jj = wd; jj < w; jj++) dst[jj] = 0.0f;
+    }
   }
-  float *st = j->stats + ((t0 + i) * g->Hq + h) * 2;
-  st[0] = m;
-  st[1] = l;
+}
+
+/* floats of one worker's scratch for rows rp (a multiple of mr) and L */
+static size_t fwd_scratch_floats(const bx_attn_geom *g, size_t rp, size_t mr, size_t nr) {
+  size_t ncp = rup(g->L, nr), dp = rup(g->D, nr);
+  (void)mr;
+  return rup(rp * g->D, 16) + rup(ncp * g->D, 16) + rup(rp * ncp, 16) + rup(rp * g->L, 16) +
+         rup(dp * g->L, 16) + rup(rp * dp, 16);
 }
 
 static void fwd_task(void *ctx, size_t task, int worker) {
   const fwd_job *j = ctx;
+  const bx_attn_geom *g = &j->g;
+  const bx_gemm_kernel *kern = j->kern;
+  size_t mr = kern->mr, nr = kern->nr, D = g->D;
   size_t blk = task % j->nblk, bh = task / j->nblk;
-  size_t b = bh / j->g.Hq, h = bh % j->g.Hq;
-  float *s = j->scratch + (size_t)worker * 2 * j->g.L, *p = s + j->g.L;
-  size_t i0 = blk * ATTN_ROWS, i1 = j->g.L - i0 < ATTN_ROWS ? j->g.L : i0 + ATTN_ROWS;
-  for (size_t i = i0; i < i1; i++) fwd_row(j, b, h, i, s, p);
+  size_t b = bh / g->Hq, h = bh % g->Hq, kvh = h / g->R, t0 = b * g->L;
+  size_t i0 = blk * j->rows, i1 = g->L - i0 < j->rows ? g->L : i0 + j->rows;
+  size_t rows = i1 - i0, rp = rup(rows, mr), ncp = rup(i1, nr), dp = rup(D, nr);
+  float *qa = (float *)(j->scratch + (size_t)worker * j->each);
+  float *kb = qa + rup(rp * D, 16), *S = kb + rup(ncp * D, 16), *pa = S + rup(rp * ncp, 16);
+  float *vb = pa + rup(rp * i0, 16), *ot = vb + rup(dp * i0, 16);
+  const float *kbase = j->k + t0 * g->ldk + kvh * D, *vbase = j->v + t0 * g->ldk + kvh * D;
+  /* scores: the tiles that touch j <= i */
+  pack_rows(j->q + (t0 + i0) * g->ldq + h * D, g->ldq, rows, D, mr, qa);
+  pack_rows(kbase, g->ldk, i1, D, nr, kb);
+  for (size_t r = 0; r < rp; r += mr)
+    for (size_t c = 0; c < ncp && c <= i0 + r + mr - 1; c += nr)
+      kern->micro(D, qa + r * D, kb + c * D, S + r * ncp + c, ncp, 0);
+  /* softmax per row, in place in S: p_j */
+  for (size_t ii = 0; ii < rows; ii++) {
+    size_t i = i0 + ii;
+    float *s = S + ii * ncp;
+    for (size_t c = 0; c <= i; c++) s[c] = s[c] * g->scale;
+    float m = s[0];
+    for (size_t c = 1; c <= i; c++) m = s[c] > m ? s[c] : m;
+    double sum = 0.0;
+    for (size_t c = 0; c <= i; c++) {
+      s[c] = bx_expf_det(s[c] - m);
+      sum += (double)s[c];
+    }
+    float l = (float)sum;
+    for (size_t c = 0; c <= i; c++) s[c] = s[c] / l;
+    float *st = j->stats + ((t0 + i) * g->Hq + h) * 2;
+    st[0] = m;
+    st[1] = l;
+  }
+  /* o: the chain over j < i0 for all rows, then each row's own j = i0..i */
+  if (i0 > 0) {
+    pack_rows(S, ncp, rows, i0, mr, pa);
+    pack_cols(vbase, g->ldk, i0, D, nr, vb);
+    for (size_t r = 0; r < rp; r += mr)
+      for (size_t c = 0; c < dp; c += nr) kern->micro(i0, pa + r * i0, vb + c * i0, ot + r * dp + c, dp, 0);
+  } else {
+    memset(ot, 0, rp * dp * sizeof(float));
+  }
+  for (size_t ii = 0; ii < rows; ii++) {
+    size_t i = i0 + ii;
+    const float *p = S + ii * ncp;
+    float *oi = j->o + (t0 + i) * g->ldq + h * D;
+    memcpy(oi, ot + ii * dp, D * sizeof(float));
+    for (size_t c = i0; c <= i; c++) {
+      const float *vc = vbase + c * g->ldk;
+      float pc = p[c];
+      for (size_t d = 0; d < D; d++) oi[d] = fmaf(pc, vc[d], oi[d]);
+    }
+  }
 }
 
 bx_status bx_attention_forward(const DLTensor *q, const DLTensor *k, const DLTensor *v,
@@ -249,16 +323,23 @@ bx_status bx_attention_forward(const DLTensor *q, const DLTensor *k, const DLTen
   j.v = data[2];
   j.o = data[3];
   j.stats = data[4];
-  j.nblk = (j.g.L + ATTN_ROWS - 1) / ATTN_ROWS;
+  j.kern = bx_gemm_kernel_active();
+  j.rows = rup(ATTN_ROWS, j.kern->mr);
+  j.nblk = (j.g.L + j.rows - 1) / j.rows;
   size_t ntasks = j.g.B * j.g.Hq * j.nblk;
   int nt = j.g.nthreads;
   if ((size_t)nt > ntasks) nt = (int)ntasks;
-  j.scratch = bx_workspace((size_t)nt * 2 * j.g.L * sizeof(float));
-  if (!j.scratch) {
-    st = bx_fail(BX_ENOMEM, "%s: cannot allocate %zu bytes of scratch", fn,
-                 (size_t)nt * 2 * j.g.L * sizeof(float));
+  j.each = rup(fwd_scratch_floats(&j.g, j.rows, j.kern->mr, j.kern->nr) * sizeof(float), 64);
+  if (j.each > (SIZE_MAX - 64) / (size_t)nt) {
+    st = bx_fail(BX_ENOMEM, "%s: seq_len and head_dim need too much scratch", fn);
     goto done;
   }
+  char *ws = bx_workspace(j.each * (size_t)nt + 64);
+  if (!ws) {
+    st = bx_fail(BX_ENOMEM, "%s: cannot allocate %zu bytes of scratch", fn, j.each * (size_t)nt + 64);
+    goto done;
+  }
+  j.scratch = ws + (64 - (uintptr_t)ws % 64) % 64;
   bx_parallel_run(nt, ntasks, fwd_task, &j);
 done:
   bx_call_leave(&call);
