@@ -177,18 +177,23 @@ void test_attention_vs_reference(void) {
   for (int rep = 0; rep < 24 && !bxt_failures(); rep++) {
     size_t R = Rs[rep % 3], Hkv = 1 + bxt_below(&r, 2), D = Ds[bxt_below(&r, 6)];
     size_t L = rep % 6 == 0 ? 1 : 1 + bxt_below(&r, 33), B = 1 + bxt_below(&r, 3);
+    if (rep % 8 == 5) L = 70 + bxt_below(&r, 60); /* several row blocks per head */
     double sq = rep % 4 == 3 ? 8.0 : 1.0; /* peaked softmax too */
     aprob a;
     ap_make(&a, B, L, Hkv * R, Hkv, D);
     ap_fill(&r, &a, sq);
+    int isa = rep % bxt_isa_count(); /* each ISA in turn */
+    if (!bxt_force(isa)) isa = -1;
     char what[160];
-    snprintf(what, sizeof what, "seed %llu rep %d B %zu L %zu Hq %zu Hkv %zu D %zu",
-             (unsigned long long)bxt_seed(), rep, B, L, Hkv * R, Hkv, D);
+    snprintf(what, sizeof what, "seed %llu rep %d isa %s B %zu L %zu Hq %zu Hkv %zu D %zu",
+             (unsigned long long)bxt_seed(), rep, isa < 0 ? "auto" : bxt_isa(isa), B, L, Hkv * R,
+             Hkv, D);
     CHECK_STATUS(ap_fwd(&a, 2), BX_OK, "%s forward", what);
     CHECK_STATUS(ap_bwd(&a, 2), BX_OK, "%s backward", what);
     check_problem(&a, what);
     ap_free(&a);
   }
+  bxt_force(-1);
   CHECK_BITS_F(achain_scale(128), bx_rsqrt_f32(128.0f), "scale for D = 128");
   for (size_t D = 1; D <= 4096; D++)
     if (!CHECK_BITS_F(achain_scale(D), bx_rsqrt_f32((float)D), "scale for D = %zu", D)) break;
