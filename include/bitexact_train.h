@@ -806,6 +806,112 @@ BX_API bx_status bx_swiglu_backward(const DLTensor *gate, const DLTensor *up, co
                                     DLTensor *dgate, DLTensor *dup, const bx_swiglu_opts *opts);
 BX_API bx_status bx_swiglu_backward_fused(const DLTensor *gate_up, const DLTensor *dh,
                                           DLTensor *dgate_up, const bx_swiglu_opts *opts);
+ * Layers: causal GQA attention (section owner: attn)
+ * ==================================================================== */
+
+/* The core of Hugging Face transformers' Glm4MoeAttention with eager
+ * attention (eager_attention_forward: repeat_kv, matmul(q, k^T) * scaling,
+ * causal mask, softmax in fp32, matmul with v; no dropout), on q, k, v that
+ * are already projected, normed and rotated (those are other kernels).
+ * docs/train_attention.md has the formulas, error bounds and the
+ * differences from torch.
+ *
+ * Shapes. T = B*L tokens: B sequences of L = seq_len tokens each, stored
+ * one after another (token t = b*L + i is position i of sequence b).
+ * Hq = num_heads query heads, Hkv = num_kv_heads key/value heads (Hq a
+ * multiple of Hkv, R = Hq/Hkv), D = head_dim. Query head h uses kv head
+ * g = h / R (transformers' repeat_kv). Tensors are token-major, heads
+ * concatenated (the layout transformers' q_proj output has before its
+ * view/transpose, and that attn_output has after reshape):
+ *   q, o, dout, dq   [T, Hq*D]   element (t, h, d) at t*Hq*D + h*D + d
+ *   k, v, dk, dv     [T, Hkv*D]  element (t, g, d) at t*Hkv*D + g*D + d
+ *   stats            [T, Hq, 2]  (m, l) of each (token, query head)
+ * q..dv may also be 3-D [B, L, F] (then shape[1] must be seq_len).
+ * Sequences never interact: every value of sequence b is a function of
+ * sequence b's rows only.
+ *
+ * The forward, for each sequence, query head h and position i, with
+ * j = 0..i (the causal window; there is no other mask), k_j, v_j the rows
+ * of kv head g (fmaf: one rounding of the exact a*b + c; other operations
+ * on fp32 values: one fp32 rounding each, nearest even; no flush of
+ * subnormals):
+ *   scale  = fp32 nearest to D^-1/2 (bx_rsqrtf_det(D); torch rounds the
+ *            Python float head_dim**-0.5 to fp32 for the multiply)
+ *   dot    = +0; for d = 0..D-1: dot = fmaf(q_i[d], k_j[d], dot)
+ *   s_j    = dot * scale                      (torch's order: matmul, then * scaling)
+ *   m      = s_0; for j = 1..i: m = s_j > m ? s_j : m
+ *   e_j    = bx_expf_det(s_j - m)             (correctly rounded e^x)
+ *   l      = fp32(sum_{j=0..i} e_j), the sum in fp64 in ascending j
+ *            from +0 (one fp64 rounding per addition), rounded once
+ *   p_j    = e_j / l                          (softmax first, as torch)
+ *   o_i[d] = +0; for j = 0..i: o_i[d] = fmaf(p_j, v_j[d], o_i[d])
+ *   stats  = (m, l)
+ * L = 1 gives p_0 = 1 and o = v (with -0 read as +0). |scores| of any
+ * finite size are safe (s_j - m <= 0). Non-finite values propagate as IEEE
+ * arithmetic says; a NaN score makes its whole row NaN; a row whose
+ * scores are all -Inf (or with a +Inf score) is NaN, as torch's softmax.
+ *
+ * The backward (the gradient of the forward above, in torch autograd's
+ * order), for each sequence, kv head g, its query heads h = g*R .. g*R+R-1
+ * in ascending order, and i = 0..L-1 ascending:
+ *   s_j, with the saved (m, l): p_j = bx_expf_det(s_j - m) / l (the bits
+ *            of the forward's p_j when stats came from the forward)
+ *   dp_j   = +0; for d: dp_j = fmaf(dout_i[d], v_j[d], dp_j)
+ *   delta  = fp32(sum_{j=0..i} p_j*dp_j), the products exact in fp64,
+ *            summed in fp64 in ascending j from +0, rounded once (torch's
+ *            softmax backward: sum(grad * output))
+ *   ds_j   = p_j * (dp_j - delta)             (two roundings)
+ *   gs_j   = ds_j * scale                     (the gradient of q.k)
+ *   dq_i[d] = +0; for j = 0..i: dq_i[d] = fmaf(gs_j, k_j[d], dq_i[d])
+ *   and for j = 0..i: dk_j[d] = fmaf(gs_j, q_i[d], dk_j[d]),
+ *                     dv_j[d] = fmaf(p_j, dout_i[d], dv_j[d]),
+ * dk and dv of kv head g starting at +0: so dk_j[d] and dv_j[d] are each
+ * one fmaf chain over (h, i) in lexicographic order: h ascending over the
+ * group, i = j..L-1 ascending (repeat_kv's gradient, the sum over the
+ * group's query heads, is part of the chain). o is not an input: delta is
+ * computed from p and dp.
+ *
+ * Invariance: no value depends on B, on the other sequences of the batch,
+ * on the thread count or on the ISA (the arithmetic is the fixed chains
+ * above). Threads: the forward runs over (sequence, query head, block of
+ * positions) pieces, the backward over (sequence, kv head) pieces; no
+ * reduction is split.
+ *
+ * Tensors: fp32 (kDLFloat 32, lanes 1; BX_EDTYPE), host memory (kDLCPU,
+ * kDLCUDAHost, kDLCUDAManaged; BX_EDEVICE), row-major contiguous (strides
+ * NULL or compact; BX_ELAYOUT), data + byte_offset aligned to 4 bytes
+ * (BX_ELAYOUT). All borrowed for the call. Outputs must not share a byte
+ * with any other tensor of the call (BX_ELAYOUT); inputs may overlap each
+ * other. Errors, all checked before the first write (on error nothing is
+ * written): BX_EINVAL for a NULL tensor or data, seq_len, num_heads,
+ * num_kv_heads or head_dim < 1, Hq not a multiple of Hkv, a shape that
+ * does not match, T not a multiple of seq_len, negative num_threads, bad
+ * opts->struct_size (checked first); BX_ENOMEM. bx_last_error() names the
+ * function and the tensor ("bx_attention_forward: tensor 3 (o): ...").
+ * T = 0 does nothing. Thread-safe on distinct outputs; the caller's
+ * floating-point environment is not used. */
+typedef struct bx_attention_opts {
+  size_t struct_size; /* sizeof(bx_attention_opts) */
+  int num_threads;    /* 0 = default, >= 1 = at most that many; < 0 BX_EINVAL */
+} bx_attention_opts;
+#define BX_ATTENTION_OPTS_DEFAULT {sizeof(bx_attention_opts), 0}
+
+/* o = softmax(q k^T * scale, causal) v per head; stats = (m, l) per
+ * (token, query head) for bx_attention_backward. Tensor indices: q 0, k 1,
+ * v 2, o 3, stats 4. */
+BX_API bx_status bx_attention_forward(const DLTensor *q, const DLTensor *k, const DLTensor *v,
+                                      int64_t seq_len, int64_t num_heads, int64_t num_kv_heads,
+                                      int64_t head_dim, DLTensor *o, DLTensor *stats,
+                                      const bx_attention_opts *opts);
+
+/* dq, dk, dv (overwritten) from dout (the gradient of o), q, k, v and the
+ * forward's stats. Tensor indices: dout 0, q 1, k 2, v 3, stats 4, dq 5,
+ * dk 6, dv 7. */
+BX_API bx_status bx_attention_backward(const DLTensor *dout, const DLTensor *q, const DLTensor *k,
+                                       const DLTensor *v, const DLTensor *stats, int64_t seq_len,
+                                       int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                                       DLTensor *dq, DLTensor *dk, DLTensor *dv,
+                                       const bx_attention_opts *opts);
 
 /* ====================================================================== */
 

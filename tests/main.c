@@ -212,6 +212,13 @@ static const test_entry TESTS[] = {
     {"swiglu_batch_invariance", test_swiglu_batch_invariance},
     {"swiglu_bad_input", test_swiglu_bad_input},
     {"layers_threads_and_isa", test_layers_threads_and_isa},
+    /* causal GQA attention (test_attention.c) */
+    {"attention_vs_reference", test_attention_vs_reference},
+    {"attention_reference_gradient", test_attention_reference_gradient},
+    {"attention_batch_invariance", test_attention_batch_invariance},
+    {"attention_threads_isa", test_attention_threads_isa},
+    {"attention_special_values", test_attention_special_values},
+    {"attention_bad_input", test_attention_bad_input},
 };
 #define NTESTS (sizeof TESTS / sizeof TESTS[0])
 

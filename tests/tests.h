@@ -203,5 +203,12 @@ void test_moe_dispatch_plan(void);
 void test_moe_dispatch_ranks(void);
 void test_moe_permute_roundtrip(void);
 void test_moe_dispatch_bad_input(void);
+/* test_attention.c: causal GQA attention (bitexact_train.h) */
+void test_attention_vs_reference(void);
+void test_attention_reference_gradient(void);
+void test_attention_batch_invariance(void);
+void test_attention_threads_isa(void);
+void test_attention_special_values(void);
+void test_attention_bad_input(void);
 
 #endif /* BX_TEST_TESTS_H */

@@ -1,0 +1,347 @@
+/*
+ * attention.c — bx_attention_forward (bitexact_train.h, "Layers: causal
+ * GQA attention") and the argument checks it shares with the backward
+ * (attention_bwd.c). One piece of work is (sequence, query head, block of
+ * ATTN_ROWS positions); every row i is computed alone, in the documented
+ * order, from its own scores: the pieces, the thread count and the batch
+ * cannot change a bit.
+ */
+#include <stdint.h>
+#include <string.h>
+
+#include "abi.h"
+#include "attention_internal.h"
+#include "call.h"
+#include "dtype.h"
+#include "error.h"
+#include "kernels.h"
+#include "math_det.h"
+#include "pool.h"
+#include "tensor.h"
+#include "workspace.h"
+
+#define ATTN_ROWS 32 /* about this many positions per forward piece (speed only) */
+
+/* ---- checks ----------------------------------------------------------------- */
+
+static int host_readable(DLDeviceType dev) {
+  return dev == kDLCPU || dev == kDLCUDAHost || dev == kDLCUDAManaged;
+}
+
+typedef struct attn_span {
+  float *data;
+  size_t rows, cols; /* rows: all dimensions but the last (stats: T) */
+  size_t n;          /* elements */
+} attn_span;
+
+/* One tensor alone: present, host, fp32, 2-D or 3-D (stats 3-D), row-major
+ * contiguous, aligned, data present. */
+static bx_status check_one(const char *fn, size_t idx, const bx_attn_arg *a, attn_span *sp) {
+  const DLTensor *t = a->t;
+  const char *nm = a->name;
+  if (!t) return bx_fail_at(BX_EINVAL, -1, BX_NO_GROUP, idx, "%s: tensor %zu (%s) is NULL", fn, idx, nm);
+  if (!host_readable(t->device.device_type))
+    return bx_fail_at(BX_EDEVICE, -1, BX_NO_GROUP, idx,
+                      "%s: tensor %zu (%s) is on device type %d, not host memory", fn, idx, nm,
+                      (int)t->device.device_type);
+  if (t->dtype.code != kDLFloat || t->dtype.bits != 32 || t->dtype.lanes != 1)
+    return bx_fail_at(BX_EDTYPE, -1, BX_NO_GROUP, idx,
+                      "%s: tensor %zu (%s) has dtype code %u bits %u lanes %u; want float32", fn,
+                      idx, nm, (unsigned)t->dtype.code, (unsigned)t->dtype.bits,
+                      (unsigned)t->dtype.lanes);
+  int want3 = a->kind == BX_ATTN_STATS;
+  if (want3 ? t->ndim != 3 : (t->ndim < 2 || t->ndim > 3))
+    return bx_fail_at(BX_EINVAL, -1, BX_NO_GROUP, idx,
+                      "%s: tensor %zu (%s) has %d dimensions, want %s", fn, idx, nm, t->ndim,
+                      want3 ? "3 ([T, num_heads, 2])" : "2 ([T, F]) or 3 ([B, L, F])");
+  if (!t->shape)
+    return bx_fail_at(BX_EINVAL, -1, BX_NO_GROUP, idx, "%s: tensor %zu (%s) has no shape", fn, idx, nm);
+  size_t n = 1;
+  for (int d = 0; d < t->ndim; d++) {
+    if (t->shape[d] < 0)
+      return bx_fail_at(BX_EINVAL, -1, BX_NO_GROUP, idx,
+                        "%s: tensor %zu (%s): shape[%d] = %lld is negative", fn, idx, nm, d,
+                        (long long)t->shape[d]);
+    size_t e = (size_t)t->shape[d];
+    if (e && n > (SIZE_MAX / 16) / e)
+      return bx_fail_at(BX_EINVAL, -1, BX_NO_GROUP, idx, "%s: tensor %zu (%s): too many elements",
+                        fn, idx, nm);
+    n *= e;
+  }
+  if (t->strides) {
+    int64_t want = 1;
+    for (int d = t->ndim - 1; d >= 0; d--) {
+      if (t->shape[d] != 1 && t->strides[d] != want)
+        return bx_fail_at(BX_ELAYOUT, -1, BX_NO_GROUP, idx,
+                          "%s: tensor %zu (%s) is not row-major contiguous: strides[%d] = %lld, "
+                          "want %lld", fn, idx, nm, d, (long long)t->strides[d], (long long)want);
+      want *= t->shape[d];
+    }
+  }
+  if (n && !t->data)
+    return bx_fail_at(BX_EINVAL, -1, BX_NO_GROUP, idx, "%s: tensor %zu (%s): data is NULL", fn, idx, nm);
+  char *p = (char *)t->data + t->byte_offset;
+  if ((uintptr_t)p % 4)
+    return bx_fail_at(BX_ELAYOUT, -1, BX_NO_GROUP, idx,
+                      "%s: tensor %zu (%s): data + byte_offset is not aligned to 4 bytes", fn, idx, nm);
+  sp->data = (float *)p;
+  sp->n = n;
+  sp->cols = (size_t)t->shape[t->ndim - 1];
+  sp->rows = want3 ? (size_t)t->shape[0]
+                   : (t->ndim == 3 ? (size_t)t->shape[0] * (size_t)t->shape[1] : (size_t)t->shape[0]);
+  return BX_OK;
+}
+
+static int spans_overlap(const attn_span *x, const attn_span *y) {
+  if (!x->n || !y->n) return 0;
+  uintptr_t x0 = (uintptr_t)x->data, y0 = (uintptr_t)y->data;
+  return x0 < y0 + 4 * y->n && y0 < x0 + 4 * x->n;
+}
+
+bx_status bx_attn_check(const char *fn, const bx_attention_opts *opts, int64_t seq_len,
+                        int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                        const bx_attn_arg *args, size_t nargs, float **data, bx_attn_geom *g) {
+  bx_attention_opts o = BX_ATTENTION_OPTS_DEFAULT;
+  if (opts) o = *opts;
+  if (o.num_threads < 0) return bx_fail(BX_EINVAL, "%s: num_threads %d is negative", fn, o.num_threads);
+  if (seq_len < 1 || seq_len > BX_ATTN_MAX_LEN)
+    return bx_fail(BX_EINVAL, "%s: seq_len %lld is not in [1, 2^30]", fn, (long long)seq_len);
+  if (head_dim < 1 || head_dim > BX_ATTN_MAX_DIM)
+    return bx_fail(BX_EINVAL, "%s: head_dim %lld is not in [1, 2^20]", fn, (long long)head_dim);
+  if (num_heads < 1 || num_heads > BX_ATTN_MAX_DIM || num_kv_heads < 1 || num_kv_heads > num_heads)
+    return bx_fail(BX_EINVAL, "%s: num_heads %lld, num_kv_heads %lld: want 1 <= num_kv_heads <= "
+                   "num_heads <= 2^20", fn, (long long)num_heads, (long long)num_kv_heads);
+  if (num_heads % num_kv_heads)
+    return bx_fail(BX_EINVAL, "%s: num_heads %lld is not a multiple of num_kv_heads %lld", fn,
+                   (long long)num_heads, (long long)num_kv_heads);
+  if ((uint64_t)num_heads * (uint64_t)head_dim > ((uint64_t)1 << 31))
+    return bx_fail(BX_EINVAL, "%s: num_heads * head_dim = %lld is too large", fn,
+                   (long long)(num_heads * head_dim));
+  attn_span sp[8];
+  memset(sp, 0, sizeof sp);
+  if (nargs == 0 || nargs > 8) return bx_fail(BX_EINVAL, "%s: internal: too many tensors", fn);
+  for (size_t i = 0; i < nargs; i++) {
+    bx_status st = check_one(fn, i, &args[i], &sp[i]);
+    if (st != BX_OK) return st;
+  }
+  size_t L = (size_t)seq_len, Hq = (size_t)num_heads, Hkv = (size_t)num_kv_heads, D = (size_t)head_dim;
+  size_t T = sp[0].rows;
+  for (size_t i = 0; i < nargs; i++) {
+    const bx_attn_arg *a = &args[i];
+    const DLTensor *t = a->t;
+    size_t cols = a->kind == BX_ATTN_Q ? Hq * D : a->kind == BX_ATTN_KV ? Hkv * D : 2;
+    const char *what = a->kind == BX_ATTN_Q ? "num_heads * head_dim"
+                       : a->kind == BX_ATTN_KV ? "num_kv_heads * head_dim" : "2";
+    if (sp[i].cols != cols)
+      return bx_fail_at(BX_EINVAL, -1, BX_NO_GROUP, i,
+                        "%s: tensor %zu (%s): last dimension %zu, want %s = %zu", fn, i, a->name,
+                        sp[i].cols, what, cols);
+    if (sp[i].rows != T)
+      return bx_fail_at(BX_EINVAL, -1, BX_NO_GROUP, i,
+                        "%s: tensor %zu (%s) has %zu tokens, tensor 0 (%s) has %zu", fn, i, a->name,
+                        sp[i].rows, args[0].name, T);
+    if (a->kind == BX_ATTN_STATS && (size_t)t->shape[1] != Hq)
+      return bx_fail_at(BX_EINVAL, -1, BX_NO_GROUP, i,
+                        "%s: tensor %zu (%s) is [%zu, %lld, 2], want [T, num_heads = %zu, 2]", fn,
+                        i, a->name, T, (long long)t->shape[1], Hq);
+    if (a->kind != BX_ATTN_STATS && t->ndim == 3 && (size_t)t->shape[1] != L)
+      return bx_fail_at(BX_EINVAL, -1, BX_NO_GROUP, i,
+                        "%s: tensor %zu (%s) is [B, %lld, F] but seq_len is %zu", fn, i, a->name,
+                        (long long)t->shape[1], L);
+  }
+  if (T % L)
+    return bx_fail_at(BX_EINVAL, -1, BX_NO_GROUP, 0,
+                      "%s: tensor 0 (%s): T = %zu tokens is not a multiple of seq_len = %zu "
+                      "(T = B * L)", fn, args[0].name, T, L);
+  for (size_t i = 0; i < nargs; i++) {
+    if (!args[i].writable) continue;
+    for (size_t j = 0; j < nargs; j++)
+      if (j != i && spans_overlap(&sp[i], &sp[j]))
+        return bx_fail_at(BX_ELAYOUT, -1, BX_NO_GROUP, i,
+                          "%s: tensor %zu (%s) overlaps tensor %zu (%s)", fn, i, args[i].name, j,
+                          args[j].name);
+  }
+  for (size_t i = 0; i < nargs; i++) data[i] = sp[i].data;
+  g->T = T;
+  g->L = L;
+  g->B = T / L;
+  g->Hq = Hq;
+  g->Hkv = Hkv;
+  g->R = Hq / Hkv;
+  g->D = D;
+  g->ldq = Hq * D;
+  g->ldk = Hkv * D;
+  g->scale = bx_rsqrtf_det((float)D);
+  int nt = o.num_threads > 0 ? o.num_threads : bx_default_threads();
+  if (nt > BX_MAX_THREADS) nt = BX_MAX_THREADS;
+  g->nthreads = nt;
+  return BX_OK;
+}
+
+/* ---- the forward ------------------------------------------------------------
+ *
+ * Per piece (sequence b, query head h, rows [i0, i1)): the score chains
+ * dot(q_i, k_j) for the block's rows and every j < i1 come from the GEMM
+ * micro-kernel of the active ISA (kernels.h: per element the chain
+ * acc = +0, acc = fma(a_k, b_k, acc) for k = 0..kc-1, the same bits on
+ * every ISA), on q and k packed into its slivers; the softmax is scalar;
+ * o_i = sum_j p_j v_j is the micro-kernel's chain over j < i0 (common to
+ * all rows of the block) continued by scalar fmaf for j = i0..i. Each
+ * element is thus exactly the documented chain. */
+
+typedef struct fwd_job {
+  bx_attn_geom g;
+  const float *q, *k, *v;
+  float *o, *stats;
+  const bx_gemm_kernel *kern;
+  size_t rows;     /* positions per piece, a multiple of mr */
+  size_t nblk;     /* row blocks per (sequence, head) */
+  char *scratch;   /* per worker: each bytes, 64-byte aligned */
+  size_t each;
+} fwd_job;
+
+static size_t rup(size_t x, size_t q) { return (x + q - 1) / q * q; }
+
+/* n rows of x (row stride ld), their first kc columns, into k-major
+ * slivers w rows wide, zero padded: element (row s + ii, k) of sliver s / w
+ * at out[s * kc + k * w + ii] (the micro-kernel's packed A, or packed B of
+ * an NT product). */
+static void pack_rows(const float *x, size_t ld, size_t n, size_t kc, size_t w, float *out) {
+  for (size_t s = 0; s < n; s += w) {
+    size_t hgt = n - s < w ? n - s : w;
+    for (size_t k = 0; k < kc; k++) {
+      float *dst = out + s * kc + k * w;
+      for (size_t ii = 0; ii < hgt; ii++) dst[ii] = x[(s + ii) * ld + k];
+      for (size_t ii = hgt; ii < w; ii++) dst[ii] = 0.0f;
+    }
+  }
+}
+
+/* kc rows of x (stride ld), columns [0, D), into slivers of w columns,
+ * zero padded: element (k, s + jj) at out[s * kc + k * w + jj] (packed B of
+ * an NN product). */
+static void pack_cols(const float *x, size_t ld, size_t kc, size_t D, size_t w, float *out) {
+  for (size_t s = 0; s < D; s += w) {
+    size_t wd = D - s < w ? D - s : w;
+    for (size_t k = 0; k < kc; k++) {
+      float *dst = out + s * kc + k * w;
+      for (size_t jj = 0; jj < wd; jj++) dst[jj] = x[k * ld + s + jj];
+      for (size_t jj = wd; jj < w; jj++) dst[jj] = 0.0f;
+    }
+  }
+}
+
+/* floats of one worker's scratch for rows rp (a multiple of mr) and L */
+static size_t fwd_scratch_floats(const bx_attn_geom *g, size_t rp, size_t mr, size_t nr) {
+  size_t ncp = rup(g->L, nr), dp = rup(g->D, nr);
+  (void)mr;
+  return rup(rp * g->D, 16) + rup(ncp * g->D, 16) + rup(rp * ncp, 16) + rup(rp * g->L, 16) +
+         rup(dp * g->L, 16) + rup(rp * dp, 16);
+}
+
+static void fwd_task(void *ctx, size_t task, int worker) {
+  const fwd_job *j = ctx;
+  const bx_attn_geom *g = &j->g;
+  const bx_gemm_kernel *kern = j->kern;
+  size_t mr = kern->mr, nr = kern->nr, D = g->D;
+  size_t blk = task % j->nblk, bh = task / j->nblk;
+  size_t b = bh / g->Hq, h = bh % g->Hq, kvh = h / g->R, t0 = b * g->L;
+  size_t i0 = blk * j->rows, i1 = g->L - i0 < j->rows ? g->L : i0 + j->rows;
+  size_t rows = i1 - i0, rp = rup(rows, mr), ncp = rup(i1, nr), dp = rup(D, nr);
+  float *qa = (float *)(j->scratch + (size_t)worker * j->each);
+  float *kb = qa + rup(rp * D, 16), *S = kb + rup(ncp * D, 16), *pa = S + rup(rp * ncp, 16);
+  float *vb = pa + rup(rp * i0, 16), *ot = vb + rup(dp * i0, 16);
+  const float *kbase = j->k + t0 * g->ldk + kvh * D, *vbase = j->v + t0 * g->ldk + kvh * D;
+  /* scores: the tiles that touch j <= i */
+  pack_rows(j->q + (t0 + i0) * g->ldq + h * D, g->ldq, rows, D, mr, qa);
+  pack_rows(kbase, g->ldk, i1, D, nr, kb);
+  for (size_t r = 0; r < rp; r += mr)
+    for (size_t c = 0; c < ncp && c <= i0 + r + mr - 1; c += nr)
+      kern->micro(D, qa + r * D, kb + c * D, S + r * ncp + c, ncp, 0);
+  /* softmax per row, in place in S: p_j */
+  for (size_t ii = 0; ii < rows; ii++) {
+    size_t i = i0 + ii;
+    float *s = S + ii * ncp;
+    for (size_t c = 0; c <= i; c++) s[c] = s[c] * g->scale;
+    float m = s[0];
+    for (size_t c = 1; c <= i; c++) m = s[c] > m ? s[c] : m;
+    double sum = 0.0;
+    for (size_t c = 0; c <= i; c++) {
+      s[c] = bx_expf_det(s[c] - m);
+      sum += (double)s[c];
+    }
+    float l = (float)sum;
+    for (size_t c = 0; c <= i; c++) s[c] = s[c] / l;
+    float *st = j->stats + ((t0 + i) * g->Hq + h) * 2;
+    st[0] = m;
+    st[1] = l;
+  }
+  /* o: the chain over j < i0 for all rows, then each row's own j = i0..i */
+  if (i0 > 0) {
+    pack_rows(S, ncp, rows, i0, mr, pa);
+    pack_cols(vbase, g->ldk, i0, D, nr, vb);
+    for (size_t r = 0; r < rp; r += mr)
+      for (size_t c = 0; c < dp; c += nr) kern->micro(i0, pa + r * i0, vb + c * i0, ot + r * dp + c, dp, 0);
+  } else {
+    memset(ot, 0, rp * dp * sizeof(float));
+  }
+  for (size_t ii = 0; ii < rows; ii++) {
+    size_t i = i0 + ii;
+    const float *p = S + ii * ncp;
+    float *oi = j->o + (t0 + i) * g->ldq + h * D;
+    memcpy(oi, ot + ii * dp, D * sizeof(float));
+    for (size_t c = i0; c <= i; c++) {
+      const float *vc = vbase + c * g->ldk;
+      float pc = p[c];
+      for (size_t d = 0; d < D; d++) oi[d] = fmaf(pc, vc[d], oi[d]);
+    }
+  }
+}
+
+bx_status bx_attention_forward(const DLTensor *q, const DLTensor *k, const DLTensor *v,
+                               int64_t seq_len, int64_t num_heads, int64_t num_kv_heads,
+                               int64_t head_dim, DLTensor *o, DLTensor *stats,
+                               const bx_attention_opts *opts) {
+  static const char *fn = "bx_attention_forward";
+  if (opts) {
+    bx_status st = bx_check_struct_size(fn, "opts->struct_size", opts->struct_size, sizeof *opts,
+                                        "bx_attention_opts", "BX_ATTENTION_OPTS_DEFAULT");
+    if (st != BX_OK) return st;
+  }
+  bx_call call;
+  bx_status st = bx_call_enter(&call, fn);
+  if (st != BX_OK) return st;
+  const bx_attn_arg args[5] = {{q, "q", BX_ATTN_Q, 0},     {k, "k", BX_ATTN_KV, 0},
+                               {v, "v", BX_ATTN_KV, 0},    {o, "o", BX_ATTN_Q, 1},
+                               {stats, "stats", BX_ATTN_STATS, 1}};
+  float *data[5];
+  fwd_job j;
+  st = bx_attn_check(fn, opts, seq_len, num_heads, num_kv_heads, head_dim, args, 5, data, &j.g);
+  if (st != BX_OK || j.g.T == 0) goto done;
+  j.q = data[0];
+  j.k = data[1];
+  j.v = data[2];
+  j.o = data[3];
+  j.stats = data[4];
+  j.kern = bx_gemm_kernel_active();
+  j.rows = rup(ATTN_ROWS, j.kern->mr);
+  j.nblk = (j.g.L + j.rows - 1) / j.rows;
+  size_t ntasks = j.g.B * j.g.Hq * j.nblk;
+  int nt = j.g.nthreads;
+  if ((size_t)nt > ntasks) nt = (int)ntasks;
+  j.each = rup(fwd_scratch_floats(&j.g, j.rows, j.kern->mr, j.kern->nr) * sizeof(float), 64);
+  if (j.each > (SIZE_MAX - 64) / (size_t)nt) {
+    st = bx_fail(BX_ENOMEM, "%s: seq_len and head_dim need too much scratch", fn);
+    goto done;
+  }
+  char *ws = bx_workspace(j.each * (size_t)nt + 64);
+  if (!ws) {
+    st = bx_fail(BX_ENOMEM, "%s: cannot allocate %zu bytes of scratch", fn, j.each * (size_t)nt + 64);
+    goto done;
+  }
+  j.scratch = ws + (64 - (uintptr_t)ws % 64) % 64;
+  bx_parallel_run(nt, ntasks, fwd_task, &j);
+done:
+  bx_call_leave(&call);
+  return st;
+}

@@ -1,0 +1,65 @@
+/*
+ * attention_internal.h — what bx_attention_forward (attention.c) and
+ * bx_attention_backward (attention_bwd.c) share: the argument checks (all
+ * before the first write), the geometry, and the score of one (query,
+ * key) pair in the documented order (bitexact_train.h).
+ */
+#ifndef BX_ATTENTION_INTERNAL_H
+#define BX_ATTENTION_INTERNAL_H
+
+#include <math.h>
+#include <stddef.h>
+
+#include "bitexact_train.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct bx_attn_geom {
+  size_t T, L, B;   /* tokens, tokens per sequence, sequences */
+  size_t Hq, Hkv, R; /* query heads, kv heads, R = Hq / Hkv */
+  size_t D;         /* head_dim */
+  size_t ldq, ldk;  /* row strides in floats: Hq*D, Hkv*D */
+  float scale;      /* fp32 nearest to D^-1/2 */
+  int nthreads;     /* resolved thread count (>= 1) */
+} bx_attn_geom;
+
+/* The kind of a tensor argument: its shape in terms of the geometry. */
+typedef enum bx_attn_kind {
+  BX_ATTN_Q = 0,    /* [T, Hq*D] or [B, L, Hq*D] */
+  BX_ATTN_KV = 1,   /* [T, Hkv*D] or [B, L, Hkv*D] */
+  BX_ATTN_STATS = 2 /* [T, Hq, 2] */
+} bx_attn_kind;
+
+typedef struct bx_attn_arg {
+  const DLTensor *t;
+  const char *name; /* "q", "dk", ... */
+  bx_attn_kind kind;
+  int writable;
+} bx_attn_arg;
+
+/* Everything a call checks, in order: opts (struct_size is checked by the
+ * caller before the call is entered), num_threads, the four sizes, each
+ * tensor (index = position in args; tensor 0 fixes T), shapes, overlaps.
+ * data[i] gets tensor i's first element. Writes nothing else. */
+bx_status bx_attn_check(const char *fn, const bx_attention_opts *opts, int64_t seq_len,
+                        int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                        const bx_attn_arg *args, size_t nargs, float **data, bx_attn_geom *g);
+
+/* The score s = fl(dot * scale), dot the fmaf chain over d = 0..D-1 from +0. */
+static inline float bx_attn_score(const float *qi, const float *kj, size_t D, float scale) {
+  float dot = 0.0f;
+  for (size_t d = 0; d < D; d++) dot = fmaf(qi[d], kj[d], dot);
+  return dot * scale;
+}
+
+/* Largest seq_len and head_dim accepted (scratch rows, exact (float)D). */
+#define BX_ATTN_MAX_LEN ((int64_t)1 << 30)
+#define BX_ATTN_MAX_DIM ((int64_t)1 << 20)
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* BX_ATTENTION_INTERNAL_H */
