@@ -621,6 +621,10 @@ BX_API bx_status bx_moe_unpermute_backward(const DLTensor *dout, const DLTensor 
                                            const DLTensor *pos, DLTensor *dy_perm,
                                            DLTensor *dweights,
                                            const bx_moe_dispatch_opts *opts);
+
+/* ====================================================================== */
+
+/* ======================================================================
  * Layers: RMSNorm, RoPE, SwiGLU (section owner: norms)
  * ==================================================================== */
 
@@ -806,6 +810,10 @@ BX_API bx_status bx_swiglu_backward(const DLTensor *gate, const DLTensor *up, co
                                     DLTensor *dgate, DLTensor *dup, const bx_swiglu_opts *opts);
 BX_API bx_status bx_swiglu_backward_fused(const DLTensor *gate_up, const DLTensor *dh,
                                           DLTensor *dgate_up, const bx_swiglu_opts *opts);
+
+/* ====================================================================== */
+
+/* ======================================================================
  * Layers: causal GQA attention (section owner: attn)
  * ==================================================================== */
 
