@@ -190,6 +190,14 @@ static const test_entry TESTS[] = {
     {"tokred_layout_refused", test_tokred_layout_refused},
     {"tokred_ranks_errors", test_tokred_ranks_errors},
     {"tokred_bad_arguments", test_tokred_bad_arguments},
+    /* embedding and cross-entropy (test_loss.c) */
+    {"loss_embedding", test_loss_embedding},
+    {"loss_embedding_tokred", test_loss_embedding_tokred},
+    {"loss_xent_vs_reference", test_loss_xent_vs_reference},
+    {"loss_xent_special_values", test_loss_xent_special_values},
+    {"loss_xent_invariance", test_loss_xent_invariance},
+    {"loss_xent_tokred", test_loss_xent_tokred},
+    {"loss_bad_input", test_loss_bad_input},
 };
 #define NTESTS (sizeof TESTS / sizeof TESTS[0])
 

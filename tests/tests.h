@@ -181,4 +181,13 @@ void test_tokred_layout_refused(void);
 void test_tokred_ranks_errors(void);
 void test_tokred_bad_arguments(void);
 
+/* test_loss.c: embedding and cross-entropy layers (bitexact_train.h) */
+void test_loss_embedding(void);
+void test_loss_embedding_tokred(void);
+void test_loss_xent_vs_reference(void);
+void test_loss_xent_special_values(void);
+void test_loss_xent_invariance(void);
+void test_loss_xent_tokred(void);
+void test_loss_bad_input(void);
+
 #endif /* BX_TEST_TESTS_H */
