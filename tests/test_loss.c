@@ -606,7 +606,7 @@ void test_loss_xent_invariance(void) {
 /* The global mean through bx_tokred for one layout; *framework: the
  * ordinary way (fp32 sum per micro-batch, micro-batches in order, / N). */
 static float xent_mean(const xbatch *b, size_t C, const size_t *cuts, size_t n,
-                       const size_t *perm, float *framework, int64_t *Nout) {
+                       const size_t *perm, float *framework, float *ordinary, int64_t *Nout) {
   size_t T = b->T;
   DLTensor g;
   memset(&g, 0, sizeof g);
@@ -614,8 +614,12 @@ static float xent_mean(const xbatch *b, size_t C, const size_t *cuts, size_t n,
   g.dtype.code = kDLFloat;
   g.dtype.bits = 32;
   g.dtype.lanes = 1;
-  bx_tokred *s = NULL;
+  bx_tokred *s = NULL, *so = NULL;
+  bx_tokred_opts oo = BX_TOKRED_OPTS_DEFAULT;
+  oo.mode = BX_TOKRED_ORDINARY;
   CHECK_STATUS(bx_tokred_create(&g, 1, (int64_t)C, (int64_t)T, NULL, &s), BX_OK, "create");
+  CHECK_STATUS(bx_tokred_create(&g, 1, (int64_t)C, (int64_t)T, &oo, &so), BX_OK, "create");
+  CHECK_STATUS(bx_tokred_agree(so, NULL), BX_OK, "agree");
   float *loss = malloc(T * sizeof *loss), *part = malloc(T * sizeof *part);
   int64_t *cnt = malloc(T * sizeof *cnt), N = 0;
   float fw = 0.0f;
@@ -640,12 +644,16 @@ static float xent_mean(const xbatch *b, size_t C, const size_t *cuts, size_t n,
       DLTensor p = g;
       p.data = &part[t0 / C + j];
       CHECK_STATUS(bx_tokred_add(s, 0, (int64_t)(t0 / C + j), &p), BX_OK, "add");
+      CHECK_STATUS(bx_tokred_add(so, 0, (int64_t)(t0 / C + j), &p), BX_OK, "add");
     }
   }
   float mean = NAN;
   DLTensor o = g;
   o.data = &mean;
   CHECK_STATUS(bx_tokred_finish(s, &o, 1, N > 0 ? N : 1), BX_OK, "finish");
+  o.data = ordinary;
+  CHECK_STATUS(bx_tokred_finish(so, &o, 1, N > 0 ? N : 1), BX_OK, "finish");
+  bx_tokred_destroy(so);
   *framework = fw / (float)N;
   *Nout = N;
   bx_tokred_destroy(s);
@@ -658,16 +666,16 @@ static float xent_mean(const xbatch *b, size_t C, const size_t *cuts, size_t n,
 void test_loss_xent_tokred(void) {
   bxt_rng r;
   bxt_rng_init(&r);
-  int drift = 0;
+  int drift = 0, odrift = 0;
   for (int trial = 0; trial < 8 && !bxt_failures(); trial++) {
     size_t C = 1 + bxt_below(&r, 5), T = C * (6 + bxt_below(&r, 20)) - bxt_below(&r, C);
     xbatch b;
     xbatch_make(&r, &b, T, 50 + bxt_below(&r, 200), 3.0, 1);
     b.y[0] = 1; /* at least one counted token */
     size_t one[2] = {0, T}, id[1] = {0}, cuts[9], perm[9];
-    float fw, fw2;
+    float fw, fw2, ord, ord2;
     int64_t N, N2;
-    float want = xent_mean(&b, C, one, 1, id, &fw, &N);
+    float want = xent_mean(&b, C, one, 1, id, &fw, &ord, &N);
     /* the exact mean of the per-token losses' chunk partials, rounded once */
     long double exact = 0;
     int64_t cntN = 0;
@@ -693,13 +701,15 @@ void test_loss_xent_tokred(void) {
     free(cnt);
     for (int rep = 0; rep < 10; rep++) {
       size_t n = random_layout(&r, T, C, cuts, perm);
-      float got = xent_mean(&b, C, cuts, n, perm, &fw2, &N2);
+      float got = xent_mean(&b, C, cuts, n, perm, &fw2, &ord2, &N2);
       CHECK_BITS_F(got, want, "loss mean depends on the split (trial %d rep %d)", trial, rep);
       drift |= bxt_fbits(fw2) != bxt_fbits(fw);
+      odrift |= bxt_fbits(ord2) != bxt_fbits(ord);
     }
     xbatch_free(&b);
   }
   CHECK(drift, "the framework's fp32 sum never depended on the split");
+  CHECK(odrift, "the ordinary mode never depended on the split");
 }
 
 /* ---- bad input: named errors, nothing written ----------------------------- */
