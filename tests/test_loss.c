@@ -584,6 +584,19 @@ void test_loss_xent_invariance(void) {
               memcmp(g + s * V, g2, k * V * sizeof *g) == 0,
           "rows [%zu, %zu) alone differ from the batch", s, s + k);
   }
+  /* [B, L, V] logits with [B, L] targets and losses: read as [B*L, V] */
+  {
+    tz Z3, Y3, L3, G3;
+    tz_set(&Z3, b.z + V, F32, 3, 4, 9, (int64_t)V);
+    tz_set(&Y3, b.y + 1, I64, 2, 4, 9, 0);
+    tz_set(&L3, l2, F32, 2, 4, 9, 0);
+    tz_set(&G3, g2, F32, 3, 4, 9, (int64_t)V);
+    CHECK_STATUS(bx_xent_forward_backward(&Z3.t, &Y3.t, N, 4, &L3.t, NULL, NULL, &G3.t, NULL),
+                 BX_OK, "3-D");
+    CHECK(memcmp(loss + 1, l2, 36 * sizeof *l2) == 0 &&
+              memcmp(g + V, g2, 36 * V * sizeof *g) == 0,
+          "[B, L, V] differs from [T, V]");
+  }
   /* forward alone, backward alone and in place equal the fused call */
   CHECK_STATUS(run_xent(&b, 0, T, 5, N, 0, 2, l2, NULL, NULL, NULL), BX_OK, "forward");
   CHECK(memcmp(loss, l2, T * sizeof *l2) == 0, "forward alone differs from fused");
