@@ -624,8 +624,7 @@ BX_API bx_status bx_moe_unpermute_backward(const DLTensor *dout, const DLTensor 
 
 /* ====================================================================== */
 
-/* ======================================================================
- * Layers: RMSNorm, RoPE, SwiGLU (section owner: norms)
+/* =============================================================== * Layers: RMSNorm, RoPE, SwiGLU (section owner: norms)
  * ==================================================================== */
 
 /* Forward and backward kernels of three layers of the GLM-4.5 MoE model as
@@ -920,6 +919,195 @@ BX_API bx_status bx_attention_backward(const DLTensor *dout, const DLTensor *q, 
                                        int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                                        DLTensor *dq, DLTensor *dk, DLTensor *dv,
                                        const bx_attention_opts *opts);
+=======
+
+/* ====================================================================== */
+
+/* ======================================================================
+ * Layers: embedding, cross-entropy (section owner: loss)
+ * ==================================================================== */
+
+/*
+ * The first and the last layer of a causal LM (Hugging Face transformers'
+ * Glm4MoeForCausalLM: nn.Embedding lookup of input_ids; an untied lm_head;
+ * the loss of transformers' ForCausalLMLoss: cross-entropy in fp32 over the
+ * vocabulary, ignore_index -100, the mean over every prediction of the
+ * global batch). docs/train_loss.md gives the formulas, the roundings, the
+ * error bounds and what differs from torch.
+ *
+ * Common rules. Tensors are DLPack, host memory (kDLCPU, kDLCUDAHost,
+ * kDLCUDAManaged; BX_EDEVICE otherwise), row-major contiguous (strides NULL
+ * or compact; a dimension of extent 1 may have any stride; BX_ELAYOUT
+ * otherwise), aligned to their element size (BX_ELAYOUT), borrowed for the
+ * call. Token-major tensors are [T, F] or [B, L, F] read as [B*L, F] (ids
+ * and targets: [T] or [B, L]). Float tensors are fp32 (kDLFloat 32, one
+ * lane); ids and targets int32 or int64 (kDLInt); offsets and counts int64
+ * (BX_EDTYPE otherwise). An output never shares a byte with another tensor
+ * of the call unless a comment allows it (BX_ELAYOUT). Every check runs
+ * before the first write: on error nothing is written, and bx_last_error()
+ * names the call and the tensor ("bx_xent_forward: tensor 1 (targets):
+ * token 7 has target 50000, outside [0, 32000) ..."). The library's
+ * floating-point environment is entered for the call. Threading: fixed
+ * pieces over the pool (opts->num_threads, 0 = bx_default_threads(), < 0
+ * BX_EINVAL); no result depends on the thread count, on T (a token's
+ * outputs depend only on its own inputs and the weights), on the ISA or on
+ * how the tokens are split into micro-batches and ranks. opts NULL = the
+ * DEFAULT macro; else opts->struct_size is checked first (BX_EINVAL).
+ *
+ * Token reductions (the embedding gradient, the loss sum, the token count)
+ * come out as chunk partials over chunks of chunk_tokens >= 1 consecutive
+ * tokens of the call (nchunks = ceil(T / chunk_tokens); chunk j = tokens
+ * [j*C, min((j+1)*C, T))), for bx_tokred (section above): the caller passes
+ * chunk j as global chunk first_chunk + j, and that the call's tokens start
+ * on a global chunk boundary is the caller's duty (bx_tokred_chunks checks
+ * it).
+ */
+typedef struct bx_embedding_opts {
+  size_t struct_size; /* sizeof(bx_embedding_opts) */
+  int num_threads;    /* 0 = default */
+  int64_t padding_idx; /* < 0: none (torch's padding_idx=None); else the row in
+                          [0, V) whose gradient stays zero (torch's negative
+                          padding_idx p is V + p here) */
+} bx_embedding_opts;
+#define BX_EMBEDDING_OPTS_DEFAULT {sizeof(bx_embedding_opts), 0, -1}
+
+/* y[t] = weight[ids[t]]: a copy of the row, bits unchanged.
+ *   weight [V, H] fp32; ids [T] or [B, L] int32/int64; y [T, H] or
+ *   [B, L, H] fp32 (ids' shape then H), not overlapping weight or ids.
+ * An id outside [0, V) is BX_EINVAL naming the token index and the value
+ * (the first such token). padding_idx plays no part in the forward. */
+BX_API bx_status bx_embedding_forward(const DLTensor *weight, const DLTensor *ids, DLTensor *y,
+                                      const bx_embedding_opts *opts);
+
+/* The embedding gradient dweight[v] = sum over tokens t with ids[t] == v
+ * (and v != padding_idx) of dy[t], as COMPACT chunk partials: per chunk j
+ * the ids present in it, ascending, each with its row sum over the chunk's
+ * tokens with that id in ascending token order in fp32:
+ *     acc = +0.0f; for t in chunk, ascending, ids[t] == v: acc = acc + dy[t][h];
+ * (one fp32 rounding per addition; no fma). The rows of all chunks are
+ * stored one after the other, CSR style:
+ *   row_ids [T] int64: row_ids[k] the id of compact row k;
+ *   rows    [T, H] fp32: rows[k] its sum;
+ *   offsets [nchunks + 1] int64: chunk j owns compact rows
+ *           [offsets[j], offsets[j+1]), offsets[0] = 0, ids strictly
+ *           ascending within a chunk; offsets[nchunks] <= T rows are used,
+ *           rows and row_ids past it are left as they were.
+ * This equals, row for row, the dense partial [V, H] of the chunk (zero
+ * rows elsewhere) at O(T H) memory instead of O(nchunks V H).
+ *   ids [T] or [B, L] int32/int64 in [0, num_embeddings) (BX_EINVAL naming
+ *   the token and value otherwise); dy [T, H] or [B, L, H] fp32;
+ *   num_embeddings = V >= 1; chunk_tokens >= 1. Outputs overlap nothing.
+ * Threads: chunks sorted in parallel, then compact rows in fixed pieces. */
+BX_API bx_status bx_embedding_backward(const DLTensor *ids, const DLTensor *dy,
+                                       int64_t num_embeddings, int64_t chunk_tokens,
+                                       DLTensor *row_ids, DLTensor *rows, DLTensor *offsets,
+                                       const bx_embedding_opts *opts);
+
+/* bx_tokred_bound for every chunk of a bx_embedding_backward output at
+ * once: raises tensor's exponent bound to cover every finite element of
+ * rows[0 .. offsets[nchunks]) (the same bound as bx_tokred_bound on the
+ * dense partials; through bx_tokred_bound_exp). Before bx_tokred_agree.
+ * Errors as bx_tokred_bound_exp, and BX_EINVAL/BX_EDTYPE/BX_ELAYOUT for
+ * rows and offsets (offsets not starting at 0, decreasing, or past the
+ * rows). s is unchanged on error. */
+BX_API bx_status bx_embedding_grad_bound(bx_tokred *s, size_t tensor, const DLTensor *rows,
+                                         const DLTensor *offsets);
+
+/* bx_tokred_add of every chunk j of a bx_embedding_backward output as
+ * global chunk first_chunk + j of the tensor: the same state as adding the
+ * dense partials [V, H] one by one, at O(rows H) cost instead of
+ * O(nchunks V H). grads/ntensors: the array the state was created with
+ * (bx_tokred_create); its tensor `tensor` is the [V, H] fp32 gradient.
+ * Grid mode: the compact rows are rounded onto the agreed grid and added
+ * to the state's words (bx_tokred_words) directly, the chunks' coverage
+ * counted, exactly as bx_tokred_add would; ids must be strictly ascending
+ * within each chunk and in [0, V), and every finite element below the
+ * agreed bound (else BX_EINVAL naming chunk, row and element; nothing
+ * added). Ordinary mode (the negative control): each chunk is scattered
+ * into a zeroed dense [V, H] scratch (O(V H) memory and time per chunk)
+ * and given to bx_tokred_add, in DESCENDING chunk order (so that a bad
+ * chunk index fails first, with nothing added). BX_EINVAL too when grads
+ * does not describe the state (word count), before bx_tokred_agree, or for
+ * a bad tensor index or chunk range; s is unchanged on error.
+ * Single-threaded in the calling thread. */
+BX_API bx_status bx_embedding_grad_add(bx_tokred *s, const DLTensor *grads, size_t ntensors,
+                                       size_t tensor, int64_t first_chunk,
+                                       const DLTensor *row_ids, const DLTensor *rows,
+                                       const DLTensor *offsets);
+
+/* ---- cross-entropy ----------------------------------------------------
+ *
+ * Over fp32 logits z [T, V] (or [B, L, V]) and targets y [T] (or [B, L])
+ * int32/int64. A token whose target equals ignore_index contributes
+ * nothing (loss 0, count 0, gradient row +0); every other target must be
+ * in [0, V) (BX_EINVAL naming the token and the value). The order, per
+ * token (f32/f64 round to fp32/fp64 nearest even; a "+" is one rounding):
+ *   m   = max_v z[v]                     (exact; v = 0..V-1)
+ *   e_v = bx_expf_det(f32(z[v] - m))     (correctly rounded exp)
+ *   S   = sum_v e_v in fp64, v = 0..V-1 sequentially from +0.0
+ *   L   = ln S: the high part of a double-double ln (pow_det.h's log2
+ *         times ln 2; relative error < 2^-52 before the final rounding
+ *         to double)
+ *   loss_t = f32(f64(f64(m - z[y]) + L))
+ *   dz[v] = f32(f64(f64(e_v / S) - [v == y]) * c),
+ *           c = f64(grad_scale / N_global)     (1/N is not rounded apart)
+ * Non-finite logits: a NaN anywhere in the row, or m = +-Inf, gives a NaN
+ * loss and a NaN gradient row (0x7fc00000); z[y] = -Inf with a finite m
+ * gives loss +Inf. The loss of the global batch as transformers computes
+ * it (the mean over the non-ignored predictions, or the sum divided by
+ * num_items_in_batch) is, layout-invariantly:
+ *   bx_tokred over loss_partials (one scalar tensor, chunk j of the call
+ *   as global chunk first_chunk + j), bx_tokred_finish with divisor =
+ *   N_global = the global count of non-ignored tokens (the sum of counts
+ *   over all calls; int64, order-free): the exact sum Q 2^e (exact unless
+ *   the partials span more than 2^28 in magnitude) divided by N_global and
+ *   rounded once.
+ * Targets are the shifted labels: transformers pads labels with -100 and
+ * shifts them left by one (target[t] = labels[t + 1], the last position
+ * -100); the caller does that shift. */
+typedef struct bx_xent_opts {
+  size_t struct_size;   /* sizeof(bx_xent_opts) */
+  int num_threads;      /* 0 = default */
+  int64_t ignore_index; /* -100 (torch's default) */
+  double grad_scale;    /* dloss: the upstream gradient of the mean (1.0); finite */
+} bx_xent_opts;
+#define BX_XENT_OPTS_DEFAULT {sizeof(bx_xent_opts), 0, -100, 1.0}
+
+/* Forward: losses [T] (or [B, L]) fp32 the per-token loss_t (0 for an
+ * ignored token); loss_partials [nchunks] fp32, chunk j's sum
+ *     acc = +0.0f; for t in chunk, ascending, not ignored: acc = acc + loss_t;
+ * counts [nchunks] int64, chunk j's number of non-ignored tokens.
+ * loss_partials and counts may be NULL (not computed). chunk_tokens >= 1. */
+BX_API bx_status bx_xent_forward(const DLTensor *logits, const DLTensor *targets,
+                                 int64_t chunk_tokens, DLTensor *losses,
+                                 DLTensor *loss_partials, DLTensor *counts,
+                                 const bx_xent_opts *opts);
+
+/* Backward of the global mean: dlogits [T, V] (or [B, L, V]) fp32, the
+ * formula above with n_global = N_global >= 1 (and >= this call's own
+ * non-ignored count; BX_EINVAL otherwise). In place allowed: dlogits may be
+ * logits itself (the same data, offset and shape); any other overlap is
+ * BX_ELAYOUT. Recomputes m, e_v and S (e_v is kept in dlogits between the
+ * two passes). */
+BX_API bx_status bx_xent_backward(const DLTensor *logits, const DLTensor *targets,
+                                  int64_t n_global, DLTensor *dlogits,
+                                  const bx_xent_opts *opts);
+
+/* Forward and backward in one pass over the logits: the outputs of both
+ * calls, bit for bit (dlogits may be logits itself; loss_partials and
+ * counts may be NULL). */
+BX_API bx_status bx_xent_forward_backward(const DLTensor *logits, const DLTensor *targets,
+                                          int64_t n_global, int64_t chunk_tokens,
+                                          DLTensor *losses, DLTensor *loss_partials,
+                                          DLTensor *counts, DLTensor *dlogits,
+                                          const bx_xent_opts *opts);
+
+/* The count of non-ignored targets per chunk (counts [nchunks] int64),
+ * without the logits: N_global for the backward is the sum of these over
+ * every micro-batch and rank (an int64 SUM all-reduce, order-free). The
+ * targets are checked only against ignore_index and >= 0 here (no V). */
+BX_API bx_status bx_xent_count(const DLTensor *targets, int64_t chunk_tokens, DLTensor *counts,
+                               const bx_xent_opts *opts);
 
 /* ====================================================================== */
 

@@ -219,6 +219,14 @@ static const test_entry TESTS[] = {
     {"attention_threads_isa", test_attention_threads_isa},
     {"attention_special_values", test_attention_special_values},
     {"attention_bad_input", test_attention_bad_input},
+    /* embedding and cross-entropy (test_loss.c) */
+    {"loss_embedding", test_loss_embedding},
+    {"loss_embedding_tokred", test_loss_embedding_tokred},
+    {"loss_xent_vs_reference", test_loss_xent_vs_reference},
+    {"loss_xent_special_values", test_loss_xent_special_values},
+    {"loss_xent_invariance", test_loss_xent_invariance},
+    {"loss_xent_tokred", test_loss_xent_tokred},
+    {"loss_bad_input", test_loss_bad_input},
 };
 #define NTESTS (sizeof TESTS / sizeof TESTS[0])
 

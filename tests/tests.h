@@ -211,4 +211,13 @@ void test_attention_threads_isa(void);
 void test_attention_special_values(void);
 void test_attention_bad_input(void);
 
+/* test_loss.c: embedding and cross-entropy layers (bitexact_train.h) */
+void test_loss_embedding(void);
+void test_loss_embedding_tokred(void);
+void test_loss_xent_vs_reference(void);
+void test_loss_xent_special_values(void);
+void test_loss_xent_invariance(void);
+void test_loss_xent_tokred(void);
+void test_loss_bad_input(void);
+
 #endif /* BX_TEST_TESTS_H */

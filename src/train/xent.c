@@ -1,0 +1,443 @@
+/*
+ * xent.c — cross-entropy over the vocabulary (bitexact_train.h, "Layers:
+ * embedding, cross-entropy"): per-token losses, loss-sum and count chunk
+ * partials for bx_tokred, the gradient of the global token mean, and both
+ * in one pass. Each token's row is one fixed sequential pass per stage
+ * (max, exp and fp64 sum, normalisation), so a token's bits depend on its
+ * own row only; threads take whole tokens.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "abi.h"
+#include "bitexact_train.h"
+#include "call.h"
+#include "error.h"
+#include "math_det.h"
+#include "pool.h"
+#include "pow_det.h"
+
+/* ---- tensor checks (the same small checker as embedding.c) ------------ */
+
+enum { K_F32, K_INT, K_I64 }; /* fp32; int32 or int64; int64 only */
+
+typedef struct tv {
+  char *data;      /* first element */
+  int ndim;
+  int64_t dim[4];
+  int bits;        /* element bits */
+  size_t n;        /* elements */
+} tv;
+
+static int host_readable(DLDeviceType d) {
+  return d == kDLCPU || d == kDLCUDAHost || d == kDLCUDAManaged || d == kDLROCMHost;
+}
+
+static bx_status check_tv(const char *fn, size_t idx, const char *name, const DLTensor *t,
+                          int kind, int nd_lo, int nd_hi, tv *v) {
+  if (!t) return bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, idx, "%s: tensor %zu (%s) is NULL", fn,
+                            idx, name);
+  if (!host_readable(t->device.device_type))
+    return bx_fail_at(BX_EDEVICE, -1, BX_NO_INDEX, idx,
+                      "%s: tensor %zu (%s) is on device type %d, not host memory", fn, idx, name,
+                      (int)t->device.device_type);
+  DLDataType d = t->dtype;
+  int ok = d.lanes == 1 && (kind == K_F32   ? d.code == kDLFloat && d.bits == 32
+                            : kind == K_I64 ? d.code == kDLInt && d.bits == 64
+                                            : d.code == kDLInt && (d.bits == 32 || d.bits == 64));
+  if (!ok)
+    return bx_fail_at(BX_EDTYPE, -1, BX_NO_INDEX, idx,
+                      "%s: tensor %zu (%s) has dtype code %u bits %u lanes %u; want %s", fn, idx,
+                      name, (unsigned)d.code, (unsigned)d.bits, (unsigned)d.lanes,
+                      kind == K_F32 ? "float32" : kind == K_I64 ? "int64" : "int32 or int64");
+  if (t->ndim < nd_lo || t->ndim > nd_hi)
+    return bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, idx,
+                      "%s: tensor %zu (%s) has %d dimensions, want %d%s", fn, idx, name, t->ndim,
+                      nd_lo, nd_hi > nd_lo ? " or more (one more for [B, L, ...])" : "");
+  if (t->ndim > 0 && !t->shape)
+    return bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, idx, "%s: tensor %zu (%s) has no shape", fn,
+                      idx, name);
+  v->ndim = t->ndim;
+  v->bits = d.bits;
+  size_t n = 1;
+  for (int k = 0; k < t->ndim; k++) {
+    if (t->shape[k] < 0)
+      return bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, idx,
+                        "%s: tensor %zu (%s): shape[%d] = %lld is negative", fn, idx, name, k,
+                        (long long)t->shape[k]);
+    v->dim[k] = t->shape[k];
+    if (t->shape[k] && n > ((size_t)1 << 56) / (size_t)t->shape[k])
+      return bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, idx, "%s: tensor %zu (%s): too many elements",
+                        fn, idx, name);
+    n *= (size_t)t->shape[k];
+  }
+  if (t->strides) {
+    int64_t want = 1;
+    for (int k = t->ndim - 1; k >= 0; k--) {
+      if (t->shape[k] != 1 && t->strides[k] != want)
+        return bx_fail_at(BX_ELAYOUT, -1, BX_NO_INDEX, idx,
+                          "%s: tensor %zu (%s) is not row-major contiguous: strides[%d] = %lld, "
+                          "want %lld", fn, idx, name, k, (long long)t->strides[k],
+                          (long long)want);
+      want *= t->shape[k];
+    }
+  }
+  v->n = n;
+  if (n && !t->data)
+    return bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, idx, "%s: tensor %zu (%s): data is NULL", fn,
+                      idx, name);
+  v->data = (char *)t->data + t->byte_offset;
+  if (n && (uintptr_t)v->data % (size_t)(d.bits / 8))
+    return bx_fail_at(BX_ELAYOUT, -1, BX_NO_INDEX, idx,
+                      "%s: tensor %zu (%s): data + byte_offset is not aligned to %d bytes", fn,
+                      idx, name, d.bits / 8);
+  return BX_OK;
+}
+
+static int tv_overlap(const tv *a, const tv *b) {
+  if (!a->n || !b->n) return 0;
+  uintptr_t a0 = (uintptr_t)a->data, b0 = (uintptr_t)b->data;
+  return a0 < b0 + b->n * (size_t)(b->bits / 8) && b0 < a0 + a->n * (size_t)(a->bits / 8);
+}
+
+static int64_t target_at(const tv *y, size_t t) {
+  return y->bits == 32 ? (int64_t)((const int32_t *)(const void *)y->data)[t]
+                       : ((const int64_t *)(const void *)y->data)[t];
+}
+
+/* targets [T] or [B, L] and x [T, V] or [B, L, V]: the leading dimensions agree. */
+static bx_status check_token_major(const char *fn, size_t idx, const char *name, const tv *y,
+                                   const tv *x) {
+  int ok = x->ndim == y->ndim + 1;
+  for (int k = 0; ok && k < y->ndim; k++) ok = x->dim[k] == y->dim[k];
+  if (!ok)
+    return bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, idx,
+                      "%s: tensor %zu (%s) must be the targets' shape followed by the vocabulary",
+                      fn, idx, name);
+  return BX_OK;
+}
+
+static int threads_for(int num_threads, size_t tasks) {
+  int t = num_threads > 0 ? num_threads : bx_default_threads();
+  if (t > BX_MAX_THREADS) t = BX_MAX_THREADS;
+  if ((size_t)t > tasks) t = tasks ? (int)tasks : 1;
+  return t;
+}
+
+/* ---- one token ------------------------------------------------------ */
+
+#define EXP_BLOCK 256
+
+/* ln S for S >= 1 (finite): the high part of log2(S) * ln 2 in
+ * double-double (pow_det.h; relative error ~2^-78 before that rounding). */
+static double ln_sum(double S) {
+  const bx_pd_dd ln2 = {0x1.62e42fefa39efp-1, 0x1.abc9e3b39803fp-56};
+  return bx_pd_mul(bx_pd_log2(S), ln2).hi;
+}
+
+/* The token's loss (and, with g, e_v then the gradient row; g may be z).
+ * y < 0: ignored. c = f64(grad_scale / N). */
+static void xent_row(const float *z, float *g, size_t V, int64_t y, double c, float *loss) {
+  if (y < 0) {
+    if (loss) *loss = 0.0f;
+    if (g) memset(g, 0, V * sizeof *g);
+    return;
+  }
+  float m = -INFINITY;
+  int nan = 0;
+  for (size_t v = 0; v < V; v++) {
+    nan |= z[v] != z[v];
+    m = z[v] > m ? z[v] : m;
+  }
+  float zy = z[y];
+  if (nan || m == INFINITY || m == -INFINITY) {
+    float q = bx_f32_from_bits(BX_MD_QNAN);
+    if (loss) *loss = q;
+    if (g)
+      for (size_t v = 0; v < V; v++) g[v] = q;
+    return;
+  }
+  /* e_v = bx_expf_det(z[v] - m), the fast path of a block first (as
+   * math.c's bx_exp: the same bits), summed in fp64 in order */
+  double S = 0.0, fast[EXP_BLOCK];
+  for (size_t b = 0; b < V; b += EXP_BLOCK) {
+    size_t len = V - b < EXP_BLOCK ? V - b : EXP_BLOCK;
+    for (size_t i = 0; i < len; i++) {
+      float d = z[b + i] - m; /* <= 0 */
+      fast[i] = bx_md_exp_fast((double)(d >= -104.0f ? d : 0.0f));
+    }
+    for (size_t i = 0; i < len; i++) {
+      float d = z[b + i] - m;
+      float e = d >= -104.0f && !bx_md_hard(fast[i]) ? (float)fast[i] : bx_expf_det(d);
+      if (g) g[b + i] = e;
+      S += (double)e;
+    }
+  }
+  if (loss) *loss = (float)(((double)m - (double)zy) + ln_sum(S));
+  if (!g) return;
+  float ey = g[y];
+  for (size_t v = 0; v < V; v++) g[v] = (float)(((double)g[v] / S) * c);
+  g[y] = (float)(((double)ey / S - 1.0) * c);
+}
+
+typedef struct xent_job {
+  const float *z;
+  float *g;      /* NULL: forward only */
+  float *loss;
+  const tv *y;
+  int64_t ignore;
+  size_t T, V, per;
+  double c;
+} xent_job;
+
+static void xent_task(void *ctx, size_t task, int worker) {
+  (void)worker;
+  const xent_job *j = ctx;
+  size_t t0 = task * j->per, t1 = t0 + j->per < j->T ? t0 + j->per : j->T;
+  for (size_t t = t0; t < t1; t++) {
+    int64_t y = target_at(j->y, t);
+    xent_row(j->z + t * j->V, j->g ? j->g + t * j->V : NULL, j->V, y == j->ignore ? -1 : y, j->c,
+             j->loss ? &j->loss[t] : NULL);
+  }
+}
+
+/* ---- the calls ---------------------------------------------------------- */
+
+enum { DO_FWD = 1, DO_BWD = 2 };
+
+typedef struct xent_args {
+  const DLTensor *logits, *targets;
+  int64_t n_global, chunk_tokens;
+  DLTensor *losses, *partials, *counts, *dlogits;
+} xent_args;
+
+static bx_status opts_in(const char *fn, const bx_xent_opts *opts, bx_xent_opts *o) {
+  if (opts) {
+    bx_status st = bx_check_struct_size(fn, "opts->struct_size", opts->struct_size, sizeof *opts,
+                                        "bx_xent_opts", "BX_XENT_OPTS_DEFAULT");
+    if (st != BX_OK) return st;
+    *o = *opts;
+  } else {
+    bx_xent_opts d = BX_XENT_OPTS_DEFAULT;
+    *o = d;
+  }
+  return BX_OK;
+}
+
+/* [nchunks] 1-D output, or NULL. */
+static bx_status check_chunked(const char *fn, size_t idx, const char *name, const DLTensor *t,
+                               int kind, size_t nchunks, tv *v) {
+  bx_status st = check_tv(fn, idx, name, t, kind, 1, 1, v);
+  if (st == BX_OK && (size_t)v->dim[0] != nchunks)
+    st = bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, idx,
+                    "%s: tensor %zu (%s) has %lld entries; want nchunks = %zu", fn, idx, name,
+                    (long long)v->dim[0], nchunks);
+  return st;
+}
+
+static bx_status xent_impl(const char *fn, int what, const xent_args *a, const bx_xent_opts *o) {
+  if (o->num_threads < 0)
+    return bx_fail(BX_EINVAL, "%s: num_threads %d is negative", fn, o->num_threads);
+  if ((what & DO_FWD) && a->chunk_tokens < 1)
+    return bx_fail(BX_EINVAL, "%s: chunk_tokens %lld must be >= 1", fn,
+                   (long long)a->chunk_tokens);
+  if ((what & DO_BWD) && a->n_global < 1)
+    return bx_fail(BX_EINVAL, "%s: n_global %lld must be >= 1", fn, (long long)a->n_global);
+  if ((what & DO_BWD) && !(o->grad_scale - o->grad_scale == 0.0))
+    return bx_fail(BX_EINVAL, "%s: grad_scale %g is not finite", fn, o->grad_scale);
+  /* tensor numbers: logits 0, targets 1, then losses, loss_partials,
+   * counts (forward) and dlogits (backward) in the order of the call */
+  tv Z, Y, L = {0}, P = {0}, N = {0}, G = {0};
+  size_t iL = 2, iP = 3, iN = 4, iG = what == DO_BWD ? 2 : 5;
+  bx_status st = check_tv(fn, 0, "logits", a->logits, K_F32, 2, 3, &Z);
+  if (st == BX_OK) st = check_tv(fn, 1, "targets", a->targets, K_INT, 1, 2, &Y);
+  if (st == BX_OK) st = check_token_major(fn, 0, "logits", &Y, &Z);
+  if (st != BX_OK) return st;
+  size_t T = Y.n, V = (size_t)Z.dim[Z.ndim - 1];
+  size_t C = (what & DO_FWD) ? (size_t)a->chunk_tokens : 1;
+  size_t nchunks = T / C + (T % C != 0);
+  const tv *all[6];
+  const char *names[6];
+  size_t nall = 0;
+  all[nall] = &Z, names[nall++] = "logits";
+  all[nall] = &Y, names[nall++] = "targets";
+  if (what & DO_FWD) {
+    st = check_tv(fn, iL, "losses", a->losses, K_F32, 1, 2, &L);
+    if (st == BX_OK) {
+      int same = L.ndim == Y.ndim;
+      for (int k = 0; same && k < Y.ndim; k++) same = L.dim[k] == Y.dim[k];
+      if (!same)
+        st = bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, iL,
+                        "%s: tensor %zu (losses) must have the targets' shape", fn, iL);
+    }
+    if (st == BX_OK && a->partials)
+      st = check_chunked(fn, iP, "loss_partials", a->partials, K_F32, nchunks, &P);
+    if (st == BX_OK && a->counts)
+      st = check_chunked(fn, iN, "counts", a->counts, K_I64, nchunks, &N);
+    if (st != BX_OK) return st;
+    all[nall] = &L, names[nall++] = "losses";
+    all[nall] = &P, names[nall++] = "loss_partials"; /* empty when NULL */
+    all[nall] = &N, names[nall++] = "counts";
+  }
+  if (what & DO_BWD) {
+    st = check_tv(fn, iG, "dlogits", a->dlogits, K_F32, 2, 3, &G);
+    if (st == BX_OK) {
+      int same = G.ndim == Z.ndim;
+      for (int k = 0; same && k < Z.ndim; k++) same = G.dim[k] == Z.dim[k];
+      if (!same)
+        st = bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, iG,
+                        "%s: tensor %zu (dlogits) must have the logits' shape", fn, iG);
+    }
+    if (st != BX_OK) return st;
+    all[nall] = &G, names[nall++] = "dlogits";
+  }
+  /* overlaps: every output against everything, dlogits == logits allowed */
+  for (size_t i = 2; i < nall; i++)
+    for (size_t j = 0; j < nall; j++) {
+      if (j == i || !tv_overlap(all[i], all[j])) continue;
+      if (all[i] == &G && all[j] == &Z && G.data == Z.data) continue; /* in place */
+      if (all[j] == &G && all[i] == &Z && G.data == Z.data) continue;
+      size_t ii = all[i] == &G ? iG : i, jj = all[j] == &G ? iG : j;
+      return bx_fail_at(BX_ELAYOUT, -1, BX_NO_INDEX, ii,
+                        "%s: tensor %zu (%s) overlaps tensor %zu (%s)%s", fn, ii, names[i], jj,
+                        names[j], all[i] == &G && all[j] == &Z
+                                      ? " (only exactly in place is allowed)" : "");
+    }
+  int64_t local = 0;
+  for (size_t t = 0; t < T; t++) {
+    int64_t y = target_at(&Y, t);
+    if (y == o->ignore_index) continue;
+    if (y < 0 || (uint64_t)y >= V)
+      return bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, 1,
+                        "%s: tensor 1 (targets): token %zu has target %lld, outside [0, %zu) and "
+                        "not ignore_index %lld; nothing written", fn, t, (long long)y, V,
+                        (long long)o->ignore_index);
+    local++;
+  }
+  if ((what & DO_BWD) && local > a->n_global)
+    return bx_fail(BX_EINVAL, "%s: n_global %lld is below this call's own %lld non-ignored tokens",
+                   fn, (long long)a->n_global, (long long)local);
+  xent_job j = {(const float *)(const void *)Z.data,
+                (what & DO_BWD) ? (float *)(void *)G.data : NULL,
+                (what & DO_FWD) ? (float *)(void *)L.data : NULL,
+                &Y, o->ignore_index, T, V, 0,
+                (what & DO_BWD) ? o->grad_scale / (double)a->n_global : 0.0};
+  if (T && V) {
+    j.per = V >= 16384 ? 1 : 16384 / V;
+    size_t tasks = (T + j.per - 1) / j.per;
+    bx_parallel_run(threads_for(o->num_threads, tasks), tasks, xent_task, &j);
+  } else if ((what & DO_FWD) && T) {
+    for (size_t t = 0; t < T; t++) j.loss[t] = 0.0f; /* V = 0: every token is ignored */
+  }
+  if (what & DO_FWD) {
+    float *part = a->partials ? (float *)(void *)P.data : NULL;
+    int64_t *cnt = a->counts ? (int64_t *)(void *)N.data : NULL;
+    for (size_t c = 0; c < nchunks; c++) {
+      size_t t0 = c * C, t1 = t0 + C < T ? t0 + C : T;
+      float acc = 0.0f;
+      int64_t n = 0;
+      for (size_t t = t0; t < t1; t++)
+        if (target_at(&Y, t) != o->ignore_index) {
+          acc = acc + j.loss[t];
+          n++;
+        }
+      if (part) part[c] = acc;
+      if (cnt) cnt[c] = n;
+    }
+  }
+  return BX_OK;
+}
+
+bx_status bx_xent_forward(const DLTensor *logits, const DLTensor *targets, int64_t chunk_tokens,
+                          DLTensor *losses, DLTensor *loss_partials, DLTensor *counts,
+                          const bx_xent_opts *opts) {
+  static const char *fn = "bx_xent_forward";
+  bx_xent_opts o;
+  bx_status st = opts_in(fn, opts, &o);
+  if (st != BX_OK) return st;
+  bx_call c;
+  st = bx_call_enter(&c, fn);
+  if (st != BX_OK) return st;
+  xent_args a = {logits, targets, 0, chunk_tokens, losses, loss_partials, counts, NULL};
+  st = xent_impl(fn, DO_FWD, &a, &o);
+  bx_call_leave(&c);
+  return st;
+}
+
+bx_status bx_xent_backward(const DLTensor *logits, const DLTensor *targets, int64_t n_global,
+                           DLTensor *dlogits, const bx_xent_opts *opts) {
+  static const char *fn = "bx_xent_backward";
+  bx_xent_opts o;
+  bx_status st = opts_in(fn, opts, &o);
+  if (st != BX_OK) return st;
+  bx_call c;
+  st = bx_call_enter(&c, fn);
+  if (st != BX_OK) return st;
+  xent_args a = {logits, targets, n_global, 0, NULL, NULL, NULL, dlogits};
+  st = xent_impl(fn, DO_BWD, &a, &o);
+  bx_call_leave(&c);
+  return st;
+}
+
+bx_status bx_xent_forward_backward(const DLTensor *logits, const DLTensor *targets,
+                                   int64_t n_global, int64_t chunk_tokens, DLTensor *losses,
+                                   DLTensor *loss_partials, DLTensor *counts, DLTensor *dlogits,
+                                   const bx_xent_opts *opts) {
+  static const char *fn = "bx_xent_forward_backward";
+  bx_xent_opts o;
+  bx_status st = opts_in(fn, opts, &o);
+  if (st != BX_OK) return st;
+  bx_call c;
+  st = bx_call_enter(&c, fn);
+  if (st != BX_OK) return st;
+  xent_args a = {logits, targets, n_global, chunk_tokens, losses, loss_partials, counts, dlogits};
+  st = xent_impl(fn, DO_FWD | DO_BWD, &a, &o);
+  bx_call_leave(&c);
+  return st;
+}
+
+static bx_status count_impl(const char *fn, const DLTensor *targets, int64_t chunk_tokens,
+                            DLTensor *counts, const bx_xent_opts *o) {
+  if (chunk_tokens < 1)
+    return bx_fail(BX_EINVAL, "%s: chunk_tokens %lld must be >= 1", fn, (long long)chunk_tokens);
+  tv Y, N;
+  bx_status st = check_tv(fn, 0, "targets", targets, K_INT, 1, 2, &Y);
+  if (st != BX_OK) return st;
+  size_t T = Y.n, C = (size_t)chunk_tokens, nchunks = T / C + (T % C != 0);
+  st = check_chunked(fn, 1, "counts", counts, K_I64, nchunks, &N);
+  if (st == BX_OK && tv_overlap(&Y, &N))
+    st = bx_fail_at(BX_ELAYOUT, -1, BX_NO_INDEX, 1, "%s: tensor 1 (counts) overlaps tensor 0 "
+                    "(targets)", fn);
+  if (st != BX_OK) return st;
+  for (size_t t = 0; t < T; t++) {
+    int64_t y = target_at(&Y, t);
+    if (y != o->ignore_index && y < 0)
+      return bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, 0,
+                        "%s: tensor 0 (targets): token %zu has target %lld, negative and not "
+                        "ignore_index %lld; nothing written", fn, t, (long long)y,
+                        (long long)o->ignore_index);
+  }
+  int64_t *cnt = (int64_t *)(void *)N.data;
+  for (size_t c = 0; c < nchunks; c++) {
+    size_t t0 = c * C, t1 = t0 + C < T ? t0 + C : T;
+    int64_t n = 0;
+    for (size_t t = t0; t < t1; t++) n += target_at(&Y, t) != o->ignore_index;
+    cnt[c] = n;
+  }
+  return BX_OK;
+}
+
+bx_status bx_xent_count(const DLTensor *targets, int64_t chunk_tokens, DLTensor *counts,
+                        const bx_xent_opts *opts) {
+  static const char *fn = "bx_xent_count";
+  bx_xent_opts o;
+  bx_status st = opts_in(fn, opts, &o);
+  if (st != BX_OK) return st;
+  bx_call c;
+  st = bx_call_enter(&c, fn);
+  if (st != BX_OK) return st;
+  st = count_impl(fn, targets, chunk_tokens, counts, &o);
+  bx_call_leave(&c);
+  return st;
+}
