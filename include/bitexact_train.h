@@ -624,7 +624,8 @@ BX_API bx_status bx_moe_unpermute_backward(const DLTensor *dout, const DLTensor 
 
 /* ====================================================================== */
 
-/* =============================================================== * Layers: RMSNorm, RoPE, SwiGLU (section owner: norms)
+/* ======================================================================
+ * Layers: RMSNorm, RoPE, SwiGLU (section owner: norms)
  * ==================================================================== */
 
 /* Forward and backward kernels of three layers of the GLM-4.5 MoE model as
@@ -919,7 +920,6 @@ BX_API bx_status bx_attention_backward(const DLTensor *dout, const DLTensor *q, 
                                        int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                                        DLTensor *dq, DLTensor *dk, DLTensor *dv,
                                        const bx_attention_opts *opts);
-=======
 
 /* ====================================================================== */
 
