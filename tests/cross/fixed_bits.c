@@ -6,13 +6,15 @@
  *   fixed_bits > out.txt        (exit status non-zero if a call failed or
  *                                a result changed with the thread count)
  *
- * Public API only (bitexact.h). The data come from a counter-based
- * generator of its own (splitmix64 of (seed, tensor, index)) that builds
- * each element from integer bit fields — no rand(), no libm, no
- * floating-point arithmetic — so the data are the same bits on every
- * platform: fp64/fp32/bf16/fp16 with signed zeros, subnormals, values near
- * the top of each format and gradient-like values. The output holds no
- * addresses, times or ISA names: two correct builds print the same bytes.
+ * Public API only (bitexact.h, bitexact_train.h; the layer kernels' part
+ * is in fixed_bits_moe.h and fixed_bits_layers.h, included below). The
+ * data come from a counter-based generator of its own (splitmix64 of
+ * (seed, tensor, index)) that builds each element from integer bit fields
+ * — no rand(), no libm, no floating-point arithmetic — so the data are
+ * the same bits on every platform: fp64/fp32/bf16/fp16 with signed zeros,
+ * subnormals, values near the top of each format and gradient-like
+ * values. The output holds no addresses, times or ISA names: two correct
+ * builds print the same bytes.
  * Options are always made with the BX_*_OPTS_DEFAULT macros and then set
  * field by field, so new option fields do not break this file.
  */
@@ -584,6 +586,11 @@ static void fb_train(void) {
   bx_tokred_destroy(s);
 }
 
+/* the layer kernels (bitexact_train.h's MoE and layer sections): their
+ * own files, to keep this one short */
+#include "fixed_bits_moe.h"
+#include "fixed_bits_layers.h"
+
 int main(void) {
   for (int i = 0; i < NT; i++)
     if (!fb_make(&T[i], 0xb17e5ac7ull + (uint64_t)i * 0x100000001b3ull, strcmp(T[i].name, "f64.huge") == 0)) {
@@ -603,6 +610,7 @@ int main(void) {
   fb_scale();
   fb_accs();
   fb_train();
+  fb_layers();
   for (int i = 0; i < NT; i++) {
     free(T[i].buf);
     free(T[i].orig);
