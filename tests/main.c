@@ -190,6 +190,15 @@ static const test_entry TESTS[] = {
     {"tokred_layout_refused", test_tokred_layout_refused},
     {"tokred_ranks_errors", test_tokred_ranks_errors},
     {"tokred_bad_arguments", test_tokred_bad_arguments},
+    /* the weight gradient: TN GEMM (test_gemm.c), partials, bounds, the
+     * fused call and the grid kernels (test_wgrad.c) */
+    {"gemm_tn_chunk_views", test_gemm_tn_chunk_views},
+    {"gemm_tn_bad_input", test_gemm_tn_bad_input},
+    {"wgrad_bias_partials", test_wgrad_bias_partials},
+    {"wgrad_bound", test_wgrad_bound},
+    {"wgrad_linear", test_wgrad_linear},
+    {"wgrad_bad_input", test_wgrad_bad_input},
+    {"wgrad_grid_kernels", test_wgrad_grid_kernels},
 };
 #define NTESTS (sizeof TESTS / sizeof TESTS[0])
 

@@ -180,5 +180,14 @@ void test_tokred_ordinary_drifts(void);
 void test_tokred_layout_refused(void);
 void test_tokred_ranks_errors(void);
 void test_tokred_bad_arguments(void);
+/* the weight gradient (section gemm, helper wgrad): TN in test_gemm.c, the
+ * rest in test_wgrad.c */
+void test_gemm_tn_chunk_views(void);
+void test_gemm_tn_bad_input(void);
+void test_wgrad_bias_partials(void);
+void test_wgrad_bound(void);
+void test_wgrad_linear(void);
+void test_wgrad_bad_input(void);
+void test_wgrad_grid_kernels(void);
 
 #endif /* BX_TEST_TESTS_H */

@@ -116,6 +116,34 @@ extern const bx_gemm_kernel bx_gemm_avx512;
 /* The GEMM micro-kernel matching bx_kernels_active(). */
 const bx_gemm_kernel *bx_gemm_kernel_active(void);
 
+/* Token reduction's rounding onto the grid (bitexact_train.h's
+ * bx_tokred_add; the rule is src/common/tokred_grid.h's bx_tokred_q):
+ * for i in [0, n): if a[i] is finite (|bits| < 0x7f800000),
+ *   w[i] += bits((double)a[i] * inv_step + 1.5*2^52) - bits(1.5*2^52)
+ * (the product exact, the sum one rounding to nearest even: for |a[i] *
+ * inv_step| <= 2^51 that is round_nearest_even(a[i] * inv_step)); a
+ * non-finite a[i] adds 0 and counts. *nonfinite = the count; returns the
+ * largest |bits| (sign cleared) of the finite a[i], 0 if none. The same
+ * formula for every input, in range or not, so every table gives
+ * identical words and the caller can undo an add exactly with the scalar
+ * rule. n <= BX_CHUNK not required. */
+typedef uint32_t (*bx_tokred_grid_fn)(int64_t *w, const float *a, size_t n, double inv_step,
+                                      int64_t *nonfinite);
+
+typedef struct bx_tokred_kernels {
+  const char *name;
+  bx_tokred_grid_fn grid_add;
+} bx_tokred_kernels;
+
+extern const bx_tokred_kernels bx_tokred_portable;
+#ifdef BX_HAVE_X86
+extern const bx_tokred_kernels bx_tokred_avx2;
+extern const bx_tokred_kernels bx_tokred_avx512;
+#endif
+
+/* The token-reduction table matching bx_kernels_active(). */
+const bx_tokred_kernels *bx_tokred_kernels_active(void);
+
 /* The kernel table chosen for this CPU at first use (or the one named by
  * the environment variable BX_ISA, if the CPU has it): the fastest the
  * CPU runs, by dispatch.c's CPU table, else the widest. Thread-safe. */

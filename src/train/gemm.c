@@ -26,21 +26,11 @@
 
 /* ---- checks -------------------------------------------------------------- */
 
-typedef struct gemm_operand {
-  const void *data; /* first element */
-  bx_dtype dt;
-  int ndim;
-  size_t dim[3];
-  size_t bytes;
-} gemm_operand;
-
 static int host_readable(DLDeviceType dev) {
   return dev == kDLCPU || dev == kDLCUDAHost || dev == kDLCUDAManaged || dev == kDLROCMHost;
 }
 
-/* One tensor: present, host, 2-D (or 3-D where allowed), dtype, row-major
- * contiguous, aligned. name: "a", "b" or "c". */
-static bx_status check_operand(const char *fn, const char *name, const DLTensor *t, int max_ndim,
+bx_status bx_gemm_check_operand(const char *fn, const char *name, const DLTensor *t, int max_ndim,
                                int c_dtype, gemm_operand *o) {
   if (!t) return bx_fail(BX_EINVAL, "%s: tensor %s is NULL", fn, name);
   if (!host_readable(t->device.device_type))
@@ -85,7 +75,7 @@ static bx_status check_operand(const char *fn, const char *name, const DLTensor 
   return BX_OK;
 }
 
-static int overlaps(const gemm_operand *x, const gemm_operand *y) {
+int bx_gemm_overlaps(const gemm_operand *x, const gemm_operand *y) {
   if (!x->bytes || !y->bytes) return 0;
   uintptr_t x0 = (uintptr_t)x->data, y0 = (uintptr_t)y->data;
   return x0 < y0 + y->bytes && y0 < x0 + x->bytes;
@@ -126,6 +116,33 @@ static void pack_a_bf16(const uint16_t *a, size_t lda, size_t mb, size_t kb, siz
         for (size_t k = 0; k < kb; k++) ap[k * mr + ii] = 0.0f;
       }
     }
+}
+
+/* TN: A is stored [K,M] (dY, token-major): element (i, k) of the product's
+ * A is a[k*lda + i], so each k step of a sliver is mr contiguous values. */
+static void pack_a_tn_f32(const float *a, size_t lda, size_t mb, size_t kb, size_t mr, float *ap) {
+  for (size_t r = 0; r < mb; r += mr, ap += kb * mr) {
+    size_t h = mb - r < mr ? mb - r : mr;
+    for (size_t k = 0; k < kb; k++) {
+      const float *src = a + k * lda + r;
+      float *dst = ap + k * mr;
+      for (size_t ii = 0; ii < h; ii++) dst[ii] = src[ii];
+      for (size_t ii = h; ii < mr; ii++) dst[ii] = 0.0f;
+    }
+  }
+}
+
+static void pack_a_tn_bf16(const uint16_t *a, size_t lda, size_t mb, size_t kb, size_t mr,
+                           float *ap) {
+  for (size_t r = 0; r < mb; r += mr, ap += kb * mr) {
+    size_t h = mb - r < mr ? mb - r : mr;
+    for (size_t k = 0; k < kb; k++) {
+      const uint16_t *src = a + k * lda + r;
+      float *dst = ap + k * mr;
+      for (size_t ii = 0; ii < h; ii++) dst[ii] = bf16_to_f32(src[ii]);
+      for (size_t ii = h; ii < mr; ii++) dst[ii] = 0.0f;
+    }
+  }
 }
 
 /* NT: B is [N,K]; columns j of C are rows of B: b[j*ldb + k]. */
@@ -194,9 +211,18 @@ typedef struct gemm_job {
   const bx_gemm_kernel *kern;
   char *scratch;       /* per worker: packed A block, then packed B panel */
   size_t scratch_each; /* bytes per worker, a multiple of 64 */
+  bx_gemm_epilogue_fn epi; /* NULL, or called on each finished block of C */
+  void *epi_ctx;
 } gemm_job;
 
 static void pack_a(const gemm_job *j, size_t i0, size_t p0, size_t mb, size_t kb, float *ap) {
+  if (j->layout == BX_GEMM_TN) { /* a is [K rows, M cols] in the product's terms */
+    if (j->adt == BX_DT_BF16)
+      pack_a_tn_bf16((const uint16_t *)j->a + p0 * j->m + i0, j->m, mb, kb, j->kern->mr, ap);
+    else
+      pack_a_tn_f32((const float *)j->a + p0 * j->m + i0, j->m, mb, kb, j->kern->mr, ap);
+    return;
+  }
   if (j->adt == BX_DT_BF16)
     pack_a_bf16((const uint16_t *)j->a + i0 * j->k + p0, j->k, mb, kb, j->kern->mr, ap);
   else
@@ -260,29 +286,55 @@ static void gemm_task(void *ctx, size_t task, int worker) {
                    j->c + (i0 + r) * j->n + j0 + s, j->n, h, w, load_c);
         }
       }
+      if (j->epi && p0 + kb == j->k) /* the block is final, and still in cache */
+        j->epi(j->epi_ctx, worker, j->c + i0 * j->n + j0, j->n, i0, j0, mb, nb);
     }
   }
 }
 
 static size_t round_up(size_t x, size_t q) { return (x + q - 1) / q * q; }
 
+static bx_status gemm_run(const char *fn, const gemm_operand *A, const gemm_operand *B,
+                          bx_gemm_layout layout, const gemm_operand *C, size_t m, size_t n,
+                          size_t k, const bx_gemm_opts *opts, const bx_gemm_blocking *blk,
+                          bx_gemm_epilogue_fn epi, void *epi_ctx);
+
 static bx_status gemm_impl(const char *fn, const DLTensor *a, const DLTensor *b,
                            bx_gemm_layout layout, DLTensor *c, const bx_gemm_opts *opts,
-                           const bx_gemm_blocking *blk) {
+                           const bx_gemm_blocking *blk, bx_gemm_epilogue_fn epi, void *epi_ctx) {
   bx_gemm_opts o = BX_GEMM_OPTS_DEFAULT;
   if (opts) o = *opts;
   if (o.num_threads < 0)
     return bx_fail(BX_EINVAL, "%s: num_threads %d is negative", fn, o.num_threads);
-  if (layout != BX_GEMM_NT && layout != BX_GEMM_NN)
-    return bx_fail(BX_EINVAL, "%s: unknown layout %d (BX_GEMM_NT or BX_GEMM_NN)", fn, (int)layout);
+  if (layout != BX_GEMM_NT && layout != BX_GEMM_NN && layout != BX_GEMM_TN)
+    return bx_fail(BX_EINVAL, "%s: unknown layout %d (BX_GEMM_NT, BX_GEMM_NN or BX_GEMM_TN)", fn,
+                   (int)layout);
   gemm_operand A, B, C;
-  bx_status st = check_operand(fn, "a", a, 3, 0, &A);
-  if (st == BX_OK) st = check_operand(fn, "b", b, 2, 0, &B);
-  if (st == BX_OK) st = check_operand(fn, "c", c, 3, 1, &C);
+  int tn = layout == BX_GEMM_TN;
+  bx_status st = bx_gemm_check_operand(fn, "a", a, 3, 0, &A);
+  if (st == BX_OK) st = bx_gemm_check_operand(fn, "b", b, tn ? 3 : 2, 0, &B);
+  if (st == BX_OK) st = bx_gemm_check_operand(fn, "c", c, tn ? 2 : 3, 1, &C);
   if (st != BX_OK) return st;
-  size_t m = A.ndim == 3 ? A.dim[0] * A.dim[1] : A.dim[0], k = A.dim[A.ndim - 1];
+  size_t m, n, k;
+  if (tn) { /* a = dY [T, N], b = X [T, K] (or 3-D, read as [T, .]); c [N, K] */
+    size_t ta = A.ndim == 3 ? A.dim[0] * A.dim[1] : A.dim[0];
+    size_t tb = B.ndim == 3 ? B.dim[0] * B.dim[1] : B.dim[0];
+    m = A.dim[A.ndim - 1];
+    n = B.dim[B.ndim - 1];
+    k = ta;
+    if (tb != ta)
+      return bx_fail(BX_EINVAL, "%s: TN: a has %zu rows (tokens) but b has %zu", fn, ta, tb);
+    if (C.dim[0] != m || C.dim[1] != n)
+      return bx_fail(BX_EINVAL, "%s: TN: c's shape [%zu, %zu] is not [N = %zu columns of a, "
+                     "K = %zu columns of b]", fn, C.dim[0], C.dim[1], m, n);
+    if (bx_gemm_overlaps(&C, &A)) return bx_fail(BX_ELAYOUT, "%s: c overlaps a", fn);
+    if (bx_gemm_overlaps(&C, &B)) return bx_fail(BX_ELAYOUT, "%s: c overlaps b", fn);
+    return gemm_run(fn, &A, &B, layout, &C, m, n, k, &o, blk, epi, epi_ctx);
+  }
+  m = A.ndim == 3 ? A.dim[0] * A.dim[1] : A.dim[0];
+  k = A.dim[A.ndim - 1];
   size_t bk = layout == BX_GEMM_NT ? B.dim[1] : B.dim[0];
-  size_t n = layout == BX_GEMM_NT ? B.dim[0] : B.dim[1];
+  n = layout == BX_GEMM_NT ? B.dim[0] : B.dim[1];
   if (bk != k)
     return bx_fail(BX_EINVAL, "%s: a is [..., %zu] but b (%s) is [%zu, %zu]: K differs", fn, k,
                    layout == BX_GEMM_NT ? "NT, [N,K]" : "NN, [K,N]", B.dim[0], B.dim[1]);
@@ -291,12 +343,22 @@ static bx_status gemm_impl(const char *fn, const DLTensor *a, const DLTensor *b,
   if ((A.ndim == 3 && (C.dim[0] != A.dim[0] || C.dim[1] != A.dim[1])) ||
       (A.ndim == 2 && C.dim[0] != A.dim[0]) || C.dim[C.ndim - 1] != n)
     return bx_fail(BX_EINVAL, "%s: c's shape does not match [M = %zu rows of a, N = %zu]", fn, m, n);
-  if (overlaps(&C, &A)) return bx_fail(BX_ELAYOUT, "%s: c overlaps a", fn);
-  if (overlaps(&C, &B)) return bx_fail(BX_ELAYOUT, "%s: c overlaps b", fn);
-  float *cd = (float *)C.data;
+  if (bx_gemm_overlaps(&C, &A)) return bx_fail(BX_ELAYOUT, "%s: c overlaps a", fn);
+  if (bx_gemm_overlaps(&C, &B)) return bx_fail(BX_ELAYOUT, "%s: c overlaps b", fn);
+  return gemm_run(fn, &A, &B, layout, &C, m, n, k, &o, blk, epi, epi_ctx);
+}
+
+/* The product of checked operands: m x n outputs, chains of length k. */
+static bx_status gemm_run(const char *fn, const gemm_operand *A, const gemm_operand *B,
+                          bx_gemm_layout layout, const gemm_operand *C, size_t m, size_t n,
+                          size_t k, const bx_gemm_opts *opts, const bx_gemm_blocking *blk,
+                          bx_gemm_epilogue_fn epi, void *epi_ctx) {
+  bx_gemm_opts o = *opts;
+  float *cd = (float *)C->data;
   if (m == 0 || n == 0) return BX_OK;
   if (k == 0) {
     if (!o.accumulate) memset(cd, 0, m * n * sizeof(float));
+    if (epi) epi(epi_ctx, 0, cd, n, 0, 0, m, n);
     return BX_OK;
   }
 
@@ -331,15 +393,20 @@ static bx_status gemm_impl(const char *fn, const DLTensor *a, const DLTensor *b,
   char *ws = bx_workspace(each * (size_t)nthreads + 64);
   if (!ws) return bx_fail(BX_ENOMEM, "%s: cannot allocate %zu bytes of packing scratch", fn,
                           each * (size_t)nthreads + 64);
-  gemm_job j = {A.data, B.data, A.dt, B.dt, layout, cd, m, n, k, mc, kc, nc, nblocks, mtask,
-                o.accumulate != 0, kern, ws + (64 - (uintptr_t)ws % 64) % 64, each};
+  gemm_job j = {A->data, B->data, A->dt, B->dt, layout, cd, m, n, k, mc, kc, nc, nblocks, mtask,
+                o.accumulate != 0, kern, ws + (64 - (uintptr_t)ws % 64) % 64, each, epi, epi_ctx};
   bx_parallel_run(nthreads, ntasks, gemm_task, &j);
   return BX_OK;
 }
 
 bx_status bx_gemm_blocked(const DLTensor *a, const DLTensor *b, bx_gemm_layout layout,
                           DLTensor *c, const bx_gemm_opts *opts, const bx_gemm_blocking *blk) {
-  static const char *fn = "bx_gemm";
+  return bx_gemm_fused("bx_gemm", a, b, layout, c, opts, blk, NULL, NULL);
+}
+
+bx_status bx_gemm_fused(const char *fn, const DLTensor *a, const DLTensor *b,
+                        bx_gemm_layout layout, DLTensor *c, const bx_gemm_opts *opts,
+                        const bx_gemm_blocking *blk, bx_gemm_epilogue_fn epi, void *epi_ctx) {
   if (opts) { /* before anything else */
     bx_status st = bx_check_struct_size(fn, "opts->struct_size", opts->struct_size, sizeof *opts,
                                         "bx_gemm_opts", "BX_GEMM_OPTS_DEFAULT");
@@ -348,7 +415,7 @@ bx_status bx_gemm_blocked(const DLTensor *a, const DLTensor *b, bx_gemm_layout l
   bx_call call;
   bx_status st = bx_call_enter(&call, fn);
   if (st != BX_OK) return st;
-  st = gemm_impl(fn, a, b, layout, c, opts, blk);
+  st = gemm_impl(fn, a, b, layout, c, opts, blk, epi, epi_ctx);
   bx_call_leave(&call);
   return st;
 }
