@@ -194,6 +194,7 @@ static const test_entry TESTS[] = {
      * fused call and the grid kernels (test_wgrad.c) */
     {"gemm_tn_chunk_views", test_gemm_tn_chunk_views},
     {"gemm_tn_bad_input", test_gemm_tn_bad_input},
+    {"gemm_tn_segments", test_gemm_tn_segments},
     {"wgrad_bias_partials", test_wgrad_bias_partials},
     {"wgrad_bound", test_wgrad_bound},
     {"wgrad_linear", test_wgrad_linear},

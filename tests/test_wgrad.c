@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "bitexact_train.h"
+#include "gemm_internal.h"
 #include "harness.h"
 #include "kernels.h"
 #include "tests.h"
@@ -102,6 +103,70 @@ static DLTensor f32_tensor(void *data, int ndim, int64_t *shape) {
   t.dtype.lanes = 1;
   t.shape = shape;
   return t;
+}
+
+/* ---- the chunked TN product (the engine of bx_linear_wgrad) ---------------- */
+
+/* The chunked product (gemm_internal.h, blocking.chunk) with an epilogue:
+ * every chunk's blocks equal bx_gemm TN over that chunk's rows alone. */
+typedef struct seg_ctx {
+  size_t n, k, chunk, nchunks;
+  float *got; /* [nchunks][n][k] */
+  int calls;
+} seg_ctx;
+
+static void seg_epi(void *ctx, int worker, float *c, size_t ldc, size_t k0, size_t row0,
+                    size_t col0, size_t rows, size_t cols) {
+  (void)worker;
+  seg_ctx *s = ctx;
+  float *dst = s->got + (k0 / s->chunk) * s->n * s->k;
+  for (size_t i = 0; i < rows; i++) memcpy(dst + (row0 + i) * s->k + col0, c + i * ldc, cols * 4);
+}
+
+void test_gemm_tn_segments(void) {
+  bxt_rng r;
+  bxt_rng_init(&r);
+  size_t t = 610, n = 53, k = 71;
+  static const bx_gemm_blocking blks[] = {{0, 0, 0, 100}, {0, 0, 32, 256}, {13, 7, 33, 64}, {24, 300, 64, 300}, {0, 0, 0, 1}};
+  mx a, b;
+  mx_make(&a, 1, t, n);
+  mx_make(&b, 0, t, k);
+  mx_fill(&r, &a, 0);
+  mx_fill(&r, &b, 0);
+  for (int isa = 0; isa < bxt_isa_count(); isa++) {
+    if (!bxt_force(isa)) continue;
+    for (size_t q = 0; q < sizeof blks / sizeof blks[0]; q++) {
+      size_t ch = blks[q].chunk, nch = (t + ch - 1) / ch;
+      seg_ctx s = {n, k, ch, nch, calloc(nch * n * k, 4), 0};
+      mx c, v;
+      mx_make(&c, 0, n, k);
+      mx_make(&v, 0, n, k);
+      bx_gemm_opts o = BX_GEMM_OPTS_DEFAULT;
+      o.num_threads = 1 + (int)(q % 3);
+      CHECK_STATUS(bx_gemm_fused("bx_gemm", &a.t, &b.t, BX_GEMM_TN, &c.t, &o, &blks[q], seg_epi, &s),
+                   BX_OK, "segments");
+      for (size_t j = 0; j < nch; j++) {
+        size_t r0 = j * ch, r1 = r0 + ch < t ? r0 + ch : t;
+        int64_t sa[2] = {(int64_t)(r1 - r0), (int64_t)n}, sb[2] = {(int64_t)(r1 - r0), (int64_t)k};
+        DLTensor va = a.t, vb = b.t;
+        va.shape = sa;
+        va.byte_offset = r0 * n * 2;
+        vb.shape = sb;
+        vb.byte_offset = r0 * k * 4;
+        CHECK_STATUS(bx_gemm(&va, &vb, BX_GEMM_TN, &v.t, NULL), BX_OK, "view");
+        if (!CHECK(memcmp(v.data, s.got + j * n * k, n * k * 4) == 0,
+                   "isa %s blocking %zu/%zu/%zu chunk %zu: segment %zu differs from TN on its rows",
+                   bxt_isa(isa), blks[q].mc, blks[q].kc, blks[q].nc, ch, j))
+          break;
+      }
+      free(s.got);
+      mx_free(&c);
+      mx_free(&v);
+    }
+  }
+  bxt_force(-1);
+  mx_free(&a);
+  mx_free(&b);
 }
 
 /* ---- bias partials ---------------------------------------------------------------- */

@@ -4,7 +4,8 @@
  * earlier chunks exactly) and the token reduction's grid kernels of every
  * ISA against the scalar rule of tokred_grid.h (random bits, exact halves
  * -> even, subnormals, the bound edge, NaN/Inf, every tail length, values
- * outside the grid's range), and through bx_tokred_add under every ISA.
+ * outside the grid's range), the maximum kernels likewise, and through
+ * bx_tokred_add under every ISA.
  */
 #include <math.h>
 #include <stdio.h>
@@ -179,7 +180,7 @@ static uint32_t ref_grid_add(int64_t *w, const float *a, size_t n, double inv, i
       continue;
     }
     mx = ab > mx ? ab : mx;
-    w[i] += bx_tokred_q(a[i], inv);
+    w[i] = (int64_t)((uint64_t)w[i] + (uint64_t)bx_tokred_q(a[i], inv)); /* modulo 2^64 */
   }
   return mx;
 }
@@ -234,6 +235,8 @@ void test_wgrad_grid_kernels(void) {
       memcpy(wk, w0, n * sizeof *w0);
       nfk = -1;
       uint32_t mk = bx_tokred_kernels_active()->grid_add(wk, a, n, inv, &nfk);
+      uint32_t mm = bx_tokred_kernels_active()->max_abs(a, n);
+      CHECK(mm == mref, "rep %d n %zu isa %s: max_abs %#x, want %#x", rep, n, bxt_isa(isa), mm, mref);
       if (!CHECK(mk == mref && nfk == nfr && memcmp(wk, wref, n * sizeof *wk) == 0,
                  "rep %d kind %d n %zu isa %s (table %s): max %#x vs %#x, non-finite %lld vs %lld, "
                  "words %s", rep, kind, n, bxt_isa(isa), bx_tokred_kernels_active()->name, mk, mref,

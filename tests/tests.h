@@ -184,6 +184,7 @@ void test_tokred_bad_arguments(void);
  * rest in test_wgrad.c */
 void test_gemm_tn_chunk_views(void);
 void test_gemm_tn_bad_input(void);
+void test_gemm_tn_segments(void);
 void test_wgrad_bias_partials(void);
 void test_wgrad_bound(void);
 void test_wgrad_linear(void);

@@ -126,13 +126,20 @@ const bx_gemm_kernel *bx_gemm_kernel_active(void);
  * largest |bits| (sign cleared) of the finite a[i], 0 if none. The same
  * formula for every input, in range or not, so every table gives
  * identical words and the caller can undo an add exactly with the scalar
- * rule. n <= BX_CHUNK not required. */
+ * rule. Words are added modulo 2^64 (in range no sum wraps: the grid
+ * keeps |sum| <= 2^62). n <= BX_CHUNK not required. */
 typedef uint32_t (*bx_tokred_grid_fn)(int64_t *w, const float *a, size_t n, double inv_step,
                                       int64_t *nonfinite);
+
+/* The largest |bits| (sign cleared) of the finite a[i], i < n; 0 if none
+ * (the exponent bound of bx_tokred_bound, the maxima of
+ * bx_linear_wgrad_bound). An integer maximum: every table agrees. */
+typedef uint32_t (*bx_tokred_maxabs_fn)(const float *a, size_t n);
 
 typedef struct bx_tokred_kernels {
   const char *name;
   bx_tokred_grid_fn grid_add;
+  bx_tokred_maxabs_fn max_abs;
 } bx_tokred_kernels;
 
 extern const bx_tokred_kernels bx_tokred_portable;

@@ -57,10 +57,34 @@ static uint32_t avx2_grid_add(int64_t *w, const float *a, size_t n, double inv_s
     double r = (double)a[i] * inv_step + magic_d;
     int64_t rb;
     memcpy(&rb, &r, sizeof rb);
-    w[i] += rb - mb;
+    w[i] = (int64_t)((uint64_t)w[i] + ((uint64_t)rb - (uint64_t)mb)); /* modulo 2^64 */
   }
   *nonfinite = (int64_t)n - fin_count;
   return (uint32_t)m;
 }
 
-const bx_tokred_kernels bx_tokred_avx2 = {"avx2", avx2_grid_add};
+static uint32_t avx2_max_abs(const float *a, size_t n) {
+  const __m256i absm = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+  __m256i m0 = _mm256_setzero_si256(), m1 = m0;
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m256i x0 = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(const void *)(a + i)), absm);
+    __m256i x1 = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(const void *)(a + i + 8)), absm);
+    m0 = _mm256_max_epi32(m0, _mm256_and_si256(x0, _mm256_cmpgt_epi32(inf, x0)));
+    m1 = _mm256_max_epi32(m1, _mm256_and_si256(x1, _mm256_cmpgt_epi32(inf, x1)));
+  }
+  m0 = _mm256_max_epi32(m0, m1);
+  __m128i m4 = _mm_max_epi32(_mm256_castsi256_si128(m0), _mm256_extracti128_si256(m0, 1));
+  m4 = _mm_max_epi32(m4, _mm_shuffle_epi32(m4, 0x4e));
+  m4 = _mm_max_epi32(m4, _mm_shuffle_epi32(m4, 0xb1));
+  int32_t m = _mm_cvtsi128_si32(m4);
+  for (; i < n; i++) {
+    int32_t b;
+    memcpy(&b, &a[i], sizeof b);
+    int32_t ab = b & 0x7fffffff;
+    if (ab < 0x7f800000 && ab > m) m = ab;
+  }
+  return (uint32_t)m;
+}
+
+const bx_tokred_kernels bx_tokred_avx2 = {"avx2", avx2_grid_add, avx2_max_abs};

@@ -63,4 +63,31 @@ static uint32_t avx512_grid_add(int64_t *w, const float *a, size_t n, double inv
   return (uint32_t)_mm512_reduce_max_epi32(mx);
 }
 
-const bx_tokred_kernels bx_tokred_avx512 = {"avx512", avx512_grid_add};
+/* four independent maxima of 16 lanes (64 elements a step), then one */
+static uint32_t avx512_max_abs(const float *a, size_t n) {
+  const __m512i absm = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+  __m512i m0 = _mm512_setzero_si512(), m1 = m0, m2 = m0, m3 = m0;
+  size_t i = 0;
+#define STEP(m, off)                                                            \
+  do {                                                                          \
+    __m512i ab = _mm512_and_si512(_mm512_loadu_si512((const void *)(a + i + (off))), absm); \
+    m = _mm512_mask_max_epi32(m, _mm512_cmplt_epi32_mask(ab, inf), m, ab);      \
+  } while (0)
+  for (; i + 64 <= n; i += 64) {
+    STEP(m0, 0);
+    STEP(m1, 16);
+    STEP(m2, 32);
+    STEP(m3, 48);
+  }
+  for (; i + 16 <= n; i += 16) STEP(m0, 0);
+#undef STEP
+  if (i < n) {
+    __mmask16 k = (__mmask16)((1u << (n - i)) - 1);
+    __m512i ab = _mm512_and_si512(_mm512_maskz_loadu_epi32(k, a + i), absm);
+    m1 = _mm512_mask_max_epi32(m1, _mm512_mask_cmplt_epi32_mask(k, ab, inf), m1, ab);
+  }
+  m0 = _mm512_max_epi32(_mm512_max_epi32(m0, m1), _mm512_max_epi32(m2, m3));
+  return (uint32_t)_mm512_reduce_max_epi32(m0);
+}
+
+const bx_tokred_kernels bx_tokred_avx512 = {"avx512", avx512_grid_add, avx512_max_abs};

@@ -38,10 +38,23 @@ BX_VECTORIZE static uint32_t portable_grid_add(int64_t *restrict w, const float 
     double r = (double)v * inv_step + magic;
     int64_t rb;
     memcpy(&rb, &r, sizeof rb);
-    w[i] += rb - mbits;
+    /* modulo 2^64 (no signed overflow, whatever an out-of-range a does) */
+    w[i] = (int64_t)((uint64_t)w[i] + ((uint64_t)rb - (uint64_t)mbits));
   }
   *nonfinite = nf;
   return (uint32_t)mx;
 }
 
-const bx_tokred_kernels bx_tokred_portable = {"portable", portable_grid_add};
+BX_VECTORIZE static uint32_t portable_max_abs(const float *restrict a, size_t n) {
+  int32_t mx = 0;
+  for (size_t i = 0; i < n; i++) {
+    int32_t b;
+    memcpy(&b, &a[i], sizeof b);
+    int32_t ab = b & 0x7fffffff;
+    ab &= -(int32_t)(ab < 0x7f800000);
+    mx = ab > mx ? ab : mx;
+  }
+  return (uint32_t)mx;
+}
+
+const bx_tokred_kernels bx_tokred_portable = {"portable", portable_grid_add, portable_max_abs};

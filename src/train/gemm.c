@@ -121,12 +121,29 @@ static void pack_a_bf16(const uint16_t *a, size_t lda, size_t mb, size_t kb, siz
 /* TN: A is stored [K,M] (dY, token-major): element (i, k) of the product's
  * A is a[k*lda + i], so each k step of a sliver is mr contiguous values. */
 static void pack_a_tn_f32(const float *a, size_t lda, size_t mb, size_t kb, size_t mr, float *ap) {
-  for (size_t r = 0; r < mb; r += mr, ap += kb * mr) {
-    size_t h = mb - r < mr ? mb - r : mr;
-    for (size_t k = 0; k < kb; k++) {
-      const float *src = a + k * lda + r;
-      float *dst = ap + k * mr;
-      for (size_t ii = 0; ii < h; ii++) dst[ii] = src[ii];
+  /* token by token: each row's mb values are read once, contiguously (a
+   * sliver-major walk would stride over kb rows per sliver) */
+  size_t full = mb / mr * mr;
+  for (size_t k = 0; k < kb; k++) {
+    const float *src = a + k * lda;
+    float *dst = ap + k * mr;
+    switch (mr) { /* the kernels' mr: fixed-size copies the compiler inlines */
+    case 12:
+      for (size_t r = 0; r < full; r += 12, dst += kb * 12) memcpy(dst, src + r, 12 * sizeof(float));
+      break;
+    case 6:
+      for (size_t r = 0; r < full; r += 6, dst += kb * 6) memcpy(dst, src + r, 6 * sizeof(float));
+      break;
+    case 4:
+      for (size_t r = 0; r < full; r += 4, dst += kb * 4) memcpy(dst, src + r, 4 * sizeof(float));
+      break;
+    default:
+      for (size_t r = 0; r < full; r += mr, dst += kb * mr)
+        for (size_t ii = 0; ii < mr; ii++) dst[ii] = src[r + ii];
+    }
+    if (full < mb) {
+      size_t h = mb - full;
+      for (size_t ii = 0; ii < h; ii++) dst[ii] = src[full + ii];
       for (size_t ii = h; ii < mr; ii++) dst[ii] = 0.0f;
     }
   }
@@ -134,12 +151,12 @@ static void pack_a_tn_f32(const float *a, size_t lda, size_t mb, size_t kb, size
 
 static void pack_a_tn_bf16(const uint16_t *a, size_t lda, size_t mb, size_t kb, size_t mr,
                            float *ap) {
-  for (size_t r = 0; r < mb; r += mr, ap += kb * mr) {
-    size_t h = mb - r < mr ? mb - r : mr;
-    for (size_t k = 0; k < kb; k++) {
-      const uint16_t *src = a + k * lda + r;
-      float *dst = ap + k * mr;
-      for (size_t ii = 0; ii < h; ii++) dst[ii] = bf16_to_f32(src[ii]);
+  for (size_t k = 0; k < kb; k++) {
+    const uint16_t *src = a + k * lda;
+    float *dst = ap + k * mr;
+    for (size_t r = 0; r < mb; r += mr, dst += kb * mr) {
+      size_t h = mb - r < mr ? mb - r : mr;
+      for (size_t ii = 0; ii < h; ii++) dst[ii] = bf16_to_f32(src[r + ii]);
       for (size_t ii = h; ii < mr; ii++) dst[ii] = 0.0f;
     }
   }
@@ -213,6 +230,8 @@ typedef struct gemm_job {
   size_t scratch_each; /* bytes per worker, a multiple of 64 */
   bx_gemm_epilogue_fn epi; /* NULL, or called on each finished block of C */
   void *epi_ctx;
+  size_t chunk;            /* 0, or the length of the chain segments */
+  size_t group;            /* segments per group (group_task) when > 1 */
 } gemm_job;
 
 static void pack_a(const gemm_job *j, size_t i0, size_t p0, size_t mb, size_t kb, float *ap) {
@@ -262,6 +281,51 @@ static void run_tile(const bx_gemm_kernel *kern, size_t kb, const float *ap, con
  * 64-byte aligned (the micro-kernels load B slivers aligned) */
 static size_t a_bytes(size_t mc, size_t kc) { return (mc * kc * sizeof(float) + 63) / 64 * 64; }
 
+/* Segments in groups of j->group: B packed once per group for all its
+ * segments and k blocks, then per mc block of rows every segment of the
+ * group in turn, so that the epilogue's per-block data (C's block and what
+ * the epilogue adds it to) stays in cache across the group's segments.
+ * Each segment's chain is the same as in gemm_task's loop. */
+static void group_task(const gemm_job *j, int worker, size_t r0, size_t r1, size_t j0, size_t nb,
+                       float *ap, float *bp) {
+  const bx_gemm_kernel *kern = j->kern;
+  size_t nbr = (nb + kern->nr - 1) / kern->nr * kern->nr, gt = j->group * j->chunk;
+  for (size_t g0 = 0; g0 < j->k; g0 += gt) {
+    size_t g1 = j->k - g0 < gt ? j->k : g0 + gt;
+    float *q = bp;
+    for (size_t p0 = g0; p0 < g1;) { /* every k block of every segment, in order */
+      size_t c1 = (p0 - g0) / j->chunk * j->chunk + g0 + j->chunk;
+      if (c1 > g1) c1 = g1;
+      size_t kb = c1 - p0 < j->kc ? c1 - p0 : j->kc;
+      pack_b(j, j0, p0, nb, kb, q);
+      q += kb * nbr;
+      p0 += kb;
+    }
+    for (size_t i0 = r0; i0 < r1; i0 += j->mc) {
+      size_t mb = r1 - i0 < j->mc ? r1 - i0 : j->mc;
+      q = bp;
+      for (size_t c0 = g0; c0 < g1; c0 += j->chunk) {
+        size_t c1 = g1 - c0 < j->chunk ? g1 : c0 + j->chunk;
+        for (size_t p0 = c0; p0 < c1; p0 += j->kc) {
+          size_t kb = c1 - p0 < j->kc ? c1 - p0 : j->kc;
+          pack_a(j, i0, p0, mb, kb, ap);
+          for (size_t s = 0; s < nb; s += kern->nr) {
+            size_t w = nb - s < kern->nr ? nb - s : kern->nr;
+            const float *bs = q + (s / kern->nr) * kb * kern->nr;
+            for (size_t r = 0; r < mb; r += kern->mr) {
+              size_t h = mb - r < kern->mr ? mb - r : kern->mr;
+              run_tile(kern, kb, ap + (r / kern->mr) * kb * kern->mr, bs,
+                       j->c + (i0 + r) * j->n + j0 + s, j->n, h, w, p0 > c0);
+            }
+          }
+          q += kb * nbr;
+        }
+        j->epi(j->epi_ctx, worker, j->c + i0 * j->n + j0, j->n, c0, i0, j0, mb, nb);
+      }
+    }
+  }
+}
+
 static void gemm_task(void *ctx, size_t task, int worker) {
   const gemm_job *j = ctx;
   const bx_gemm_kernel *kern = j->kern;
@@ -270,24 +334,34 @@ static void gemm_task(void *ctx, size_t task, int worker) {
   size_t nb = j->n - j0 < j->nc ? j->n - j0 : j->nc;
   float *ap = (float *)(j->scratch + (size_t)worker * j->scratch_each);
   float *bp = (float *)(j->scratch + (size_t)worker * j->scratch_each + a_bytes(j->mc, j->kc));
-  for (size_t p0 = 0; p0 < j->k; p0 += j->kc) {
-    size_t kb = j->k - p0 < j->kc ? j->k - p0 : j->kc;
-    int load_c = p0 > 0 || j->accumulate; /* the running accumulator is in C */
-    pack_b(j, j0, p0, nb, kb, bp); /* once per k block, for all the task's rows */
-    for (size_t i0 = r0; i0 < r1; i0 += j->mc) {
-      size_t mb = r1 - i0 < j->mc ? r1 - i0 : j->mc;
-      pack_a(j, i0, p0, mb, kb, ap);
-      for (size_t s = 0; s < nb; s += kern->nr) {
-        size_t w = nb - s < kern->nr ? nb - s : kern->nr;
-        const float *bs = bp + (s / kern->nr) * kb * kern->nr;
-        for (size_t r = 0; r < mb; r += kern->mr) {
-          size_t h = mb - r < kern->mr ? mb - r : kern->mr;
-          run_tile(kern, kb, ap + (r / kern->mr) * kb * kern->mr, bs,
-                   j->c + (i0 + r) * j->n + j0 + s, j->n, h, w, load_c);
+  if (j->group > 1) {
+    group_task(j, worker, r0, r1, j0, nb, ap, bp);
+    return;
+  }
+  /* the chains over [c0, c1): all of k, or one segment (chunk) after the
+   * other, each from +0, with the epilogue after each segment */
+  size_t seg = j->chunk ? j->chunk : j->k;
+  for (size_t c0 = 0; c0 < j->k; c0 += seg) {
+    size_t c1 = j->k - c0 < seg ? j->k : c0 + seg;
+    for (size_t p0 = c0; p0 < c1; p0 += j->kc) {
+      size_t kb = c1 - p0 < j->kc ? c1 - p0 : j->kc;
+      int load_c = p0 > c0 || j->accumulate; /* the running accumulator is in C */
+      pack_b(j, j0, p0, nb, kb, bp); /* once per k block, for all the task's rows */
+      for (size_t i0 = r0; i0 < r1; i0 += j->mc) {
+        size_t mb = r1 - i0 < j->mc ? r1 - i0 : j->mc;
+        pack_a(j, i0, p0, mb, kb, ap);
+        for (size_t s = 0; s < nb; s += kern->nr) {
+          size_t w = nb - s < kern->nr ? nb - s : kern->nr;
+          const float *bs = bp + (s / kern->nr) * kb * kern->nr;
+          for (size_t r = 0; r < mb; r += kern->mr) {
+            size_t h = mb - r < kern->mr ? mb - r : kern->mr;
+            run_tile(kern, kb, ap + (r / kern->mr) * kb * kern->mr, bs,
+                     j->c + (i0 + r) * j->n + j0 + s, j->n, h, w, load_c);
+          }
         }
+        if (j->epi && p0 + kb == c1) /* the block is final, and still in cache */
+          j->epi(j->epi_ctx, worker, j->c + i0 * j->n + j0, j->n, c0, i0, j0, mb, nb);
       }
-      if (j->epi && p0 + kb == j->k) /* the block is final, and still in cache */
-        j->epi(j->epi_ctx, worker, j->c + i0 * j->n + j0, j->n, i0, j0, mb, nb);
     }
   }
 }
@@ -358,7 +432,7 @@ static bx_status gemm_run(const char *fn, const gemm_operand *A, const gemm_oper
   if (m == 0 || n == 0) return BX_OK;
   if (k == 0) {
     if (!o.accumulate) memset(cd, 0, m * n * sizeof(float));
-    if (epi) epi(epi_ctx, 0, cd, n, 0, 0, m, n);
+    if (epi) epi(epi_ctx, 0, cd, n, 0, 0, 0, m, n);
     return BX_OK;
   }
 
@@ -366,8 +440,11 @@ static bx_status gemm_run(const char *fn, const gemm_operand *A, const gemm_oper
   size_t mc = round_up(blk && blk->mc ? blk->mc : BX_GEMM_MC, kern->mr);
   size_t kc = blk && blk->kc ? blk->kc : BX_GEMM_KC;
   size_t nc = round_up(blk && blk->nc ? blk->nc : BX_GEMM_NC, kern->nr);
+  size_t chunk = blk && blk->chunk && blk->chunk < k ? blk->chunk : 0;
+  if (chunk) o.accumulate = 0; /* the segments start from +0 */
   if (mc > round_up(m, kern->mr)) mc = round_up(m, kern->mr);
   if (kc > k) kc = k;
+  if (chunk && kc > chunk) kc = chunk;
   if (nc > round_up(n, kern->nr)) nc = round_up(n, kern->nr);
   int nthreads = o.num_threads > 0 ? o.num_threads : bx_default_threads();
   if (nthreads > BX_MAX_THREADS) nthreads = BX_MAX_THREADS;
@@ -387,14 +464,19 @@ static bx_status gemm_run(const char *fn, const gemm_operand *A, const gemm_oper
   size_t mtask = (mblocks + msplit - 1) / msplit * mc;
   size_t ntasks = (m + mtask - 1) / mtask * nblocks;
   if ((size_t)nthreads > ntasks) nthreads = (int)ntasks;
-  size_t each = a_bytes(mc, kc) + round_up(kc * nc * sizeof(float), 64);
+  /* segments (with an epilogue) of up to BX_GEMM_GROUP_TOKENS in groups */
+  size_t group = chunk && epi && chunk < BX_GEMM_GROUP_TOKENS ? BX_GEMM_GROUP_TOKENS / chunk : 1;
+  if (group > 1 && group * chunk > k) group = (k + chunk - 1) / chunk;
+  size_t panel = group > 1 ? group * chunk * round_up(nc, kern->nr) : kc * nc;
+  size_t each = a_bytes(mc, kc) + round_up(panel * sizeof(float), 64);
   if (each > (SIZE_MAX - 64) / (size_t)nthreads)
     return bx_fail(BX_ENOMEM, "%s: blocking needs too much scratch", fn);
   char *ws = bx_workspace(each * (size_t)nthreads + 64);
   if (!ws) return bx_fail(BX_ENOMEM, "%s: cannot allocate %zu bytes of packing scratch", fn,
                           each * (size_t)nthreads + 64);
   gemm_job j = {A->data, B->data, A->dt, B->dt, layout, cd, m, n, k, mc, kc, nc, nblocks, mtask,
-                o.accumulate != 0, kern, ws + (64 - (uintptr_t)ws % 64) % 64, each, epi, epi_ctx};
+                o.accumulate != 0, kern, ws + (64 - (uintptr_t)ws % 64) % 64, each, epi, epi_ctx,
+                chunk, group};
   bx_parallel_run(nthreads, ntasks, gemm_task, &j);
   return BX_OK;
 }

@@ -23,11 +23,25 @@ extern "C" {
  * and all of K (K is never split). */
 typedef struct bx_gemm_blocking {
   size_t mc, kc, nc;
+  /* 0, or: the chains are cut into segments of chunk k steps ([0, chunk),
+   * [chunk, 2 chunk), ...), each from +0 (accumulate is ignored), and the
+   * epilogue is called on every block after each segment (its values
+   * overwritten by the next segment): one pass over A and B computes the
+   * partial of every chunk; with an epilogue and chunk <
+   * BX_GEMM_GROUP_TOKENS, a task's mc blocks take the segments of a group
+   * one after the other, so what the epilogue writes per block stays in
+   * cache. The bits of each segment are those of the product over that
+   * segment's k range alone. */
+  size_t chunk;
 } bx_gemm_blocking;
 
 #define BX_GEMM_KC 256
 #define BX_GEMM_MC 192
 #define BX_GEMM_NC 1024
+/* Segments shorter than this run in groups of about this many k steps
+ * (B packed once per group; per block of rows, each segment of the group
+ * in turn: the epilogue's data stay in cache). */
+#define BX_GEMM_GROUP_TOKENS 1024
 
 /* bx_gemm with explicit blocking (NULL = the defaults); the same checks,
  * errors and bits. Also enters the call (call.h). */
@@ -52,13 +66,15 @@ bx_status bx_gemm_check_operand(const char *fn, const char *name, const DLTensor
 int bx_gemm_overlaps(const gemm_operand *x, const gemm_operand *y);
 
 /* Called by a worker on each block of C once its values are final (after
- * the last k block), rows [row0, row0 + rows) and columns [col0, col0 +
- * cols) of C, c pointing at element (row0, col0), row stride ldc floats;
- * every element of C is passed exactly once, in no fixed order and from
- * any worker (worker: 0 .. threads-1; two calls with the same worker never
- * run at once). With K = 0 it is called once on the whole of C. */
-typedef void (*bx_gemm_epilogue_fn)(void *ctx, int worker, float *c, size_t ldc, size_t row0,
-                                    size_t col0, size_t rows, size_t cols);
+ * the last k block of the chain, or of the segment that starts at k0),
+ * rows [row0, row0 + rows) and columns [col0, col0 + cols) of C, c
+ * pointing at element (row0, col0), row stride ldc floats; every element
+ * of C is passed exactly once per segment (k0 = 0 without segments), in no
+ * fixed order between blocks and from any worker (worker: 0 .. threads-1;
+ * two calls with the same worker never run at once); one block's segments
+ * come in increasing k0. With K = 0 it is called once on the whole of C. */
+typedef void (*bx_gemm_epilogue_fn)(void *ctx, int worker, float *c, size_t ldc, size_t k0,
+                                    size_t row0, size_t col0, size_t rows, size_t cols);
 
 /* bx_gemm_blocked with an epilogue (NULL: none) and the function name of
  * the error messages; enters a call of its own (its own workspace frame). */

@@ -354,18 +354,8 @@ bx_status bx_tokred_chunks(const bx_tokred *s, int64_t token_begin, int64_t toke
 
 /* ---- bounds ------------------------------------------------------------ */
 
-/* Largest |bits| of the finite elements of a[0..n). */
-BX_VECTORIZE static uint32_t max_finite_abs(const float *restrict a, size_t n) {
-  int32_t mx = 0;
-  for (size_t i = 0; i < n; i++) {
-    int32_t b;
-    memcpy(&b, &a[i], sizeof b);
-    int32_t ab = b & 0x7fffffff;
-    ab &= -(int32_t)(ab < 0x7f800000);
-    mx = ab > mx ? ab : mx;
-  }
-  return (uint32_t)mx;
-}
+/* The largest finite |bits| of a partial: the active ISA's kernel
+ * (kernels.h, bx_tokred_maxabs_fn). */
 
 static bx_status bound_impl(const char *fn, bx_tokred *s, size_t t, int64_t chunk,
                             const DLTensor *p) {
@@ -379,7 +369,7 @@ static bx_status bound_impl(const char *fn, bx_tokred *s, size_t t, int64_t chun
                     fn, t, (long long)chunk);
   if (st == BX_OK) st = check_like(fn, s, t, chunk, p, "the partial", 0);
   if (st != BX_OK) return st;
-  int E = bx_tokred_exp_of_abs(max_finite_abs(f32_data(p), (size_t)s->numel[t]));
+  int E = bx_tokred_exp_of_abs(bx_tokred_kernels_active()->max_abs(f32_data(p), (size_t)s->numel[t]));
   if (E > s->bound[t]) s->bound[t] = E;
   return BX_OK;
 }
@@ -436,7 +426,8 @@ void bx_tokred_grid_sub(int64_t *w, const float *a, size_t n, double inv_step) {
   for (size_t i = 0; i < n; i++) {
     uint32_t b;
     memcpy(&b, &a[i], sizeof b);
-    if ((b & 0x7fffffffu) < 0x7f800000u) w[i] -= bx_tokred_q(a[i], inv_step);
+    if ((b & 0x7fffffffu) < 0x7f800000u) /* modulo 2^64, as the kernels add */
+      w[i] = (int64_t)((uint64_t)w[i] - (uint64_t)bx_tokred_q(a[i], inv_step));
   }
 }
 

@@ -78,12 +78,7 @@ BX_VECTORIZE static float max_finite_abs_rows(const gemm_operand *o, size_t r0, 
       mx = ab > mx ? ab : mx;
     }
   } else {
-    const uint32_t *p = (const uint32_t *)o->data + r0 * cols;
-    for (size_t i = 0; i < n; i++) {
-      uint32_t ab = p[i] & 0x7fffffffu;
-      ab &= -(uint32_t)(ab < 0x7f800000u);
-      mx = ab > mx ? ab : mx;
-    }
+    mx = bx_tokred_kernels_active()->max_abs((const float *)o->data + r0 * cols, n);
   }
   float f;
   memcpy(&f, &mx, sizeof f);
@@ -250,6 +245,27 @@ static void chunk_rows(const bx_tokred *s, const wg_args *g, int64_t token_begin
 
 /* ---- the bound from the inputs --------------------------------------------------- */
 
+/* chunk cb + task: its weight and bias exponents into e[2 task], e[2 task + 1] */
+typedef struct bound_job {
+  const bx_tokred *s;
+  const wg_args *g;
+  size_t wt;
+  int64_t token_begin;
+  int *e;
+} bound_job;
+
+static void bound_task(void *ctx, size_t task, int worker) {
+  (void)worker;
+  const bound_job *j = ctx;
+  size_t r0, r1;
+  chunk_rows(j->s, j->g, j->token_begin, j->g->cb + (int64_t)task, &r0, &r1);
+  float ma = max_finite_abs_rows(&j->g->D, r0, r1);
+  j->e[2 * task] = j->wt == BX_WGRAD_NONE ? BX_TOKRED_EMIN
+                   : bx_wgrad_bound_exp((int64_t)(r1 - r0), ma,
+                                        max_finite_abs_rows(&j->g->X, r0, r1));
+  j->e[2 * task + 1] = bx_wgrad_bound_exp((int64_t)(r1 - r0), ma, 1.0f);
+}
+
 bx_status bx_linear_wgrad_bound(bx_tokred *s, size_t wt, size_t bt, const DLTensor *dy,
                                 const DLTensor *x, int64_t token_begin,
                                 const bx_wgrad_opts *opts) {
@@ -264,21 +280,21 @@ bx_status bx_linear_wgrad_bound(bx_tokred *s, size_t wt, size_t bt, const DLTens
   if (st == BX_OK && s->agreed)
     st = bx_fail(BX_EINVAL, "%s: the grid is already agreed (bounds come before "
                  "bx_tokred_agree)", fn);
-  if (st == BX_OK && s->mode == BX_TOKRED_GRID) {
-    int ew = BX_TOKRED_EMIN, eb = BX_TOKRED_EMIN;
-    for (int64_t c = g.cb; c < g.ce; c++) {
-      size_t r0, r1;
-      chunk_rows(s, &g, token_begin, c, &r0, &r1);
-      float ma = max_finite_abs_rows(&g.D, r0, r1);
-      if (wt != BX_WGRAD_NONE) {
-        int e = bx_wgrad_bound_exp((int64_t)(r1 - r0), ma, max_finite_abs_rows(&g.X, r0, r1));
-        ew = e > ew ? e : ew;
+  if (st == BX_OK && s->mode == BX_TOKRED_GRID && g.cb < g.ce) {
+    size_t nch = (size_t)(g.ce - g.cb);
+    int *e = bx_workspace(2 * nch * sizeof(int));
+    if (!e) st = bx_fail(BX_ENOMEM, "%s: cannot allocate %zu chunk bounds", fn, nch);
+    if (st == BX_OK) {
+      bound_job j = {s, &g, wt, token_begin, e};
+      bx_parallel_run(nch < (size_t)g.threads ? (int)nch : g.threads, nch, bound_task, &j);
+      int ew = BX_TOKRED_EMIN, eb = BX_TOKRED_EMIN;
+      for (size_t c = 0; c < nch; c++) {
+        ew = e[2 * c] > ew ? e[2 * c] : ew;
+        eb = e[2 * c + 1] > eb ? e[2 * c + 1] : eb;
       }
-      int e = bx_wgrad_bound_exp((int64_t)(r1 - r0), ma, 1.0f);
-      eb = e > eb ? e : eb;
+      if (wt != BX_WGRAD_NONE && ew > s->bound[wt]) s->bound[wt] = ew;
+      if (bt != BX_WGRAD_NONE && eb > s->bound[bt]) s->bound[bt] = eb;
     }
-    if (wt != BX_WGRAD_NONE && ew > s->bound[wt]) s->bound[wt] = ew;
-    if (bt != BX_WGRAD_NONE && eb > s->bound[bt]) s->bound[bt] = eb;
   }
   bx_call_leave(&call);
   return st;
@@ -297,13 +313,15 @@ typedef struct wg_epi {
   int64_t *w;   /* the weight's grid words */
   float *f;     /* ordinary mode: its fp32 sums */
   size_t ld;    /* K */
+  size_t numel; /* N K: the words of one chunk... all chunks share them */
   double inv;
   bx_tokred_grid_fn add;
   wg_slot *slot;
 } wg_epi;
 
-static void wg_epilogue(void *ctx, int worker, float *c, size_t ldc, size_t row0, size_t col0,
-                        size_t rows, size_t cols) {
+static void wg_epilogue(void *ctx, int worker, float *c, size_t ldc, size_t k0, size_t row0,
+                        size_t col0, size_t rows, size_t cols) {
+  (void)k0; /* every chunk adds into the same words (its coverage is counted once per call) */
   const wg_epi *e = ctx;
   wg_slot *sl = &e->slot[worker];
   for (size_t r = 0; r < rows; r++) {
@@ -333,9 +351,14 @@ static void make_view(DLTensor *v, int64_t *shp, const gemm_operand *o, size_t r
   v->shape = shp;
 }
 
-/* The TN partial of rows [r0, r1) into part (N x K), with epi (or none). */
+/* Rows of C per block in the chunked product: its fp32 block and its
+ * int64 words (96 x 1024 x 12 bytes) stay in L2 across a group's chunks. */
+#define WG_MC 96
+
+/* The TN product of rows [r0, r1) into part (N x K): with chunk > 0 and
+ * epi, the partial of every chunk of chunk rows, each handed to epi. */
 static bx_status tn_partial(const char *fn, const wg_args *g, size_t r0, size_t r1, float *part,
-                            wg_epi *epi) {
+                            size_t chunk, wg_epi *epi) {
   DLTensor a, b, c;
   int64_t sa[2], sb[2], sc[2] = {(int64_t)g->n, (int64_t)g->k};
   make_view(&a, sa, &g->D, r0, r1);
@@ -350,19 +373,23 @@ static bx_status tn_partial(const char *fn, const wg_args *g, size_t r0, size_t 
   c.shape = sc;
   bx_gemm_opts o = BX_GEMM_OPTS_DEFAULT;
   o.num_threads = g->threads;
-  return bx_gemm_fused(fn, &a, &b, BX_GEMM_TN, &c, &o, NULL, epi ? wg_epilogue : NULL, epi);
+  bx_gemm_blocking blk = {WG_MC, 0, 0, chunk};
+  return bx_gemm_fused(fn, &a, &b, BX_GEMM_TN, &c, &o, chunk ? &blk : NULL,
+                       epi ? wg_epilogue : NULL, epi);
 }
 
-/* Subtracts the grid words of chunks [cb, c_end) of this call again. */
-static void undo_chunks(const char *fn, bx_tokred *s, size_t wt, size_t bt, const wg_args *g,
-                        int64_t token_begin, int64_t c_end, float *part, float *bpart) {
-  for (int64_t c = g->cb; c < c_end; c++) {
+/* Subtracts the weight words of every chunk of the call (wt) and the bias
+ * words of chunks [cb, b_end) again: each partial recomputed (the same
+ * bits) and taken off by the scalar rule. */
+static void undo(const char *fn, bx_tokred *s, size_t wt, size_t bt, const wg_args *g,
+                 int64_t token_begin, int64_t b_end, float *part, float *bpart) {
+  for (int64_t c = g->cb; c < g->ce; c++) {
     size_t r0, r1;
     chunk_rows(s, g, token_begin, c, &r0, &r1);
-    if (wt != BX_WGRAD_NONE && g->n && g->k && tn_partial(fn, g, r0, r1, part, NULL) == BX_OK)
+    if (wt != BX_WGRAD_NONE && g->n && g->k && tn_partial(fn, g, r0, r1, part, 0, NULL) == BX_OK)
       bx_tokred_grid_sub(s->words + s->word_at[wt], part, g->n * g->k,
                          bx_tokred_pow2(-s->grid[wt]));
-    if (bt != BX_WGRAD_NONE) {
+    if (bt != BX_WGRAD_NONE && c < b_end) {
       colsum(&g->D, r0, r1, 0, g->n, bpart);
       bx_tokred_grid_sub(s->words + s->word_at[bt], bpart, g->n, bx_tokred_pow2(-s->grid[bt]));
     }
@@ -382,29 +409,44 @@ static bx_status wgrad_impl(const char *fn, bx_tokred *s, size_t wt, size_t bt, 
   int grid = s->mode == BX_TOKRED_GRID;
   static _Thread_local wg_slot slots[BX_MAX_THREADS];
   int64_t nf_w = 0, nf_b = 0;
-  for (int64_t c = g->cb; c < g->ce; c++) {
-    size_t r0, r1;
-    chunk_rows(s, g, token_begin, c, &r0, &r1);
-    if (wt != BX_WGRAD_NONE && nk) {
-      memset(slots, 0, sizeof slots);
-      wg_epi e = {grid, s->words + s->word_at[wt], grid ? NULL : s->fsum + (s->word_at[wt] - wt),
-                  g->k, grid ? bx_tokred_pow2(-s->grid[wt]) : 0.0,
-                  bx_tokred_kernels_active()->grid_add, slots};
-      bx_status st = tn_partial(fn, g, r0, r1, part, &e);
-      if (st != BX_OK) return st; /* not reached: the operands were checked */
-      uint32_t mx = 0;
-      for (int i = 0; i < BX_MAX_THREADS; i++) {
-        mx = slots[i].mx > mx ? slots[i].mx : mx;
-        nf_w += slots[i].nf;
-      }
-      if (grid && mx >= bx_tokred_abs_limit(s->bound[wt])) {
-        st = bx_tokred_bound_fail(fn, s, wt, c, part, nk);
-        bx_tokred_grid_sub(s->words + s->word_at[wt], part, nk, e.inv);
-        undo_chunks(fn, s, wt, bt, g, token_begin, c, part, bpart);
-        return st;
-      }
+  /* the weight: one chunked TN product over all the local rows (they start
+   * on a chunk boundary, so the segments of chunk_tokens rows are the
+   * chunks), each block of each chunk added in the epilogue */
+  if (wt != BX_WGRAD_NONE && nk) {
+    memset(slots, 0, sizeof slots);
+    wg_epi e = {grid, s->words + s->word_at[wt], grid ? NULL : s->fsum + (s->word_at[wt] - wt),
+                g->k, nk, grid ? bx_tokred_pow2(-s->grid[wt]) : 0.0,
+                bx_tokred_kernels_active()->grid_add, slots};
+    bx_status st = tn_partial(fn, g, 0, g->t, part, (size_t)s->chunk_tokens, &e);
+    if (st != BX_OK) return st; /* not reached: the operands were checked */
+    uint32_t mx = 0;
+    for (int i = 0; i < BX_MAX_THREADS; i++) {
+      mx = slots[i].mx > mx ? slots[i].mx : mx;
+      nf_w += slots[i].nf;
     }
-    if (bt != BX_WGRAD_NONE) {
+    if (grid && mx >= bx_tokred_abs_limit(s->bound[wt])) {
+      /* find the chunk and element for the message, then take it all off */
+      for (int64_t c = g->cb; c < g->ce; c++) {
+        size_t r0, r1;
+        chunk_rows(s, g, token_begin, c, &r0, &r1);
+        tn_partial(fn, g, r0, r1, part, 0, NULL);
+        uint32_t lim = bx_tokred_abs_limit(s->bound[wt]);
+        const uint32_t *u = (const uint32_t *)(const void *)part;
+        size_t i = 0;
+        while (i < nk && !((u[i] & 0x7fffffffu) >= lim && (u[i] & 0x7fffffffu) < 0x7f800000u)) i++;
+        if (i < nk) {
+          st = bx_tokred_bound_fail(fn, s, wt, c, part, nk);
+          break;
+        }
+      }
+      undo(fn, s, wt, BX_WGRAD_NONE, g, token_begin, g->cb, part, bpart);
+      return st;
+    }
+  }
+  if (bt != BX_WGRAD_NONE)
+    for (int64_t c = g->cb; c < g->ce; c++) {
+      size_t r0, r1;
+      chunk_rows(s, g, token_begin, c, &r0, &r1);
       colsum(&g->D, r0, r1, 0, g->n, bpart);
       int64_t *w = s->words + s->word_at[bt];
       if (grid) {
@@ -415,16 +457,13 @@ static bx_status wgrad_impl(const char *fn, bx_tokred *s, size_t wt, size_t bt, 
         if (mx >= bx_tokred_abs_limit(s->bound[bt])) {
           bx_status st = bx_tokred_bound_fail(fn, s, bt, c, bpart, g->n);
           bx_tokred_grid_sub(w, bpart, g->n, inv);
-          if (wt != BX_WGRAD_NONE && nk)
-            bx_tokred_grid_sub(s->words + s->word_at[wt], part, nk, bx_tokred_pow2(-s->grid[wt]));
-          undo_chunks(fn, s, wt, bt, g, token_begin, c, part, bpart);
+          undo(fn, s, nk ? wt : BX_WGRAD_NONE, bt, g, token_begin, c, part, bpart);
           return st;
         }
       } else {
         nf_b += bx_tokred_plain_add(s->fsum + (s->word_at[bt] - bt), bpart, g->n);
       }
     }
-  }
   /* commit: non-finite counts and coverage */
   for (int which = 0; which < 2; which++) {
     size_t t = which ? bt : wt;
