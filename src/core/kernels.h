@@ -98,10 +98,17 @@ extern const bx_scale_kernels bx_scale_avx512;
 typedef void (*bx_gemm_micro_fn)(size_t kc, const float *ap, const float *bp, float *c,
                                  size_t ldc, int load_c);
 
+/* The same with B read in place, element (k, j) at bp[k*ldb + j] (no
+ * alignment needed): the row-major B of NN and TN, unpacked. The same
+ * chain, so the same bits. */
+typedef void (*bx_gemm_micro_ldb_fn)(size_t kc, const float *ap, const float *bp, size_t ldb,
+                                     float *c, size_t ldc, int load_c);
+
 typedef struct bx_gemm_kernel {
   const char *name;
   size_t mr, nr; /* tile rows and columns, at most BX_GEMM_MR_MAX, BX_GEMM_NR_MAX */
   bx_gemm_micro_fn micro;
+  bx_gemm_micro_ldb_fn micro_ldb; /* NULL: the driver packs B */
 } bx_gemm_kernel;
 
 #define BX_GEMM_MR_MAX 16

@@ -232,6 +232,7 @@ typedef struct gemm_job {
   void *epi_ctx;
   size_t chunk;            /* 0, or the length of the chain segments */
   size_t group;            /* segments per group (group_task) when > 1 */
+  int direct_b;            /* B (fp32, [K,N]) read in place by kern->micro_ldb */
 } gemm_job;
 
 static void pack_a(const gemm_job *j, size_t i0, size_t p0, size_t mb, size_t kb, float *ap) {
@@ -277,9 +278,56 @@ static void run_tile(const bx_gemm_kernel *kern, size_t kb, const float *ap, con
   for (size_t i = 0; i < mb; i++) memcpy(c + i * ldc, t + i * nr, nb * sizeof(float));
 }
 
+/* run_tile with B unpacked (kern->micro_ldb; a whole nr-wide sliver) */
+static void run_tile_ldb(const bx_gemm_kernel *kern, size_t kb, const float *ap, const float *bs,
+                         size_t ldb, float *c, size_t ldc, size_t mb, int load_c) {
+  if (mb == kern->mr) {
+    kern->micro_ldb(kb, ap, bs, ldb, c, ldc, load_c);
+    return;
+  }
+  _Alignas(64) float t[BX_GEMM_MR_MAX * BX_GEMM_NR_MAX];
+  size_t nr = kern->nr;
+  for (size_t i = 0; i < kern->mr; i++)
+    for (size_t jj = 0; jj < nr; jj++) t[i * nr + jj] = load_c && i < mb ? c[i * ldc + jj] : 0.0f;
+  kern->micro_ldb(kb, ap, bs, ldb, t, nr, 1);
+  for (size_t i = 0; i < mb; i++) memcpy(c + i * ldc, t + i * nr, nr * sizeof(float));
+}
+
 /* bytes of a packed A block, rounded up so that the B panel after it is
  * 64-byte aligned (the micro-kernels load B slivers aligned) */
 static size_t a_bytes(size_t mc, size_t kc) { return (mc * kc * sizeof(float) + 63) / 64 * 64; }
+
+/* Every tile of the mb x nb block of C at (i0, j0) over the k block [p0,
+ * p0 + kb): A packed at ap; B packed at bpk, or (bpk NULL: j->direct_b)
+ * read in place, its edge sliver (narrower than nr) packed into edge. */
+static void block_tiles(const gemm_job *j, size_t i0, size_t mb, size_t j0, size_t nb, size_t p0,
+                        size_t kb, const float *ap, const float *bpk, float *edge, int load_c) {
+  const bx_gemm_kernel *kern = j->kern;
+  for (size_t s = 0; s < nb; s += kern->nr) {
+    size_t w = nb - s < kern->nr ? nb - s : kern->nr;
+    const float *bs;
+    if (!bpk && w == kern->nr) { /* in place: rows of B (fp32, [K,N] row-major) */
+      bs = (const float *)j->b + p0 * j->n + j0 + s;
+      for (size_t r = 0; r < mb; r += kern->mr) {
+        size_t h = mb - r < kern->mr ? mb - r : kern->mr;
+        run_tile_ldb(kern, kb, ap + (r / kern->mr) * kb * kern->mr, bs, j->n,
+                     j->c + (i0 + r) * j->n + j0 + s, j->n, h, load_c);
+      }
+      continue;
+    }
+    if (!bpk) {
+      pack_b(j, j0 + s, p0, w, kb, edge);
+      bs = edge;
+    } else {
+      bs = bpk + (s / kern->nr) * kb * kern->nr;
+    }
+    for (size_t r = 0; r < mb; r += kern->mr) {
+      size_t h = mb - r < kern->mr ? mb - r : kern->mr;
+      run_tile(kern, kb, ap + (r / kern->mr) * kb * kern->mr, bs, j->c + (i0 + r) * j->n + j0 + s,
+               j->n, h, w, load_c);
+    }
+  }
+}
 
 /* Segments in groups of j->group: B packed once per group for all its
  * segments and k blocks, then per mc block of rows every segment of the
@@ -293,14 +341,15 @@ static void group_task(const gemm_job *j, int worker, size_t r0, size_t r1, size
   for (size_t g0 = 0; g0 < j->k; g0 += gt) {
     size_t g1 = j->k - g0 < gt ? j->k : g0 + gt;
     float *q = bp;
-    for (size_t p0 = g0; p0 < g1;) { /* every k block of every segment, in order */
-      size_t c1 = (p0 - g0) / j->chunk * j->chunk + g0 + j->chunk;
-      if (c1 > g1) c1 = g1;
-      size_t kb = c1 - p0 < j->kc ? c1 - p0 : j->kc;
-      pack_b(j, j0, p0, nb, kb, q);
-      q += kb * nbr;
-      p0 += kb;
-    }
+    if (!j->direct_b)
+      for (size_t p0 = g0; p0 < g1;) { /* every k block of every segment, in order */
+        size_t c1 = (p0 - g0) / j->chunk * j->chunk + g0 + j->chunk;
+        if (c1 > g1) c1 = g1;
+        size_t kb = c1 - p0 < j->kc ? c1 - p0 : j->kc;
+        pack_b(j, j0, p0, nb, kb, q);
+        q += kb * nbr;
+        p0 += kb;
+      }
     for (size_t i0 = r0; i0 < r1; i0 += j->mc) {
       size_t mb = r1 - i0 < j->mc ? r1 - i0 : j->mc;
       q = bp;
@@ -309,15 +358,7 @@ static void group_task(const gemm_job *j, int worker, size_t r0, size_t r1, size
         for (size_t p0 = c0; p0 < c1; p0 += j->kc) {
           size_t kb = c1 - p0 < j->kc ? c1 - p0 : j->kc;
           pack_a(j, i0, p0, mb, kb, ap);
-          for (size_t s = 0; s < nb; s += kern->nr) {
-            size_t w = nb - s < kern->nr ? nb - s : kern->nr;
-            const float *bs = q + (s / kern->nr) * kb * kern->nr;
-            for (size_t r = 0; r < mb; r += kern->mr) {
-              size_t h = mb - r < kern->mr ? mb - r : kern->mr;
-              run_tile(kern, kb, ap + (r / kern->mr) * kb * kern->mr, bs,
-                       j->c + (i0 + r) * j->n + j0 + s, j->n, h, w, p0 > c0);
-            }
-          }
+          block_tiles(j, i0, mb, j0, nb, p0, kb, ap, j->direct_b ? NULL : q, bp, p0 > c0);
           q += kb * nbr;
         }
         j->epi(j->epi_ctx, worker, j->c + i0 * j->n + j0, j->n, c0, i0, j0, mb, nb);
@@ -328,7 +369,6 @@ static void group_task(const gemm_job *j, int worker, size_t r0, size_t r1, size
 
 static void gemm_task(void *ctx, size_t task, int worker) {
   const gemm_job *j = ctx;
-  const bx_gemm_kernel *kern = j->kern;
   size_t r0 = (task / j->nblocks_n) * j->mtask, j0 = (task % j->nblocks_n) * j->nc;
   size_t r1 = j->m - r0 < j->mtask ? j->m : r0 + j->mtask;
   size_t nb = j->n - j0 < j->nc ? j->n - j0 : j->nc;
@@ -346,19 +386,11 @@ static void gemm_task(void *ctx, size_t task, int worker) {
     for (size_t p0 = c0; p0 < c1; p0 += j->kc) {
       size_t kb = c1 - p0 < j->kc ? c1 - p0 : j->kc;
       int load_c = p0 > c0 || j->accumulate; /* the running accumulator is in C */
-      pack_b(j, j0, p0, nb, kb, bp); /* once per k block, for all the task's rows */
+      if (!j->direct_b) pack_b(j, j0, p0, nb, kb, bp); /* once per k block, for all the task's rows */
       for (size_t i0 = r0; i0 < r1; i0 += j->mc) {
         size_t mb = r1 - i0 < j->mc ? r1 - i0 : j->mc;
         pack_a(j, i0, p0, mb, kb, ap);
-        for (size_t s = 0; s < nb; s += kern->nr) {
-          size_t w = nb - s < kern->nr ? nb - s : kern->nr;
-          const float *bs = bp + (s / kern->nr) * kb * kern->nr;
-          for (size_t r = 0; r < mb; r += kern->mr) {
-            size_t h = mb - r < kern->mr ? mb - r : kern->mr;
-            run_tile(kern, kb, ap + (r / kern->mr) * kb * kern->mr, bs,
-                     j->c + (i0 + r) * j->n + j0 + s, j->n, h, w, load_c);
-          }
-        }
+        block_tiles(j, i0, mb, j0, nb, p0, kb, ap, j->direct_b ? NULL : bp, bp, load_c);
         if (j->epi && p0 + kb == c1) /* the block is final, and still in cache */
           j->epi(j->epi_ctx, worker, j->c + i0 * j->n + j0, j->n, c0, i0, j0, mb, nb);
       }
@@ -467,7 +499,14 @@ static bx_status gemm_run(const char *fn, const gemm_operand *A, const gemm_oper
   /* segments (with an epilogue) of up to BX_GEMM_GROUP_TOKENS in groups */
   size_t group = chunk && epi && chunk < BX_GEMM_GROUP_TOKENS ? BX_GEMM_GROUP_TOKENS / chunk : 1;
   if (group > 1 && group * chunk > k) group = (k + chunk - 1) / chunk;
-  size_t panel = group > 1 ? group * chunk * round_up(nc, kern->nr) : kc * nc;
+  /* NN and TN with fp32 B: the kernel reads B's rows in place when it has
+   * the entry and a k block of B's rows spans at most 256 KiB (64 pages:
+   * within the first-level TLB; wider rows measured no better than
+   * packing). Only an edge sliver narrower than nr is then packed. Speed
+   * only: the chain is the same. */
+  int direct = layout != BX_GEMM_NT && B->dt == BX_DT_F32 && kern->micro_ldb != NULL &&
+               kc * n * sizeof(float) <= ((size_t)256 << 10);
+  size_t panel = direct ? kc * kern->nr : group > 1 ? group * chunk * round_up(nc, kern->nr) : kc * nc;
   size_t each = a_bytes(mc, kc) + round_up(panel * sizeof(float), 64);
   if (each > (SIZE_MAX - 64) / (size_t)nthreads)
     return bx_fail(BX_ENOMEM, "%s: blocking needs too much scratch", fn);
@@ -476,7 +515,7 @@ static bx_status gemm_run(const char *fn, const gemm_operand *A, const gemm_oper
                           each * (size_t)nthreads + 64);
   gemm_job j = {A->data, B->data, A->dt, B->dt, layout, cd, m, n, k, mc, kc, nc, nblocks, mtask,
                 o.accumulate != 0, kern, ws + (64 - (uintptr_t)ws % 64) % 64, each, epi, epi_ctx,
-                chunk, group};
+                chunk, group, direct};
   bx_parallel_run(nthreads, ntasks, gemm_task, &j);
   return BX_OK;
 }
