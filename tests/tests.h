@@ -180,8 +180,10 @@ void test_tokred_ordinary_drifts(void);
 void test_tokred_layout_refused(void);
 void test_tokred_ranks_errors(void);
 void test_tokred_bad_arguments(void);
-/* the weight gradient (section gemm, helper wgrad): TN in test_gemm.c, the
- * rest in test_wgrad.c */
+/* the weight gradient (section gemm): TN views and bad input in
+ * test_gemm.c, the segmented TN product, partials, bounds and
+ * bx_linear_wgrad in test_wgrad.c, errors and grid kernels in
+ * test_wgrad_errors.c */
 void test_gemm_tn_chunk_views(void);
 void test_gemm_tn_bad_input(void);
 void test_gemm_tn_segments(void);
