@@ -280,7 +280,7 @@ void test_gemm_layout_invariance(void) {
   bxt_rng_init(&r);
   size_t m = 131, n = 97, k = 270;
   static const int threads[] = {1, 2, 3, 8};
-  static const bx_gemm_blocking blks[] = {{0, 0, 0, 0}, {1, 1, 1, 0}, {13, 7, 33, 0}, {48, 64, 16, 0}, {200, 300, 128, 0}};
+  static const bx_gemm_blocking blks[] = {{0, 0, 0, 0, 0}, {1, 1, 1, 0, 0}, {13, 7, 33, 0, 0}, {48, 64, 16, 0, 0}, {200, 300, 128, 0, 0}};
   for (int layout = 0; layout < 3; layout++)
     for (int acc = 0; acc < 2; acc++) {
       mat a, b, c0;

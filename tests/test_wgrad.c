@@ -127,7 +127,9 @@ void test_gemm_tn_segments(void) {
   bxt_rng r;
   bxt_rng_init(&r);
   size_t t = 610, n = 53, k = 71;
-  static const bx_gemm_blocking blks[] = {{0, 0, 0, 100}, {0, 0, 32, 256}, {13, 7, 33, 64}, {24, 300, 64, 300}, {0, 0, 0, 1}};
+  static const bx_gemm_blocking blks[] = {{0, 0, 0, 100, 1024}, {0, 0, 32, 256, 0}, {13, 7, 33, 64, 200},
+                                          {24, 300, 64, 300, 1024}, {0, 0, 0, 1, 64}, {96, 0, 0, 256, 1024},
+                                          {0, 0, 0, 128, 0}};
   mx a, b;
   mx_make(&a, 1, t, n);
   mx_make(&b, 0, t, k);
@@ -155,8 +157,9 @@ void test_gemm_tn_segments(void) {
         vb.byte_offset = r0 * k * 4;
         CHECK_STATUS(bx_gemm(&va, &vb, BX_GEMM_TN, &v.t, NULL), BX_OK, "view");
         if (!CHECK(memcmp(v.data, s.got + j * n * k, n * k * 4) == 0,
-                   "isa %s blocking %zu/%zu/%zu chunk %zu: segment %zu differs from TN on its rows",
-                   bxt_isa(isa), blks[q].mc, blks[q].kc, blks[q].nc, ch, j))
+                   "isa %s blocking %zu/%zu/%zu chunk %zu group %zu: segment %zu differs from TN "
+                   "on its rows", bxt_isa(isa), blks[q].mc, blks[q].kc, blks[q].nc, ch,
+                   blks[q].group_tokens, j))
           break;
       }
       free(s.got);
@@ -383,8 +386,15 @@ void test_wgrad_linear(void) {
     wg_case w;
     size_t t = 40 + bxt_below(&r, 700);
     int64_t c = rep == 0 ? (int64_t)t : 16 + (int64_t)bxt_below(&r, 300);
-    case_make(&r, &w, t, 1 + bxt_below(&r, 70), 1 + bxt_below(&r, 90), c, rep % 3 == 1);
-    size_t nch = nchunks_of(&w), n = w.n, k = w.k;
+    size_t n = 1 + bxt_below(&r, 70), k = 1 + bxt_below(&r, 90);
+    if (rep == 7) { /* a weight of 9 MB of words and partial: the grouped chunks */
+      t = 300;
+      c = 64;
+      n = 1000;
+      k = 730;
+    }
+    case_make(&r, &w, t, n, k, c, rep % 3 == 1);
+    size_t nch = nchunks_of(&w);
     float *part = malloc(nch * n * k * sizeof(float) + 4), *bp = malloc(nch * n * sizeof(float) + 4);
     case_partials(&w, part, bp);
     int64_t sw[2] = {(int64_t)n, (int64_t)k}, sb[1] = {(int64_t)n};

@@ -496,8 +496,9 @@ static bx_status gemm_run(const char *fn, const gemm_operand *A, const gemm_oper
   size_t mtask = (mblocks + msplit - 1) / msplit * mc;
   size_t ntasks = (m + mtask - 1) / mtask * nblocks;
   if ((size_t)nthreads > ntasks) nthreads = (int)ntasks;
-  /* segments (with an epilogue) of up to BX_GEMM_GROUP_TOKENS in groups */
-  size_t group = chunk && epi && chunk < BX_GEMM_GROUP_TOKENS ? BX_GEMM_GROUP_TOKENS / chunk : 1;
+  /* segments (with an epilogue) in groups of blk->group_tokens k steps */
+  size_t gt = chunk && epi && blk->group_tokens ? blk->group_tokens : 0;
+  size_t group = gt > chunk ? gt / chunk : 1;
   if (group > 1 && group * chunk > k) group = (k + chunk - 1) / chunk;
   /* NN and TN with fp32 B: the kernel reads B's rows in place when it has
    * the entry and a k block of B's rows spans at most 256 KiB (64 pages:

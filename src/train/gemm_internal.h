@@ -27,20 +27,21 @@ typedef struct bx_gemm_blocking {
    * [chunk, 2 chunk), ...), each from +0 (accumulate is ignored), and the
    * epilogue is called on every block after each segment (its values
    * overwritten by the next segment): one pass over A and B computes the
-   * partial of every chunk; with an epilogue and chunk <
-   * BX_GEMM_GROUP_TOKENS, a task's mc blocks take the segments of a group
-   * one after the other, so what the epilogue writes per block stays in
-   * cache. The bits of each segment are those of the product over that
-   * segment's k range alone. */
+   * partial of every chunk. The bits of each segment are those of the
+   * product over that segment's k range alone. */
   size_t chunk;
+  /* With chunk and an epilogue: 0, or group the segments by about this
+   * many k steps: B packed once per group (or read in place), then per mc
+   * block of rows every segment of the group in turn, so that what the
+   * epilogue touches per block stays in cache across the group (at the
+   * price of streaming the group's B once per mc block). */
+  size_t group_tokens;
 } bx_gemm_blocking;
 
 #define BX_GEMM_KC 256
 #define BX_GEMM_MC 192
 #define BX_GEMM_NC 1024
-/* Segments shorter than this run in groups of about this many k steps
- * (B packed once per group; per block of rows, each segment of the group
- * in turn: the epilogue's data stay in cache). */
+/* bx_linear_wgrad's group of segments (bx_gemm_blocking.group_tokens). */
 #define BX_GEMM_GROUP_TOKENS 1024
 
 /* bx_gemm with explicit blocking (NULL = the defaults); the same checks,

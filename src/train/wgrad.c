@@ -354,6 +354,7 @@ static void make_view(DLTensor *v, int64_t *shp, const gemm_operand *o, size_t r
 /* Rows of C per block in the chunked product: its fp32 block and its
  * int64 words (96 x 1024 x 12 bytes) stay in L2 across a group's chunks. */
 #define WG_MC 96
+#define WG_GROUP_BYTES ((size_t)8 << 20)
 
 /* The TN product of rows [r0, r1) into part (N x K): with chunk > 0 and
  * epi, the partial of every chunk of chunk rows, each handed to epi. */
@@ -373,7 +374,11 @@ static bx_status tn_partial(const char *fn, const wg_args *g, size_t r0, size_t 
   c.shape = sc;
   bx_gemm_opts o = BX_GEMM_OPTS_DEFAULT;
   o.num_threads = g->threads;
-  bx_gemm_blocking blk = {WG_MC, 0, 0, chunk};
+  /* group the chunks only when the words of the whole weight (with its
+   * fp32 partial: 12 bytes an element) are far beyond the caches; below
+   * that, re-reading B per mc block of a group measured slower */
+  size_t gt = g->n * g->k * 12 > WG_GROUP_BYTES ? BX_GEMM_GROUP_TOKENS : 0;
+  bx_gemm_blocking blk = {WG_MC, 0, 0, chunk, gt};
   return bx_gemm_fused(fn, &a, &b, BX_GEMM_TN, &c, &o, chunk ? &blk : NULL,
                        epi ? wg_epilogue : NULL, epi);
 }
