@@ -313,7 +313,6 @@ typedef struct wg_epi {
   int64_t *w;   /* the weight's grid words */
   float *f;     /* ordinary mode: its fp32 sums */
   size_t ld;    /* K */
-  size_t numel; /* N K: the words of one chunk... all chunks share them */
   double inv;
   bx_tokred_grid_fn add;
   wg_slot *slot;
@@ -321,7 +320,7 @@ typedef struct wg_epi {
 
 static void wg_epilogue(void *ctx, int worker, float *c, size_t ldc, size_t k0, size_t row0,
                         size_t col0, size_t rows, size_t cols) {
-  (void)k0; /* every chunk adds into the same words (its coverage is counted once per call) */
+  (void)k0; /* every chunk adds into the same words (coverage is counted after the run) */
   const wg_epi *e = ctx;
   wg_slot *sl = &e->slot[worker];
   for (size_t r = 0; r < rows; r++) {
@@ -420,7 +419,7 @@ static bx_status wgrad_impl(const char *fn, bx_tokred *s, size_t wt, size_t bt, 
   if (wt != BX_WGRAD_NONE && nk) {
     memset(slots, 0, sizeof slots);
     wg_epi e = {grid, s->words + s->word_at[wt], grid ? NULL : s->fsum + (s->word_at[wt] - wt),
-                g->k, nk, grid ? bx_tokred_pow2(-s->grid[wt]) : 0.0,
+                g->k, grid ? bx_tokred_pow2(-s->grid[wt]) : 0.0,
                 bx_tokred_kernels_active()->grid_add, slots};
     bx_status st = tn_partial(fn, g, 0, g->t, part, (size_t)s->chunk_tokens, &e);
     if (st != BX_OK) return st; /* not reached: the operands were checked */
