@@ -6,7 +6,9 @@ or by hand:
     python3 bench/bench_gemm_torch.py --threads 1,2 --shapes NT:1024:768:3072,NN:1024:3072:768
 A shape is LAYOUT:M:K:N; NT times torch.matmul(x, w.t()) with w [N,K] (the
 forward of nn.Linear without bias), NN torch.matmul(dy, w) with w [K,N]
-row-major. Inputs are fp32 whatever bitexact's dtype (the ratio is to
+row-major, TN the weight gradient torch.matmul(dy.t(), x) with dy [K,M] and
+x [K,N] token-major (K = tokens: output [M,N], chains over the K tokens;
+bx_gemm's BX_GEMM_TN with a = dy, b = x). Inputs are fp32 whatever bitexact's dtype (the ratio is to
 torch's fp32). A time is the median of --reps runs, each at least 20 ms of
 back-to-back calls after a warm-up; the thread count is set with
 torch.set_num_threads. Output: one line "torch SHAPE_INDEX THREADS GFLOPS"
@@ -83,16 +85,18 @@ def interleaved(lib, args):
         for spec in args.shapes.split(","):
             lay, m, k, n = spec.split(":")
             m, k, n = int(m), int(k), int(n)
-            a = torch.rand(m, k, generator=g) * 2 - 1
+            a = torch.rand(k, m, generator=g) * 2 - 1 if lay == "TN" else torch.rand(m, k, generator=g) * 2 - 1
             w = torch.rand(n, k, generator=g) * 2 - 1 if lay == "NT" else torch.rand(k, n, generator=g) * 2 - 1
             out = torch.empty(m, n)
-            tfn = (lambda: torch.matmul(a, w.t(), out=out)) if lay == "NT" else (lambda: torch.matmul(a, w, out=out))
+            tfn = {"NT": lambda: torch.matmul(a, w.t(), out=out), "NN": lambda: torch.matmul(a, w, out=out),
+                   "TN": lambda: torch.matmul(a.t(), w, out=out)}[lay]
+            aop = (lambda t: t.t()) if lay == "TN" else (lambda t: t)
             for dt in (["f32", "bf16"] if args.bf16 else ["f32"]):
                 ab, wb = (a, w) if dt == "f32" else (a.bfloat16(), w.bfloat16())
                 c = torch.empty(m, n)
                 (da, sa), (dw, sw), (dc, sc) = dl(ab), dl(wb), dl(c)
                 opts = GemmOpts(ctypes.sizeof(GemmOpts), t, 0)
-                layout = 0 if lay == "NT" else 1
+                layout = {"NT": 0, "NN": 1, "TN": 2}[lay]
 
                 def bfn():
                     st = lib.bx_gemm(ctypes.byref(da), ctypes.byref(dw), layout, ctypes.byref(dc), ctypes.byref(opts))
@@ -100,9 +104,9 @@ def interleaved(lib, args):
                         raise RuntimeError(lib.bx_last_error().decode())
                 bfn()
                 tfn()
-                ref = out.clone() if dt == "f32" else (ab.float() @ (wb.float().t() if lay == "NT" else wb.float()))
+                ref = out.clone() if dt == "f32" else (aop(ab.float()) @ (wb.float().t() if lay == "NT" else wb.float()))
                 err = (c - ref).abs().max().item()
-                bound = k * 2.0 ** -23 * (ab.float().abs() @ (wb.float().abs().t() if lay == "NT" else wb.float().abs())).max().item()
+                bound = k * 2.0 ** -23 * (aop(ab.float()).abs() @ (wb.float().abs().t() if lay == "NT" else wb.float().abs())).max().item()
                 if not err <= bound:
                     raise SystemExit(f"bx_gemm differs from torch by {err} > {bound} on {spec} {dt}")
                 tb, tt = [], []
@@ -137,7 +141,12 @@ def main():
             lay, m, k, n = spec.split(":")
             m, k, n = int(m), int(k), int(n)
             a = torch.rand(m, k, generator=g) * 2 - 1
-            if lay == "NT":
+            if lay == "TN":
+                a = torch.rand(k, m, generator=g) * 2 - 1
+                w = torch.rand(k, n, generator=g) * 2 - 1
+                out = torch.empty(m, n)
+                fn = lambda: torch.matmul(a.t(), w, out=out)  # noqa: E731
+            elif lay == "NT":
                 w = torch.rand(n, k, generator=g) * 2 - 1
                 out = torch.empty(m, n)
                 fn = lambda: torch.matmul(a, w.t(), out=out)  # noqa: E731

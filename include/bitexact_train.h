@@ -154,11 +154,30 @@ BX_API bx_status bx_adamw_step(DLTensor *param, const DLTensor *grad, DLTensor *
  *               forward Y = X · Wᵀ.
  *   BX_GEMM_NN: B is [K,N]: C = A · B, e.g. the input gradient
  *               dX[M,K] = dY[M,N] · W[N,K].
- * A and C may also be 3-D, [batch, rows, cols] with the same batch, read as
- * [batch·rows, cols] (a row-major batch of sequences); B is always 2-D. */
+ *   BX_GEMM_TN: the weight gradient dW[N,K] = dYᵀ · X of Y = X · Wᵀ, with
+ *               A = dY [T,N] and B = X [T,K], both token-major (T rows =
+ *               tokens), C [N,K]. Here the chain runs over the TOKENS:
+ *                 acc = accumulate ? C[n][k] : +0.0f;
+ *                 for (t = 0; t < T; t++) acc = fmaf(A[t][n], B[t][k], acc);
+ *                 C[n][k] = acc;
+ *               one sequential chain per element over t = 0..T-1 (never split
+ *               over t: threads, blocks and ISAs take blocks of (n, k) only),
+ *               so the bits depend on the T rows given and their order, never
+ *               on the thread count, blocking or ISA. A and B may be 3-D
+ *               [batch, rows, cols], read as [batch·rows, cols]; C is 2-D.
+ *               A token reduction splits T (DESIGN §9 rule 2): the CHUNK
+ *               PARTIAL of a weight gradient over the global tokens
+ *               [c·C, min((c+1)·C, T)) is bx_gemm(TN) on views of dY and X
+ *               restricted to those rows (a DLTensor with the same data,
+ *               byte_offset advanced by first_row · row bytes and shape[0] =
+ *               the chunk's rows), added to a bx_tokred state as chunk c;
+ *               bx_linear_wgrad (below) does exactly that for a run of chunks.
+ * A and C may also be 3-D (NT, NN), [batch, rows, cols] with the same batch,
+ * read as [batch·rows, cols] (a row-major batch of sequences); B is 2-D. */
 typedef enum bx_gemm_layout {
   BX_GEMM_NT = 0, /* B [N,K] */
-  BX_GEMM_NN = 1  /* B [K,N] */
+  BX_GEMM_NN = 1, /* B [K,N] */
+  BX_GEMM_TN = 2  /* A [T,N], B [T,K], C [N,K] = Aᵀ·B: the weight gradient */
 } bx_gemm_layout;
 
 typedef struct bx_gemm_opts {
@@ -173,14 +192,16 @@ typedef struct bx_gemm_opts {
  *   a     [M,K] (or [batch,rows,K]), fp32 or bf16 (kDLFloat 32 / kDLBfloat
  *         16, one lane), row-major contiguous (strides NULL or compact; a
  *         dimension of extent 1 may have any stride), host memory.
+ *         TN: [T,N] (or [batch,rows,N]).
  *   b     [N,K] (BX_GEMM_NT) or [K,N] (BX_GEMM_NN), fp32 or bf16 (the dtype
  *         of a and b may differ), row-major contiguous, host memory.
- *   c     [M,N] (or [batch,rows,N] when a is 3-D), fp32, row-major
+ *         TN: [T,K] (or [batch,rows,K]) with a's T.
+ *   c     [M,N] (or [batch,rows,N] when a is 3-D; TN: [N,K]), fp32, row-major
  *         contiguous, host memory; must not share a byte with a or b
  *         (a and b may overlap each other: they are only read).
  *   opts  NULL = BX_GEMM_OPTS_DEFAULT; opts->struct_size is checked first.
- * K = 0 gives C = +0 (or leaves C as it was with accumulate); M = 0 or
- * N = 0 does nothing. All tensors are borrowed for the call only. Data
+ * K = 0 (TN: T = 0) gives C = +0 (or leaves C as it was with accumulate);
+ * M = 0 or N = 0 (TN: N = 0 or K = 0) does nothing. All tensors are borrowed for the call only. Data
  * pointers (with byte_offset) must be aligned to their element size; no
  * other alignment is needed.
  * Errors, every one checked before the first write (a failing call writes
@@ -189,8 +210,8 @@ typedef struct bx_gemm_opts {
  * BX_EDTYPE (a dtype not listed), BX_EDEVICE (not host memory), BX_ELAYOUT
  * (not row-major contiguous, misaligned, c overlapping a or b), BX_ENOMEM.
  * bx_last_error() names the tensor.
- * Threading: splits the M and N blocks over up to num_threads workers of
- * the library's pool, never K. Safe to call from several threads at once on
+ * Threading: splits the M and N blocks (TN: N and K) over up to
+ * num_threads workers of the library's pool, never the chain (K; TN: T). Safe to call from several threads at once on
  * distinct c. The caller's floating-point environment is not used (the
  * library's own is entered for the call) and is given back unchanged. */
 BX_API bx_status bx_gemm(const DLTensor *a, const DLTensor *b, bx_gemm_layout layout, DLTensor *c,
@@ -402,6 +423,114 @@ BX_API bx_status bx_tokred_allreduce(bx_tokred *s, const bx_comm *comm);
  * outputs; on error nothing is written. s is only read. */
 BX_API bx_status bx_tokred_finish(const bx_tokred *s, DLTensor *out, size_t nout,
                                   int64_t divisor);
+
+/* ---- Weight gradients over tokens (section owner: gemm) ----------------
+ *
+ * The token reductions of a linear layer Y = X · Wᵀ + bias: dW[N,K] =
+ * Σ_t dY[t]ᵀ X[t] and dbias[N] = Σ_t dY[t], as chunk partials (the
+ * addends above) and as one call that computes each chunk's partial and
+ * adds it to a bx_tokred state.
+ *
+ * The weight partial of chunk c is bx_gemm(BX_GEMM_TN) over exactly the
+ * chunk's rows of dY [T,N] and X [T,K] (GEMM section): per element one
+ * fmaf chain over the chunk's tokens in ascending order, from +0. The
+ * bias partial of chunk c, column n: acc = +0; for each token t of the
+ * chunk in ascending order acc = acc + dY[t][n] (one fp32 rounding each;
+ * the same bits as the TN chain with X a column of ones, since fmaf(d, 1,
+ * acc) = acc + d).
+ *
+ * The a-priori bound. For one chain over M tokens (acc_0 = +0, acc_m =
+ * fl(a_m b_m + acc_(m-1)), u = 2^-24) whose result is finite:
+ *   |acc_M| <= (1+u)^M (Σ_m |a_m||b_m| + M·2^-150)
+ *          <= (1+u)^M · M · (max|a| · max|b| + 2^-150).
+ * Proof: every intermediate is finite (a non-finite acc stays non-finite:
+ * Inf + finite = Inf, NaN stays NaN; so does an Inf or NaN input, through
+ * Inf·0 = NaN), and fl(z) = z(1+δ) + η with |δ| <= u, |η| <= 2^-150 (η only
+ * for subnormal results, δ = 0 there), so |acc_m| <= (|a_m b_m| +
+ * |acc_(m-1)|)(1+u) + 2^-150; by induction |acc_M| <= Σ_m |a_m b_m|
+ * (1+u)^(M-m+1) + 2^-150 Σ_(j<M) (1+u)^j, which is at most the first line;
+ * the second follows from |a_m b_m| <= max|a| max|b|. The finite elements
+ * of a chunk partial only involve finite inputs, so the maxima are over the
+ * finite elements of the chunk's rows of dY and X (bias: max|b| = 1). */
+
+/* The smallest E in [-149, 128] with 2^E above the bound's second line
+ * (so every finite element of a TN chunk partial over rows tokens with
+ * |A| <= max_abs_a, |B| <= max_abs_b has |a| < 2^E, as
+ * bx_tokred_bound_exp requires): the bound is evaluated in fp64 with every
+ * operation's rounding error covered by a factor (1 + 2^-50), (1+u)^M by
+ * repeated squaring rounded upward the same way, so the result is one
+ * deterministic integer on every machine. rows <= 0 or a zero maximum:
+ * -149 (every element is ±0); a non-finite maximum or a bound >= 2^128:
+ * 128. Signs of the maxima are ignored. Thread-safe, no error. */
+BX_API int bx_wgrad_bound_exp(int64_t rows, float max_abs_a, float max_abs_b);
+
+typedef struct bx_wgrad_opts {
+  size_t struct_size; /* sizeof(bx_wgrad_opts): see "Struct sizes" in bitexact.h */
+  int num_threads;    /* 0 = library default; results never depend on it */
+} bx_wgrad_opts;
+#define BX_WGRAD_OPTS_DEFAULT {sizeof(bx_wgrad_opts), 0}
+
+/* No tensor of the state (bx_linear_wgrad's bias or weight index). */
+#define BX_WGRAD_NONE ((size_t)-1)
+
+/* Bias-gradient chunk partials: partials[j][n] = the bias partial (above)
+ * of dy's rows [j·C, min((j+1)·C, T)), C = chunk_tokens >= 1, for
+ * j < nchunks = ceil(T / C).
+ *   dy        [T,N] (or [batch,rows,N], read as [T,N]), fp32 or bf16, row-major
+ *             contiguous, host memory.
+ *   partials  [nchunks, N], fp32, row-major contiguous, host memory, not
+ *             overlapping dy.
+ * The caller passes partial j to bx_tokred_bound / bx_tokred_add as chunk
+ * first_chunk + j, where dy's first row is the global token first_chunk·C
+ * (a global chunk boundary: bx_tokred_chunks checks it). T = 0: nothing.
+ * Threads take (chunk, column block) pieces, never a chunk's rows apart;
+ * bits independent of the count. Errors (checked before any write; nothing
+ * written): BX_EINVAL (NULLs, shapes, chunk_tokens < 1, num_threads < 0,
+ * struct_size), BX_EDTYPE, BX_EDEVICE, BX_ELAYOUT (strides, alignment,
+ * overlap), naming the tensor. */
+BX_API bx_status bx_bias_grad_partials(const DLTensor *dy, int64_t chunk_tokens,
+                                       DLTensor *partials, const bx_wgrad_opts *opts);
+
+/* Before bx_tokred_agree, from the inputs alone: raises the exponent bound
+ * of tensor w_tensor (the weight, [N,K]) to cover the TN partial of every
+ * chunk of the local rows, bx_wgrad_bound_exp(rows of the chunk, max
+ * finite |dy| over the chunk's rows, max finite |x| over them), and that of
+ * b_tensor (the bias, [N]) to bx_wgrad_bound_exp(rows, max |dy|, 1).
+ * Either index may be BX_WGRAD_NONE. dy [T,N] and x [T,K] (2-D or 3-D,
+ * fp32 or bf16, host, row-major contiguous) are the local rows: global
+ * tokens [token_begin, token_begin + T), which must hold whole chunks
+ * (bx_tokred_chunks' rule: BX_ELAYOUT otherwise). x may be NULL when
+ * w_tensor is BX_WGRAD_NONE. It reads dY and X once (M·(N+K) elements,
+ * against the GEMM's M·N·K), so a backward pass can be one pass: bound from
+ * the inputs, bx_tokred_agree, then bx_linear_wgrad adding each partial as
+ * it is computed. The price is a looser bound than bx_tokred_bound on the
+ * computed partials (docs/train_tokred.md: fewer exact cases, the same
+ * accuracy far below fp32). Errors as bx_tokred_bound (after agree:
+ * BX_EINVAL; shapes, dtypes, devices, layouts; named); s unchanged on
+ * error. Ordinary mode: checked, no effect. */
+BX_API bx_status bx_linear_wgrad_bound(bx_tokred *s, size_t w_tensor, size_t b_tensor,
+                                       const DLTensor *dy, const DLTensor *x, int64_t token_begin,
+                                       const bx_wgrad_opts *opts);
+
+/* After bx_tokred_agree: for every chunk c of the local rows (global tokens
+ * [token_begin, token_begin + T), whole chunks), computes the weight
+ * partial (TN over the chunk's rows) and the bias partial and adds them to
+ * tensors w_tensor and b_tensor of s as chunk c — the bits of
+ * bx_gemm(TN) on row views + bx_tokred_add, and of bx_bias_grad_partials +
+ * bx_tokred_add (grid mode: the same words in any case; ordinary mode: the
+ * same fp32 sums). Either index may be BX_WGRAD_NONE (x may then be NULL
+ * for a bias alone). Fused: each block of a partial is rounded onto the
+ * grid by the GEMM's worker right after its last k block, while it is in
+ * cache, so threads share the add; the partial itself lives in the call's
+ * workspace (N·K floats). Shapes: dy [T,N], x [T,K], the weight tensor
+ * [N,K], the bias [N]. Errors as bx_tokred_add (not agreed, indices,
+ * shapes, dtypes, devices, layouts; a finite partial element not below the
+ * agreed bound: BX_EINVAL naming tensor, chunk and element, after which
+ * every chunk this call had added is subtracted again exactly); s is
+ * unchanged on any error. */
+BX_API bx_status bx_linear_wgrad(bx_tokred *s, size_t w_tensor, size_t b_tensor,
+                                 const DLTensor *dy, const DLTensor *x, int64_t token_begin,
+                                 const bx_wgrad_opts *opts);
 
 
 /* ====================================================================== */

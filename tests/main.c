@@ -227,6 +227,16 @@ static const test_entry TESTS[] = {
     {"loss_xent_invariance", test_loss_xent_invariance},
     {"loss_xent_tokred", test_loss_xent_tokred},
     {"loss_bad_input", test_loss_bad_input},
+    /* the weight gradient: TN GEMM (test_gemm.c), partials, bounds, the
+     * fused call and the grid kernels (test_wgrad.c) */
+    {"gemm_tn_chunk_views", test_gemm_tn_chunk_views},
+    {"gemm_tn_bad_input", test_gemm_tn_bad_input},
+    {"gemm_tn_segments", test_gemm_tn_segments},
+    {"wgrad_bias_partials", test_wgrad_bias_partials},
+    {"wgrad_bound", test_wgrad_bound},
+    {"wgrad_linear", test_wgrad_linear},
+    {"wgrad_bad_input", test_wgrad_bad_input},
+    {"wgrad_grid_kernels", test_wgrad_grid_kernels},
 };
 #define NTESTS (sizeof TESTS / sizeof TESTS[0])
 

@@ -91,20 +91,38 @@ static void mat_fill(bxt_rng *r, mat *x, int wide) {
 
 /* ---- references ----------------------------------------------------------- */
 
-/* b's element (k, j) in the layout */
+/* b's element (k, j) in the layout (NN and TN: b is [K,N], resp. [T,K]) */
 static float bval(const mat *b, bx_gemm_layout layout, size_t k, size_t j) {
   return layout == BX_GEMM_NT ? b->v[j * b->cols + k] : b->v[k * b->cols + j];
+}
+
+/* the product's A element (i, p): TN reads a [T,N] transposed */
+static float aval(const mat *a, bx_gemm_layout layout, size_t i, size_t p) {
+  return layout == BX_GEMM_TN ? a->v[p * a->cols + i] : a->v[i * a->cols + p];
 }
 
 /* The documented chain, element by element. init: C's values, or NULL for +0. */
 static float chain_elem(const mat *a, const mat *b, bx_gemm_layout layout, size_t i, size_t j,
                       size_t k, float init) {
   float acc = init;
-  for (size_t p = 0; p < k; p++) acc = fmaf(a->v[i * k + p], bval(b, layout, p, j), acc);
+  for (size_t p = 0; p < k; p++) acc = fmaf(aval(a, layout, i, p), bval(b, layout, p, j), acc);
   return acc;
 }
 
 static size_t bn_of(const mat *b, bx_gemm_layout layout) { return layout == BX_GEMM_NT ? b->rows : b->cols; }
+/* rows of C and the chain's length */
+static size_t m_of(const mat *a, bx_gemm_layout layout) { return layout == BX_GEMM_TN ? a->cols : a->rows; }
+static size_t k_of(const mat *a, bx_gemm_layout layout) { return layout == BX_GEMM_TN ? a->rows : a->cols; }
+
+/* a and b for C [m,n] with chains of k in the layout: NT a [m,k] b [n,k];
+ * NN a [m,k] b [k,n]; TN a [k,m] (dY) b [k,n] (X) */
+static void make_ab(mat *a, int abf, mat *b, int bbf, bx_gemm_layout layout, size_t m, size_t n,
+                    size_t k, size_t ashift, size_t bshift) {
+  if (layout == BX_GEMM_TN) mat_make(a, abf, k, m, ashift);
+  else mat_make(a, abf, m, k, ashift);
+  if (layout == BX_GEMM_NT) mat_make(b, bbf, n, k, bshift);
+  else mat_make(b, bbf, k, n, bshift);
+}
 
 /* a [m,k], b in layout; c [m,n] fp32 made by the caller. */
 static bx_status run_gemm(const mat *a, const mat *b, bx_gemm_layout layout, mat *c, int threads,
@@ -115,12 +133,12 @@ static bx_status run_gemm(const mat *a, const mat *b, bx_gemm_layout layout, mat
   return bx_gemm_blocked(&a->t, &b->t, layout, &c->t, &o, blk);
 }
 
-static const char *lname(bx_gemm_layout l) { return l == BX_GEMM_NT ? "NT" : "NN"; }
+static const char *lname(bx_gemm_layout l) { return l == BX_GEMM_NT ? "NT" : l == BX_GEMM_NN ? "NN" : "TN"; }
 
 /* c against the chain (bitwise) and against the fp64 dot (bound) */
 static void check_against_ref(const mat *a, const mat *b, bx_gemm_layout layout, const mat *c,
                               const float *init, const char *what) {
-  size_t m = a->rows, k = a->cols, n = bn_of(b, layout);
+  size_t m = m_of(a, layout), k = k_of(a, layout), n = bn_of(b, layout);
   int bad = 0;
   for (size_t i = 0; i < m && bad < 4; i++)
     for (size_t j = 0; j < n && bad < 4; j++) {
@@ -130,7 +148,7 @@ static void check_against_ref(const mat *a, const mat *b, bx_gemm_layout layout,
       /* |fl(dot) - dot| <= gamma_K * sum |a||b| (+ |init| term), K u < 1 */
       double dot = init ? init[i * n + j] : 0.0, mag = fabs(dot);
       for (size_t p = 0; p < k; p++) {
-        double t = (double)a->v[i * k + p] * bval(b, layout, p, j);
+        double t = (double)aval(a, layout, i, p) * bval(b, layout, p, j);
         dot += t;
         mag += fabs(t);
       }
@@ -150,15 +168,14 @@ void test_gemm_vs_reference(void) {
   int dts[3][2] = {{0, 0}, {1, 1}, {0, 1}};
   for (int isa = 0; isa < bxt_isa_count(); isa++) {
     if (!bxt_force(isa)) continue;
-    for (int rep = 0; rep < 14; rep++) {
+    for (int rep = 0; rep < 21; rep++) {
       size_t m = dims[bxt_below(&r, 5)], n = dims[bxt_below(&r, 5)], k = dims[bxt_below(&r, 5)];
       if (rep == 0) m = n = k = 129;
-      bx_gemm_layout layout = rep % 2 ? BX_GEMM_NN : BX_GEMM_NT;
-      int *dt = dts[rep % 3];
+      bx_gemm_layout layout = (bx_gemm_layout)(rep % 3);
+      int *dt = dts[rep / 3 % 3];
       int accumulate = rep % 4 == 3;
       mat a, b, c;
-      mat_make(&a, dt[0], m, k, 0);
-      mat_make(&b, dt[1], layout == BX_GEMM_NT ? n : k, layout == BX_GEMM_NT ? k : n, 0);
+      make_ab(&a, dt[0], &b, dt[1], layout, m, n, k, 0, 0);
       mat_make(&c, 0, m, n, 0);
       mat_fill(&r, &a, rep % 5 == 4);
       mat_fill(&r, &b, rep % 5 == 4);
@@ -186,17 +203,17 @@ void test_gemm_special_values(void) {
   size_t m = 9, n = 33, k = 40;
   for (int isa = 0; isa < bxt_isa_count(); isa++) {
     if (!bxt_force(isa)) continue;
-    for (int layout = 0; layout < 2; layout++) {
+    for (int layout = 0; layout < 3; layout++) {
       mat a, b, c;
-      mat_make(&a, 0, m, k, 0);
-      mat_make(&b, 0, layout == BX_GEMM_NT ? n : k, layout == BX_GEMM_NT ? k : n, 0);
+      make_ab(&a, 0, &b, 0, (bx_gemm_layout)layout, m, n, k, 0, 0);
       mat_make(&c, 0, m, n, 0);
       for (size_t i = 0; i < m * k; i++) a.v[i] = (float)ldexp(bxt_normal(&r), -70 - (int)bxt_below(&r, 20));
       for (size_t i = 0; i < k * n; i++) b.v[i] = (float)ldexp(bxt_normal(&r), -60);
       a.v[3] = INFINITY;
       a.v[k + 1] = NAN;
       b.v[5] = -0.0f;
-      for (size_t i = 0; i < k; i++) a.v[2 * k + i] = -0.0f; /* a row of -0: C = +0 */
+      for (size_t i = 0; i < k; i++) /* a row of -0 (TN: a column of dY): C = +0 */
+        a.v[layout == BX_GEMM_TN ? i * m + 2 : 2 * k + i] = -0.0f;
       mat_store(&a);
       mat_store(&b);
       CHECK_STATUS(run_gemm(&a, &b, (bx_gemm_layout)layout, &c, 1, 0, NULL), BX_OK, "special");
@@ -263,12 +280,12 @@ void test_gemm_layout_invariance(void) {
   bxt_rng_init(&r);
   size_t m = 131, n = 97, k = 270;
   static const int threads[] = {1, 2, 3, 8};
-  static const bx_gemm_blocking blks[] = {{0, 0, 0}, {1, 1, 1}, {13, 7, 33}, {48, 64, 16}, {200, 300, 128}};
-  for (int layout = 0; layout < 2; layout++)
+  static const bx_gemm_blocking blks[] = {{0, 0, 0, 0, 0}, {1, 1, 1, 0, 0}, {13, 7, 33, 0, 0}, {48, 64, 16, 0, 0}, {200, 300, 128, 0, 0}};
+  for (int layout = 0; layout < 3; layout++)
     for (int acc = 0; acc < 2; acc++) {
       mat a, b, c0;
-      mat_make(&a, layout, m, k, 0); /* NT with fp32, NN with bf16 A */
-      mat_make(&b, 0, layout == BX_GEMM_NT ? n : k, layout == BX_GEMM_NT ? k : n, 0);
+      /* NT with fp32, NN with bf16 A, TN with bf16 dY (acc 0) or fp32 (acc 1) */
+      make_ab(&a, layout == 1 || (layout == 2 && !acc), &b, 0, (bx_gemm_layout)layout, m, n, k, 0, 0);
       mat_make(&c0, 0, m, n, 0);
       mat_fill(&r, &a, 0);
       mat_fill(&r, &b, 0);
@@ -284,10 +301,10 @@ void test_gemm_layout_invariance(void) {
           for (size_t q = 0; q < sizeof blks / sizeof blks[0]; q++) {
             size_t shift = (t + q) % 4 * 4; /* 0, 4, 8, 12 bytes off a 64-byte line */
             mat a2, b2, c;
-            mat_make(&a2, a.bf16, m, k, shift / (a.bf16 ? 2 : 1) / 2 * 2);
+            mat_make(&a2, a.bf16, a.rows, a.cols, shift / (a.bf16 ? 2 : 1) / 2 * 2);
             mat_make(&b2, 0, b.rows, b.cols, shift);
             mat_make(&c, 0, m, n, (shift + 4) % 16);
-            memcpy(a2.v, a.v, m * k * sizeof(float));
+            memcpy(a2.v, a.v, a.rows * a.cols * sizeof(float));
             memcpy(b2.v, b.v, b.rows * b.cols * sizeof(float));
             memcpy(c.v, init, m * n * sizeof(float));
             mat_store(&a2);
@@ -460,4 +477,109 @@ void test_gemm_bad_input(void) {
   mat_free(&b);
   mat_free(&bt);
   mat_free(&c);
+}
+
+/* TN (weight gradient): a chunk partial is bx_gemm TN on row views (same
+ * data, byte_offset advanced): equal to the chain over exactly those rows,
+ * for chunk edges off every blocking; 3-D a and b read as [batch*rows, .]. */
+void test_gemm_tn_chunk_views(void) {
+  bxt_rng r;
+  bxt_rng_init(&r);
+  size_t t = 700, n = 45, k = 67;
+  static const size_t cuts[][2] = {{0, 1}, {0, 256}, {256, 512}, {511, 700}, {3, 300}, {0, 700}};
+  for (int isa = 0; isa < bxt_isa_count(); isa++) {
+    if (!bxt_force(isa)) continue;
+    for (int bf = 0; bf < 2; bf++) {
+      mat a, b;
+      mat_make(&a, bf, t, n, 0);
+      mat_make(&b, 0, t, k, 0);
+      mat_fill(&r, &a, 0);
+      mat_fill(&r, &b, 0);
+      for (size_t q = 0; q < sizeof cuts / sizeof cuts[0]; q++) {
+        size_t r0 = cuts[q][0], r1 = cuts[q][1];
+        int64_t sa[2] = {(int64_t)(r1 - r0), (int64_t)n}, sb[2] = {(int64_t)(r1 - r0), (int64_t)k};
+        DLTensor va = a.t, vb = b.t;
+        va.shape = sa;
+        va.byte_offset = r0 * n * (bf ? 2 : 4);
+        vb.shape = sb;
+        vb.byte_offset = r0 * k * 4;
+        mat c;
+        mat_make(&c, 0, n, k, 0);
+        bx_gemm_opts o = BX_GEMM_OPTS_DEFAULT;
+        o.num_threads = 1 + (int)(q % 3);
+        CHECK_STATUS(bx_gemm(&va, &vb, BX_GEMM_TN, &c.t, &o), BX_OK, "view");
+        int bad = 0;
+        for (size_t i = 0; i < n && bad < 4; i++)
+          for (size_t j = 0; j < k && bad < 4; j++) {
+            float acc = 0.0f;
+            for (size_t p = r0; p < r1; p++) acc = fmaf(a.v[p * n + i], b.v[p * k + j], acc);
+            if (!CHECK_BITS_F(mat_out(&c, i * k + j), acc, "isa %s %s TN rows [%zu, %zu): C[%zu][%zu]",
+                              bxt_isa(isa), bf ? "bf16" : "f32", r0, r1, i, j))
+              bad++;
+          }
+        mat_free(&c);
+      }
+      /* 3-D: [5, 140, .] is the same as [700, .] */
+      mat c2, c3;
+      mat_make(&c2, 0, n, k, 0);
+      mat_make(&c3, 0, n, k, 0);
+      CHECK_STATUS(bx_gemm(&a.t, &b.t, BX_GEMM_TN, &c2.t, NULL), BX_OK, "2-D");
+      int64_t s3a[3] = {5, 140, (int64_t)n}, s3b[3] = {5, 140, (int64_t)k};
+      DLTensor a3 = a.t, b3 = b.t;
+      a3.ndim = 3;
+      a3.shape = s3a;
+      b3.ndim = 3;
+      b3.shape = s3b;
+      CHECK_STATUS(bx_gemm(&a3, &b3, BX_GEMM_TN, &c3.t, NULL), BX_OK, "3-D");
+      CHECK(memcmp(c2.data, c3.data, n * k * 4) == 0, "isa %s TN: 3-D differs from 2-D", bxt_isa(isa));
+      mat_free(&c2);
+      mat_free(&c3);
+      mat_free(&a);
+      mat_free(&b);
+    }
+  }
+  bxt_force(-1);
+}
+
+void test_gemm_tn_bad_input(void) {
+  bxt_rng r;
+  bxt_rng_init(&r);
+  mat a, b, c, b2, c2;
+  mat_make(&a, 0, 9, 6, 0); /* dY [T=9, N=6] */
+  mat_make(&b, 0, 9, 5, 0); /* X [T=9, K=5] */
+  mat_make(&b2, 0, 8, 5, 0);
+  mat_make(&c, 0, 6, 5, 0);
+  mat_make(&c2, 0, 5, 6, 0);
+  mat_fill(&r, &a, 0);
+  mat_fill(&r, &b, 0);
+  mat_fill(&r, &c, 0);
+  mat_fill(&r, &c2, 0);
+  expect_fail(&a.t, &b2.t, BX_GEMM_TN, &c, NULL, BX_EINVAL, "rows", "TN b with 8 rows");
+  expect_fail(&a.t, &b.t, BX_GEMM_TN, &c2, NULL, BX_EINVAL, "c's shape", "TN c [K,N]");
+  int64_t s3[3] = {1, 6, 5};
+  mat c3 = c;
+  c3.t.ndim = 3;
+  c3.t.shape = s3;
+  expect_fail(&a.t, &b.t, BX_GEMM_TN, &c3, NULL, BX_EINVAL, "dimensions", "TN 3-D c");
+  DLTensor bad = b.t;
+  bad.dtype.bits = 64;
+  expect_fail(&a.t, &bad, BX_GEMM_TN, &c, NULL, BX_EDTYPE, "tensor b", "TN fp64 b");
+  mat big;
+  mat_make(&big, 0, 1, 9 * 6 + 6 * 5, 0);
+  DLTensor ao = a.t, co = c.t;
+  ao.data = big.data;
+  co.data = big.data;
+  co.byte_offset = 9 * 6 * 4 - 4;
+  mat cw = c;
+  cw.t = co;
+  cw.data = big.data + co.byte_offset;
+  expect_fail(&ao, &b.t, BX_GEMM_TN, &cw, NULL, BX_ELAYOUT, "overlaps a", "TN c overlapping a");
+  mat_free(&big);
+  CHECK_STATUS(bx_gemm(&a.t, &b.t, BX_GEMM_TN, &c.t, NULL), BX_OK, "good TN call");
+  check_against_ref(&a, &b, BX_GEMM_TN, &c, NULL, "TN after errors");
+  mat_free(&a);
+  mat_free(&b);
+  mat_free(&b2);
+  mat_free(&c);
+  mat_free(&c2);
 }

@@ -219,5 +219,17 @@ void test_loss_xent_special_values(void);
 void test_loss_xent_invariance(void);
 void test_loss_xent_tokred(void);
 void test_loss_bad_input(void);
+/* the weight gradient (section gemm): TN views and bad input in
+ * test_gemm.c, the segmented TN product, partials, bounds and
+ * bx_linear_wgrad in test_wgrad.c, errors and grid kernels in
+ * test_wgrad_errors.c */
+void test_gemm_tn_chunk_views(void);
+void test_gemm_tn_bad_input(void);
+void test_gemm_tn_segments(void);
+void test_wgrad_bias_partials(void);
+void test_wgrad_bound(void);
+void test_wgrad_linear(void);
+void test_wgrad_bad_input(void);
+void test_wgrad_grid_kernels(void);
 
 #endif /* BX_TEST_TESTS_H */

@@ -98,10 +98,17 @@ extern const bx_scale_kernels bx_scale_avx512;
 typedef void (*bx_gemm_micro_fn)(size_t kc, const float *ap, const float *bp, float *c,
                                  size_t ldc, int load_c);
 
+/* The same with B read in place, element (k, j) at bp[k*ldb + j] (no
+ * alignment needed): the row-major B of NN and TN, unpacked. The same
+ * chain, so the same bits. */
+typedef void (*bx_gemm_micro_ldb_fn)(size_t kc, const float *ap, const float *bp, size_t ldb,
+                                     float *c, size_t ldc, int load_c);
+
 typedef struct bx_gemm_kernel {
   const char *name;
   size_t mr, nr; /* tile rows and columns, at most BX_GEMM_MR_MAX, BX_GEMM_NR_MAX */
   bx_gemm_micro_fn micro;
+  bx_gemm_micro_ldb_fn micro_ldb; /* NULL: the driver packs B */
 } bx_gemm_kernel;
 
 #define BX_GEMM_MR_MAX 16
@@ -115,6 +122,41 @@ extern const bx_gemm_kernel bx_gemm_avx512;
 
 /* The GEMM micro-kernel matching bx_kernels_active(). */
 const bx_gemm_kernel *bx_gemm_kernel_active(void);
+
+/* Token reduction's rounding onto the grid (bitexact_train.h's
+ * bx_tokred_add; the rule is src/common/tokred_grid.h's bx_tokred_q):
+ * for i in [0, n): if a[i] is finite (|bits| < 0x7f800000),
+ *   w[i] += bits((double)a[i] * inv_step + 1.5*2^52) - bits(1.5*2^52)
+ * (the product exact, the sum one rounding to nearest even: for |a[i] *
+ * inv_step| <= 2^51 that is round_nearest_even(a[i] * inv_step)); a
+ * non-finite a[i] adds 0 and counts. *nonfinite = the count; returns the
+ * largest |bits| (sign cleared) of the finite a[i], 0 if none. The same
+ * formula for every input, in range or not, so every table gives
+ * identical words and the caller can undo an add exactly with the scalar
+ * rule. Words are added modulo 2^64 (in range no sum wraps: the grid
+ * keeps |sum| <= 2^62). n <= BX_CHUNK not required. */
+typedef uint32_t (*bx_tokred_grid_fn)(int64_t *w, const float *a, size_t n, double inv_step,
+                                      int64_t *nonfinite);
+
+/* The largest |bits| (sign cleared) of the finite a[i], i < n; 0 if none
+ * (the exponent bound of bx_tokred_bound, the maxima of
+ * bx_linear_wgrad_bound). An integer maximum: every table agrees. */
+typedef uint32_t (*bx_tokred_maxabs_fn)(const float *a, size_t n);
+
+typedef struct bx_tokred_kernels {
+  const char *name;
+  bx_tokred_grid_fn grid_add;
+  bx_tokred_maxabs_fn max_abs;
+} bx_tokred_kernels;
+
+extern const bx_tokred_kernels bx_tokred_portable;
+#ifdef BX_HAVE_X86
+extern const bx_tokred_kernels bx_tokred_avx2;
+extern const bx_tokred_kernels bx_tokred_avx512;
+#endif
+
+/* The token-reduction table matching bx_kernels_active(). */
+const bx_tokred_kernels *bx_tokred_kernels_active(void);
 
 /* The kernel table chosen for this CPU at first use (or the one named by
  * the environment variable BX_ISA, if the CPU has it): the fastest the

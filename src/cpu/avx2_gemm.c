@@ -46,4 +46,4 @@ static void avx2_gemm_6x16(size_t kc, const float *ap, const float *bp, float *c
   ALL_ROWS(ROW_STORE);
 }
 
-const bx_gemm_kernel bx_gemm_avx2 = {"avx2", MR, NR, avx2_gemm_6x16};
+const bx_gemm_kernel bx_gemm_avx2 = {"avx2", MR, NR, avx2_gemm_6x16, NULL};

@@ -59,4 +59,25 @@ static void avx512_gemm_12x32(size_t kc, const float *ap, const float *bp, float
   ALL_ROWS(ROW_STORE);
 }
 
-const bx_gemm_kernel bx_gemm_avx512 = {"avx512", MR, NR, avx512_gemm_12x32};
+/* B unpacked: row k of the sliver at bp + k*ldb (fp32 row-major B of NN
+ * and TN: X's rows), unaligned loads; the same chain. */
+static void avx512_gemm_12x32_ldb(size_t kc, const float *ap, const float *bp, size_t ldb,
+                                  float *c, size_t ldc, int load_c) {
+  ALL_ROWS(ROW_DECL);
+  ALL_ROWS(ROW_INIT);
+  const float *next = c + (size_t)MR * ldc;
+  size_t k = 0;
+  for (; k < kc && k < MR; k++, ap += MR, bp += ldb) {
+    _mm_prefetch((const char *)(next + k * ldc), _MM_HINT_T0);
+    _mm_prefetch((const char *)(next + k * ldc + 16), _MM_HINT_T0);
+    __m512 b0 = _mm512_loadu_ps(bp), b1 = _mm512_loadu_ps(bp + 16);
+    ALL_ROWS(ROW_FMA);
+  }
+  for (; k < kc; k++, ap += MR, bp += ldb) {
+    __m512 b0 = _mm512_loadu_ps(bp), b1 = _mm512_loadu_ps(bp + 16);
+    ALL_ROWS(ROW_FMA);
+  }
+  ALL_ROWS(ROW_STORE);
+}
+
+const bx_gemm_kernel bx_gemm_avx512 = {"avx512", MR, NR, avx512_gemm_12x32, avx512_gemm_12x32_ldb};

@@ -27,4 +27,4 @@ static void portable_gemm_4x8(size_t kc, const float *ap, const float *bp, float
     for (size_t j = 0; j < NR; j++) c[i * ldc + j] = acc[i][j];
 }
 
-const bx_gemm_kernel bx_gemm_portable = {"portable", MR, NR, portable_gemm_4x8};
+const bx_gemm_kernel bx_gemm_portable = {"portable", MR, NR, portable_gemm_4x8, NULL};

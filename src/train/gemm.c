@@ -26,21 +26,11 @@
 
 /* ---- checks -------------------------------------------------------------- */
 
-typedef struct gemm_operand {
-  const void *data; /* first element */
-  bx_dtype dt;
-  int ndim;
-  size_t dim[3];
-  size_t bytes;
-} gemm_operand;
-
 static int host_readable(DLDeviceType dev) {
   return dev == kDLCPU || dev == kDLCUDAHost || dev == kDLCUDAManaged || dev == kDLROCMHost;
 }
 
-/* One tensor: present, host, 2-D (or 3-D where allowed), dtype, row-major
- * contiguous, aligned. name: "a", "b" or "c". */
-static bx_status check_operand(const char *fn, const char *name, const DLTensor *t, int max_ndim,
+bx_status bx_gemm_check_operand(const char *fn, const char *name, const DLTensor *t, int max_ndim,
                                int c_dtype, gemm_operand *o) {
   if (!t) return bx_fail(BX_EINVAL, "%s: tensor %s is NULL", fn, name);
   if (!host_readable(t->device.device_type))
@@ -85,7 +75,7 @@ static bx_status check_operand(const char *fn, const char *name, const DLTensor 
   return BX_OK;
 }
 
-static int overlaps(const gemm_operand *x, const gemm_operand *y) {
+int bx_gemm_overlaps(const gemm_operand *x, const gemm_operand *y) {
   if (!x->bytes || !y->bytes) return 0;
   uintptr_t x0 = (uintptr_t)x->data, y0 = (uintptr_t)y->data;
   return x0 < y0 + y->bytes && y0 < x0 + x->bytes;
@@ -126,6 +116,50 @@ static void pack_a_bf16(const uint16_t *a, size_t lda, size_t mb, size_t kb, siz
         for (size_t k = 0; k < kb; k++) ap[k * mr + ii] = 0.0f;
       }
     }
+}
+
+/* TN: A is stored [K,M] (dY, token-major): element (i, k) of the product's
+ * A is a[k*lda + i], so each k step of a sliver is mr contiguous values. */
+static void pack_a_tn_f32(const float *a, size_t lda, size_t mb, size_t kb, size_t mr, float *ap) {
+  /* token by token: each row's mb values are read once, contiguously (a
+   * sliver-major walk would stride over kb rows per sliver) */
+  size_t full = mb / mr * mr;
+  for (size_t k = 0; k < kb; k++) {
+    const float *src = a + k * lda;
+    float *dst = ap + k * mr;
+    switch (mr) { /* the kernels' mr: fixed-size copies the compiler inlines */
+    case 12:
+      for (size_t r = 0; r < full; r += 12, dst += kb * 12) memcpy(dst, src + r, 12 * sizeof(float));
+      break;
+    case 6:
+      for (size_t r = 0; r < full; r += 6, dst += kb * 6) memcpy(dst, src + r, 6 * sizeof(float));
+      break;
+    case 4:
+      for (size_t r = 0; r < full; r += 4, dst += kb * 4) memcpy(dst, src + r, 4 * sizeof(float));
+      break;
+    default:
+      for (size_t r = 0; r < full; r += mr, dst += kb * mr)
+        for (size_t ii = 0; ii < mr; ii++) dst[ii] = src[r + ii];
+    }
+    if (full < mb) {
+      size_t h = mb - full;
+      for (size_t ii = 0; ii < h; ii++) dst[ii] = src[full + ii];
+      for (size_t ii = h; ii < mr; ii++) dst[ii] = 0.0f;
+    }
+  }
+}
+
+static void pack_a_tn_bf16(const uint16_t *a, size_t lda, size_t mb, size_t kb, size_t mr,
+                           float *ap) {
+  for (size_t k = 0; k < kb; k++) {
+    const uint16_t *src = a + k * lda;
+    float *dst = ap + k * mr;
+    for (size_t r = 0; r < mb; r += mr, dst += kb * mr) {
+      size_t h = mb - r < mr ? mb - r : mr;
+      for (size_t ii = 0; ii < h; ii++) dst[ii] = bf16_to_f32(src[r + ii]);
+      for (size_t ii = h; ii < mr; ii++) dst[ii] = 0.0f;
+    }
+  }
 }
 
 /* NT: B is [N,K]; columns j of C are rows of B: b[j*ldb + k]. */
@@ -194,9 +228,21 @@ typedef struct gemm_job {
   const bx_gemm_kernel *kern;
   char *scratch;       /* per worker: packed A block, then packed B panel */
   size_t scratch_each; /* bytes per worker, a multiple of 64 */
+  bx_gemm_epilogue_fn epi; /* NULL, or called on each finished block of C */
+  void *epi_ctx;
+  size_t chunk;            /* 0, or the length of the chain segments */
+  size_t group;            /* segments per group (group_task) when > 1 */
+  int direct_b;            /* B (fp32, [K,N]) read in place by kern->micro_ldb */
 } gemm_job;
 
 static void pack_a(const gemm_job *j, size_t i0, size_t p0, size_t mb, size_t kb, float *ap) {
+  if (j->layout == BX_GEMM_TN) { /* a is [K rows, M cols] in the product's terms */
+    if (j->adt == BX_DT_BF16)
+      pack_a_tn_bf16((const uint16_t *)j->a + p0 * j->m + i0, j->m, mb, kb, j->kern->mr, ap);
+    else
+      pack_a_tn_f32((const float *)j->a + p0 * j->m + i0, j->m, mb, kb, j->kern->mr, ap);
+    return;
+  }
   if (j->adt == BX_DT_BF16)
     pack_a_bf16((const uint16_t *)j->a + i0 * j->k + p0, j->k, mb, kb, j->kern->mr, ap);
   else
@@ -232,33 +278,121 @@ static void run_tile(const bx_gemm_kernel *kern, size_t kb, const float *ap, con
   for (size_t i = 0; i < mb; i++) memcpy(c + i * ldc, t + i * nr, nb * sizeof(float));
 }
 
+/* run_tile with B unpacked (kern->micro_ldb; a whole nr-wide sliver) */
+static void run_tile_ldb(const bx_gemm_kernel *kern, size_t kb, const float *ap, const float *bs,
+                         size_t ldb, float *c, size_t ldc, size_t mb, int load_c) {
+  if (mb == kern->mr) {
+    kern->micro_ldb(kb, ap, bs, ldb, c, ldc, load_c);
+    return;
+  }
+  _Alignas(64) float t[BX_GEMM_MR_MAX * BX_GEMM_NR_MAX];
+  size_t nr = kern->nr;
+  for (size_t i = 0; i < kern->mr; i++)
+    for (size_t jj = 0; jj < nr; jj++) t[i * nr + jj] = load_c && i < mb ? c[i * ldc + jj] : 0.0f;
+  kern->micro_ldb(kb, ap, bs, ldb, t, nr, 1);
+  for (size_t i = 0; i < mb; i++) memcpy(c + i * ldc, t + i * nr, nr * sizeof(float));
+}
+
 /* bytes of a packed A block, rounded up so that the B panel after it is
  * 64-byte aligned (the micro-kernels load B slivers aligned) */
 static size_t a_bytes(size_t mc, size_t kc) { return (mc * kc * sizeof(float) + 63) / 64 * 64; }
 
+/* Every tile of the mb x nb block of C at (i0, j0) over the k block [p0,
+ * p0 + kb): A packed at ap; B packed at bpk, or (bpk NULL: j->direct_b)
+ * read in place, its edge sliver (narrower than nr) packed into edge. */
+static void block_tiles(const gemm_job *j, size_t i0, size_t mb, size_t j0, size_t nb, size_t p0,
+                        size_t kb, const float *ap, const float *bpk, float *edge, int load_c) {
+  const bx_gemm_kernel *kern = j->kern;
+  for (size_t s = 0; s < nb; s += kern->nr) {
+    size_t w = nb - s < kern->nr ? nb - s : kern->nr;
+    const float *bs;
+    if (!bpk && w == kern->nr) { /* in place: rows of B (fp32, [K,N] row-major) */
+      bs = (const float *)j->b + p0 * j->n + j0 + s;
+      for (size_t r = 0; r < mb; r += kern->mr) {
+        size_t h = mb - r < kern->mr ? mb - r : kern->mr;
+        run_tile_ldb(kern, kb, ap + (r / kern->mr) * kb * kern->mr, bs, j->n,
+                     j->c + (i0 + r) * j->n + j0 + s, j->n, h, load_c);
+      }
+      continue;
+    }
+    if (!bpk) {
+      pack_b(j, j0 + s, p0, w, kb, edge);
+      bs = edge;
+    } else {
+      bs = bpk + (s / kern->nr) * kb * kern->nr;
+    }
+    for (size_t r = 0; r < mb; r += kern->mr) {
+      size_t h = mb - r < kern->mr ? mb - r : kern->mr;
+      run_tile(kern, kb, ap + (r / kern->mr) * kb * kern->mr, bs, j->c + (i0 + r) * j->n + j0 + s,
+               j->n, h, w, load_c);
+    }
+  }
+}
+
+/* Segments in groups of j->group: B packed once per group for all its
+ * segments and k blocks, then per mc block of rows every segment of the
+ * group in turn, so that the epilogue's per-block data (C's block and what
+ * the epilogue adds it to) stays in cache across the group's segments.
+ * Each segment's chain is the same as in gemm_task's loop. */
+static void group_task(const gemm_job *j, int worker, size_t r0, size_t r1, size_t j0, size_t nb,
+                       float *ap, float *bp) {
+  const bx_gemm_kernel *kern = j->kern;
+  size_t nbr = (nb + kern->nr - 1) / kern->nr * kern->nr, gt = j->group * j->chunk;
+  for (size_t g0 = 0; g0 < j->k; g0 += gt) {
+    size_t g1 = j->k - g0 < gt ? j->k : g0 + gt;
+    float *q = bp;
+    if (!j->direct_b)
+      for (size_t p0 = g0; p0 < g1;) { /* every k block of every segment, in order */
+        size_t c1 = (p0 - g0) / j->chunk * j->chunk + g0 + j->chunk;
+        if (c1 > g1) c1 = g1;
+        size_t kb = c1 - p0 < j->kc ? c1 - p0 : j->kc;
+        pack_b(j, j0, p0, nb, kb, q);
+        q += kb * nbr;
+        p0 += kb;
+      }
+    for (size_t i0 = r0; i0 < r1; i0 += j->mc) {
+      size_t mb = r1 - i0 < j->mc ? r1 - i0 : j->mc;
+      q = bp;
+      for (size_t c0 = g0; c0 < g1; c0 += j->chunk) {
+        size_t c1 = g1 - c0 < j->chunk ? g1 : c0 + j->chunk;
+        for (size_t p0 = c0; p0 < c1; p0 += j->kc) {
+          size_t kb = c1 - p0 < j->kc ? c1 - p0 : j->kc;
+          pack_a(j, i0, p0, mb, kb, ap);
+          block_tiles(j, i0, mb, j0, nb, p0, kb, ap, j->direct_b ? NULL : q, bp, p0 > c0);
+          q += kb * nbr;
+        }
+        j->epi(j->epi_ctx, worker, j->c + i0 * j->n + j0, j->n, c0, i0, j0, mb, nb);
+      }
+    }
+  }
+}
+
 static void gemm_task(void *ctx, size_t task, int worker) {
   const gemm_job *j = ctx;
-  const bx_gemm_kernel *kern = j->kern;
   size_t r0 = (task / j->nblocks_n) * j->mtask, j0 = (task % j->nblocks_n) * j->nc;
   size_t r1 = j->m - r0 < j->mtask ? j->m : r0 + j->mtask;
   size_t nb = j->n - j0 < j->nc ? j->n - j0 : j->nc;
   float *ap = (float *)(j->scratch + (size_t)worker * j->scratch_each);
   float *bp = (float *)(j->scratch + (size_t)worker * j->scratch_each + a_bytes(j->mc, j->kc));
-  for (size_t p0 = 0; p0 < j->k; p0 += j->kc) {
-    size_t kb = j->k - p0 < j->kc ? j->k - p0 : j->kc;
-    int load_c = p0 > 0 || j->accumulate; /* the running accumulator is in C */
-    pack_b(j, j0, p0, nb, kb, bp); /* once per k block, for all the task's rows */
-    for (size_t i0 = r0; i0 < r1; i0 += j->mc) {
-      size_t mb = r1 - i0 < j->mc ? r1 - i0 : j->mc;
-      pack_a(j, i0, p0, mb, kb, ap);
-      for (size_t s = 0; s < nb; s += kern->nr) {
-        size_t w = nb - s < kern->nr ? nb - s : kern->nr;
-        const float *bs = bp + (s / kern->nr) * kb * kern->nr;
-        for (size_t r = 0; r < mb; r += kern->mr) {
-          size_t h = mb - r < kern->mr ? mb - r : kern->mr;
-          run_tile(kern, kb, ap + (r / kern->mr) * kb * kern->mr, bs,
-                   j->c + (i0 + r) * j->n + j0 + s, j->n, h, w, load_c);
-        }
+  if (j->group > 1) {
+    group_task(j, worker, r0, r1, j0, nb, ap, bp);
+    return;
+  }
+  /* the chains over [c0, c1): all of k, or one segment (chunk) after the
+   * other, each from +0, with the epilogue after each segment */
+  size_t seg = j->chunk ? j->chunk : j->k;
+  for (size_t c0 = 0; c0 < j->k; c0 += seg) {
+    size_t c1 = j->k - c0 < seg ? j->k : c0 + seg;
+    for (size_t p0 = c0; p0 < c1; p0 += j->kc) {
+      size_t kb = c1 - p0 < j->kc ? c1 - p0 : j->kc;
+      int load_c = p0 > c0 || j->accumulate; /* the running accumulator is in C */
+      if (!j->direct_b) pack_b(j, j0, p0, nb, kb, bp); /* once per k block, for all the task's rows */
+      for (size_t i0 = r0; i0 < r1; i0 += j->mc) {
+        size_t mb = r1 - i0 < j->mc ? r1 - i0 : j->mc;
+        pack_a(j, i0, p0, mb, kb, ap);
+        block_tiles(j, i0, mb, j0, nb, p0, kb, ap, j->direct_b ? NULL : bp, bp, load_c);
+        if (j->epi && p0 + kb == c1) /* the block is final, and still in cache */
+          j->epi(j->epi_ctx, worker, j->c + i0 * j->n + j0, j->n, c0, i0, j0, mb, nb);
       }
     }
   }
@@ -266,23 +400,47 @@ static void gemm_task(void *ctx, size_t task, int worker) {
 
 static size_t round_up(size_t x, size_t q) { return (x + q - 1) / q * q; }
 
+static bx_status gemm_run(const char *fn, const gemm_operand *A, const gemm_operand *B,
+                          bx_gemm_layout layout, const gemm_operand *C, size_t m, size_t n,
+                          size_t k, const bx_gemm_opts *opts, const bx_gemm_blocking *blk,
+                          bx_gemm_epilogue_fn epi, void *epi_ctx);
+
 static bx_status gemm_impl(const char *fn, const DLTensor *a, const DLTensor *b,
                            bx_gemm_layout layout, DLTensor *c, const bx_gemm_opts *opts,
-                           const bx_gemm_blocking *blk) {
+                           const bx_gemm_blocking *blk, bx_gemm_epilogue_fn epi, void *epi_ctx) {
   bx_gemm_opts o = BX_GEMM_OPTS_DEFAULT;
   if (opts) o = *opts;
   if (o.num_threads < 0)
     return bx_fail(BX_EINVAL, "%s: num_threads %d is negative", fn, o.num_threads);
-  if (layout != BX_GEMM_NT && layout != BX_GEMM_NN)
-    return bx_fail(BX_EINVAL, "%s: unknown layout %d (BX_GEMM_NT or BX_GEMM_NN)", fn, (int)layout);
+  if (layout != BX_GEMM_NT && layout != BX_GEMM_NN && layout != BX_GEMM_TN)
+    return bx_fail(BX_EINVAL, "%s: unknown layout %d (BX_GEMM_NT, BX_GEMM_NN or BX_GEMM_TN)", fn,
+                   (int)layout);
   gemm_operand A, B, C;
-  bx_status st = check_operand(fn, "a", a, 3, 0, &A);
-  if (st == BX_OK) st = check_operand(fn, "b", b, 2, 0, &B);
-  if (st == BX_OK) st = check_operand(fn, "c", c, 3, 1, &C);
+  int tn = layout == BX_GEMM_TN;
+  bx_status st = bx_gemm_check_operand(fn, "a", a, 3, 0, &A);
+  if (st == BX_OK) st = bx_gemm_check_operand(fn, "b", b, tn ? 3 : 2, 0, &B);
+  if (st == BX_OK) st = bx_gemm_check_operand(fn, "c", c, tn ? 2 : 3, 1, &C);
   if (st != BX_OK) return st;
-  size_t m = A.ndim == 3 ? A.dim[0] * A.dim[1] : A.dim[0], k = A.dim[A.ndim - 1];
+  size_t m, n, k;
+  if (tn) { /* a = dY [T, N], b = X [T, K] (or 3-D, read as [T, .]); c [N, K] */
+    size_t ta = A.ndim == 3 ? A.dim[0] * A.dim[1] : A.dim[0];
+    size_t tb = B.ndim == 3 ? B.dim[0] * B.dim[1] : B.dim[0];
+    m = A.dim[A.ndim - 1];
+    n = B.dim[B.ndim - 1];
+    k = ta;
+    if (tb != ta)
+      return bx_fail(BX_EINVAL, "%s: TN: a has %zu rows (tokens) but b has %zu", fn, ta, tb);
+    if (C.dim[0] != m || C.dim[1] != n)
+      return bx_fail(BX_EINVAL, "%s: TN: c's shape [%zu, %zu] is not [N = %zu columns of a, "
+                     "K = %zu columns of b]", fn, C.dim[0], C.dim[1], m, n);
+    if (bx_gemm_overlaps(&C, &A)) return bx_fail(BX_ELAYOUT, "%s: c overlaps a", fn);
+    if (bx_gemm_overlaps(&C, &B)) return bx_fail(BX_ELAYOUT, "%s: c overlaps b", fn);
+    return gemm_run(fn, &A, &B, layout, &C, m, n, k, &o, blk, epi, epi_ctx);
+  }
+  m = A.ndim == 3 ? A.dim[0] * A.dim[1] : A.dim[0];
+  k = A.dim[A.ndim - 1];
   size_t bk = layout == BX_GEMM_NT ? B.dim[1] : B.dim[0];
-  size_t n = layout == BX_GEMM_NT ? B.dim[0] : B.dim[1];
+  n = layout == BX_GEMM_NT ? B.dim[0] : B.dim[1];
   if (bk != k)
     return bx_fail(BX_EINVAL, "%s: a is [..., %zu] but b (%s) is [%zu, %zu]: K differs", fn, k,
                    layout == BX_GEMM_NT ? "NT, [N,K]" : "NN, [K,N]", B.dim[0], B.dim[1]);
@@ -291,12 +449,22 @@ static bx_status gemm_impl(const char *fn, const DLTensor *a, const DLTensor *b,
   if ((A.ndim == 3 && (C.dim[0] != A.dim[0] || C.dim[1] != A.dim[1])) ||
       (A.ndim == 2 && C.dim[0] != A.dim[0]) || C.dim[C.ndim - 1] != n)
     return bx_fail(BX_EINVAL, "%s: c's shape does not match [M = %zu rows of a, N = %zu]", fn, m, n);
-  if (overlaps(&C, &A)) return bx_fail(BX_ELAYOUT, "%s: c overlaps a", fn);
-  if (overlaps(&C, &B)) return bx_fail(BX_ELAYOUT, "%s: c overlaps b", fn);
-  float *cd = (float *)C.data;
+  if (bx_gemm_overlaps(&C, &A)) return bx_fail(BX_ELAYOUT, "%s: c overlaps a", fn);
+  if (bx_gemm_overlaps(&C, &B)) return bx_fail(BX_ELAYOUT, "%s: c overlaps b", fn);
+  return gemm_run(fn, &A, &B, layout, &C, m, n, k, &o, blk, epi, epi_ctx);
+}
+
+/* The product of checked operands: m x n outputs, chains of length k. */
+static bx_status gemm_run(const char *fn, const gemm_operand *A, const gemm_operand *B,
+                          bx_gemm_layout layout, const gemm_operand *C, size_t m, size_t n,
+                          size_t k, const bx_gemm_opts *opts, const bx_gemm_blocking *blk,
+                          bx_gemm_epilogue_fn epi, void *epi_ctx) {
+  bx_gemm_opts o = *opts;
+  float *cd = (float *)C->data;
   if (m == 0 || n == 0) return BX_OK;
   if (k == 0) {
     if (!o.accumulate) memset(cd, 0, m * n * sizeof(float));
+    if (epi) epi(epi_ctx, 0, cd, n, 0, 0, 0, m, n);
     return BX_OK;
   }
 
@@ -304,8 +472,11 @@ static bx_status gemm_impl(const char *fn, const DLTensor *a, const DLTensor *b,
   size_t mc = round_up(blk && blk->mc ? blk->mc : BX_GEMM_MC, kern->mr);
   size_t kc = blk && blk->kc ? blk->kc : BX_GEMM_KC;
   size_t nc = round_up(blk && blk->nc ? blk->nc : BX_GEMM_NC, kern->nr);
+  size_t chunk = blk && blk->chunk && blk->chunk < k ? blk->chunk : 0;
+  if (chunk) o.accumulate = 0; /* the segments start from +0 */
   if (mc > round_up(m, kern->mr)) mc = round_up(m, kern->mr);
   if (kc > k) kc = k;
+  if (chunk && kc > chunk) kc = chunk;
   if (nc > round_up(n, kern->nr)) nc = round_up(n, kern->nr);
   int nthreads = o.num_threads > 0 ? o.num_threads : bx_default_threads();
   if (nthreads > BX_MAX_THREADS) nthreads = BX_MAX_THREADS;
@@ -325,21 +496,39 @@ static bx_status gemm_impl(const char *fn, const DLTensor *a, const DLTensor *b,
   size_t mtask = (mblocks + msplit - 1) / msplit * mc;
   size_t ntasks = (m + mtask - 1) / mtask * nblocks;
   if ((size_t)nthreads > ntasks) nthreads = (int)ntasks;
-  size_t each = a_bytes(mc, kc) + round_up(kc * nc * sizeof(float), 64);
+  /* segments (with an epilogue) in groups of blk->group_tokens k steps */
+  size_t gt = chunk && epi && blk->group_tokens ? blk->group_tokens : 0;
+  size_t group = gt > chunk ? gt / chunk : 1;
+  if (group > 1 && group * chunk > k) group = (k + chunk - 1) / chunk;
+  /* NN and TN with fp32 B: the kernel reads B's rows in place when it has
+   * the entry and a k block of B's rows spans at most 256 KiB (64 pages:
+   * within the first-level TLB; wider rows measured no better than
+   * packing). Only an edge sliver narrower than nr is then packed. Speed
+   * only: the chain is the same. */
+  int direct = layout != BX_GEMM_NT && B->dt == BX_DT_F32 && kern->micro_ldb != NULL &&
+               kc * n * sizeof(float) <= ((size_t)256 << 10);
+  size_t panel = direct ? kc * kern->nr : group > 1 ? group * chunk * round_up(nc, kern->nr) : kc * nc;
+  size_t each = a_bytes(mc, kc) + round_up(panel * sizeof(float), 64);
   if (each > (SIZE_MAX - 64) / (size_t)nthreads)
     return bx_fail(BX_ENOMEM, "%s: blocking needs too much scratch", fn);
   char *ws = bx_workspace(each * (size_t)nthreads + 64);
   if (!ws) return bx_fail(BX_ENOMEM, "%s: cannot allocate %zu bytes of packing scratch", fn,
                           each * (size_t)nthreads + 64);
-  gemm_job j = {A.data, B.data, A.dt, B.dt, layout, cd, m, n, k, mc, kc, nc, nblocks, mtask,
-                o.accumulate != 0, kern, ws + (64 - (uintptr_t)ws % 64) % 64, each};
+  gemm_job j = {A->data, B->data, A->dt, B->dt, layout, cd, m, n, k, mc, kc, nc, nblocks, mtask,
+                o.accumulate != 0, kern, ws + (64 - (uintptr_t)ws % 64) % 64, each, epi, epi_ctx,
+                chunk, group, direct};
   bx_parallel_run(nthreads, ntasks, gemm_task, &j);
   return BX_OK;
 }
 
 bx_status bx_gemm_blocked(const DLTensor *a, const DLTensor *b, bx_gemm_layout layout,
                           DLTensor *c, const bx_gemm_opts *opts, const bx_gemm_blocking *blk) {
-  static const char *fn = "bx_gemm";
+  return bx_gemm_fused("bx_gemm", a, b, layout, c, opts, blk, NULL, NULL);
+}
+
+bx_status bx_gemm_fused(const char *fn, const DLTensor *a, const DLTensor *b,
+                        bx_gemm_layout layout, DLTensor *c, const bx_gemm_opts *opts,
+                        const bx_gemm_blocking *blk, bx_gemm_epilogue_fn epi, void *epi_ctx) {
   if (opts) { /* before anything else */
     bx_status st = bx_check_struct_size(fn, "opts->struct_size", opts->struct_size, sizeof *opts,
                                         "bx_gemm_opts", "BX_GEMM_OPTS_DEFAULT");
@@ -348,7 +537,7 @@ bx_status bx_gemm_blocked(const DLTensor *a, const DLTensor *b, bx_gemm_layout l
   bx_call call;
   bx_status st = bx_call_enter(&call, fn);
   if (st != BX_OK) return st;
-  st = gemm_impl(fn, a, b, layout, c, opts, blk);
+  st = gemm_impl(fn, a, b, layout, c, opts, blk, epi, epi_ctx);
   bx_call_leave(&call);
   return st;
 }

@@ -16,6 +16,7 @@
 #include "bitexact_train.h"
 #include "call.h"
 #include "error.h"
+#include "kernels.h"
 #include "tensor.h"
 #include "tokred_grid.h"
 #include "tokred_internal.h"
@@ -353,18 +354,8 @@ bx_status bx_tokred_chunks(const bx_tokred *s, int64_t token_begin, int64_t toke
 
 /* ---- bounds ------------------------------------------------------------ */
 
-/* Largest |bits| of the finite elements of a[0..n). */
-BX_VECTORIZE static uint32_t max_finite_abs(const float *restrict a, size_t n) {
-  int32_t mx = 0;
-  for (size_t i = 0; i < n; i++) {
-    int32_t b;
-    memcpy(&b, &a[i], sizeof b);
-    int32_t ab = b & 0x7fffffff;
-    ab &= -(int32_t)(ab < 0x7f800000);
-    mx = ab > mx ? ab : mx;
-  }
-  return (uint32_t)mx;
-}
+/* The largest finite |bits| of a partial: the active ISA's kernel
+ * (kernels.h, bx_tokred_maxabs_fn). */
 
 static bx_status bound_impl(const char *fn, bx_tokred *s, size_t t, int64_t chunk,
                             const DLTensor *p) {
@@ -378,7 +369,7 @@ static bx_status bound_impl(const char *fn, bx_tokred *s, size_t t, int64_t chun
                     fn, t, (long long)chunk);
   if (st == BX_OK) st = check_like(fn, s, t, chunk, p, "the partial", 0);
   if (st != BX_OK) return st;
-  int E = bx_tokred_exp_of_abs(max_finite_abs(f32_data(p), (size_t)s->numel[t]));
+  int E = bx_tokred_exp_of_abs(bx_tokred_kernels_active()->max_abs(f32_data(p), (size_t)s->numel[t]));
   if (E > s->bound[t]) s->bound[t] = E;
   return BX_OK;
 }
@@ -428,47 +419,20 @@ bx_status bx_tokred_grid_exp(const bx_tokred *s, size_t tensor, int *exp2) {
 
 /* ---- adding a partial -------------------------------------------------- */
 
-/* w[i] += q(a[i]) for the finite a[i] (non-finite ones count in *nonfinite
- * and add 0); returns the largest finite |bits|. Branch-free, so it
- * vectorises. */
-BX_VECTORIZE static uint32_t grid_add(int64_t *restrict w, const float *restrict a, size_t n,
-                                      double inv_step, int64_t *nonfinite) {
-  const double magic = 6755399441055744.0; /* 1.5 * 2^52: see bx_tokred_q */
-  int64_t mbits;
-  memcpy(&mbits, &magic, sizeof mbits);
-  int32_t mx = 0;
-  int64_t nf = 0;
-  for (size_t i = 0; i < n; i++) {
-    int32_t b;
-    memcpy(&b, &a[i], sizeof b);
-    int32_t ab = b & 0x7fffffff;
-    int32_t fin = -(int32_t)(ab < 0x7f800000); /* all ones when finite */
-    nf += 1 + fin;
-    b &= fin;
-    ab &= fin;
-    mx = ab > mx ? ab : mx;
-    float v;
-    memcpy(&v, &b, sizeof v);
-    double r = (double)v * inv_step + magic;
-    int64_t rb;
-    memcpy(&rb, &r, sizeof rb);
-    w[i] += rb - mbits;
-  }
-  *nonfinite = nf;
-  return (uint32_t)mx;
-}
-
-/* Undoes grid_add(w, a, n, inv_step) exactly. */
-static void grid_sub(int64_t *w, const float *a, size_t n, double inv_step) {
+/* The rounding onto the grid is the active ISA's kernel (kernels.h,
+ * bx_tokred_grid_fn: src/cpu/{portable,avx2,avx512}_tokred.c, identical
+ * words). Undoing one is the scalar rule: */
+void bx_tokred_grid_sub(int64_t *w, const float *a, size_t n, double inv_step) {
   for (size_t i = 0; i < n; i++) {
     uint32_t b;
     memcpy(&b, &a[i], sizeof b);
-    if ((b & 0x7fffffffu) < 0x7f800000u) w[i] -= bx_tokred_q(a[i], inv_step);
+    if ((b & 0x7fffffffu) < 0x7f800000u) /* modulo 2^64, as the kernels add */
+      w[i] = (int64_t)((uint64_t)w[i] - (uint64_t)bx_tokred_q(a[i], inv_step));
   }
 }
 
 /* f[i] += a[i] in fp32 (the ordinary mode); returns the non-finite count. */
-BX_VECTORIZE static int64_t plain_add(float *restrict f, const float *restrict a, size_t n) {
+BX_VECTORIZE int64_t bx_tokred_plain_add(float *restrict f, const float *restrict a, size_t n) {
   int64_t nf = 0;
   for (size_t i = 0; i < n; i++) {
     int32_t b;
@@ -479,8 +443,7 @@ BX_VECTORIZE static int64_t plain_add(float *restrict f, const float *restrict a
   return nf;
 }
 
-static bx_status add_impl(const char *fn, bx_tokred *s, size_t t, int64_t chunk,
-                          const DLTensor *p) {
+bx_status bx_tokred_add_check(const char *fn, const bx_tokred *s, size_t t, int64_t chunk) {
   if (!s) return bx_fail(BX_EINVAL, "%s: s is NULL", fn);
   bx_status st = check_tensor_index(fn, s, t);
   if (st == BX_OK) st = check_chunk(fn, s, t, chunk);
@@ -489,6 +452,25 @@ static bx_status add_impl(const char *fn, bx_tokred *s, size_t t, int64_t chunk,
                     "%s: tensor %zu, chunk %lld: the grid is not agreed yet (call "
                     "bx_tokred_agree before adding)",
                     fn, t, (long long)chunk);
+  return st;
+}
+
+bx_status bx_tokred_bound_fail(const char *fn, const bx_tokred *s, size_t t, int64_t chunk,
+                               const float *a, size_t n) {
+  uint32_t lim = bx_tokred_abs_limit(s->bound[t]);
+  const uint32_t *u = (const uint32_t *)(const void *)a;
+  size_t i = 0;
+  while (i < n && !((u[i] & 0x7fffffffu) >= lim && (u[i] & 0x7fffffffu) < 0x7f800000u)) i++;
+  return bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, t,
+                    "%s: tensor %zu, chunk %lld, element %zu: |%a| is not below the agreed "
+                    "bound 2^%d (the partial differs from the one bounded, or a stated "
+                    "bound was too small); nothing was added",
+                    fn, t, (long long)chunk, i, (double)a[i < n ? i : 0], s->bound[t]);
+}
+
+static bx_status add_impl(const char *fn, bx_tokred *s, size_t t, int64_t chunk,
+                          const DLTensor *p) {
+  bx_status st = bx_tokred_add_check(fn, s, t, chunk);
   if (st == BX_OK) st = check_like(fn, s, t, chunk, p, "the partial", 0);
   if (st != BX_OK) return st;
   const float *a = f32_data(p);
@@ -498,21 +480,14 @@ static bx_status add_impl(const char *fn, bx_tokred *s, size_t t, int64_t chunk,
   if (s->mode == BX_TOKRED_GRID) {
     double inv = bx_tokred_pow2(-s->grid[t]);
     uint32_t lim = bx_tokred_abs_limit(s->bound[t]);
-    uint32_t mx = grid_add(w, a, n, inv, &nf);
+    uint32_t mx = bx_tokred_kernels_active()->grid_add(w, a, n, inv, &nf);
     if (mx >= lim) {
-      grid_sub(w, a, n, inv); /* exactly undone: s unchanged */
-      const uint32_t *u = (const uint32_t *)(const void *)a;
-      size_t i = 0;
-      while (i < n && !((u[i] & 0x7fffffffu) >= lim && (u[i] & 0x7fffffffu) < 0x7f800000u)) i++;
-      return bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, t,
-                        "%s: tensor %zu, chunk %lld, element %zu: |%a| is not below the agreed "
-                        "bound 2^%d (the partial differs from the one bounded, or a stated "
-                        "bound was too small); nothing was added",
-                        fn, t, (long long)chunk, i, (double)a[i < n ? i : 0], s->bound[t]);
+      bx_tokred_grid_sub(w, a, n, inv); /* exactly undone: s unchanged */
+      return bx_tokred_bound_fail(fn, s, t, chunk, a, n);
     }
   } else {
     float *f = s->fsum + (s->word_at[t] - t); /* word_at counts one extra word per tensor */
-    nf = plain_add(f, a, n);
+    nf = bx_tokred_plain_add(f, a, n);
   }
   w[n] += nf;
   s->words[s->cover_at + t * (size_t)s->nchunks + (size_t)chunk] += 1;

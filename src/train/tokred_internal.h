@@ -38,4 +38,21 @@ struct bx_tokred {
 
 #define TOKRED_TAG (0x746B0000LL + BX_TOKRED_FORMAT)
 
+/* For callers in src/train/ that produce partials themselves and add them
+ * piece by piece (wgrad.c's bx_linear_wgrad: grid words of tensor t at
+ * s->words + s->word_at[t], its non-finite word after them, coverage at
+ * s->cover_at + t * nchunks + chunk; grid add: kernels.h's table).
+ *
+ * bx_tokred_add's checks for (t, chunk) other than the partial's: s not
+ * NULL, tensor index, chunk in range, grid agreed. */
+bx_status bx_tokred_add_check(const char *fn, const bx_tokred *s, size_t t, int64_t chunk);
+/* Undoes the grid kernel's w[i] += q(a[i]) exactly (the scalar rule). */
+void bx_tokred_grid_sub(int64_t *w, const float *a, size_t n, double inv_step);
+/* f[i] += a[i] in fp32 (the ordinary mode); returns the non-finite count. */
+int64_t bx_tokred_plain_add(float *restrict f, const float *restrict a, size_t n);
+/* The BX_EINVAL of bx_tokred_add for a partial a[0..n) of tensor t that
+ * breaks the agreed bound (names the first such element). */
+bx_status bx_tokred_bound_fail(const char *fn, const bx_tokred *s, size_t t, int64_t chunk,
+                               const float *a, size_t n);
+
 #endif /* BX_TOKRED_INTERNAL_H */

@@ -522,6 +522,41 @@ static void fb_train(void) {
       g_errors++;
     }
   }
+  /* GEMM TN (the weight gradient dYᵀ X: dY = a as [33 tokens, 40], X = bt
+   * as [33, 24]), 1 and 3 threads; and bx_linear_wgrad over chunks of 8
+   * tokens with the a-priori bound (weight [40,24] and bias [40]) */
+  {
+    int64_t sa[2] = {M, K}, sb[2] = {M, N}, sc[2] = {K, N};
+    DLTensor ta = fb_dl_f32(a, 2, sa), tb = fb_dl_f32(bt, 2, sb);
+    DLTensor tc = fb_dl_f32(c, 2, sc), tc3 = fb_dl_f32(c3, 2, sc);
+    bx_gemm_opts o = BX_GEMM_OPTS_DEFAULT;
+    o.num_threads = 1;
+    const char *name = "gemm TN (33x40)^T . 33x24";
+    if (expect_ok(name, bx_gemm(&ta, &tb, BX_GEMM_TN, &tc, &o))) {
+      o.num_threads = 3;
+      if (expect_ok(name, bx_gemm(&ta, &tb, BX_GEMM_TN, &tc3, &o))) {
+        out_hash(name, c, (size_t)K * N * 4);
+        if (memcmp(c, c3, (size_t)K * N * 4) != 0) {
+          printf("%s: 1 and 3 threads DIFFER\n", name);
+          g_errors++;
+        }
+      }
+    }
+    int64_t sw[2] = {K, N}, sbias[1] = {K};
+    static float wout[K * N], bout[K];
+    DLTensor grads[2] = {fb_dl_f32(NULL, 2, sw), fb_dl_f32(NULL, 1, sbias)};
+    DLTensor outs[2] = {fb_dl_f32(wout, 2, sw), fb_dl_f32(bout, 1, sbias)};
+    bx_tokred *s = NULL;
+    if (expect_ok("wgrad create", bx_tokred_create(grads, 2, 8, M, NULL, &s)) &&
+        expect_ok("wgrad bound", bx_linear_wgrad_bound(s, 0, 1, &ta, &tb, 0, NULL)) &&
+        expect_ok("wgrad agree", bx_tokred_agree(s, NULL)) &&
+        expect_ok("wgrad", bx_linear_wgrad(s, 0, 1, &ta, &tb, 0, NULL)) &&
+        expect_ok("wgrad finish", bx_tokred_finish(s, outs, 2, 1))) {
+      out_hash("linear wgrad 33 tokens, chunks of 8: weight", wout, sizeof wout);
+      out_hash("linear wgrad 33 tokens, chunks of 8: bias", bout, sizeof bout);
+    }
+    bx_tokred_destroy(s);
+  }
   /* elementwise math */
   static float x[NE], y[NE];
   int64_t se[1] = {NE};
