@@ -202,11 +202,8 @@ typedef struct fwd_job {
 
 static size_t rup(size_t x, size_t q) { return (x + q - 1) / q * q; }
 
-/* n rows of x (row stride ld), their first kc columns, into k-major
- * slivers w rows wide, zero padded: element (row s + ii, k) of sliver s / w
- * at out[s * kc + k * w + ii] (the micro-kernel's packed A, or packed B of
- * an NT product). */
-static void pack_rows(const float *x, size_t ld, size_t n, size_t kc, size_t w, float *out) {
+/* attention_internal.h describes the two packings */
+void bx_attn_pack_rows(const float *x, size_t ld, size_t n, size_t kc, size_t w, float *out) {
   for (size_t s = 0; s < n; s += w) {
     size_t hgt = n - s < w ? n - s : w;
     for (size_t k = 0; k < kc; k++) {
@@ -217,10 +214,7 @@ static void pack_rows(const float *x, size_t ld, size_t n, size_t kc, size_t w, 
   }
 }
 
-/* kc rows of x (stride ld), columns [0, D), into slivers of w columns,
- * zero padded: element (k, s + jj) at out[s * kc + k * w + jj] (packed B of
- * an NN product). */
-static void pack_cols(const float *x, size_t ld, size_t kc, size_t D, size_t w, float *out) {
+void bx_attn_pack_cols(const float *x, size_t ld, size_t kc, size_t D, size_t w, float *out) {
   for (size_t s = 0; s < D; s += w) {
     size_t wd = D - s < w ? D - s : w;
     for (size_t k = 0; k < kc; k++) {
@@ -253,8 +247,8 @@ static void fwd_task(void *ctx, size_t task, int worker) {
   float *vb = pa + rup(rp * i0, 16), *ot = vb + rup(dp * i0, 16);
   const float *kbase = j->k + t0 * g->ldk + kvh * D, *vbase = j->v + t0 * g->ldk + kvh * D;
   /* scores: the tiles that touch j <= i */
-  pack_rows(j->q + (t0 + i0) * g->ldq + h * D, g->ldq, rows, D, mr, qa);
-  pack_rows(kbase, g->ldk, i1, D, nr, kb);
+  bx_attn_pack_rows(j->q + (t0 + i0) * g->ldq + h * D, g->ldq, rows, D, mr, qa);
+  bx_attn_pack_rows(kbase, g->ldk, i1, D, nr, kb);
   for (size_t r = 0; r < rp; r += mr)
     for (size_t c = 0; c < ncp && c <= i0 + r + mr - 1; c += nr)
       kern->micro(D, qa + r * D, kb + c * D, S + r * ncp + c, ncp, 0);
@@ -278,8 +272,8 @@ static void fwd_task(void *ctx, size_t task, int worker) {
   }
   /* o: the chain over j < i0 for all rows, then each row's own j = i0..i */
   if (i0 > 0) {
-    pack_rows(S, ncp, rows, i0, mr, pa);
-    pack_cols(vbase, g->ldk, i0, D, nr, vb);
+    bx_attn_pack_rows(S, ncp, rows, i0, mr, pa);
+    bx_attn_pack_cols(vbase, g->ldk, i0, D, nr, vb);
     for (size_t r = 0; r < rp; r += mr)
       for (size_t c = 0; c < dp; c += nr) kern->micro(i0, pa + r * i0, vb + c * i0, ot + r * dp + c, dp, 0);
   } else {

@@ -54,6 +54,20 @@ static inline float bx_attn_score(const float *qi, const float *kj, size_t D, fl
   return dot * scale;
 }
 
+/* Packing for the GEMM micro-kernel (kernels.h), in attention.c.
+ * bx_attn_pack_rows: n rows of x (row stride ld), their first kc columns,
+ * into k-major slivers w rows wide, zero padded: element (row s + ii, k)
+ * of sliver s / w at out[s * kc + k * w + ii] (the micro-kernel's packed
+ * A, or packed B of an NT product).
+ * bx_attn_pack_cols: kc rows of x (stride ld), columns [0, D), into
+ * slivers of w columns, zero padded: element (k, s + jj) at
+ * out[s * kc + k * w + jj] (packed B of an NN product; with w = mr, the
+ * packed A of the transpose of x).
+ * Within a sliver the layout is k-major, so a micro-kernel call may start
+ * at k = k0 (pointer + k0 * w) and run fewer than kc steps. */
+void bx_attn_pack_rows(const float *x, size_t ld, size_t n, size_t kc, size_t w, float *out);
+void bx_attn_pack_cols(const float *x, size_t ld, size_t kc, size_t D, size_t w, float *out);
+
 /* Largest seq_len and head_dim accepted (scratch rows, exact (float)D). */
 #define BX_ATTN_MAX_LEN ((int64_t)1 << 30)
 #define BX_ATTN_MAX_DIM ((int64_t)1 << 20)
