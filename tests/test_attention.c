@@ -399,9 +399,9 @@ static void same_chain_nan(aprob *a, const char *what) {
   free(dv);
 }
 
-/* The diagonal's lanes that a tile computes but must not keep: an Inf in q
- * or dout of one row makes NaN in lanes of other rows, and magnitudes so
- * small that the dk, dv chains reach -0 (which an added fma(+0, x, -0)
+/* The diagonal's lanes that a tile computes but must not keep: an Inf in q,
+ * dout, k or v of one row makes NaN in lanes of other rows, and magnitudes
+ * so small that the o, dk chains reach -0 (which an added fma(+0, x, -0)
  * would turn to +0); either would show if such a lane leaked into a kept
  * value. Every ISA, several rows of the diagonal slivers. */
 void test_attention_tiling_lanes(void) {
@@ -410,23 +410,26 @@ void test_attention_tiling_lanes(void) {
   int n = 0;
   for (int isa = 0; isa < bxt_isa_count(); isa++) {
     if (!bxt_force(isa)) continue;
-    for (int kind = 0; kind < 3 && !bxt_failures(); kind++, n++) {
-      size_t L = kind == 2 ? 150 : 40 + (size_t)n, R = 1 + (size_t)(n % 2), D = kind ? 17 : 5;
+    for (int kind = 0; kind < 4 && !bxt_failures(); kind++, n++) {
+      size_t L = kind >= 2 ? 150 : 40 + (size_t)n, R = 1 + (size_t)(n % 2), D = kind ? 17 : 5;
       aprob a;
-      ap_make(&a, 5, L, 2 * R, 2, D);
+      ap_make(&a, kind < 2 ? 6 : 1, L, 2 * R, 2, D);
       ap_fill(&r, &a, 1.0);
-      if (kind < 2) { /* an Inf in q, dout or k, one sequence each (else one would hide another) */
+      if (kind < 2) { /* an Inf in q, dout, k or v, one sequence each (else one would hide another) */
         a.k[AIX(4 * L + 9 + (size_t)n, 1, (size_t)n % D, 2, D)] = INFINITY;
+        a.v[AIX(5 * L + 7 + (size_t)n, 0, (size_t)n % D, 2, D)] = -INFINITY;
         for (size_t b = 0; b < 4; b++) {
           size_t i = b < 2 ? 1 + (size_t)n : 14 + 3 * (size_t)n, h = b % 3 ? 2 * R - 1 : 0;
           float *x = b % 2 ? a.dout : a.q;
           x[AIX(b * L + i, h, (size_t)n % D, 2 * R, D)] = b % 2 ? -INFINITY : INFINITY;
         }
-      } else { /* tiny q and dout: gs q and p dout underflow, signed zeros */
+      } else if (kind == 2) { /* tiny q and dout: gs q and p dout underflow, signed zeros */
         for (size_t i = 0; i < a.nq; i++) {
           a.q[i] *= 0x1p-70f;
           a.dout[i] *= 0x1p-140f;
         }
+      } else { /* tiny v: p v underflows, signed zeros in o */
+        for (size_t i = 0; i < a.nk; i++) a.v[i] *= 0x1p-140f;
       }
       char what[160];
       snprintf(what, sizeof what, "seed %llu isa %s kind %d L %zu R %zu D %zu",
@@ -434,10 +437,11 @@ void test_attention_tiling_lanes(void) {
       CHECK_STATUS(ap_fwd(&a, 2), BX_OK, "%s forward", what);
       CHECK_STATUS(ap_bwd(&a, 2), BX_OK, "%s backward", what);
       same_chain_nan(&a, what);
-      if (kind == 2) {
-        size_t negz = 0;
-        for (size_t i = 0; i < a.nk; i++) negz += bxt_fbits(a.dk[i]) == 0x80000000u;
-        CHECK(negz > 0, "%s: the tiny case should give some -0 in dk", what);
+      if (kind >= 2) {
+        const float *x = kind == 2 ? a.dk : a.o;
+        size_t negz = 0, nx = kind == 2 ? a.nk : a.nq;
+        for (size_t i = 0; i < nx; i++) negz += bxt_fbits(x[i]) == 0x80000000u;
+        CHECK(negz > 0, "%s: the tiny case should give some -0 in %s", what, kind == 2 ? "dk" : "o");
       }
       ap_free(&a);
     }

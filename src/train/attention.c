@@ -185,9 +185,11 @@ bx_status bx_attn_check(const char *fn, const bx_attention_opts *opts, int64_t s
  * micro-kernel of the active ISA (kernels.h: per element the chain
  * acc = +0, acc = fma(a_k, b_k, acc) for k = 0..kc-1, the same bits on
  * every ISA), on q and k packed into its slivers; the softmax is scalar;
- * o_i = sum_j p_j v_j is the micro-kernel's chain over j < i0 (common to
- * all rows of the block) continued by scalar fmaf for j = i0..i. Each
- * element is thus exactly the documented chain. */
+ * o_i = sum_j p_j v_j is the micro-kernel's chain over j = 0..i0+r (r the
+ * row's mr-sliver in the block: those j are in every row's window),
+ * continued for the sliver's rows by one-step calls (kc = 1) at the
+ * diagonal, each row taken as soon as its last term is in. Each element is
+ * thus exactly the documented chain. */
 
 typedef struct fwd_job {
   bx_attn_geom g;
@@ -244,7 +246,7 @@ static void fwd_task(void *ctx, size_t task, int worker) {
   size_t rows = i1 - i0, rp = rup(rows, mr), ncp = rup(i1, nr), dp = rup(D, nr);
   float *qa = (float *)(j->scratch + (size_t)worker * j->each);
   float *kb = qa + rup(rp * D, 16), *S = kb + rup(ncp * D, 16), *pa = S + rup(rp * ncp, 16);
-  float *vb = pa + rup(rp * i0, 16), *ot = vb + rup(dp * i0, 16);
+  float *vb = pa + rup(rp * g->L, 16), *ot = vb + rup(dp * g->L, 16);
   const float *kbase = j->k + t0 * g->ldk + kvh * D, *vbase = j->v + t0 * g->ldk + kvh * D;
   /* scores: the tiles that touch j <= i */
   bx_attn_pack_rows(j->q + (t0 + i0) * g->ldq + h * D, g->ldq, rows, D, mr, qa);
@@ -266,28 +268,31 @@ static void fwd_task(void *ctx, size_t task, int worker) {
     }
     float l = (float)sum;
     for (size_t c = 0; c <= i; c++) s[c] = s[c] / l;
+    for (size_t c = i + 1; c < i1; c++) s[c] = 0.0f; /* read by the packing, never kept */
     float *st = j->stats + ((t0 + i) * g->Hq + h) * 2;
     st[0] = m;
     st[1] = l;
   }
-  /* o: the chain over j < i0 for all rows, then each row's own j = i0..i */
-  if (i0 > 0) {
-    bx_attn_pack_rows(S, ncp, rows, i0, mr, pa);
-    bx_attn_pack_cols(vbase, g->ldk, i0, D, nr, vb);
-    for (size_t r = 0; r < rp; r += mr)
-      for (size_t c = 0; c < dp; c += nr) kern->micro(i0, pa + r * i0, vb + c * i0, ot + r * dp + c, dp, 0);
-  } else {
-    memset(ot, 0, rp * dp * sizeof(float));
-  }
-  for (size_t ii = 0; ii < rows; ii++) {
-    size_t i = i0 + ii;
-    const float *p = S + ii * ncp;
-    float *oi = j->o + (t0 + i) * g->ldq + h * D;
-    memcpy(oi, ot + ii * dp, D * sizeof(float));
-    for (size_t c = i0; c <= i; c++) {
-      const float *vc = vbase + c * g->ldk;
-      float pc = p[c];
-      for (size_t d = 0; d < D; d++) oi[d] = fmaf(pc, vc[d], oi[d]);
+  /* o, per mr-sliver r of rows: the micro-kernel over j = 0..i0+r (in
+   * every row's window) leaves row 0 finished; then one step per j =
+   * i0+r+s (s = 1..mr-1) for the whole tile finishes row s, whose value is
+   * taken before the next step (the lanes of rows < s that a step spoils
+   * are never read again) */
+  bx_attn_pack_rows(S, ncp, rows, i1, mr, pa);
+  bx_attn_pack_cols(vbase, g->ldk, i1, D, nr, vb);
+  for (size_t r = 0; r < rp; r += mr) {
+    size_t hgt = rows - r < mr ? rows - r : mr;
+    const float *ar = pa + r * i1;
+    for (size_t c = 0; c < dp; c += nr) {
+      size_t wd = D - c < nr ? D - c : nr;
+      float *out = j->o + (t0 + i0 + r) * g->ldq + h * D + c;
+      kern->micro(i0 + r + 1, ar, vb + c * i1, ot, dp, 0);
+      memcpy(out, ot, wd * sizeof(float));
+      for (size_t s = 1; s < hgt; s++) {
+        size_t jj = i0 + r + s;
+        kern->micro(1, ar + jj * mr, vb + c * i1 + jj * nr, ot, dp, 1);
+        memcpy(out + s * g->ldq, ot + s * dp, wd * sizeof(float));
+      }
     }
   }
 }
