@@ -8,7 +8,9 @@
  *   tiny model 8 x 128, 4 / 2 heads, D 64
  * at 1 and 2 threads (--threads LIST). A time is the median of --reps runs
  * (default 5), each run at least 50 ms of back-to-back calls (at least one
- * call) after one warm-up call. GFLOP/s counts the causal multiply-adds as
+ * call) after one warm-up call; "cpu" is the median of the process's CPU
+ * time per call over the same runs (all threads: on a shared machine, the
+ * time not spent waiting for a core). GFLOP/s counts the causal multiply-adds as
  * 2 flops: forward 2 products (q·kᵀ, p·v), backward 5 (q·kᵀ, dout·vᵀ,
  * dq, dk, dv), each Hq·B·L(L+1)/2·D multiply-adds. With --torch,
  * bench/bench_attention_torch.py (python3; beside this file in the source
@@ -49,6 +51,12 @@ static const shape SHAPES[] = {
 static double now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static double cpu_now(void) { /* this process's CPU time, all threads */
+  struct timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
@@ -141,24 +149,28 @@ static bx_status call(prob *p, int bwd, int threads) {
   return bx_attention_forward(&p->tq, &p->tk, &p->tv, s->L, s->Hq, s->Hkv, s->D, &p->to, &p->tst, &o);
 }
 
-/* median seconds per call */
-static double time_call(prob *p, int bwd, int threads, int reps) {
+/* median seconds per call; *cpu: the median CPU seconds per call (all
+ * threads: on a shared machine, the time the calls were not waiting) */
+static double time_call(prob *p, int bwd, int threads, int reps, double *cpu) {
   if (call(p, bwd, threads) != BX_OK) {
     fprintf(stderr, "bench_attention: %s\n", bx_last_error());
     exit(1);
   }
-  double t[32];
+  double t[32], c[32];
   for (int r = 0; r < reps; r++) {
     int calls = 0;
-    double t0 = now(), t1;
+    double t0 = now(), c0 = cpu_now(), t1;
     do {
       call(p, bwd, threads);
       calls++;
       t1 = now();
     } while (t1 - t0 < 0.05);
     t[r] = (t1 - t0) / calls;
+    c[r] = (cpu_now() - c0) / calls;
   }
   qsort(t, (size_t)reps, sizeof t[0], cmp_d);
+  qsort(c, (size_t)reps, sizeof c[0], cmp_d);
+  *cpu = c[reps / 2];
   return t[reps / 2];
 }
 
@@ -246,8 +258,9 @@ int main(int argc, char **argv) {
       return 1;
     }
   }
-  printf("%-9s %2s %4s %3s %3s %4s %3s | %9s %7s %9s %7s | %9s %9s %7s %7s\n", "shape", "B", "L", "Hq",
-         "Hkv", "D", "thr", "fwd ms", "GF/s", "bwd ms", "GF/s", "torch fwd", "torch bwd", "fwd x", "bwd x");
+  printf("%-9s %2s %4s %3s %3s %4s %3s | %9s %7s %9s %7s %9s %9s | %9s %9s %7s %7s\n", "shape", "B", "L",
+         "Hq", "Hkv", "D", "thr", "fwd ms", "GF/s", "bwd ms", "GF/s", "fwd cpu", "bwd cpu", "torch fwd",
+         "torch bwd", "fwd x", "bwd x");
   int bad = 0;
   bx_rng r;
   bx_rng_seed(&r, 12345);
@@ -261,7 +274,7 @@ int main(int argc, char **argv) {
     double macs = (double)sh->Hq * sh->B * sh->L * (sh->L + 1) / 2.0 * sh->D;
     for (int ti = 0; ti < nthreads; ti++) {
       int th = threads[ti];
-      double tf = time_call(&p, 0, th, reps), tb = time_call(&p, 1, th, reps);
+      double cf, cb, tf = time_call(&p, 0, th, reps, &cf), tb = time_call(&p, 1, th, reps, &cb);
       for (int o = 0; o < 5; o++) {
         if (ti == 0) {
           ref[o] = malloc(ns[o] * 4);
@@ -279,9 +292,9 @@ int main(int argc, char **argv) {
       fmt(b, sizeof b, tob * 1e3, "%.3f");
       fmt(c, sizeof c, tof > 0 ? tf / tof : -1, "%.2f");
       fmt(d, sizeof d, tob > 0 ? tb / tob : -1, "%.2f");
-      printf("%-9s %2d %4d %3d %3d %4d %3d | %9.3f %7.1f %9.3f %7.1f | %9s %9s %7s %7s\n", sh->name, sh->B,
-             sh->L, sh->Hq, sh->Hkv, sh->D, th, tf * 1e3, 4 * macs / tf * 1e-9, tb * 1e3,
-             10 * macs / tb * 1e-9, a, b, c, d);
+      printf("%-9s %2d %4d %3d %3d %4d %3d | %9.3f %7.1f %9.3f %7.1f %9.3f %9.3f | %9s %9s %7s %7s\n",
+             sh->name, sh->B, sh->L, sh->Hq, sh->Hkv, sh->D, th, tf * 1e3, 4 * macs / tf * 1e-9, tb * 1e3,
+             10 * macs / tb * 1e-9, cf * 1e3, cb * 1e3, a, b, c, d);
       fflush(stdout);
     }
     for (int o = 0; o < 5; o++) free(ref[o]);
