@@ -1,8 +1,8 @@
 /*
  * attention_internal.h — what bx_attention_forward (attention.c) and
  * bx_attention_backward (attention_bwd.c) share: the argument checks (all
- * before the first write), the geometry, and the score of one (query,
- * key) pair in the documented order (bitexact_train.h).
+ * before the first write), the geometry, and the packing of operands for
+ * the GEMM micro-kernel (kernels.h).
  */
 #ifndef BX_ATTENTION_INTERNAL_H
 #define BX_ATTENTION_INTERNAL_H
@@ -46,13 +46,6 @@ typedef struct bx_attn_arg {
 bx_status bx_attn_check(const char *fn, const bx_attention_opts *opts, int64_t seq_len,
                         int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                         const bx_attn_arg *args, size_t nargs, float **data, bx_attn_geom *g);
-
-/* The score s = fl(dot * scale), dot the fmaf chain over d = 0..D-1 from +0. */
-static inline float bx_attn_score(const float *qi, const float *kj, size_t D, float scale) {
-  float dot = 0.0f;
-  for (size_t d = 0; d < D; d++) dot = fmaf(qi[d], kj[d], dot);
-  return dot * scale;
-}
 
 /* Packing for the GEMM micro-kernel (kernels.h), in attention.c.
  * bx_attn_pack_rows: n rows of x (row stride ld), their first kc columns,
