@@ -9,21 +9,23 @@
  *
  * Within a piece, per query head h (ascending) and block of positions
  * [i0, i1) (ascending; a multiple of the micro-kernel's mr rows), every
- * chain runs in the active ISA's GEMM micro-kernel (kernels.h: per element
- * acc = load_c ? c : +0, then acc = fma(a_k, b_k, acc) for k ascending,
- * the same bits on every ISA) wherever all lanes of a tile are inside the
- * causal window, and in scalar fmaf at the diagonal:
- *   scores q_i.k_j and dp_j = dout_i.v_j: tiles over d (as the forward);
+ * fmaf chain runs in the active ISA's GEMM micro-kernel (kernels.h: per
+ * element acc = load_c ? c : +0, then acc = fma(a_k, b_k, acc) for k
+ * ascending, the same bits on every ISA); at the causal diagonal the
+ * length of each call and the lanes kept do the masking:
+ *   scores q_i.k_j and dp_j = dout_i.v_j: tiles over d (as the forward),
+ *     lanes right of the diagonal computed and ignored;
  *   p, delta, gs: scalar, per row;
  *   dq_i = sum_j gs_ij k_j: the micro-kernel over j = 0..i0+r (r the row's
- *     mr-sliver in the block, so j <= i for all its rows), then scalar
- *     fmaf for the row's own j = i0+r+1..i;
+ *     mr-sliver in the block, so j <= i for all its rows), then one kc = 1
+ *     call per j = i0+r+s, row s copied out as soon as its last term is in;
  *   dk_j += gs_ij q_i, dv_j += p_ij dout_i (chains over i = j..L-1 within
- *     head h, continued from the previous heads and blocks): for j below
- *     the block, the micro-kernel over i = i0..i1-1 with load_c = 1 on a
- *     running accumulator of the sequence's dk, dv rows; for a sliver
- *     [j0, j0+mr) in the block, scalar fmaf for i = j..j0+mr-2, then the
- *     micro-kernel over i = j0+mr-1..i1-1.
+ *     head h, continued from the previous heads and blocks, on a running
+ *     accumulator of the sequence's dk, dv rows, load_c = 1): for j below
+ *     the block, the micro-kernel over i = i0..i1-1; for a sliver
+ *     [j0, j0+mr) in the block, one kc = 1 call per i = j0+s
+ *     (s = 0..mr-2), row s put back to its value before the block just
+ *     before its first term, then the micro-kernel over i = j0+mr-1..i1-1.
  * Each element thus gets exactly its documented chain: the tiles run many
  * chains in parallel lanes and never reorder or split one.
  */
