@@ -1,8 +1,8 @@
 /*
- * attention_ref.h — the two references of test_attention.c (included once,
- * there): (1) causal GQA attention and its gradient in fp64, with a
- * first-order rounding-error bound of the documented fp32 order for every
- * output element; (2) the documented fp32 order itself (bitexact_train.h,
+ * attention_ref.h — the two references of test_attention.c and
+ * test_attention_tiles.c (through attention_prob.h): (1) causal GQA
+ * attention and its gradient in fp64, with a first-order rounding-error
+ * bound of the documented fp32 order for every output element; (2) the documented fp32 order itself (bitexact_train.h,
  * "Layers: causal GQA attention"), written as whole score, probability and
  * gradient matrices per (sequence, head) and explicit chains — a different
  * loop structure from src/train/attention*.c, the same bits.

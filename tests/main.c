@@ -219,6 +219,8 @@ static const test_entry TESTS[] = {
     {"attention_threads_isa", test_attention_threads_isa},
     {"attention_special_values", test_attention_special_values},
     {"attention_bad_input", test_attention_bad_input},
+    {"attention_tiling_edges", test_attention_tiling_edges},
+    {"attention_tiling_lanes", test_attention_tiling_lanes},
     /* embedding and cross-entropy (test_loss.c) */
     {"loss_embedding", test_loss_embedding},
     {"loss_embedding_tokred", test_loss_embedding_tokred},

@@ -210,6 +210,9 @@ void test_attention_batch_invariance(void);
 void test_attention_threads_isa(void);
 void test_attention_special_values(void);
 void test_attention_bad_input(void);
+/* test_attention_tiles.c: the tiling's edges */
+void test_attention_tiling_edges(void);
+void test_attention_tiling_lanes(void);
 
 /* test_loss.c: embedding and cross-entropy layers (bitexact_train.h) */
 void test_loss_embedding(void);

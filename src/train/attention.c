@@ -180,14 +180,18 @@ bx_status bx_attn_check(const char *fn, const bx_attention_opts *opts, int64_t s
 
 /* ---- the forward ------------------------------------------------------------
  *
- * Per piece (sequence b, query head h, rows [i0, i1)): the score chains
+ * First k and v of each (sequence, kv head) are packed for the
+ * micro-kernel, once. Then per piece (sequence b, query head h, rows
+ * [i0, i1)): the score chains
  * dot(q_i, k_j) for the block's rows and every j < i1 come from the GEMM
  * micro-kernel of the active ISA (kernels.h: per element the chain
  * acc = +0, acc = fma(a_k, b_k, acc) for k = 0..kc-1, the same bits on
  * every ISA), on q and k packed into its slivers; the softmax is scalar;
- * o_i = sum_j p_j v_j is the micro-kernel's chain over j < i0 (common to
- * all rows of the block) continued by scalar fmaf for j = i0..i. Each
- * element is thus exactly the documented chain. */
+ * o_i = sum_j p_j v_j is the micro-kernel's chain over j = 0..i0+r (r the
+ * row's mr-sliver in the block: those j are in every row's window),
+ * continued for the sliver's rows by one-step calls (kc = 1) at the
+ * diagonal, each row taken as soon as its last term is in. Each element is
+ * thus exactly the documented chain. */
 
 typedef struct fwd_job {
   bx_attn_geom g;
@@ -196,17 +200,17 @@ typedef struct fwd_job {
   const bx_gemm_kernel *kern;
   size_t rows;     /* positions per piece, a multiple of mr */
   size_t nblk;     /* row blocks per (sequence, head) */
+  float *kp, *vp;  /* per (sequence, kv head): k packed as the B of q.k^T (kpe
+                    * floats), v as the B of p.V (vpe floats); 64-byte aligned */
+  size_t kpe, vpe;
   char *scratch;   /* per worker: each bytes, 64-byte aligned */
   size_t each;
 } fwd_job;
 
 static size_t rup(size_t x, size_t q) { return (x + q - 1) / q * q; }
 
-/* n rows of x (row stride ld), their first kc columns, into k-major
- * slivers w rows wide, zero padded: element (row s + ii, k) of sliver s / w
- * at out[s * kc + k * w + ii] (the micro-kernel's packed A, or packed B of
- * an NT product). */
-static void pack_rows(const float *x, size_t ld, size_t n, size_t kc, size_t w, float *out) {
+/* attention_internal.h describes the two packings */
+void bx_attn_pack_rows(const float *x, size_t ld, size_t n, size_t kc, size_t w, float *out) {
   for (size_t s = 0; s < n; s += w) {
     size_t hgt = n - s < w ? n - s : w;
     for (size_t k = 0; k < kc; k++) {
@@ -217,10 +221,7 @@ static void pack_rows(const float *x, size_t ld, size_t n, size_t kc, size_t w, 
   }
 }
 
-/* kc rows of x (stride ld), columns [0, D), into slivers of w columns,
- * zero padded: element (k, s + jj) at out[s * kc + k * w + jj] (packed B of
- * an NN product). */
-static void pack_cols(const float *x, size_t ld, size_t kc, size_t D, size_t w, float *out) {
+void bx_attn_pack_cols(const float *x, size_t ld, size_t kc, size_t D, size_t w, float *out) {
   for (size_t s = 0; s < D; s += w) {
     size_t wd = D - s < w ? D - s : w;
     for (size_t k = 0; k < kc; k++) {
@@ -232,11 +233,21 @@ static void pack_cols(const float *x, size_t ld, size_t kc, size_t D, size_t w, 
 }
 
 /* floats of one worker's scratch for rows rp (a multiple of mr) and L */
-static size_t fwd_scratch_floats(const bx_attn_geom *g, size_t rp, size_t mr, size_t nr) {
+static size_t fwd_scratch_floats(const bx_attn_geom *g, size_t rp, size_t nr) {
   size_t ncp = rup(g->L, nr), dp = rup(g->D, nr);
-  (void)mr;
-  return rup(rp * g->D, 16) + rup(ncp * g->D, 16) + rup(rp * ncp, 16) + rup(rp * g->L, 16) +
-         rup(dp * g->L, 16) + rup(rp * dp, 16);
+  return rup(rp * g->D, 16) + rup(rp * ncp, 16) + rup(rp * g->L, 16) + rup(rp * dp, 16);
+}
+
+/* the first pass: k and v of (sequence, kv head) packed once for all the
+ * blocks of the group's query heads */
+static void fwd_pack_task(void *ctx, size_t task, int worker) {
+  const fwd_job *j = ctx;
+  const bx_attn_geom *g = &j->g;
+  size_t b = task / g->Hkv, kvh = task % g->Hkv, nr = j->kern->nr;
+  const float *kbase = j->k + b * g->L * g->ldk + kvh * g->D, *vbase = j->v + b * g->L * g->ldk + kvh * g->D;
+  (void)worker;
+  bx_attn_pack_rows(kbase, g->ldk, g->L, g->D, nr, j->kp + task * j->kpe);
+  bx_attn_pack_cols(vbase, g->ldk, g->L, g->D, nr, j->vp + task * j->vpe);
 }
 
 static void fwd_task(void *ctx, size_t task, int worker) {
@@ -249,12 +260,10 @@ static void fwd_task(void *ctx, size_t task, int worker) {
   size_t i0 = blk * j->rows, i1 = g->L - i0 < j->rows ? g->L : i0 + j->rows;
   size_t rows = i1 - i0, rp = rup(rows, mr), ncp = rup(i1, nr), dp = rup(D, nr);
   float *qa = (float *)(j->scratch + (size_t)worker * j->each);
-  float *kb = qa + rup(rp * D, 16), *S = kb + rup(ncp * D, 16), *pa = S + rup(rp * ncp, 16);
-  float *vb = pa + rup(rp * i0, 16), *ot = vb + rup(dp * i0, 16);
-  const float *kbase = j->k + t0 * g->ldk + kvh * D, *vbase = j->v + t0 * g->ldk + kvh * D;
+  float *S = qa + rup(rp * D, 16), *pa = S + rup(rp * ncp, 16), *ot = pa + rup(rp * g->L, 16);
+  const float *kb = j->kp + (b * g->Hkv + kvh) * j->kpe, *vb = j->vp + (b * g->Hkv + kvh) * j->vpe;
   /* scores: the tiles that touch j <= i */
-  pack_rows(j->q + (t0 + i0) * g->ldq + h * D, g->ldq, rows, D, mr, qa);
-  pack_rows(kbase, g->ldk, i1, D, nr, kb);
+  bx_attn_pack_rows(j->q + (t0 + i0) * g->ldq + h * D, g->ldq, rows, D, mr, qa);
   for (size_t r = 0; r < rp; r += mr)
     for (size_t c = 0; c < ncp && c <= i0 + r + mr - 1; c += nr)
       kern->micro(D, qa + r * D, kb + c * D, S + r * ncp + c, ncp, 0);
@@ -272,28 +281,30 @@ static void fwd_task(void *ctx, size_t task, int worker) {
     }
     float l = (float)sum;
     for (size_t c = 0; c <= i; c++) s[c] = s[c] / l;
+    for (size_t c = i + 1; c < i1; c++) s[c] = 0.0f; /* read by the packing, never kept */
     float *st = j->stats + ((t0 + i) * g->Hq + h) * 2;
     st[0] = m;
     st[1] = l;
   }
-  /* o: the chain over j < i0 for all rows, then each row's own j = i0..i */
-  if (i0 > 0) {
-    pack_rows(S, ncp, rows, i0, mr, pa);
-    pack_cols(vbase, g->ldk, i0, D, nr, vb);
-    for (size_t r = 0; r < rp; r += mr)
-      for (size_t c = 0; c < dp; c += nr) kern->micro(i0, pa + r * i0, vb + c * i0, ot + r * dp + c, dp, 0);
-  } else {
-    memset(ot, 0, rp * dp * sizeof(float));
-  }
-  for (size_t ii = 0; ii < rows; ii++) {
-    size_t i = i0 + ii;
-    const float *p = S + ii * ncp;
-    float *oi = j->o + (t0 + i) * g->ldq + h * D;
-    memcpy(oi, ot + ii * dp, D * sizeof(float));
-    for (size_t c = i0; c <= i; c++) {
-      const float *vc = vbase + c * g->ldk;
-      float pc = p[c];
-      for (size_t d = 0; d < D; d++) oi[d] = fmaf(pc, vc[d], oi[d]);
+  /* o, per mr-sliver r of rows: the micro-kernel over j = 0..i0+r (in
+   * every row's window) leaves row 0 finished; then one step per j =
+   * i0+r+s (s = 1..mr-1) for the whole tile finishes row s, whose value is
+   * taken before the next step (the lanes of rows < s that a step spoils
+   * are never read again) */
+  bx_attn_pack_rows(S, ncp, rows, i1, mr, pa);
+  for (size_t r = 0; r < rp; r += mr) {
+    size_t hgt = rows - r < mr ? rows - r : mr;
+    const float *ar = pa + r * i1;
+    for (size_t c = 0; c < dp; c += nr) {
+      size_t wd = D - c < nr ? D - c : nr;
+      float *out = j->o + (t0 + i0 + r) * g->ldq + h * D + c;
+      kern->micro(i0 + r + 1, ar, vb + c * g->L, ot, dp, 0);
+      memcpy(out, ot, wd * sizeof(float));
+      for (size_t s = 1; s < hgt; s++) {
+        size_t jj = i0 + r + s;
+        kern->micro(1, ar + jj * mr, vb + c * g->L + jj * nr, ot, dp, 1);
+        memcpy(out + s * g->ldq, ot + s * dp, wd * sizeof(float));
+      }
     }
   }
 }
@@ -329,17 +340,25 @@ bx_status bx_attention_forward(const DLTensor *q, const DLTensor *k, const DLTen
   size_t ntasks = j.g.B * j.g.Hq * j.nblk;
   int nt = j.g.nthreads;
   if ((size_t)nt > ntasks) nt = (int)ntasks;
-  j.each = rup(fwd_scratch_floats(&j.g, j.rows, j.kern->mr, j.kern->nr) * sizeof(float), 64);
-  if (j.each > (SIZE_MAX - 64) / (size_t)nt) {
+  size_t npk = j.g.B * j.g.Hkv, nr = j.kern->nr;
+  j.kpe = rup(rup(j.g.L, nr) * j.g.D, 16);
+  j.vpe = rup(rup(j.g.D, nr) * j.g.L, 16);
+  j.each = rup(fwd_scratch_floats(&j.g, j.rows, nr) * sizeof(float), 64);
+  double need = (double)j.each * nt + 4.0 * (double)npk * (double)(j.kpe + j.vpe) + 64;
+  if (need > (double)(SIZE_MAX / 2)) {
     st = bx_fail(BX_ENOMEM, "%s: seq_len and head_dim need too much scratch", fn);
     goto done;
   }
-  char *ws = bx_workspace(j.each * (size_t)nt + 64);
+  size_t bytes = j.each * (size_t)nt + npk * (j.kpe + j.vpe) * sizeof(float) + 64;
+  char *ws = bx_workspace(bytes);
   if (!ws) {
-    st = bx_fail(BX_ENOMEM, "%s: cannot allocate %zu bytes of scratch", fn, j.each * (size_t)nt + 64);
+    st = bx_fail(BX_ENOMEM, "%s: cannot allocate %zu bytes of scratch", fn, bytes);
     goto done;
   }
   j.scratch = ws + (64 - (uintptr_t)ws % 64) % 64;
+  j.kp = (float *)(j.scratch + j.each * (size_t)nt);
+  j.vp = j.kp + npk * j.kpe;
+  bx_parallel_run((size_t)nt > npk ? (int)npk : nt, npk, fwd_pack_task, &j);
   bx_parallel_run(nt, ntasks, fwd_task, &j);
 done:
   bx_call_leave(&call);

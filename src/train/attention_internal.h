@@ -1,8 +1,8 @@
 /*
  * attention_internal.h — what bx_attention_forward (attention.c) and
  * bx_attention_backward (attention_bwd.c) share: the argument checks (all
- * before the first write), the geometry, and the score of one (query,
- * key) pair in the documented order (bitexact_train.h).
+ * before the first write), the geometry, and the packing of operands for
+ * the GEMM micro-kernel (kernels.h).
  */
 #ifndef BX_ATTENTION_INTERNAL_H
 #define BX_ATTENTION_INTERNAL_H
@@ -47,12 +47,19 @@ bx_status bx_attn_check(const char *fn, const bx_attention_opts *opts, int64_t s
                         int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                         const bx_attn_arg *args, size_t nargs, float **data, bx_attn_geom *g);
 
-/* The score s = fl(dot * scale), dot the fmaf chain over d = 0..D-1 from +0. */
-static inline float bx_attn_score(const float *qi, const float *kj, size_t D, float scale) {
-  float dot = 0.0f;
-  for (size_t d = 0; d < D; d++) dot = fmaf(qi[d], kj[d], dot);
-  return dot * scale;
-}
+/* Packing for the GEMM micro-kernel (kernels.h), in attention.c.
+ * bx_attn_pack_rows: n rows of x (row stride ld), their first kc columns,
+ * into k-major slivers w rows wide, zero padded: element (row s + ii, k)
+ * of sliver s / w at out[s * kc + k * w + ii] (the micro-kernel's packed
+ * A, or packed B of an NT product).
+ * bx_attn_pack_cols: kc rows of x (stride ld), columns [0, D), into
+ * slivers of w columns, zero padded: element (k, s + jj) at
+ * out[s * kc + k * w + jj] (packed B of an NN product; with w = mr, the
+ * packed A of the transpose of x).
+ * Within a sliver the layout is k-major, so a micro-kernel call may start
+ * at k = k0 (pointer + k0 * w) and run fewer than kc steps. */
+void bx_attn_pack_rows(const float *x, size_t ld, size_t n, size_t kc, size_t w, float *out);
+void bx_attn_pack_cols(const float *x, size_t ld, size_t kc, size_t D, size_t w, float *out);
 
 /* Largest seq_len and head_dim accepted (scratch rows, exact (float)D). */
 #define BX_ATTN_MAX_LEN ((int64_t)1 << 30)
