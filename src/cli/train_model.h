@@ -1,0 +1,77 @@
+/*
+ * train_model.h — the GLM-4.5 MoE decoder of `bitexact train`, built from
+ * the layer kernels of bitexact_train.h (DESIGN §9, §10): its parameters
+ * under transformers' names, counter-based initialisation, and the forward
+ * + backward of a micro-batch of whole sequences whose weight gradients
+ * are canonical chunk partials added to a token-reduction state.
+ *
+ * Layout invariance: a token-reduction chunk is one sequence (chunk_tokens
+ * = seq_len), so every layout of whole sequences (threads, micro-batches,
+ * data-parallel ranks, expert placement) adds the same addends; the
+ * per-sequence partials are computed in a fixed order from that
+ * sequence's data alone.
+ */
+#ifndef BX_CLI_TRAIN_MODEL_H
+#define BX_CLI_TRAIN_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "bitexact_train.h"
+#include "train_config.h"
+
+/* Clipping groups (bx_clip_grad_norm's groups): dense parameters and the
+ * routed experts' parameters. */
+enum { TR_GROUP_DENSE = 0, TR_GROUP_EXPERT = 1 };
+
+typedef struct tr_param {
+  char name[96];        /* transformers' name, e.g. "model.layers.0.self_attn.q_proj.weight" */
+  int ndim;
+  int64_t shape[3];
+  int64_t numel;
+  int group;            /* TR_GROUP_DENSE / TR_GROUP_EXPERT */
+  int64_t expert;       /* routed expert id, -1 otherwise */
+  float *data;          /* fp32 master weight (owned by the model) */
+  float *grad;          /* fp32 gradient of the last step (owned) */
+  float *exp_avg, *exp_avg_sq; /* AdamW state (owned) */
+} tr_param;
+
+typedef struct tr_model tr_model;
+
+/* Mode of the token reductions: BX_TOKRED_GRID (invariant) or
+ * BX_TOKRED_ORDINARY (negative control: float sums in layout order). */
+typedef struct tr_run_opts {
+  int threads;          /* kernels' num_threads */
+  bx_tokred_mode mode;
+  int64_t seq_len;      /* L */
+} tr_run_opts;
+
+/* Builds the model of c with every parameter initialised from (seed,
+ * parameter index, element index) only: normal(0, initializer_range)
+ * weights as transformers' _init_weights, ones for RMSNorm gains, zeros
+ * for biases and e_score_correction_bias. 0 / -1 with err. */
+int tr_model_create(const tr_config *c, uint64_t seed, tr_model **out, char *err, size_t errlen);
+void tr_model_destroy(tr_model *m);
+
+/* The parameters in one fixed order (the order of transformers'
+ * named_parameters()), plus the non-trained buffers after them
+ * (e_score_correction_bias: group -1 in the list, grad NULL). */
+size_t tr_model_params(tr_model *m, tr_param **params);
+
+/* One step's gradient pass over the local sequences: for every micro-batch
+ * of whole sequences, forward + backward; the weight gradients' chunk
+ * partials (one chunk per sequence) go into a token reduction over the
+ * global batch (total = global_seqs sequences), which is agreed, summed
+ * over ranks through comm (NULL: one process) and finished into each
+ * parameter's grad. tokens: [local_seqs, L+1] token ids of the local
+ * sequences, which are global sequences [first_seq, first_seq +
+ * local_seqs) of the step; micro_batches divides local_seqs. The loss is
+ * the mean over all global_seqs * L predictions (exact sum / count,
+ * rounded once). Outputs: *loss, per-token losses [local_seqs * L] in
+ * global token order (for the run record's hash). 0 / -1 with err. */
+int tr_model_grad(tr_model *m, const tr_run_opts *o, const int32_t *tokens, int64_t local_seqs,
+                  int64_t first_seq, int64_t global_seqs, int64_t micro_batches,
+                  const bx_comm *comm, float *loss, float *token_losses, char *err,
+                  size_t errlen);
+
+#endif /* BX_CLI_TRAIN_MODEL_H */
