@@ -190,6 +190,8 @@ static const test_entry TESTS[] = {
     {"tokred_layout_refused", test_tokred_layout_refused},
     {"tokred_ranks_errors", test_tokred_ranks_errors},
     {"tokred_bad_arguments", test_tokred_bad_arguments},
+    /* the vector kernels of the elementwise math (test_math.c; section owner: math) */
+    {"math_vector_kernels", test_math_vector_kernels},
 };
 #define NTESTS (sizeof TESTS / sizeof TESTS[0])
 

@@ -181,4 +181,7 @@ void test_tokred_layout_refused(void);
 void test_tokred_ranks_errors(void);
 void test_tokred_bad_arguments(void);
 
+/* test_math.c: the vector kernels of the elementwise math (section owner: math) */
+void test_math_vector_kernels(void);
+
 #endif /* BX_TEST_TESTS_H */
