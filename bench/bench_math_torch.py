@@ -13,7 +13,10 @@ machine shared with other work slows both alike. Printed per function and
 thread count: the median over reps of each one's ns/element and Gelem/s,
 and the median over reps of the per-rep ratio torch time / bitexact time
 (= bitexact's throughput as a fraction of torch's; >= 0.5 is the issue's
-target). Inputs as bench/bench_math.c: activations 2 N(0,1) (log, rsqrt:
+target). At 1 thread the times are the calling thread's CPU time (torch
+and bitexact both compute on the calling thread then), so that other
+programs on a shared machine do not count (--wall: wall time); at 2
+threads wall time. Inputs as bench/bench_math.c: activations 2 N(0,1) (log, rsqrt:
 their absolute values), RoPE-like angles uniform in [0, 2^17) for sin/cos.
 torch's results are not compared (they are not correctly rounded); the
 script checks that bitexact's agree with torch's float64 reference
@@ -52,12 +55,12 @@ def view(t, shape):
                     shape, None, 0)
 
 
-def time_call(fn):
-    calls, t0 = 0, time.perf_counter()
+def time_call(fn, clock):
+    calls, t0 = 0, clock()
     while True:
         fn()
         calls += 1
-        t1 = time.perf_counter()
+        t1 = clock()
         if t1 - t0 >= 0.02:
             return (t1 - t0) / calls
 
@@ -96,6 +99,7 @@ def main():
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--funcs", default="exp,log,sigmoid,silu,rsqrt,sin,cos")
+    ap.add_argument("--wall", action="store_true", help="wall time at 1 thread too")
     a = ap.parse_args()
     lib = ctypes.CDLL(os.path.abspath(a.bitexact))
     lib.bx_isa_name.restype = ctypes.c_char_p
@@ -127,10 +131,13 @@ def main():
             if bf() != 0:
                 raise SystemExit(f"bx_{name} failed")
             tf()
+            # 1 thread: this thread's CPU time (both run on the calling thread;
+            # on a shared machine wall time would count other programs' slices)
+            clock = time.thread_time if t == 1 and not a.wall else time.perf_counter
             tt, tb, ratios = [], [], []
             for _ in range(a.reps):
-                t1 = time_call(tf)
-                t2 = time_call(bf)
+                t1 = time_call(tf, clock)
+                t2 = time_call(bf, clock)
                 tt.append(t1)
                 tb.append(t2)
                 ratios.append(t1 / t2)

@@ -306,7 +306,7 @@ static long vec_check(int f, const float *in, size_t n, float *out, float *tmp) 
 /* Every kernel table this CPU runs (each ISA forced) against the scalar
  * functions, bit for bit: the edge values above and math_vs_mpfr's special
  * values, each with its 8 neighbours either side and both signs; runs of
- * 2^20 consecutive bit patterns from several starting points (they hold
+ * 2^18 consecutive bit patterns from four starting points (they hold
  * near-midpoint inputs that the kernels redo); random bit patterns and
  * random values per function; every length 0..70 at every offset 0..3
  * (the tails, unaligned), in place and not. */

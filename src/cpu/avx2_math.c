@@ -31,14 +31,16 @@ typedef __m256d VM; /* all-ones / all-zeros lanes */
 #define VFNMA(a, b, c) _mm256_fnmadd_pd(a, b, c)
 #define VRECIP(d) _mm256_div_pd(_mm256_set1_pd(1.0), d)
 #define VRSQRT(x) _mm256_div_pd(_mm256_set1_pd(1.0), _mm256_sqrt_pd(x))
-#define VTAB16(t, i) _mm256_i64gather_pd(t, _mm256_and_si256(i, _mm256_set1_epi64x(15)), 8)
+#define VTAB16(t, i) _mm256_i64gather_epi64((const long long *)(t), _mm256_and_si256(i, _mm256_set1_epi64x(15)), 8)
 #define VNEG(a) _mm256_xor_pd(a, _mm256_set1_pd(-0.0))
 #define VABS(a) _mm256_andnot_pd(_mm256_set1_pd(-0.0), a)
-#define VMIN(a, b) _mm256_min_pd(a, b)
-#define VMAX(a, b) _mm256_max_pd(a, b)
 #define VFNMS(a, b, c) _mm256_fnmsub_pd(a, b, c)
-#define VCMP_AND(m, a, b, p) _mm256_and_pd(m, _mm256_cmp_pd(a, b, p))
-#define VI_GE_AND(m, a, b) _mm256_and_pd(m, _mm256_castsi256_pd(_mm256_cmpgt_epi64(a, _mm256_sub_epi64(b, _mm256_set1_epi64x(1)))))
+#define VI_TEST_AND(m, a, b) _mm256_andnot_pd(_mm256_castsi256_pd(_mm256_cmpeq_epi64(_mm256_and_si256(a, b), _mm256_setzero_si256())), m)
+/* unsigned b - lo < hi - lo as a signed compare with the sign bits flipped, widened to 64-bit lanes */
+#define VFI_IN(b, lo, hi)                                                                                   \
+  _mm256_castsi256_pd(_mm256_cvtepi32_epi64(_mm_cmpgt_epi32(                                               \
+      _mm_set1_epi32((int)(((unsigned)(hi) - (unsigned)(lo)) ^ 0x80000000u)),                               \
+      _mm_xor_si128(_mm_sub_epi32(b, _mm_set1_epi32((int)(lo))), _mm_set1_epi32((int)0x80000000u)))))
 #define VCVT_PD(f) _mm256_cvtps_pd(f)
 #define VCVT_PS(d) _mm256_cvtpd_ps(d)
 #define VCMP(a, b, p) _mm256_cmp_pd(a, b, p)
@@ -54,8 +56,6 @@ typedef __m256d VM; /* all-ones / all-zeros lanes */
 #define VI_SET1(v) _mm256_set1_epi64x(v)
 #define VI_ADD(a, b) _mm256_add_epi64(a, b)
 #define VI_SLL(a, n) _mm256_slli_epi64(a, n)
-#define VI_SRL(a, n) _mm256_srli_epi64(a, n)
-#define VI_LT(a, b) _mm256_castsi256_pd(_mm256_cmpgt_epi64(b, a))
 #define VI_AND(a, b) _mm256_and_si256(a, b)
 #define VI_TESTZ(a, b) _mm256_castsi256_pd(_mm256_cmpeq_epi64(_mm256_and_si256(a, b), _mm256_setzero_si256()))
 #define VI_TESTNZ(a, b) _mm256_castsi256_pd(_mm256_cmpeq_epi64(_mm256_and_si256(a, b), b))

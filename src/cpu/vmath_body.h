@@ -17,16 +17,16 @@
  * f(x) (|y - f(x)| < 2^-49 |y| < 2^4 ulps), so (float)y, rounded to
  * nearest, is f(x) correctly rounded: the scalar function's result. This
  * holds where y and f(x) are normal fp32 values and y is finite; every
- * other input (NaN, Inf, values whose result is fp32-subnormal or near
- * overflow, zero, negative arguments of log/rsqrt, SiLU below 2^-60) and
- * every near lane (probability ~2^-20) is recomputed by the scalar
- * function itself, except the constants the scalar function returns
- * without computing (exp +Inf / +0, sigmoid 1 / +0, SiLU x / -0 / +-0),
- * which are blended in. sin and cos are the exception in method: their
- * lanes run math_det.h's own fast path operation for operation (below),
- * so they are bit for bit the scalar fast value. dev/math_exhaustive.c
- * --vector compares every kernel with the scalar function on all 2^32
- * inputs.
+ * other input (each function's range test: NaN, Inf, saturated values,
+ * fp32-subnormal or overflowing results, zero, negative arguments of
+ * log/rsqrt, SiLU below 2^-60) and every near lane (probability ~2^-20)
+ * is recomputed by the scalar function itself (its early returns make the
+ * saturated and special inputs cheap there). sin and cos are the
+ * exception in method: their lanes run math_det.h's own fast path
+ * operation for operation and its rounding test (below), so they are bit
+ * for bit the scalar fast value; their |x| < 2^-12 lanes take x and 1 as
+ * the scalar functions do. dev/math_exhaustive.c --vector compares every
+ * kernel with the scalar function on all 2^32 inputs.
  *
  * The fast paths use fma (a correctly rounded IEEE operation: the same
  * bits on every ISA), and on AVX-512 the 2^-14 reciprocal and reciprocal
@@ -38,15 +38,16 @@
  *
  * The operations an including file defines (VD: W doubles; VF: W floats;
  * VFI: W int32; VI: W int64 in a VD's bits; VM: a W-lane mask):
- *   VSET1 VADD VSUB VMUL VDIV VSQRT VNEG VABS VFMA(a,b,c) = a b + c,
- *   VFNMA(a,b,c) = c - a b, VRECIP(d) ~ 1/d, VRSQRT(x) ~ 1/sqrt(x),
- *   VTAB16(t, i): t[i mod 16] for a 16-entry double table
+ *   VSET1 VADD VSUB VMUL VNEG VABS VFMA(a,b,c) = a b + c, VFNMA(a,b,c) =
+ *   c - a b, VFNMS(a,b,c) = -a b - c, VRECIP(d) ~ 1/d, VRSQRT(x) ~ 1/sqrt(x),
+ *   VTAB16(t, i): t[i mod 16] (bits) for a 16-entry uint64_t table
  *   VCVT_PD (VF -> VD, exact) VCVT_PS (VD -> VF, rounded)
  *   VCMP(a, b, _CMP_*) -> VM; VBLEND(m, a, b) = m ? b : a
  *   M_OR M_AND M_NOT M_ANDN(a, b) = a & ~b; M_BITS(m): lane i -> bit i
  *   VF_NE(a, b) -> VM (float compare, unordered or not equal)
- *   VI_BITS(d) VI_FROM(i) VI_SET1 VI_ADD VI_SLL VI_SRL VI_AND VI_LT(a, b)
- *   (signed, operands >= 0) VI_TESTZ(i, c) (lanes with i & c == 0) VI_TESTNZ
+ *   VI_BITS(d) VI_FROM(i) VI_SET1 VI_ADD VI_SLL VI_AND VI_TESTZ(i, c)
+ *   (lanes with i & c == 0) VI_TESTNZ, VI_TEST_AND(m, i, c) = m & (i & c != 0)
+ *   VFI_IN(b, lo, hi): lanes with lo <= b < hi (unsigned int32) as a VM
  *   VFI_* on the float bits for log: VF_BITS VFI_FLT VFI_SET1 VFI_SRL
  *   VFI_AND VFI_OR VFI_SUB VFI_GT VFI_CVT_PD (exact int32 -> double)
  *   VF_LOAD VF_STORE (unaligned); U: vectors a step (interleaved)
@@ -60,27 +61,29 @@
 
 /* ---- shared pieces ---------------------------------------------------------- */
 
-/* Lanes of ok whose y is not near (top comment): bits 0..28 of y
- * further than 2^8 from 2^28. */
+/* Lanes of ok whose y is not near (top comment): bits 0..28 of y further
+ * than 2^8 from 2^28, i.e. bits 9..28 of bits(y) + 2^8 - 2^28 not all 0. */
 static inline __attribute__((always_inline)) VM vm_good(VM ok, VD y) {
-  VI v = VI_AND(VI_ADD(VI_BITS(y), VI_SET1(0x100 - 0x10000000)), VI_SET1(0x1fffffff));
-  return VI_GE_AND(ok, v, VI_SET1(0x200));
+  return VI_TEST_AND(ok, VI_ADD(VI_BITS(y), VI_SET1(0x100 - 0x10000000)), VI_SET1(0x1ffffe00));
 }
 
-/* x clamped to [lo, hi] (NaN -> lo: x86 min/max return the second operand
- * on NaN) and the lanes where that left x as it is (in range, not NaN). */
-#define VM_CLAMP(x, lo, hi, xc, ok)                                   \
-  do {                                                                \
-    (xc) = VMIN(VMAX(x, VSET1(lo)), VSET1(hi));                       \
-    (ok) = VCMP(x, xc, _CMP_EQ_OQ);                                   \
-  } while (0)
+/* Lanes whose fp32 input bits b satisfy lo <= b < hi (unsigned; with the
+ * sign bit cleared first for VM_ABS_IN): the range tests of the fast
+ * paths. Lanes outside compute garbage (Inf, NaN: the exceptions are
+ * masked) and are redone. */
+#define VM_BITS_IN(xf, lo, hi) VFI_IN(VF_BITS(xf), lo, hi)
+#define VM_ABS_IN(xf, lo, hi) VFI_IN(VFI_AND(VF_BITS(xf), VFI_SET1(0x7fffffff)), lo, hi)
 
-/* 2^(j/16) rounded to double, j = 0..15 */
-static const double vm_exp_tab[16] __attribute__((aligned(64))) = {
-    0x1.0000000000000p+0, 0x1.0b5586cf9890fp+0, 0x1.172b83c7d517bp+0, 0x1.2387a6e756238p+0,
-    0x1.306fe0a31b715p+0, 0x1.3dea64c123422p+0, 0x1.4bfdad5362a27p+0, 0x1.5ab07dd485429p+0,
-    0x1.6a09e667f3bcdp+0, 0x1.7a11473eb0187p+0, 0x1.8ace5422aa0dbp+0, 0x1.9c49182a3f090p+0,
-    0x1.ae89f995ad3adp+0, 0x1.c199bdd85529cp+0, 0x1.d5818dcfba487p+0, 0x1.ea4afa2a490dap+0};
+/* 2^(j/16) rounded to double, j = 0..15 (0x1p+0, 0x1.0b5586cf9890fp+0,
+ * 0x1.172b83c7d517bp+0, ... 0x1.ea4afa2a490dap+0), each as its bits minus
+ * j 2^48: bits(s) << 48 is k 2^48 = (k >> 4) 2^52 + (k & 15) 2^48 (mod
+ * 2^64; bits(s) = bits(1.5 2^52) + k, whose low 16 bits are k's), so entry
+ * (k & 15) plus bits(s) << 48 is bits(2^(k >> 4) 2^((k & 15)/16)). */
+static const uint64_t vm_exp_tab[16] __attribute__((aligned(64))) = {
+    0x3ff0000000000000u, 0x3fefb5586cf9890fu, 0x3fef72b83c7d517bu, 0x3fef387a6e756238u,
+    0x3fef06fe0a31b715u, 0x3feedea64c123422u, 0x3feebfdad5362a27u, 0x3feeab07dd485429u,
+    0x3feea09e667f3bcdu, 0x3feea11473eb0187u, 0x3feeace5422aa0dbu, 0x3feec49182a3f090u,
+    0x3feee89f995ad3adu, 0x3fef199bdd85529cu, 0x3fef5818dcfba487u, 0x3fefa4afa2a490dau};
 
 /* e^(sx) for s = +1 (neg = 0) or -1 (neg = 1), |x| <= 111, relative error
  * < 2^-50.3: k = nearest(16 s x / ln2) by one fma against 1.5 2^52
@@ -91,8 +94,9 @@ static const double vm_exp_tab[16] __attribute__((aligned(64))) = {
  * Taylor polynomial to r^6 (remainder r^7/7! e^|r| < 2^-51.0), Horner by
  * fma (< 2^-52 relative on 1 + r a). 2^(k/16) = 2^(k >> 4) t[k & 15],
  * t[j] = 2^(j/16) rounded (2^-53), the power of two added into t's
- * exponent field (exact: normal results); the last fma t' + t' (r a)
- * (2^-53). The bounds sum to < 2^-50.3. */
+ * exponent field by one integer add (exact: normal results; the table
+ * above); the last fma t' + t' (r a) (2^-53). The bounds sum to
+ * < 2^-50.3. */
 static inline __attribute__((always_inline)) void vm_exp_core(const VD *x, VD *y, int neg) {
   const VD magic = VSET1(0x1.8p52);
   const VD c = VSET1(neg ? -0x1.71547652b82fep+4 : 0x1.71547652b82fep+4);
@@ -105,8 +109,7 @@ static inline __attribute__((always_inline)) void vm_exp_core(const VD *x, VD *y
     EACH(r[u] = VFNMA(k[u], VSET1(0x1.62e42fefa4000p-5), x[u])); /* x - k L1 */
   }
   EACH(r[u] = VFNMA(k[u], VSET1(-0x1.8432a1b0e2634p-47), r[u]));
-  EACH(t[u] = VTAB16(vm_exp_tab, VI_BITS(s[u])));
-  EACH(t[u] = VI_FROM(VI_ADD(VI_BITS(t[u]), VI_SLL(VI_SRL(VI_BITS(s[u]), 4), 52))));
+  EACH(t[u] = VI_FROM(VI_ADD(VTAB16(vm_exp_tab, VI_BITS(s[u])), VI_SLL(VI_BITS(s[u]), 48))));
   EACH(a[u] = VFMA(VSET1(0x1.a01a01a01a01ap-13), r[u], VSET1(0x1.6c16c16c16c17p-10)));
   EACH(a[u] = VFMA(a[u], r[u], VSET1(0x1.1111111111111p-7)));
   EACH(a[u] = VFMA(a[u], r[u], VSET1(0x1.5555555555555p-5)));
@@ -122,44 +125,43 @@ static inline __attribute__((always_inline)) void vm_exp_core(const VD *x, VD *y
  * lanes the scalar function recomputes (its own early returns make the
  * saturated and special inputs cheap there) --------------------------------------- */
 
-/* exp: fp32-normal results for -87 <= x <= 88.5 (e^-87 > 2^-126,
- * e^88.5 < 2^127.7); other inputs redone. */
+/* exp: fp32-normal results for |x| <= 87 (e^-87 > 2^-126); other inputs
+ * redone. */
 static inline __attribute__((always_inline)) void vm_exp_n(const VF *xf, VF *out, unsigned *redo) {
-  VD x[U], xc[U], y[U];
+  VD x[U], y[U];
   VM ok[U];
+  EACH(ok[u] = VM_ABS_IN(xf[u], 0, 0x42ae0001)); /* |x| <= 87 */
   EACH(x[u] = VCVT_PD(xf[u]));
-  EACH(VM_CLAMP(x[u], -87.0, 88.5, xc[u], ok[u]));
-  vm_exp_core(xc, y, 0);
+  vm_exp_core(x, y, 0);
   EACH(redo[u] = M_BITS(vm_good(ok[u], y[u])) ^ VM_ALL);
   EACH(out[u] = VCVT_PS(y[u]));
 }
 
 /* sigmoid = 1 / (1 + e^-x): e^-x < 2^-50.3, 1 + e (2^-53), VRECIP
- * (< 2^-52): < 2^-49.4. fp32-normal results for -87 <= x < 40
- * (sigmoid(-87) > e^-87 > 2^-126); other inputs redone. */
+ * (< 2^-52): < 2^-49.4. The fast path for |x| < 40 (fp32-normal
+ * results); other inputs redone. */
 static inline __attribute__((always_inline)) void vm_sigmoid_n(const VF *xf, VF *out, unsigned *redo) {
-  VD x[U], xc[U], y[U];
+  VD x[U], y[U];
   VM ok[U];
+  EACH(ok[u] = VM_ABS_IN(xf[u], 0, 0x42200000)); /* |x| < 40 */
   EACH(x[u] = VCVT_PD(xf[u]));
-  EACH(VM_CLAMP(x[u], -87.0, 0x1.3ffffep+5, xc[u], ok[u]));
-  vm_exp_core(xc, y, 1);
+  vm_exp_core(x, y, 1);
   EACH(y[u] = VRECIP(VADD(VSET1(1.0), y[u])));
   EACH(redo[u] = M_BITS(vm_good(ok[u], y[u])) ^ VM_ALL);
   EACH(out[u] = VCVT_PS(y[u]));
 }
 
-/* SiLU = x / (1 + e^-x) as x VRECIP(1 + e^-x): < 2^-49.3. fp32-normal
- * results for -80 <= x < 40 with |x| >= 2^-60 (|silu(-80)| > 2^-112,
+/* SiLU = x / (1 + e^-x) as x VRECIP(1 + e^-x): < 2^-49.3. The fast path
+ * for 2^-60 <= |x| < 40 (fp32-normal results: |silu(-40)| > 2^-55,
  * |silu(x)| > |x|/4 near 0); other inputs (+-0, |x| < 2^-60 among them)
  * redone. */
 static inline __attribute__((always_inline)) void vm_silu_n(const VF *xf, VF *out, unsigned *redo) {
-  VD x[U], xc[U], y[U];
+  VD x[U], y[U];
   VM ok[U];
+  EACH(ok[u] = VM_ABS_IN(xf[u], 0x21800000, 0x42200000)); /* 2^-60 <= |x| < 40 */
   EACH(x[u] = VCVT_PD(xf[u]));
-  EACH(VM_CLAMP(x[u], -80.0, 0x1.3ffffep+5, xc[u], ok[u]));
-  EACH(ok[u] = VCMP_AND(ok[u], VABS(x[u]), VSET1(0x1p-60), _CMP_GE_OQ));
-  vm_exp_core(xc, y, 1);
-  EACH(y[u] = VMUL(xc[u], VRECIP(VADD(VSET1(1.0), y[u]))));
+  vm_exp_core(x, y, 1);
+  EACH(y[u] = VMUL(x[u], VRECIP(VADD(VSET1(1.0), y[u]))));
   EACH(redo[u] = M_BITS(vm_good(ok[u], y[u])) ^ VM_ALL);
   EACH(out[u] = VCVT_PS(y[u]));
 }
@@ -167,11 +169,11 @@ static inline __attribute__((always_inline)) void vm_silu_n(const VF *xf, VF *ou
 /* rsqrt = VRSQRT(x) (< 2^-51.9) for 2^-149 <= x <= FLT_MAX (results in
  * [2^-64, 2^74.5], fp32-normal); NaN, +-0, negatives, +Inf redone. */
 static inline __attribute__((always_inline)) void vm_rsqrt_n(const VF *xf, VF *out, unsigned *redo) {
-  VD x[U], xc[U], y[U];
+  VD x[U], y[U];
   VM ok[U];
+  EACH(ok[u] = VM_BITS_IN(xf[u], 1, 0x7f800000)); /* 2^-149 <= x <= FLT_MAX */
   EACH(x[u] = VCVT_PD(xf[u]));
-  EACH(VM_CLAMP(x[u], 0x1p-149, 0x1.fffffep+127, xc[u], ok[u]));
-  EACH(y[u] = VRSQRT(xc[u]));
+  EACH(y[u] = VRSQRT(x[u]));
   EACH(redo[u] = M_BITS(vm_good(ok[u], y[u])) ^ VM_ALL);
   EACH(out[u] = VCVT_PS(y[u]));
 }
@@ -186,11 +188,10 @@ static inline __attribute__((always_inline)) void vm_rsqrt_n(const VF *xf, VF *o
  * (|log x| >= 0.34 when e != 0): < 2^-49.5. log 1 = +0 exactly (s = 0;
  * +0 is not near and converts to +0). |log x| >= 2^-24 otherwise. */
 static inline __attribute__((always_inline)) void vm_log_n(const VF *xf, VF *out, unsigned *redo) {
-  VD x[U], xc[U], m[U], s[U], z[U], p[U], de[U], y[U];
+  VD m[U], s[U], z[U], p[U], de[U], y[U];
   VFI b[U], e[U], mb[U], big[U];
   VM ok[U];
-  EACH(x[u] = VCVT_PD(xf[u]));
-  EACH(VM_CLAMP(x[u], 0x1p-126, 0x1.fffffep+127, xc[u], ok[u]));
+  EACH(ok[u] = VM_BITS_IN(xf[u], 0x00800000, 0x7f800000)); /* 2^-126 <= x <= FLT_MAX */
   EACH(b[u] = VF_BITS(xf[u]));
   EACH(e[u] = VFI_SUB(VFI_SRL(b[u], 23), VFI_SET1(127)));
   EACH(mb[u] = VFI_OR(VFI_AND(b[u], VFI_SET1(0x007fffff)), VFI_SET1(0x3f800000)));
@@ -215,7 +216,6 @@ static inline __attribute__((always_inline)) void vm_log_n(const VF *xf, VF *out
   EACH(y[u] = VFMA(de[u], VSET1(0x1.62e42fee00000p-1), VFMA(de[u], VSET1(0x1.a39ef35793c76p-33), y[u])));
   EACH(redo[u] = M_BITS(vm_good(ok[u], y[u])) ^ VM_ALL);
   EACH(out[u] = VCVT_PS(y[u]));
-  (void)xc;
 }
 
 /* ---- sin, cos: math_det.h's fast path lane for lane ------------------------------ */
