@@ -2,10 +2,15 @@
  * bench/bench_math.c — throughput of the elementwise calls of
  * bitexact_train.h (bx_exp ... bx_cos, and bx_adamw_step) against a plain
  * glibc loop (expf, logf, 1/(1+expf(-x)), x/(1+expf(-x)), 1/sqrtf, sinf,
- * cosf) in the same run, single-threaded and with the library's default
- * threads. ns/element: the median of 9 runs over N elements of typical
- * inputs (activations ~N(0, 4); log/rsqrt: |x|; sin/cos: RoPE angles up
- * to 2^17).
+ * cosf) in the same run, at 1 and 2 threads (bx_math_opts.num_threads),
+ * interleaved (one glibc run, one bx run at 1 thread, one at 2, and so
+ * on). ns/element: the median of 9 runs over N elements of typical inputs
+ * (activations ~N(0, 4); log/rsqrt: |x|; sin/cos: RoPE angles up to
+ * 2^17); "bx/glibc": the median over runs of glibc's time / bx's 1-thread
+ * time (bx's throughput as a multiple of glibc's). 1-thread times are the
+ * thread's CPU time, 2-thread times wall time. The kernel table used
+ * is printed (BX_ISA=portable|avx2|avx512 forces one). torch: see
+ * bench/bench_math_torch.py.
  *
  *   build/bench/bench_math [N]        (default N = 2^20)
  */
@@ -15,6 +20,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bitexact.h"
 #include "bitexact_train.h"
 #include "rng.h"
 
@@ -23,6 +29,15 @@
 static double now(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* this thread's CPU time: the 1-thread figures (glibc, bx with 1 thread
+ * computes on the calling thread), so that other programs sharing the
+ * machine do not count */
+static double cpu_now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
   return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
@@ -77,8 +92,9 @@ int main(int argc, char **argv) {
   int64_t shape[1] = {(int64_t)n};
   bx_rng r;
   bx_rng_seed(&r, 42);
-  printf("bench_math: N = %zu elements, median of %d runs, ns/element\n", n, RUNS);
-  printf("%-8s %12s %12s %12s %10s\n", "function", "glibc 1 thr", "bx 1 thr", "bx default",
+  printf("bench_math: N = %zu elements, median of %d runs, ns/element, kernels %s\n", n, RUNS,
+         bx_isa_name());
+  printf("%-8s %12s %12s %12s %10s\n", "function", "glibc 1 thr", "bx 1 thr", "bx 2 thr",
          "bx/glibc");
   for (int f = 0; f < NFUNC; f++) {
     for (size_t i = 0; i < n; i++) {
@@ -91,24 +107,26 @@ int main(int argc, char **argv) {
       x[i] = a;
     }
     DLTensor xt = view(x, shape), yt = view(y, shape);
-    double tg[RUNS], t1[RUNS], td[RUNS];
-    bx_math_opts one = BX_MATH_OPTS_DEFAULT;
+    double tg[RUNS], t1[RUNS], td[RUNS], ratio[RUNS];
+    bx_math_opts one = BX_MATH_OPTS_DEFAULT, two = BX_MATH_OPTS_DEFAULT;
     one.num_threads = 1;
+    two.num_threads = 2;
     for (int k = 0; k < RUNS; k++) {
-      double t0 = now();
+      double t0 = cpu_now();
       glibc_loop(f, x, y, n);
-      tg[k] = now() - t0;
+      tg[k] = cpu_now() - t0;
       sink += y[n / 2];
-      t0 = now();
+      t0 = cpu_now();
       if (FNS[f](&xt, &yt, &one) != BX_OK) return 1;
-      t1[k] = now() - t0;
+      t1[k] = cpu_now() - t0;
       t0 = now();
-      if (FNS[f](&xt, &yt, NULL) != BX_OK) return 1;
+      if (FNS[f](&xt, &yt, &two) != BX_OK) return 1;
       td[k] = now() - t0;
+      ratio[k] = tg[k] / t1[k];
     }
     double a = median(tg) * 1e9 / (double)n, b = median(t1) * 1e9 / (double)n,
            c = median(td) * 1e9 / (double)n;
-    printf("%-8s %12.3f %12.3f %12.3f %10.2f\n", NAMES[f], a, b, c, b / a);
+    printf("%-8s %12.3f %12.3f %12.3f %10.2f\n", NAMES[f], a, b, c, median(ratio));
   }
   /* AdamW: one step over n parameters */
   for (size_t i = 0; i < n; i++) {

@@ -2,7 +2,7 @@
  * dev/math_exhaustive.c — every fp32 input of every function of
  * src/common/math_det.h against a correctly rounded reference.
  *
- *   build/dev/math_exhaustive [FUNC ...] [-t THREADS] [-s STEP]
+ *   build/dev/math_exhaustive [FUNC ...] [-t THREADS] [-s STEP] [--vector [--no-portable]]
  *     FUNC: exp log sigmoid silu rsqrt sin cos (default: all)
  *     -s STEP: only every STEP-th bit pattern (a quick look; default 1 =
  *              all 2^32). Prints per function: inputs checked, max error
@@ -18,7 +18,7 @@
  * within 2^-41 of yd — f(x) among them, with a margin of ~2^9 beyond the
  * bound — rounds to that float (rounding is monotonic), so it is f(x)
  * correctly rounded. Otherwise (about 2^-15 of the inputs) f(x) is
- * computed by MPFR at 200 bits and rounded to float by mpfr_get_flt
+ * computed by MPFR at 200 bits and rounded to float by ref_round_f
  * (correct unless f(x) is within 2^-200 of a midpoint: no fp32 input
  * comes anywhere near, these values being transcendental or, for rsqrt,
  * never midpoints). The error in ulp is |got - f(x)| / ulp, with f(x)
@@ -26,15 +26,26 @@
  * ulp that of f(x)'s float binade (2^-149 below 2^-126; 2^104 above
  * FLT_MAX).
  *
- * MPFR is loaded with dlopen (libmpfr.so.6): the dev programs are linked
- * with the library only.
+ * The special values and the MPFR evaluation are tests/math_ref.h's, the
+ * reference the C suite's tests/test_math.c uses too (MPFR at 200 bits,
+ * rounded by tests/mpfr_ref.c's ref_round_f); this program is linked with
+ * MPFR and tests/mpfr_ref.c (cmake/BitexactPrograms.cmake).
+ *
+ * --vector: instead, every kernel table this CPU runs (kernels.h's
+ * bx_math_kernels: portable, avx2, avx512) on all 2^32 inputs against the
+ * scalar function, bit for bit (the scalar functions being correctly
+ * rounded, the vector kernels must give their bits: vmath_body.h); blocks
+ * of 2^16 consecutive bit patterns, out of place (--no-portable: the vector
+ * tables only; the portable one is the scalar loop itself, and the
+ * slowest part). Prints per function and
+ * table the inputs checked and the mismatches (the first one); exit
+ * status 1 on any.
  *
  * Special values are checked bit for bit against the rules stated in
- * math_det.h (quieted input NaN, 0x7fc00000 for invalid operations,
- * silu(-Inf) = -0; sin/cos: NaN outside |x| < 2^28, those inputs are
- * counted apart).
+ * math_det.h (math_ref_special: quieted input NaN, 0x7fc00000 for invalid
+ * operations, silu(-Inf) = -0; sin/cos: NaN outside |x| < 2^28, those
+ * inputs are counted apart).
  */
-#include <dlfcn.h>
 #include <float.h>
 #include <math.h>
 #include <pthread.h>
@@ -46,60 +57,16 @@
 
 #include <mpfr.h>
 
+#include "kernels.h"
 #include "math_det.h"
-
-/* ---- MPFR through dlopen ---------------------------------------------------- */
-static void (*m_init2)(mpfr_ptr, mpfr_prec_t);
-static void (*m_clear)(mpfr_ptr);
-static int (*m_set_d)(mpfr_ptr, double, mpfr_rnd_t);
-static int (*m_exp)(mpfr_ptr, mpfr_srcptr, mpfr_rnd_t);
-static int (*m_log)(mpfr_ptr, mpfr_srcptr, mpfr_rnd_t);
-static int (*m_sin)(mpfr_ptr, mpfr_srcptr, mpfr_rnd_t);
-static int (*m_cos)(mpfr_ptr, mpfr_srcptr, mpfr_rnd_t);
-static int (*m_rec_sqrt)(mpfr_ptr, mpfr_srcptr, mpfr_rnd_t);
-static int (*m_neg)(mpfr_ptr, mpfr_srcptr, mpfr_rnd_t);
-static int (*m_add_ui)(mpfr_ptr, mpfr_srcptr, unsigned long, mpfr_rnd_t);
-static int (*m_ui_div)(mpfr_ptr, unsigned long, mpfr_srcptr, mpfr_rnd_t);
-static int (*m_mul)(mpfr_ptr, mpfr_srcptr, mpfr_srcptr, mpfr_rnd_t);
-static float (*m_get_flt)(mpfr_srcptr, mpfr_rnd_t);
-static double (*m_get_d)(mpfr_srcptr, mpfr_rnd_t);
-
-static int load_mpfr(void) {
-  void *h = dlopen("libmpfr.so.6", RTLD_NOW);
-  if (!h) h = dlopen("libmpfr.so", RTLD_NOW);
-  if (!h) {
-    fprintf(stderr, "math_exhaustive: cannot load MPFR: %s\n", dlerror());
-    return 0;
-  }
-#define LOAD(var, name)                                              \
-  do {                                                               \
-    *(void **)(&var) = dlsym(h, name);                               \
-    if (!var) {                                                      \
-      fprintf(stderr, "math_exhaustive: MPFR lacks %s\n", name);     \
-      return 0;                                                      \
-    }                                                                \
-  } while (0)
-  LOAD(m_init2, "mpfr_init2");
-  LOAD(m_clear, "mpfr_clear");
-  LOAD(m_set_d, "mpfr_set_d");
-  LOAD(m_exp, "mpfr_exp");
-  LOAD(m_log, "mpfr_log");
-  LOAD(m_sin, "mpfr_sin");
-  LOAD(m_cos, "mpfr_cos");
-  LOAD(m_rec_sqrt, "mpfr_rec_sqrt");
-  LOAD(m_neg, "mpfr_neg");
-  LOAD(m_add_ui, "mpfr_add_ui");
-  LOAD(m_ui_div, "mpfr_ui_div");
-  LOAD(m_mul, "mpfr_mul");
-  LOAD(m_get_flt, "mpfr_get_flt");
-  LOAD(m_get_d, "mpfr_get_d");
-#undef LOAD
-  return 1;
-}
+#include "math_ref.h"
 
 /* ---- the functions ----------------------------------------------------------- */
-enum { F_EXP, F_LOG, F_SIGMOID, F_SILU, F_RSQRT, F_SIN, F_COS, NFUNC };
-static const char *const NAMES[NFUNC] = {"exp", "log", "sigmoid", "silu", "rsqrt", "sin", "cos"};
+enum {
+  F_EXP = MREF_EXP, F_LOG = MREF_LOG, F_SIGMOID = MREF_SIGMOID, F_SILU = MREF_SILU,
+  F_RSQRT = MREF_RSQRT, F_SIN = MREF_SIN, F_COS = MREF_COS, NFUNC = MREF_NFUNC
+};
+#define NAMES MREF_NAMES
 
 static float det(int f, float x) {
   switch (f) {
@@ -123,31 +90,6 @@ static double ref_double(int f, double x) {
   case F_SIN: return sin(x);
   default: return cos(x);
   }
-}
-
-/* f(x) at 200 bits into y (finite, non-zero cases only). */
-static void ref_mpfr(int f, double x, mpfr_ptr y) {
-  mpfr_t X, t;
-  m_init2(X, 53);
-  m_init2(t, 200);
-  m_set_d(X, x, MPFR_RNDN);
-  switch (f) {
-  case F_EXP: m_exp(y, X, MPFR_RNDN); break;
-  case F_LOG: m_log(y, X, MPFR_RNDN); break;
-  case F_SIGMOID:
-  case F_SILU:
-    m_neg(t, X, MPFR_RNDN);
-    m_exp(t, t, MPFR_RNDN);
-    m_add_ui(t, t, 1, MPFR_RNDN);
-    m_ui_div(y, 1, t, MPFR_RNDN);
-    if (f == F_SILU) m_mul(y, y, X, MPFR_RNDN);
-    break;
-  case F_RSQRT: m_rec_sqrt(y, X, MPFR_RNDN); break;
-  case F_SIN: m_sin(y, X, MPFR_RNDN); break;
-  default: m_cos(y, X, MPFR_RNDN); break;
-  }
-  m_clear(X);
-  m_clear(t);
 }
 
 static uint32_t fbits(float f) {
@@ -182,8 +124,6 @@ typedef struct job {
 
 static void *run(void *arg) {
   job *j = arg;
-  mpfr_t big;
-  m_init2(big, 200);
   uint64_t lo = ((uint64_t)1 << 32) * (uint64_t)j->tid / (uint64_t)j->nthreads;
   uint64_t hi = ((uint64_t)1 << 32) * (uint64_t)(j->tid + 1) / (uint64_t)j->nthreads;
   lo = (lo + j->step - 1) / j->step * j->step;
@@ -193,13 +133,10 @@ static void *run(void *arg) {
     uint32_t want;
     double exact = 0.0;
     int finite_case = 0;
-    if (x != x) {
-      want = (uint32_t)u | 0x00400000u;
-    } else if ((j->f == F_SIN || j->f == F_COS) && !(fabsf(x) < 0x1p28f)) {
-      want = BX_MD_QNAN;
-      j->outside++;
-    } else if (j->f == F_SILU && isinf(x) && x < 0) {
-      want = 0x80000000u;
+    float special;
+    if (math_ref_special(j->f, x, &special)) {
+      want = fbits(special);
+      if (x == x && (j->f == F_SIN || j->f == F_COS) && !(fabsf(x) < 0x1p28f)) j->outside++;
     } else {
       double yd = ref_double(j->f, (double)x);
       if (yd != yd) {
@@ -213,9 +150,7 @@ static void *run(void *arg) {
           want = fbits(a);
           exact = yd;
         } else {
-          ref_mpfr(j->f, (double)x, big);
-          want = fbits(m_get_flt(big, MPFR_RNDN));
-          exact = m_get_d(big, MPFR_RNDN);
+          want = fbits(math_ref(j->f, x, &exact));
           j->to_mpfr++;
         }
         finite_case = 1;
@@ -240,16 +175,123 @@ static void *run(void *arg) {
       j->worst = (uint32_t)u;
     }
   }
-  m_clear(big);
+  mpfr_free_cache();
   return NULL;
 }
 
+/* ---- --vector: the kernel tables against the scalar functions ---------------- */
+
+#define VBLOCK ((size_t)1 << 16)
+
+static bx_math_fn table_fn(const bx_math_kernels *k, int f) {
+  switch (f) {
+  case F_EXP: return k->exp;
+  case F_LOG: return k->log;
+  case F_SIGMOID: return k->sigmoid;
+  case F_SILU: return k->silu;
+  case F_RSQRT: return k->rsqrt;
+  case F_SIN: return k->sin;
+  default: return k->cos;
+  }
+}
+
+typedef struct vjob {
+  int f, tid, nthreads, ntables;
+  const bx_math_kernels *tables[3];
+  uint64_t checked, wrong[3];
+  uint32_t first_wrong[3];
+} vjob;
+
+static void *vrun(void *arg) {
+  vjob *j = arg;
+  float *x = malloc(VBLOCK * 4), *want = malloc(VBLOCK * 4), *got = malloc(VBLOCK * 4);
+  if (!x || !want || !got) abort();
+  uint64_t nblocks = ((uint64_t)1 << 32) / VBLOCK;
+  for (uint64_t blk = (uint64_t)j->tid; blk < nblocks; blk += (uint64_t)j->nthreads) {
+    for (size_t i = 0; i < VBLOCK; i++) {
+      x[i] = bitsf((uint32_t)(blk * VBLOCK + i));
+      want[i] = det(j->f, x[i]);
+    }
+    for (int t = 0; t < j->ntables; t++) {
+      table_fn(j->tables[t], j->f)(x, got, VBLOCK);
+      for (size_t i = 0; i < VBLOCK; i++)
+        if (fbits(got[i]) != fbits(want[i])) {
+          if (j->wrong[t] == 0) j->first_wrong[t] = fbits(x[i]);
+          j->wrong[t]++;
+        }
+    }
+    j->checked += VBLOCK;
+  }
+  free(x);
+  free(want);
+  free(got);
+  return NULL;
+}
+
+static int vector_mode(const int *want, int any, int nthreads, int no_portable) {
+  const bx_math_kernels *tables[3];
+  int ntables = 0;
+  if (!no_portable) tables[ntables++] = &bx_math_portable;
+#ifdef BX_HAVE_X86
+  if (bx_force_isa("avx2") == BX_OK) tables[ntables++] = &bx_math_avx2;
+  if (bx_force_isa("avx512") == BX_OK) tables[ntables++] = &bx_math_avx512;
+  bx_force_isa(NULL);
+#endif
+  int bad = 0;
+  for (int f = 0; f < NFUNC; f++) {
+    if (any && !want[f]) continue;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    vjob jobs[64];
+    pthread_t th[64];
+    for (int t = 0; t < nthreads; t++) {
+      memset(&jobs[t], 0, sizeof jobs[t]);
+      jobs[t].f = f;
+      jobs[t].tid = t;
+      jobs[t].nthreads = nthreads;
+      jobs[t].ntables = ntables;
+      memcpy(jobs[t].tables, tables, sizeof tables);
+      pthread_create(&th[t], NULL, vrun, &jobs[t]);
+    }
+    uint64_t checked = 0, wrong[3] = {0, 0, 0};
+    uint32_t first[3] = {0, 0, 0};
+    for (int t = 0; t < nthreads; t++) {
+      pthread_join(th[t], NULL);
+      checked += jobs[t].checked;
+      for (int k = 0; k < ntables; k++) {
+        if (jobs[t].wrong[k] && !wrong[k]) first[k] = jobs[t].first_wrong[k];
+        wrong[k] += jobs[t].wrong[k];
+      }
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    printf("%-8s %llu inputs:", NAMES[f], (unsigned long long)checked);
+    for (int k = 0; k < ntables; k++) {
+      printf(" %s %llu differ", tables[k]->name, (unsigned long long)wrong[k]);
+      if (wrong[k]) printf(" (first 0x%08x)", first[k]);
+      printf(k + 1 < ntables ? "," : "");
+      if (wrong[k]) bad = 1;
+    }
+    printf(" from the scalar function, %.1f s\n", secs);
+    fflush(stdout);
+  }
+  return bad;
+}
+
 int main(int argc, char **argv) {
-  int want[NFUNC] = {0}, any = 0, nthreads = 2;
+  int want[NFUNC] = {0}, any = 0, nthreads = 2, vector = 0, no_portable = 0;
   uint64_t step = 1;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "-t") && i + 1 < argc) {
       nthreads = atoi(argv[++i]);
+      continue;
+    }
+    if (!strcmp(argv[i], "--vector")) {
+      vector = 1;
+      continue;
+    }
+    if (!strcmp(argv[i], "--no-portable")) {
+      no_portable = 1;
       continue;
     }
     if (!strcmp(argv[i], "-s") && i + 1 < argc) {
@@ -260,13 +302,13 @@ int main(int argc, char **argv) {
     for (int f = 0; f < NFUNC; f++)
       if (!strcmp(argv[i], NAMES[f])) want[f] = found = any = 1;
     if (!found) {
-      fprintf(stderr, "usage: %s [exp|log|sigmoid|silu|rsqrt|sin|cos ...] [-t N] [-s STEP]\n",
+      fprintf(stderr, "usage: %s [exp|log|sigmoid|silu|rsqrt|sin|cos ...] [-t N] [-s STEP] [--vector [--no-portable]]\n",
               argv[0]);
       return 2;
     }
   }
   if (nthreads < 1 || nthreads > 64 || step < 1) return 2;
-  if (!load_mpfr()) return 2;
+  if (vector) return vector_mode(want, any, nthreads, no_portable);
   int bad = 0;
   for (int f = 0; f < NFUNC; f++) {
     if (any && !want[f]) continue;

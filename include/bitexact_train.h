@@ -39,6 +39,11 @@ extern "C" {
  * NaN inputs give the input NaN quieted (payload kept); an invalid
  * operation gives the NaN 0x7fc00000.
  *
+ * Speed: the tensor calls run AVX-512 or AVX2 kernels where the CPU has
+ * them (8 or 4 binary64 lanes; BX_ISA forces a table) and give the same
+ * bits as the portable scalar code on every input (checked for all 2^32
+ * inputs); figures against torch and glibc in docs/train_math.md.
+ *
  * Tensors: x and y fp32 (BX_EDTYPE otherwise), host memory (kDLCPU,
  * kDLCUDAHost, kDLCUDAManaged; BX_EDEVICE otherwise), the same shape
  * (BX_EINVAL otherwise) and the same strides, dense (BX_ELAYOUT otherwise).

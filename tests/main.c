@@ -239,6 +239,8 @@ static const test_entry TESTS[] = {
     {"wgrad_linear", test_wgrad_linear},
     {"wgrad_bad_input", test_wgrad_bad_input},
     {"wgrad_grid_kernels", test_wgrad_grid_kernels},
+    /* the vector kernels of the elementwise math (test_math.c; section owner: math) */
+    {"math_vector_kernels", test_math_vector_kernels},
 };
 #define NTESTS (sizeof TESTS / sizeof TESTS[0])
 

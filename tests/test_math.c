@@ -12,18 +12,24 @@
 #include <float.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <mpfr.h>
 #include "bitexact_train.h"
 #include "harness.h"
+#include "kernels.h"
 #include "math_det.h"
+#include "math_ref.h"
 #include "mpfr_ref.h"
 #include "tests.h"
 #include "util.h"
 
-enum { F_EXP, F_LOG, F_SIGMOID, F_SILU, F_RSQRT, F_SIN, F_COS, NFUNC };
-static const char *const NAMES[NFUNC] = {"exp", "log", "sigmoid", "silu", "rsqrt", "sin", "cos"};
+enum {
+  F_EXP = MREF_EXP, F_LOG = MREF_LOG, F_SIGMOID = MREF_SIGMOID, F_SILU = MREF_SILU,
+  F_RSQRT = MREF_RSQRT, F_SIN = MREF_SIN, F_COS = MREF_COS, NFUNC = MREF_NFUNC
+};
+#define NAMES MREF_NAMES
 
 static float det(int f, float x) {
   switch (f) {
@@ -64,65 +70,9 @@ static float bf(uint32_t u) {
   return f;
 }
 
-/* The correctly rounded f(x) by MPFR (200 bits, then one rounding to
- * fp32 with subnormals: ref_round_f), with the special values of
- * math_det.h's rules. */
-static float reference(int f, float x) {
-  if (x != x) return bf(fb(x) | 0x00400000u);
-  if ((f == F_SIN || f == F_COS) && !(fabsf(x) < BX_TRIG_DOMAIN)) return bf(0x7fc00000u);
-  switch (f) {
-  case F_LOG:
-    if (x == 0.0f) return -INFINITY;
-    if (x < 0.0f) return bf(0x7fc00000u);
-    if (isinf(x)) return x;
-    break;
-  case F_RSQRT:
-    if (x == 0.0f) return signbit(x) ? -INFINITY : INFINITY;
-    if (x < 0.0f) return bf(0x7fc00000u);
-    if (isinf(x)) return 0.0f;
-    break;
-  case F_EXP:
-    if (isinf(x)) return x > 0 ? x : 0.0f;
-    break;
-  case F_SIGMOID:
-    if (isinf(x)) return x > 0 ? 1.0f : 0.0f;
-    break;
-  case F_SILU:
-    if (isinf(x)) return x > 0 ? x : -0.0f;
-    if (x == 0.0f) return x;
-    break;
-  case F_SIN:
-    if (x == 0.0f) return x;
-    break;
-  default:
-    break;
-  }
-  mpfr_t X, Y, T;
-  mpfr_init2(X, 24);
-  mpfr_init2(Y, 200);
-  mpfr_init2(T, 200);
-  mpfr_set_flt(X, x, MPFR_RNDN);
-  switch (f) {
-  case F_EXP: mpfr_exp(Y, X, MPFR_RNDN); break;
-  case F_LOG: mpfr_log(Y, X, MPFR_RNDN); break;
-  case F_SIGMOID:
-  case F_SILU:
-    mpfr_neg(T, X, MPFR_RNDN);
-    mpfr_exp(T, T, MPFR_RNDN);
-    mpfr_add_ui(T, T, 1, MPFR_RNDN);
-    mpfr_ui_div(Y, 1, T, MPFR_RNDN);
-    if (f == F_SILU) mpfr_mul(Y, Y, X, MPFR_RNDN);
-    break;
-  case F_RSQRT: mpfr_rec_sqrt(Y, X, MPFR_RNDN); break;
-  case F_SIN: mpfr_sin(Y, X, MPFR_RNDN); break;
-  default: mpfr_cos(Y, X, MPFR_RNDN); break;
-  }
-  float r = ref_round_f(Y);
-  mpfr_clear(X);
-  mpfr_clear(Y);
-  mpfr_clear(T);
-  return r;
-}
+/* The correctly rounded f(x): tests/math_ref.h (MPFR, math_det.h's rules
+ * for the special values), the reference dev/math_exhaustive.c uses too. */
+static float reference(int f, float x) { return math_ref(f, x, NULL); }
 
 static const float SPECIAL[] = {
     0.0f, -0.0f, INFINITY, -INFINITY, 1.0f, -1.0f, 0.5f, 2.0f, 0x1p-149f, -0x1p-149f,
@@ -307,4 +257,108 @@ void test_math_errors(void) {
   bxt_tensor_free(&x);
   bxt_tensor_free(&y);
   bxt_tensor_free(&d);
+}
+
+/* ---- the vector kernels (kernels.h's bx_math_kernels) ----------------------- */
+
+static bx_math_fn table_fn(const bx_math_kernels *k, int f) {
+  switch (f) {
+  case F_EXP: return k->exp;
+  case F_LOG: return k->log;
+  case F_SIGMOID: return k->sigmoid;
+  case F_SILU: return k->silu;
+  case F_RSQRT: return k->rsqrt;
+  case F_SIN: return k->sin;
+  default: return k->cos;
+  }
+}
+
+/* Bits where the vector path changes: its range limits (exp -87 / 88.5,
+ * sigmoid -87 / 40, SiLU -80 / 40 / 2^-60, rsqrt 2^-149 / FLT_MAX, log
+ * 2^-126) and the scalar functions' worst inputs (math_det.h: the
+ * closest to a midpoint of all 2^32). */
+static const float VEC_EDGES[] = {
+    -87.0f, 88.5f, -80.0f, 0x1.3ffffep+5f, 0x1p-149f, 0x1p-126f, FLT_MAX, 0x1p-60f, -0x1p-60f,
+    -0x1.d2259ap+3f, 0x1.22d57p-65f, 0x1p-23f, 0x1.7431c6p-125f, 0x1.33333p+13f, 0x1p-12f,
+    -0x1.d2259ap+3f, 1.0f, 0x1.fffffep-1f, 0x1.000002p+0f, 2.0f, 0.5f};
+
+/* in[0..n) through the active table's kernel for f: every result must be
+ * the scalar function's bits; in place too. Returns the mismatches. */
+static long vec_check(int f, const float *in, size_t n, float *out, float *tmp) {
+  bx_math_fn fn = table_fn(bx_math_kernels_active(), f);
+  long bad = 0;
+  fn(in, out, n);
+  memcpy(tmp, in, n * 4);
+  fn(tmp, tmp, n);
+  for (size_t i = 0; i < n; i++) {
+    uint32_t want = fb(det(f, in[i]));
+    if (fb(out[i]) != want || fb(tmp[i]) != want) {
+      if (bad < 5)
+        CHECK(0, "%s kernel %s: x = %a (0x%08x): got 0x%08x (in place 0x%08x), scalar 0x%08x",
+              NAMES[f], bx_math_kernels_active()->name, (double)in[i], fb(in[i]), fb(out[i]),
+              fb(tmp[i]), want);
+      bad++;
+    }
+  }
+  return bad;
+}
+
+/* Every kernel table this CPU runs (each ISA forced) against the scalar
+ * functions, bit for bit: the edge values above and math_vs_mpfr's special
+ * values, each with its 8 neighbours either side and both signs; runs of
+ * 2^18 consecutive bit patterns from four starting points (they hold
+ * near-midpoint inputs that the kernels redo); random bit patterns and
+ * random values per function; every length 0..70 at every offset 0..3
+ * (the tails, unaligned), in place and not. */
+void test_math_vector_kernels(void) {
+  bxt_rng r;
+  bxt_rng_init(&r);
+  const size_t cap = (size_t)1 << 20;
+  float *in = malloc(cap * 4), *out = malloc(cap * 4), *tmp = malloc(cap * 4);
+  if (!in || !out || !tmp) {
+    CHECK(0, "out of memory");
+    free(in), free(out), free(tmp);
+    return;
+  }
+  static const uint32_t starts[] = {0x3f800000u, 0xc1200000u, 0x3c000000u, 0x00000001u};
+  for (int isa = 0; isa < bxt_isa_count(); isa++) {
+    if (!bxt_force(isa)) continue;
+    for (int f = 0; f < NFUNC; f++) {
+      long bad = 0;
+      size_t n = 0;
+      for (int list = 0; list < 2; list++) {
+        const float *v = list ? SPECIAL : VEC_EDGES;
+        size_t nv = list ? NSPECIAL : sizeof VEC_EDGES / sizeof VEC_EDGES[0];
+        for (size_t i = 0; i < nv; i++)
+          for (int d = -8; d <= 8; d++) {
+            in[n++] = bf(fb(v[i]) + (uint32_t)d);
+            in[n++] = bf((fb(v[i]) + (uint32_t)d) ^ 0x80000000u);
+          }
+      }
+      const uint32_t nans[] = {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xff812345u};
+      for (size_t i = 0; i < 4; i++) in[n++] = bf(nans[i]);
+      bad += vec_check(f, in, n, out, tmp);
+      for (size_t s = 0; s < sizeof starts / sizeof starts[0]; s++) {
+        uint32_t b0 = starts[s];
+        if (f == F_EXP || f == F_SIGMOID || f == F_SILU) b0 = s == 1 ? 0xc2a00000u : b0; /* -80 */
+        if (f == F_SIN || f == F_COS) b0 = s == 1 ? 0x46000000u : b0; /* 8192 */
+        for (size_t i = 0; i < cap / 4; i++) in[i] = bf(b0 + (uint32_t)i);
+        bad += vec_check(f, in, cap / 4, out, tmp);
+      }
+      for (size_t i = 0; i < cap / 4; i++) in[i] = draw(&r, f);
+      bad += vec_check(f, in, cap / 4, out, tmp);
+      for (size_t len = 0; len <= 70; len++)
+        for (size_t off = 0; off < 4; off++) {
+          for (size_t i = 0; i < len + off; i++) in[i] = draw(&r, f);
+          bad += vec_check(f, in + off, len, out + off, tmp + off);
+        }
+      CHECK(bad == 0, "%s: kernel table %s differs from the scalar function on %ld inputs",
+            NAMES[f], bx_math_kernels_active()->name, bad);
+      printf("  %-8s %-8s ok\n", bx_math_kernels_active()->name, NAMES[f]);
+    }
+  }
+  bxt_force(-1);
+  free(in);
+  free(out);
+  free(tmp);
 }

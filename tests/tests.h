@@ -235,4 +235,7 @@ void test_wgrad_linear(void);
 void test_wgrad_bad_input(void);
 void test_wgrad_grid_kernels(void);
 
+/* test_math.c: the vector kernels of the elementwise math (section owner: math) */
+void test_math_vector_kernels(void);
+
 #endif /* BX_TEST_TESTS_H */

@@ -87,14 +87,18 @@ typedef struct isa {
   const bx_scale_kernels *scale;
   const bx_gemm_kernel *gemm;
   const bx_tokred_kernels *tokred;
+  const bx_math_kernels *math;
 } isa;
 
 static const isa isas[] = {
 #ifdef BX_HAVE_X86
-    {"avx512", CPU_AVX512, &bx_kernels_avx512, &bx_scale_avx512, &bx_gemm_avx512, &bx_tokred_avx512},
-    {"avx2", CPU_AVX2, &bx_kernels_avx2, &bx_scale_portable, &bx_gemm_avx2, &bx_tokred_avx2},
+    {"avx512", CPU_AVX512, &bx_kernels_avx512, &bx_scale_avx512, &bx_gemm_avx512, &bx_tokred_avx512,
+     &bx_math_avx512},
+    {"avx2", CPU_AVX2, &bx_kernels_avx2, &bx_scale_portable, &bx_gemm_avx2, &bx_tokred_avx2,
+     &bx_math_avx2},
 #endif
-    {"portable", 0, &bx_kernels_portable, &bx_scale_portable, &bx_gemm_portable, &bx_tokred_portable},
+    {"portable", 0, &bx_kernels_portable, &bx_scale_portable, &bx_gemm_portable, &bx_tokred_portable,
+     &bx_math_portable},
 };
 #define NISAS (sizeof isas / sizeof isas[0])
 
@@ -203,6 +207,7 @@ const bx_scale_kernels *bx_scale_kernels_active(void) { return active_isa()->sca
 const bx_gemm_kernel *bx_gemm_kernel_active(void) { return active_isa()->gemm; }
 
 const bx_tokred_kernels *bx_tokred_kernels_active(void) { return active_isa()->tokred; }
+const bx_math_kernels *bx_math_kernels_active(void) { return active_isa()->math; }
 
 const char *bx_isa_name(void) { return active_isa()->name; }
 

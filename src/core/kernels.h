@@ -157,6 +157,30 @@ extern const bx_tokred_kernels bx_tokred_avx512;
 
 /* The token-reduction table matching bx_kernels_active(). */
 const bx_tokred_kernels *bx_tokred_kernels_active(void);
+/* Elementwise math kernels (bitexact_train.h's bx_exp ... bx_cos; driver
+ * src/train/math.c): y[i] = f(x[i]) for i < n, f the math_det.h function
+ * (bx_expf_det ...), bit for bit, in every ISA's table. y may be x itself
+ * (in place), no other overlap. The portable table runs the scalar
+ * functions (portable_math.c); the vector ones compute a binary64
+ * approximation per lane, keep it where it provably rounds to the
+ * correctly rounded fp32 value (the scalar functions' result) and redo
+ * the other lanes with the scalar functions (vmath_body.h; all 2^32
+ * inputs checked: dev/math_exhaustive.c --vector). */
+typedef void (*bx_math_fn)(const float *x, float *y, size_t n);
+
+typedef struct bx_math_kernels {
+  const char *name;
+  bx_math_fn exp, log, sigmoid, silu, rsqrt, sin, cos;
+} bx_math_kernels;
+
+extern const bx_math_kernels bx_math_portable;
+#ifdef BX_HAVE_X86
+extern const bx_math_kernels bx_math_avx2;
+extern const bx_math_kernels bx_math_avx512;
+#endif
+
+/* The math kernels matching bx_kernels_active(). */
+const bx_math_kernels *bx_math_kernels_active(void);
 
 /* The kernel table chosen for this CPU at first use (or the one named by
  * the environment variable BX_ISA, if the CPU has it): the fastest the

@@ -1,10 +1,11 @@
 /*
  * math.c — the elementwise tensor calls of bitexact_train.h (bx_exp,
  * bx_log, bx_sigmoid, bx_silu, bx_rsqrt, bx_sin, bx_cos) and their scalar
- * versions, over src/common/math_det.h. Every check runs before the first
- * write; the elements are split into fixed pieces over the pool (each
- * element's result depends on that element only, so the thread count
- * cannot change a bit).
+ * versions, over src/common/math_det.h (the tensor loops: the active ISA's
+ * kernel table, kernels.h; every table gives the scalar bits). Every check
+ * runs before the first write; the elements are split into fixed pieces
+ * over the pool (each element's result depends on that element only, so
+ * the thread count cannot change a bit).
  */
 #include <stdint.h>
 #include <string.h>
@@ -14,6 +15,7 @@
 #include "call.h"
 #include "error.h"
 #include "fpenv.h"
+#include "kernels.h"
 #include "math_det.h"
 #include "pool.h"
 #include "tensor.h"
@@ -84,49 +86,24 @@ int bx_ew_threads(int num_threads, size_t n) {
   return t;
 }
 
-/* ---- the loops ------------------------------------------------------------- */
+/* ---- the loops: the active ISA's kernel table (kernels.h) --------------------- */
 
 typedef enum ew_op { EW_EXP, EW_LOG, EW_SIGMOID, EW_SILU, EW_RSQRT, EW_SIN, EW_COS } ew_op;
 
-#define EW_LOOP(name, f)                                          \
-  static void name(const float *x, float *y, size_t n) {         \
-    for (size_t i = 0; i < n; i++) y[i] = f(x[i]);                \
-  }
-EW_LOOP(loop_log, bx_logf_det)
-EW_LOOP(loop_sigmoid, bx_sigmoidf_det)
-EW_LOOP(loop_silu, bx_siluf_det)
-EW_LOOP(loop_rsqrt, bx_rsqrtf_det)
-EW_LOOP(loop_sin, bx_sinf_det)
-EW_LOOP(loop_cos, bx_cosf_det)
-#undef EW_LOOP
+typedef void (*ew_loop)(const float *x, float *y, size_t n);
 
-/* exp in two passes per block: the branch-free binary64 fast path for
- * every element (clamped so that it is defined; the compiler may
- * vectorise it), then per element the scalar function's own decision:
- * inputs outside the fast path's range or failing the rounding test go to
- * bx_expf_det, the others take the fast value. bx_expf_det computes the
- * same fast value for them, so the bits are the scalar function's. */
-#define EW_BLOCK 256
-static void loop_exp(const float *x, float *y, size_t n) {
-  double fast[EW_BLOCK];
-  for (size_t b = 0; b < n; b += EW_BLOCK) {
-    size_t len = n - b < EW_BLOCK ? n - b : EW_BLOCK;
-    for (size_t i = 0; i < len; i++) {
-      float xi = x[b + i];
-      float c = xi <= 89.0f && xi >= -104.0f ? xi : 0.0f; /* NaN -> 0 */
-      fast[i] = bx_md_exp_fast((double)c);
-    }
-    for (size_t i = 0; i < len; i++) {
-      float xi = x[b + i];
-      int in_range = xi <= 89.0f && xi >= -104.0f;
-      y[b + i] = in_range && !bx_md_hard(fast[i]) ? (float)fast[i] : bx_expf_det(xi);
-    }
+static ew_loop loop_of(ew_op op) {
+  const bx_math_kernels *k = bx_math_kernels_active();
+  switch (op) {
+  case EW_EXP: return k->exp;
+  case EW_LOG: return k->log;
+  case EW_SIGMOID: return k->sigmoid;
+  case EW_SILU: return k->silu;
+  case EW_RSQRT: return k->rsqrt;
+  case EW_SIN: return k->sin;
+  default: return k->cos;
   }
 }
-
-typedef void (*ew_loop)(const float *x, float *y, size_t n);
-static const ew_loop LOOPS[] = {loop_exp, loop_log, loop_sigmoid, loop_silu,
-                                loop_rsqrt, loop_sin, loop_cos};
 
 typedef struct ew_job {
   const float *x;
@@ -164,7 +141,7 @@ static bx_status ew_run(const char *fn, ew_op op, const DLTensor *x, DLTensor *y
   bx_span sp[2];
   st = bx_ew_check(fn, ts, 2, writable, 1, sp);
   if (st != BX_OK) goto done;
-  ew_job j = {sp[0].data, sp[1].data, sp[0].n, LOOPS[op]};
+  ew_job j = {sp[0].data, sp[1].data, sp[0].n, loop_of(op)};
   if (j.n) bx_parallel_run(bx_ew_threads(o.num_threads, j.n), (j.n + PIECE - 1) / PIECE,
                            run_piece, &j);
 done:
