@@ -14,9 +14,13 @@
 #include "bitexact_train.h"
 #include "call.h"
 #include "error.h"
+#include "kernels.h"
 #include "layers_internal.h"
 #include "math_det.h"
 #include "pool.h"
+
+/* Elements per call of the vector math kernels (a stack buffer). */
+#define SWIGLU_BLOCK 256
 
 typedef struct swiglu_job {
   const float *g, *u, *dh;
@@ -29,10 +33,16 @@ static void fwd_piece(void *ctx, size_t task, int worker) {
   (void)worker;
   const swiglu_job *j = ctx;
   size_t r0 = task * j->piece, r1 = j->rows - r0 < j->piece ? j->rows : r0 + j->piece;
+  const bx_math_kernels *mk = bx_math_kernels_active(); /* the scalar bits, vectorised */
+  float sl[SWIGLU_BLOCK];
   for (size_t r = r0; r < r1; r++) {
     const float *g = j->g + r * j->ldg, *u = j->u + r * j->ldu;
     float *h = j->h + r * j->ldh;
-    for (size_t k = 0; k < j->f; k++) h[k] = bx_siluf_det(g[k]) * u[k];
+    for (size_t k0 = 0; k0 < j->f; k0 += SWIGLU_BLOCK) {
+      size_t n = j->f - k0 < SWIGLU_BLOCK ? j->f - k0 : SWIGLU_BLOCK;
+      mk->silu(g + k0, sl, n); /* bx_siluf_det of each element */
+      for (size_t k = 0; k < n; k++) h[k0 + k] = sl[k] * u[k0 + k];
+    }
   }
 }
 
@@ -40,15 +50,22 @@ static void bwd_piece(void *ctx, size_t task, int worker) {
   (void)worker;
   const swiglu_job *j = ctx;
   size_t r0 = task * j->piece, r1 = j->rows - r0 < j->piece ? j->rows : r0 + j->piece;
+  const bx_math_kernels *mk = bx_math_kernels_active(); /* the scalar bits, vectorised */
+  float sg[SWIGLU_BLOCK], sl[SWIGLU_BLOCK];
   for (size_t r = r0; r < r1; r++) {
     const float *g = j->g + r * j->ldg, *u = j->u + r * j->ldu, *dh = j->dh + r * j->ldh;
     float *dg = j->dg + r * j->lddg, *du = j->du + r * j->lddu;
-    for (size_t k = 0; k < j->f; k++) {
-      float x = g[k], up = u[k], d = dh[k]; /* read before dg / du overwrite them */
-      float s = bx_sigmoidf_det(x);
-      float dsilu = d * up;
-      dg[k] = (dsilu * s) * fmaf(x, 1.0f - s, 1.0f); /* torch's FMA build contracts this */
-      du[k] = d * bx_siluf_det(x);
+    for (size_t k0 = 0; k0 < j->f; k0 += SWIGLU_BLOCK) {
+      size_t n = j->f - k0 < SWIGLU_BLOCK ? j->f - k0 : SWIGLU_BLOCK;
+      mk->sigmoid(g + k0, sg, n); /* bx_sigmoidf_det, before dg may overwrite g */
+      mk->silu(g + k0, sl, n);    /* bx_siluf_det */
+      for (size_t k = 0; k < n; k++) {
+        float x = g[k0 + k], up = u[k0 + k], d = dh[k0 + k]; /* read before dg / du overwrite them */
+        float s = sg[k];
+        float dsilu = d * up;
+        dg[k0 + k] = (dsilu * s) * fmaf(x, 1.0f - s, 1.0f); /* torch's FMA build contracts this */
+        du[k0 + k] = d * sl[k];
+      }
     }
   }
 }
