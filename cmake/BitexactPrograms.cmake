@@ -84,6 +84,14 @@ if(NOT BITEXACT_TESTS STREQUAL "OFF")
   target_include_directories(bx_test_model PRIVATE "${PROJECT_SOURCE_DIR}/src/cli")
   target_link_libraries(bx_test_model PRIVATE m)
   add_test(NAME train_model COMMAND bx_test_model)
+  # against transformers' Glm4MoeForCausalLM (skipped, 77, without torch + transformers)
+  find_package(Python3 COMPONENTS Interpreter QUIET)
+  if(Python3_FOUND)
+    add_test(NAME train_model_transformers
+             COMMAND Python3::Interpreter "${PROJECT_SOURCE_DIR}/tests/train/compare_transformers.py"
+                     $<TARGET_FILE:bx_test_model>)
+    set_tests_properties(train_model_transformers PROPERTIES SKIP_RETURN_CODE 77)
+  endif()
 endif()
 
 # ---- examples: the public API only -------------------------------------------

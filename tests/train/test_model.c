@@ -125,6 +125,7 @@ static void test_grad(void) {
    * along a path, cancellation in the residual sums). */
   int bad = 0, tested = 0, kinks = 0;
   double worst = 0;
+  char wname[200] = "";
   for (size_t i = 0; i < n; i++) {
     if (!p[i].grad) continue;
     double gmax = 0;
@@ -147,18 +148,22 @@ static void test_grad(void) {
         kinks++;
         continue;
       }
+      fd[0] = (4 * fd[0] - fd[1]) / 3; /* Richardson: the h^2 term cancels */
       double g = p[i].grad[e], tol = 2e-3 * fabs(fd[0]) + 1e-4 * gmax + 1e-9;
       tested++;
       double rel = fabs(g - fd[0]) / (fabs(fd[0]) + 1e-4 * gmax + 1e-12);
-      if (rel > worst) worst = rel;
+      if (rel > worst) {
+        worst = rel;
+        snprintf(wname, sizeof wname, "%s[%lld]: %.8g vs %.8g", p[i].name, (long long)e, g, fd[0]);
+      }
       if (fabs(g - fd[0]) > tol) {
         if (bad++ < 10) printf("     %s[%lld]: grad %.8g, fd %.8g\n", p[i].name, (long long)e, g, fd[0]);
       }
     }
   }
   snprintf(msg, sizeof msg, "grad: %d elements of %zu tensors vs fp64 central differences (%d kinks "
-           "skipped), worst relative error %.2e, %d beyond tolerance", tested, m ? (size_t)n : 0,
-           kinks, worst, bad);
+           "skipped), worst relative error %.2e (%s), %d beyond tolerance", tested, n, kinks, worst,
+           wname, bad);
   check(bad == 0 && tested > 0, msg);
   for (size_t i = 0; i < n; i++) free(d[i]);
   free(d);
@@ -167,6 +172,59 @@ out:
   free(tl);
   free(tok);
   tr_model_destroy(m);
+}
+
+/* ---- dump: the grad test's model, tokens, loss and gradients for
+ * compare_transformers.py (index.txt: "name numel has_grad" lines; params.bin,
+ * grads.bin: fp32 little-endian in that order; tokens.bin int32; loss.txt). */
+static int dump(const char *dir) {
+  tr_config c;
+  small_config(&c);
+  tr_model *m;
+  char err[512], path[1024];
+  if (tr_model_create(&c, 7, &m, err, sizeof err)) {
+    fprintf(stderr, "%s\n", err);
+    return 1;
+  }
+  tr_param *p;
+  size_t n = tr_model_params(m, &p);
+  uint64_t rs = 99;
+  for (size_t i = 0; i < n; i++)
+    if (p[i].group < 0)
+      for (int64_t e = 0; e < p[i].numel; e++) p[i].data[e] = (float)((double)(lcg(&rs) % 1000) * 1e-4 - 0.05);
+  int64_t L = 12, nseq = 3;
+  int32_t *tok = make_tokens(nseq, L, c.vocab_size, 5);
+  tr_run_opts o = {1, BX_TOKRED_GRID, L};
+  float loss;
+  if (tr_model_grad(m, &o, tok, nseq, 0, nseq, 1, NULL, &loss, NULL, err, sizeof err)) {
+    fprintf(stderr, "%s\n", err);
+    return 1;
+  }
+  snprintf(path, sizeof path, "%s/index.txt", dir);
+  FILE *fi = fopen(path, "w");
+  snprintf(path, sizeof path, "%s/params.bin", dir);
+  FILE *fp = fopen(path, "wb");
+  snprintf(path, sizeof path, "%s/grads.bin", dir);
+  FILE *fg = fopen(path, "wb");
+  snprintf(path, sizeof path, "%s/tokens.bin", dir);
+  FILE *ft = fopen(path, "wb");
+  snprintf(path, sizeof path, "%s/loss.txt", dir);
+  FILE *fl = fopen(path, "w");
+  if (!fi || !fp || !fg || !ft || !fl) {
+    fprintf(stderr, "cannot write to %s\n", dir);
+    return 1;
+  }
+  for (size_t i = 0; i < n; i++) {
+    fprintf(fi, "%s %lld %d\n", p[i].name, (long long)p[i].numel, p[i].grad != NULL);
+    fwrite(p[i].data, 4, (size_t)p[i].numel, fp);
+    if (p[i].grad) fwrite(p[i].grad, 4, (size_t)p[i].numel, fg);
+  }
+  fwrite(tok, 4, (size_t)(nseq * (L + 1)), ft);
+  fprintf(fl, "%.9g %lld %lld\n", loss, (long long)nseq, (long long)L);
+  fclose(fi), fclose(fp), fclose(fg), fclose(ft), fclose(fl);
+  free(tok);
+  tr_model_destroy(m);
+  return 0;
 }
 
 /* ---- layout invariance ---------------------------------------------------- */
@@ -199,6 +257,24 @@ static int result_take(result *r, tr_model *m, float loss, const float *tl, int6
     memcpy(r->grads[i], p[i].grad, (size_t)p[i].numel * sizeof(float));
   }
   return 0;
+}
+
+/* FNV-1a over the loss, the token losses and every gradient's bits (printed, so
+ * that runs under BX_ISA=portable / avx2 / avx512 can be compared). */
+static uint64_t result_hash(const result *r, tr_model *m, int64_t ntok) {
+  tr_param *p;
+  tr_model_params(m, &p);
+  uint64_t h = 1469598103934665603ull;
+  const unsigned char *b = (const unsigned char *)&r->loss;
+  for (int k = 0; k < 4; k++) h = (h ^ b[k]) * 1099511628211ull;
+  b = (const unsigned char *)r->tl;
+  for (int64_t k = 0; k < ntok * 4; k++) h = (h ^ b[k]) * 1099511628211ull;
+  for (size_t i = 0; i < r->n; i++) {
+    if (!r->grads[i]) continue;
+    b = (const unsigned char *)r->grads[i];
+    for (int64_t k = 0; k < p[i].numel * 4; k++) h = (h ^ b[k]) * 1099511628211ull;
+  }
+  return h;
 }
 
 static int result_same(const result *a, const result *b, tr_model *m, int64_t ntok) {
@@ -281,6 +357,8 @@ static void test_layout(void) {
     }
     if (k == 0) {
       result_take(&ref, m, loss, tl, ntok);
+      printf("     layout: loss %a, hash of loss, token losses and gradients %016llx (compare across BX_ISA)\n",
+             (double)loss, (unsigned long long)result_hash(&ref, m, ntok));
       continue;
     }
     result_take(&cur, m, loss, tl, ntok);
@@ -455,6 +533,8 @@ static void test_time(void) {
 int main(int argc, char **argv) {
   struct { const char *name; void (*fn)(void); } tests[] = {
       {"init", test_init}, {"layout", test_layout}, {"grad", test_grad}, {"time", test_time}};
+  if (argc == 3 && !strcmp(argv[1], "dump")) return dump(argv[2]);
+  printf("# test_model: ISA %s\n", bx_isa_name());
   for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
     int run = argc < 2;
     for (int a = 1; a < argc; a++) run |= !strcmp(argv[a], tests[i].name);
