@@ -70,6 +70,30 @@ if(BX_HAVE_CLI)
                              ${BX_JANSSON_INCLUDE_DIR} ${BX_XXHASH_INCLUDE_DIR})
 endif()
 
+# ---- the model of `bitexact train`, tested on its own (public API only) ----------
+# tests/train/test_model.c compiles the model's files of src/cli directly:
+# gradients against an fp64 reference, layout invariance, the init.
+if(NOT BITEXACT_TESTS STREQUAL "OFF")
+  set(BX_TRAIN_MODEL_SOURCES)
+  foreach(_f train_model train_layers train_moe_block train_wgrad train_step train_config_tiny)
+    list(APPEND BX_TRAIN_MODEL_SOURCES "${PROJECT_SOURCE_DIR}/src/cli/${_f}.c")
+  endforeach()
+  bx_program(bx_test_model tests/train/test_model
+             SOURCES "${PROJECT_SOURCE_DIR}/tests/train/test_model.c"
+                     "${PROJECT_SOURCE_DIR}/tests/train/model_ref.c" ${BX_TRAIN_MODEL_SOURCES})
+  target_include_directories(bx_test_model PRIVATE "${PROJECT_SOURCE_DIR}/src/cli")
+  target_link_libraries(bx_test_model PRIVATE m)
+  add_test(NAME train_model COMMAND bx_test_model)
+  # against transformers' Glm4MoeForCausalLM (skipped, 77, without torch + transformers)
+  find_package(Python3 COMPONENTS Interpreter QUIET)
+  if(Python3_FOUND)
+    add_test(NAME train_model_transformers
+             COMMAND Python3::Interpreter "${PROJECT_SOURCE_DIR}/tests/train/compare_transformers.py"
+                     $<TARGET_FILE:bx_test_model>)
+    set_tests_properties(train_model_transformers PROPERTIES SKIP_RETURN_CODE 77)
+  endif()
+endif()
+
 # ---- examples: the public API only -------------------------------------------
 bx_programs_of(examples examples)
 if(NOT BX_HAVE_MPI AND TARGET examples_simple_mpi)

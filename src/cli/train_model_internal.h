@@ -1,0 +1,161 @@
+/*
+ * train_model_internal.h — what train_model.c, train_layers.c and
+ * train_moe_block.c share: the model's layout (parameter indices per
+ * layer), the per-micro-batch activations, the weight-gradient context of
+ * the two passes, and small DLTensor helpers. Public API only
+ * (bitexact.h, bitexact_train.h): no src/core internals.
+ */
+#ifndef BX_CLI_TRAIN_MODEL_INTERNAL_H
+#define BX_CLI_TRAIN_MODEL_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "train_model.h"
+
+/* Parameter indices of one decoder layer (-1: absent). */
+typedef struct tr_layer_ix {
+  int64_t q_w, q_b, k_w, k_b, v_w, v_b, o_w, q_norm, k_norm;
+  int moe;
+  int64_t gate_w, up_w, down_w;             /* dense MLP */
+  int64_t expert0;                          /* experts.e.{gate,up,down}: expert0 + 3e + 0/1/2 */
+  int64_t router_w, sh_gate, sh_up, sh_down; /* MoE */
+  int64_t ecb;                              /* e_score_correction_bias (a buffer, after the params) */
+  int64_t in_norm, post_norm;
+} tr_layer_ix;
+
+/* Activations of one layer for one micro-batch (T tokens), kept from the
+ * forward for the backward. */
+typedef struct tr_layer_act {
+  float *x_in, *xn1, *rstd1;        /* [T,H], [T,H], [T] */
+  float *q_raw, *k_raw, *rstd_q, *rstd_k; /* before the QK-norm (use_qk_norm only) */
+  float *q, *k, *v;                 /* rotated q, k (attention inputs), v */
+  float *o, *stats;                 /* [T,Hq*D], [T,Hq,2] */
+  float *h1, *xn2, *rstd2;          /* after attention's residual; its norm */
+  /* dense MLP */
+  float *g, *u, *a;                 /* [T,I] each */
+  /* MoE */
+  float *logits, *w;                /* [T,E], [T,k] */
+  int64_t *ids, *offsets, *row_map, *pos; /* [T,k], [E+1], [R,2], [T,k] */
+  float *xp, *gp, *upp, *hp, *yp;   /* [R,H], [R,I] x3, [R,H] */
+  float *sg, *su, *sa, *so;         /* shared expert: [T,SI] x3, [T,H] */
+} tr_layer_act;
+
+/* Scratch of the backward, shared by the layers. */
+typedef struct tr_scratch {
+  float *dx, *dtmp;                 /* [T,H] */
+  float *dq, *dk, *dv, *dattn;      /* [T,Hq*D], [T,Hkv*D] x2, [T,Hq*D] */
+  float *dg, *du, *da;              /* [T,I] (dense) */
+  float *dlogits_r, *dw;            /* [T,E], [T,k] */
+  float *dyp, *dgp, *dup, *dhp, *dxp; /* [R,H], [R,I] x3, [R,H] */
+  float *dsg, *dsu, *dsa;           /* [T,SI] */
+  float *partials;                  /* [nchunks, max(H, D)]: norm-gain partials */
+  int64_t *tok;                     /* [R] global token id of each dispatched row */
+  int64_t *bounds;                  /* [nchunks+1] */
+  float *ep;                        /* an expert weight's chunk partial (max numel) */
+  float *zeros;                     /* max expert numel zeros (the empty chunks' partial) */
+} tr_scratch;
+
+/* The workspace of one micro-batch size (T tokens, nch chunks). */
+typedef struct tr_work {
+  int64_t T, nch, C;
+  int32_t *ids, *targets;           /* [T] */
+  int64_t *positions;               /* [T] */
+  tr_layer_act *act;                /* [num_hidden_layers] */
+  float *x_final, *xf, *rstdf;      /* output of the last layer, its norm */
+  float *logits;                    /* [T,V] (dlogits in place) */
+  float *losses, *loss_partials;    /* [T], [nch] */
+  int64_t *emb_row_ids, *emb_offsets; /* [T], [nch+1] */
+  float *emb_rows;                  /* [T,H] */
+  tr_scratch s;
+  void **allocs;                    /* every buffer above, for freeing */
+  size_t nallocs, cap;
+  int oom;                          /* an allocation failed */
+} tr_work;
+
+struct tr_model {
+  tr_config c;
+  int64_t rotary_dim, qdim, kvdim, shared_inter;
+  size_t nparams;                   /* trainable */
+  size_t nall;                      /* + the buffers */
+  tr_param *p;
+  DLTensor *grad_t;                 /* [nparams] DLTensors of the grads (the tokred's tensors) */
+  tr_layer_ix *lx;
+  int64_t embed, final_norm, lm_head;
+  int64_t max_expert_numel;
+  tr_work *work;                    /* cached for the last micro-batch size */
+};
+
+/* The workspace of micro-batches of T tokens in chunks of C (NULL: out
+ * of memory); the model keeps one (tr_model_set_work frees the old). */
+tr_work *tr_work_make(const tr_model *m, int64_t T, int64_t C);
+void tr_work_free(tr_work *w);
+void tr_model_set_work(tr_model *m, tr_work *w);
+
+/* ---- DLTensor views ----------------------------------------------------- */
+
+typedef struct tr_view {
+  int64_t shape[3];
+  DLTensor t;
+} tr_view;
+
+DLTensor *tr_f32(tr_view *v, const float *p, int ndim, int64_t d0, int64_t d1, int64_t d2);
+DLTensor *tr_i64(tr_view *v, const int64_t *p, int ndim, int64_t d0, int64_t d1);
+DLTensor *tr_i32(tr_view *v, const int32_t *p, int64_t d0);
+
+/* ---- the run context ------------------------------------------------------ */
+
+typedef struct tr_ctx {
+  tr_model *m;
+  tr_work *w;
+  int threads;
+  bx_tokred_mode mode;
+  int64_t L;
+  int64_t tok0;                     /* global token id of row 0 of the micro-batch */
+  int64_t chunk0;                   /* its chunk: tok0 / w->C */
+  int64_t n_global;                 /* global token count */
+  int pass;                         /* 0: bounds only (no weight TN GEMM), 1: add */
+  bx_tokred *s;                     /* the gradients' state (tensor i = parameter i) */
+  char *err;
+  size_t errlen;
+} tr_ctx;
+
+/* 0 on BX_OK; else -1 with "what: status: detail" in c->err. */
+int tr_ck(tr_ctx *c, bx_status st, const char *what);
+
+/* Weight gradients through the token reduction (pass 0: bound, pass 1: add). */
+int tr_wg_linear(tr_ctx *c, int64_t w_idx, int64_t b_idx, const float *dy, int64_t n,
+                 const float *x, int64_t k, const char *what);
+int tr_wg_partials(tr_ctx *c, int64_t idx, const float *partials, const char *what);
+int tr_wg_expert(tr_ctx *c, int64_t idx, const float *dy, int64_t n, const float *x, int64_t k,
+                 int64_t r0, int64_t rows, const char *what);
+
+/* y[i] = fl(y[i] + x[i]) */
+void tr_add_inplace(float *y, const float *x, int64_t n);
+
+/* ---- layers (train_layers.c, train_moe_block.c) ------------------------------ */
+
+/* C[T,n] = A[T,k] · W[n,k]ᵀ;  dX[T,k] (accumulate: +=) dY[T,n] · W[n,k] */
+int tr_gemm_nt(tr_ctx *c, const float *a, int64_t T, int64_t k, const float *wt, int64_t n,
+               float *out, const char *what);
+int tr_gemm_nn(tr_ctx *c, const float *dy, int64_t T, int64_t n, const float *wt, int64_t k,
+               float *dx, int accumulate, const char *what);
+
+int tr_head_forward(tr_ctx *c);       /* final norm, LM head: logits */
+int tr_head_backward(tr_ctx *c);      /* logits = dlogits in; s.dx = d x_final out */
+int tr_post_norm_backward(tr_ctx *c, int64_t layer); /* s.dtmp = dxn2 in; s.dx += dh1 part */
+int tr_attention_forward(tr_ctx *c, int64_t layer);
+int tr_attention_backward(tr_ctx *c, int64_t layer); /* s.dx holds dh1 in, dx_in out */
+int tr_dense_mlp_forward(tr_ctx *c, int64_t layer, float *out);
+int tr_dense_mlp_backward(tr_ctx *c, int64_t layer, const float *dout, float *dxn2);
+int tr_moe_forward(tr_ctx *c, int64_t layer, float *out);
+int tr_moe_backward(tr_ctx *c, int64_t layer, const float *dout, float *dxn2);
+
+/* ---- init ------------------------------------------------------------------ */
+
+/* The initial value of element `elem` of parameter `param` for seed: a
+ * standard normal from bx_rng-free integer hashing and bitexact's correctly
+ * rounded fp32 log and cos (Box-Muller), times fl(std). */
+float tr_init_normal(uint64_t seed, uint64_t param, uint64_t elem, float std);
+
+#endif /* BX_CLI_TRAIN_MODEL_INTERNAL_H */

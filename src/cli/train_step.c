@@ -1,0 +1,170 @@
+/*
+ * train_step.c — tr_model_grad (train_model.h): the forward + backward of
+ * every local micro-batch, twice (pass 0 bounds, pass 1 adds: the grid is
+ * agreed in between, train_model.c's comment and docs/train_model.md),
+ * the token reductions of the gradients and of the loss, and their
+ * all-reduce over ranks.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "train_model_internal.h"
+
+/* The model's forward on the micro-batch in c->w, then the loss (its
+ * chunk partials bounded or added to sl) and the backward. */
+static int micro_batch(tr_ctx *c, bx_tokred *sl, float *token_losses) {
+  tr_model *m = c->m;
+  tr_work *w = c->w;
+  int64_t T = w->T, H = m->c.hidden_size, NL = m->c.num_hidden_layers;
+  tr_view v[8];
+  bx_embedding_opts eo = BX_EMBEDDING_OPTS_DEFAULT;
+  eo.num_threads = c->threads;
+  if (tr_ck(c, bx_embedding_forward(tr_f32(&v[0], m->p[m->embed].data, 2, m->c.vocab_size, H, 0),
+                                    tr_i32(&v[1], w->ids, T), tr_f32(&v[2], w->act[0].x_in, 2, T, H, 0), &eo),
+            "embed_tokens"))
+    return -1;
+  for (int64_t l = 0; l < NL; l++) {
+    float *out = l + 1 < NL ? w->act[l + 1].x_in : w->x_final;
+    if (tr_attention_forward(c, l)) return -1;
+    if (m->lx[l].moe ? tr_moe_forward(c, l, out) : tr_dense_mlp_forward(c, l, out)) return -1;
+    const float *h1 = w->act[l].h1;
+    for (int64_t i = 0; i < T * H; i++) out[i] = h1[i] + out[i];
+  }
+  if (tr_head_forward(c)) return -1;
+  /* the loss of the global token mean: dlogits in place of the logits */
+  bx_xent_opts xo = BX_XENT_OPTS_DEFAULT;
+  xo.num_threads = c->threads;
+  int64_t V = m->c.vocab_size;
+  if (tr_ck(c, bx_xent_forward_backward(tr_f32(&v[0], w->logits, 2, T, V, 0), tr_i32(&v[1], w->targets, T),
+                                        c->n_global, w->C, tr_f32(&v[2], w->losses, 1, T, 0, 0),
+                                        tr_f32(&v[3], w->loss_partials, 1, w->nch, 0, 0), NULL,
+                                        tr_f32(&v[4], w->logits, 2, T, V, 0), &xo),
+            "cross-entropy"))
+    return -1;
+  for (int64_t j = 0; j < w->nch; j++) {
+    DLTensor *t = tr_f32(&v[0], w->loss_partials + j, 1, 1, 0, 0);
+    bx_status st = c->pass == 0 ? bx_tokred_bound(sl, 0, c->chunk0 + j, t) : bx_tokred_add(sl, 0, c->chunk0 + j, t);
+    if (tr_ck(c, st, "loss")) return -1;
+  }
+  if (c->pass == 1 && token_losses) memcpy(token_losses, w->losses, (size_t)T * sizeof(float));
+  /* backward */
+  if (tr_head_backward(c)) return -1;
+  for (int64_t l = NL - 1; l >= 0; l--) {
+    if (m->lx[l].moe ? tr_moe_backward(c, l, w->s.dx, w->s.dtmp)
+                     : tr_dense_mlp_backward(c, l, w->s.dx, w->s.dtmp))
+      return -1;
+    if (tr_post_norm_backward(c, l) || tr_attention_backward(c, l)) return -1;
+  }
+  int64_t *rid = w->emb_row_ids, *off = w->emb_offsets;
+  DLTensor *trid = tr_i64(&v[0], rid, 1, T, 0), *trows = tr_f32(&v[1], w->emb_rows, 2, T, H, 0);
+  DLTensor *toff = tr_i64(&v[2], off, 1, w->nch + 1, 0);
+  if (tr_ck(c, bx_embedding_backward(tr_i32(&v[3], w->ids, T), tr_f32(&v[4], w->s.dx, 2, T, H, 0),
+                                     m->c.vocab_size, w->C, trid, trows, toff, &eo),
+            "embed_tokens backward"))
+    return -1;
+  bx_status st = c->pass == 0
+                     ? bx_embedding_grad_bound(c->s, (size_t)m->embed, trows, toff)
+                     : bx_embedding_grad_add(c->s, m->grad_t, m->nparams, (size_t)m->embed, c->chunk0,
+                                             trid, trows, toff);
+  return tr_ck(c, st, "embed_tokens wgrad");
+}
+
+static int check_args(const tr_model *m, const tr_run_opts *o, const int32_t *tokens,
+                      int64_t local_seqs, int64_t first_seq, int64_t global_seqs,
+                      int64_t micro_batches, char *err, size_t errlen) {
+  if (!m || !o || !tokens) {
+    snprintf(err, errlen, "tr_model_grad: NULL argument");
+    return -1;
+  }
+  if (o->threads < 0 || o->seq_len < 1 || o->seq_len > m->c.max_position_embeddings ||
+      (o->mode != BX_TOKRED_GRID && o->mode != BX_TOKRED_ORDINARY)) {
+    snprintf(err, errlen, "tr_model_grad: bad run options (threads %d, seq_len %lld: 1 .. "
+             "max_position_embeddings %lld, mode %d)", o->threads, (long long)o->seq_len,
+             (long long)m->c.max_position_embeddings, (int)o->mode);
+    return -1;
+  }
+  if (local_seqs < 1 || micro_batches < 1 || local_seqs % micro_batches || first_seq < 0 ||
+      global_seqs < first_seq + local_seqs || global_seqs > (INT64_MAX / 4) / (o->seq_len + 1)) {
+    snprintf(err, errlen, "tr_model_grad: layout does not fit: %lld local sequences from %lld of %lld "
+             "in %lld micro-batches (must divide)", (long long)local_seqs, (long long)first_seq,
+             (long long)global_seqs, (long long)micro_batches);
+    return -1;
+  }
+  int64_t n = local_seqs * (o->seq_len + 1), V = m->c.vocab_size;
+  for (int64_t i = 0; i < n; i++)
+    if (tokens[i] < 0 || tokens[i] >= V) {
+      snprintf(err, errlen, "tr_model_grad: token %lld of local sequence %lld is %ld, outside [0, %lld)",
+               (long long)(i % (o->seq_len + 1)), (long long)(i / (o->seq_len + 1)), (long)tokens[i],
+               (long long)V);
+      return -1;
+    }
+  return 0;
+}
+
+int tr_model_grad(tr_model *m, const tr_run_opts *o, const int32_t *tokens, int64_t local_seqs,
+                  int64_t first_seq, int64_t global_seqs, int64_t micro_batches,
+                  const bx_comm *comm, float *loss, float *token_losses, char *err,
+                  size_t errlen) {
+  if (check_args(m, o, tokens, local_seqs, first_seq, global_seqs, micro_batches, err, errlen)) return -1;
+  int64_t L = o->seq_len, mb = local_seqs / micro_batches, T = mb * L;
+  /* grid: a chunk is a sequence; ordinary: a micro-batch (a framework's sum) */
+  int64_t C = o->mode == BX_TOKRED_GRID ? L : T;
+  if (o->mode == BX_TOKRED_ORDINARY && (first_seq % mb || global_seqs % mb)) {
+    snprintf(err, errlen, "tr_model_grad: ordinary mode needs micro-batches of %lld sequences that "
+             "tile the global batch", (long long)mb);
+    return -1;
+  }
+  if (!m->work || m->work->T != T || m->work->C != C) {
+    tr_work *nw = tr_work_make(m, T, C);
+    if (!nw) {
+      snprintf(err, errlen, "tr_model_grad: out of memory (micro-batch of %lld tokens)", (long long)T);
+      return -1;
+    }
+    tr_model_set_work(m, nw);
+  }
+  tr_ctx c = {m, m->work, o->threads, o->mode, L, 0, 0, global_seqs * L, 0, NULL, err, errlen};
+  tr_work *w = c.w;
+  bx_tokred *sl = NULL;
+  int rc = -1;
+  bx_tokred_opts to = BX_TOKRED_OPTS_DEFAULT;
+  to.mode = o->mode;
+  tr_view vl;
+  float lsum = 0;
+  DLTensor *tl = tr_f32(&vl, &lsum, 1, 1, 0, 0);
+  if (tr_ck(&c, bx_tokred_create(m->grad_t, m->nparams, C, c.n_global, &to, &c.s), "tokred create") ||
+      tr_ck(&c, bx_tokred_create(tl, 1, C, c.n_global, &to, &sl), "tokred create (loss)"))
+    goto done;
+  for (int pass = 0; pass < 2; pass++) {
+    c.pass = pass;
+    if (pass == 1 && (tr_ck(&c, bx_tokred_agree(c.s, comm), "tokred agree") ||
+                      tr_ck(&c, bx_tokred_agree(sl, comm), "tokred agree (loss)")))
+      goto done;
+    for (int64_t b = 0; b < micro_batches; b++) {
+      int64_t s0 = b * mb, cb, ce;
+      c.tok0 = (first_seq + s0) * L;
+      if (tr_ck(&c, bx_tokred_chunks(c.s, c.tok0, c.tok0 + T, &cb, &ce), "micro-batch chunks")) goto done;
+      c.chunk0 = cb;
+      for (int64_t q = 0; q < mb; q++) {
+        const int32_t *seq = tokens + (s0 + q) * (L + 1);
+        for (int64_t i = 0; i < L; i++) {
+          w->ids[q * L + i] = seq[i];
+          w->targets[q * L + i] = seq[i + 1];
+          w->positions[q * L + i] = i;
+        }
+      }
+      if (micro_batch(&c, sl, token_losses ? token_losses + s0 * L : NULL)) goto done;
+    }
+  }
+  if (tr_ck(&c, bx_tokred_allreduce(c.s, comm), "tokred allreduce") ||
+      tr_ck(&c, bx_tokred_allreduce(sl, comm), "tokred allreduce (loss)"))
+    goto done;
+  if (tr_ck(&c, bx_tokred_finish(c.s, m->grad_t, m->nparams, 1), "tokred finish")) goto done;
+  if (tr_ck(&c, bx_tokred_finish(sl, tl, 1, c.n_global), "tokred finish (loss)")) goto done;
+  if (loss) *loss = lsum;
+  rc = 0;
+done:
+  bx_tokred_destroy(c.s);
+  bx_tokred_destroy(sl);
+  return rc;
+}
