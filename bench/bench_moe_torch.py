@@ -48,7 +48,7 @@ class MoeLayer(torch.nn.Module):
         gm = torch.zeros_like(gs)
         gm.scatter_(1, gi, 1)
         sm = gm.unsqueeze(-1).expand(-1, a.groups, a.experts // a.groups).reshape(-1, a.experts)
-        sc = choice.masked_fill(~sm.bool(), 0.0)
+        sc = choice.masked_fill(~sm.bool(), float("-inf"))
         idx = torch.topk(sc, k=a.topk, dim=-1, sorted=False)[1]
         w = s.gather(1, idx)
         w = w / (w.sum(dim=-1, keepdim=True) + 1e-20)

@@ -3,7 +3,7 @@
 bx_moe_unpermute (build/libbitexact.so, via ctypes) against the routing of
 transformers' Glm4MoeMoE written out in torch here (transformers itself is
 not needed): sigmoid, + e_score_correction_bias, group score = sum of the
-top-2 per group, topk of groups, masked_fill(0.0), topk, gather,
+top-2 per group, topk of groups, masked_fill(-inf) (transformers 5.24), topk, gather,
 normalise (+ 1e-20), * routed_scaling_factor; backward by autograd.
 
     python3 dev/router_vs_torch.py [path/to/libbitexact.so]
@@ -70,7 +70,7 @@ def route_torch(logits, bias, G, kg, k, norm, rsf):
     gidx = torch.topk(gs, k=kg, dim=-1, sorted=False)[1]
     gmask = torch.zeros_like(gs).scatter_(1, gidx, 1)
     smask = gmask.unsqueeze(-1).expand(-1, G, E // G).reshape(-1, E)
-    cm = c.masked_fill(~smask.bool(), 0.0)
+    cm = c.masked_fill(~smask.bool(), float("-inf"))
     idx = torch.topk(cm, k=k, dim=-1, sorted=False)[1]
     idx = idx.sort(dim=-1)[0]  # bitexact's order: ascending expert id
     w = s.gather(1, idx)

@@ -591,8 +591,10 @@ typedef struct bx_moe_router_opts {
  *   c_e = f32(s_e + bias_e)                       (for the choice only)
  *   group score gs_g = f32(m1 + m2), m1 >= m2 the two largest c_e of group g
  *   the topk_group groups of largest gs_g (ties: lower group id) are kept;
- *   c'_e = c_e in a kept group, +0.0 otherwise (transformers' masked_fill:
- *          a masked expert can win over negative c_e of kept groups)
+ *   c'_e = c_e in a kept group, -Inf otherwise (transformers 5.24's
+ *          masked_fill(~mask, -inf): a masked expert is never chosen;
+ *          transformers <= 5.0 filled 0.0, which let a masked expert win
+ *          over negative c_e of kept groups)
  *   the k experts of largest c'_e (ties: lower expert id), written in
  *          ASCENDING EXPERT ID order in topk_ids[t][0..k) (a canonical
  *          order: transformers' topk(sorted=False) promises none; it is
@@ -610,7 +612,7 @@ typedef struct bx_moe_router_opts {
  *            (+-Inf is fine: sigmoid 1 or 0)
  *   bias     [E] fp32 e_score_correction_bias, finite (BX_ENONFINITE)
  *   topk_ids [T, k] ids (int32 or int64), written; k >= 1 and
- *            k <= topk_group * S (more would take masked experts: refused)
+ *            k <= topk_group * S (more than the kept groups hold: refused)
  *   topk_weights [T, k] fp32, written
  *   chunk_tokens C >= 1; counts: NULL, or [ceil(T / C), E] int64, written:
  *            counts[c][e] = how many of rows [c*C, min((c+1)*C, T)) chose e

@@ -92,7 +92,7 @@ typedef struct rcfg {
 /* scores (fp32, bx_sigmoid_f32: the elementwise kernel checked against
  * MPFR in test_math) -> ids ascending. Step by step as the Python:
  * group_scores = topk(2).sum, group_idx = topk(topk_group), mask,
- * masked_fill(0.0), topk(top_k); every topk a full sort here. */
+ * masked_fill(-inf), topk(top_k); every topk a full sort here. */
 static void ref_choose(const rcfg *c, const float *logit, const float *bias, int64_t *ids) {
   int64_t S = c->E / c->G;
   float *s = malloc(sizeof(float) * (size_t)c->E), *ch = malloc(sizeof(float) * (size_t)c->E);
@@ -110,7 +110,7 @@ static void ref_choose(const rcfg *c, const float *logit, const float *bias, int
   qsort(gsc, (size_t)c->G, sizeof(vi), vi_cmp);
   unsigned char *mask = calloc((size_t)c->G, 1);
   for (int64_t r = 0; r < c->kg; r++) mask[gsc[r].i] = 1;
-  for (int64_t e = 0; e < c->E; e++) tmp[e] = (vi){mask[e / S] ? ch[e] : 0.0f, e};
+  for (int64_t e = 0; e < c->E; e++) tmp[e] = (vi){mask[e / S] ? ch[e] : -INFINITY, e};
   qsort(tmp, (size_t)c->E, sizeof(vi), vi_cmp);
   for (int64_t j = 0; j < c->k; j++) ids[j] = tmp[j].i;
   qsort(ids, (size_t)c->k, sizeof(int64_t), i64_cmp);
@@ -273,9 +273,10 @@ void test_moe_router_ties(void) {
   /* token 1: group 3 and 2 best (tie in group score), experts 12 and 13
    * tie with 8: lower ids first */
   for (int e = 0; e < 16; e++) F(&lg)[16 + e] = e >= 8 ? 1.0f : -1.0f;
-  /* token 2: every choice negative (bias -2): masked experts score +0 and
-   * win: groups 0,1 kept (all tie), the best four of c' are the masked
-   * experts 8..11 */
+  /* token 2: every choice negative (bias -2): groups 0,1 kept (all tie);
+   * the masked experts score -Inf and never win (transformers 5.24; its
+   * 4.x/5.0 masked_fill(0.0) chose the masked experts 8..11 here): the
+   * best four of c' are experts 0..3 */
   for (int e = 0; e < 16; e++) F(&lg)[32 + e] = 0.0f;
   CHECK_STATUS(bx_moe_router_forward(&lg.t, &bias.t, &ids.t, &w.t, 1, NULL, &o), BX_OK, "ties");
   int64_t w0[4] = {0, 1, 2, 3}, w1[4] = {8, 9, 10, 11};
@@ -284,11 +285,11 @@ void test_moe_router_ties(void) {
   CHECK_BITS_F(F(&w)[0], 0.25f, "equal weights normalise to 1/4");
   for (int e = 0; e < 16; e++) F(&bias)[e] = -2.0f;
   CHECK_STATUS(bx_moe_router_forward(&lg.t, &bias.t, &ids.t, &w.t, 1, NULL, &o), BX_OK, "ties");
-  for (int j = 0; j < 4; j++) CHECK(L(&ids)[8 + j] == w1[j], "token 2 (masked win) slot %d: %lld", j,
+  for (int j = 0; j < 4; j++) CHECK(L(&ids)[8 + j] == w0[j], "token 2 (masked lose) slot %d: %lld", j,
                                     (long long)L(&ids)[8 + j]);
   int64_t ref[4];
   ref_choose(&c, F(&lg) + 32, F(&bias), ref);
-  for (int j = 0; j < 4; j++) CHECK(ref[j] == w1[j], "transcription agrees on the masked win");
+  for (int j = 0; j < 4; j++) CHECK(ref[j] == w0[j], "transcription agrees: masked experts lose");
   tens_free(&lg); tens_free(&bias); tens_free(&ids); tens_free(&w);
 }
 

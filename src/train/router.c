@@ -119,9 +119,10 @@ static void route_token(const fwd_job *j, int64_t t, float *s, float *c, float *
       if (!kept[g] && (best < 0 || ahead(gs[g], g, gs[best], best))) best = g;
     kept[best] = 1;
   }
-  /* masked choice scores: +0 outside the kept groups (transformers' masked_fill) */
+  /* masked choice scores: -Inf outside the kept groups (transformers >= 5.12's
+   * masked_fill(~mask, -inf): a masked expert is never chosen) */
   for (int64_t e = 0; e < j->E; e++)
-    if (!kept[e / j->S]) c[e] = 0.0f;
+    if (!kept[e / j->S]) c[e] = -INFINITY;
   /* the k best experts: a list kept sorted by (value desc, id asc); an
    * expert enters only when strictly ahead of the current k-th, so the
    * lower id wins a tie (experts are visited in ascending id) */
