@@ -9,7 +9,9 @@
 # Idempotent: pinned Python packages already present at the pinned version
 # are not touched (torch from PyPI is a multi-GB download with its CUDA
 # wheels), so running it before every test run costs only the package build.
-# PYTHON selects the interpreter (default python3).
+# PYTHON selects the interpreter (default python3). --pins-only: the pinned
+# packages alone, no package build (tests/train/run.sh: the transformers
+# reference needs no bitexact package).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
@@ -21,6 +23,14 @@ TORCH_PIN="2.15.0"
 NUMPY_PIN="2.3.5"
 PYTEST_PIN="8.4.2"
 SKBUILD_PIN="0.11.5"  # the build backend (pyproject.toml's build-system.requires)
+# The independent reference of `bitexact train` (tests/train): the newest
+# release with Glm4MoeForCausalLM that runs on torch 2.15's CPU path; its
+# GLM-4.5 semantics (docs/train_reference.md) change between releases
+# (5.0.0 masked the non-kept groups' experts with 0.0, 5.12.0 and 5.24.0
+# with -inf), so it is pinned exactly.
+TRANSFORMERS_PIN="5.24.0"
+PINS_ONLY=0
+[ "${1:-}" = "--pins-only" ] && PINS_ONLY=1
 
 # System build dependencies (gcc, libdlpack-dev, ...): the C library's script.
 if [ -x scripts/setup.sh ] || [ -f scripts/setup.sh ]; then
@@ -40,12 +50,14 @@ have torch "$TORCH_PIN" || missing+=("torch==$TORCH_PIN")
 have numpy "$NUMPY_PIN" || missing+=("numpy==$NUMPY_PIN")
 have pytest "$PYTEST_PIN" || missing+=("pytest==$PYTEST_PIN")
 have scikit_build_core "$SKBUILD_PIN" || missing+=("scikit-build-core==$SKBUILD_PIN")
+have transformers "$TRANSFORMERS_PIN" || missing+=("transformers==$TRANSFORMERS_PIN")
 if [ ${#missing[@]} -gt 0 ]; then
   echo "py_setup.sh: installing ${missing[*]}"
   "$PY" -m pip install "${missing[@]}"
 else
-  echo "py_setup.sh: torch $TORCH_PIN, numpy $NUMPY_PIN, pytest $PYTEST_PIN, scikit-build-core $SKBUILD_PIN present"
+  echo "py_setup.sh: torch $TORCH_PIN, numpy $NUMPY_PIN, pytest $PYTEST_PIN, scikit-build-core $SKBUILD_PIN, transformers $TRANSFORMERS_PIN present"
 fi
+[ "$PINS_ONLY" = 1 ] && exit 0
 
 # The package, built in this environment with the pinned scikit-build-core
 # above (no isolated build: nothing fetched at build time). A failed build

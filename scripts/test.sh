@@ -3,7 +3,8 @@
 # exported-symbol checks, the kernel checker (dev/), the GPU runner (built;
 # run where a GPU is), mpirun, the command line, the demo (which checks its
 # own invariance), a quick benchmark run, the C suite, MPI and CLI tests
-# again under ASan+UBSan, the Python package, the fuzz harnesses for a
+# again under ASan+UBSan, the Python package, `bitexact train` against
+# transformers (tests/train: skipped until the trainer exists), the fuzz harnesses for a
 # bounded time (fuzz/run_ci.sh), the install + out-of-tree consumer test,
 # and the aarch64 cross build run under qemu-user.
 # Stops at the first failing stage with a non-zero exit status; a stage
@@ -110,6 +111,9 @@ counted make -j"$JOBS" SAN=1 test-cli
 
 stage "Python package: pip install . (scikit-build-core) and pytest against PyTorch (tests/python/run.sh)"
 counted bash tests/python/run.sh
+
+stage "bitexact train against Hugging Face transformers: the reference's own checks, then loss, gradients and one AdamW step (tests/train/run.sh)"
+counted bash tests/train/run.sh
 
 stage "fuzz harnesses, bounded time (fuzz/run_ci.sh)"
 bash fuzz/run_ci.sh
