@@ -194,11 +194,7 @@ static int check_out_file(const char *flag, const char *path) {
 
 /* The layout: B sequences over P ranks, each rank's over M micro-batches. */
 static int check_layout(const tr_args *a, int P) {
-  if (a->ep > 1 && P % a->ep != 0) {
-    TERR("train: --ep %lld does not divide the %d ranks", (long long)a->ep, P);
-    return -1;
-  }
-  if (a->ep > 1) {
+  if (a->ep > 1) { /* then: E must divide P, the experts split over E ranks */
     TERR("train: --ep %lld: expert parallelism is not yet supported (use --ep 1)", (long long)a->ep);
     return -1;
   }
