@@ -466,3 +466,51 @@ def train_run_resume_mismatch():
     expect_train_error("--steps", "0", *FAST, "--resume", ck, needles=("--steps 0",))
     expect_train_error("--steps", "2", *FAST, "--resume", ck, "--config", config_file("other"),
                        needles=("differs",))
+
+
+def mpirun_train(np_, *args):
+    import shutil
+    import subprocess
+    if not Ctx.mpi:
+        raise Skip("built without MPI")
+    mpirun = shutil.which("mpirun")
+    if not mpirun:
+        raise Skip("no mpirun")
+    cmd = [mpirun, "--oversubscribe", "-np", str(np_)]
+    if os.geteuid() == 0:
+        cmd.insert(1, "--allow-run-as-root")
+    env = dict(os.environ, ASAN_OPTIONS="detect_leaks=0:" + os.environ.get("ASAN_OPTIONS", ""))
+    return subprocess.run(cmd + [Ctx.bin, "train", *map(str, args)], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, timeout=600, env=env)
+
+
+@test
+def train_run_under_mpi_identical():
+    one, two, ck1, ck2 = tpath("mpi1.jsonl"), tpath("mpi2.jsonl"), tpath("mpi_ck1"), tpath("mpi_ck2")
+    train_run("--steps", "2", "--record", one, "--save", ck1)
+    p = mpirun_train(2, *FAST, "--steps", "2", "--record", two, "--save", ck2, "--micro-batches", "2")
+    assert p.returncode == 0, p.stderr.decode()[-2000:]
+    assert records(one) == records(two), (records(one), records(two))
+    for name in ("model.safetensors", "optimizer.safetensors"):
+        with open(os.path.join(ck1, name), "rb") as a, open(os.path.join(ck2, name), "rb") as b:
+            assert a.read() == b.read(), name
+    p = mpirun_train(2, "--global-batch", "3", "--record", tpath("mpi_bad.jsonl"))
+    err = p.stderr.decode()
+    assert p.returncode != 0 and "does not divide over 2 data-parallel ranks" in err, err
+    assert not os.path.exists(tpath("mpi_bad.jsonl"))
+
+
+@test
+def train_run_isas_identical():
+    base = None
+    for isa in ("portable", "avx2", "avx512"):
+        f = tpath("isa_%s.jsonl" % isa)
+        rc, out, err = run("train", *FAST, "--steps", "2", "--record", f,
+                           env=dict(os.environ, BX_ISA=isa))
+        if rc != 0 and isa != "portable" and "ISA" in err:
+            continue  # this CPU cannot run it
+        assert rc == 0, (isa, err)
+        rows = records(f)
+        if base is None:
+            base = rows
+        assert rows == base, (isa, rows, base)
