@@ -126,7 +126,6 @@ static int parse_args(int argc, char **argv, tr_args *a) {
       return -1;
     }
     const char *v = argv[++i];
-    int64_t n = 0;
     if (strcmp(f, "--config") == 0) a->config = v;
     else if (strcmp(f, "--data") == 0) a->data = v;
     else if (strcmp(f, "--record") == 0) a->record = v;
@@ -167,7 +166,6 @@ static int parse_args(int argc, char **argv, tr_args *a) {
         return -1;
       }
     }
-    (void)n;
   }
   return 0;
 }
