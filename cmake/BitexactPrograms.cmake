@@ -60,9 +60,10 @@ if(BX_HAVE_CLI)
   file(GLOB BX_CLI_SOURCES CONFIGURE_DEPENDS "${PROJECT_SOURCE_DIR}/src/cli/*.c")
   set(_cli_libs ${BX_JANSSON_LIBRARY} ${BX_XXHASH_LIBRARY})
   if(BX_HAVE_MPI)
-    # `bitexact demo` under mpirun uses real ranks
+    # `bitexact demo` and `bitexact train` under mpirun use real ranks
     list(PREPEND _cli_libs bx_mpi_static MPI::MPI_C)
     set_source_files_properties("${PROJECT_SOURCE_DIR}/src/cli/demo_mpi.c"
+                                "${PROJECT_SOURCE_DIR}/src/cli/train_mpi.c"
                                 PROPERTIES COMPILE_DEFINITIONS BX_CLI_MPI=1)
   endif()
   bx_program(bx_cli bitexact SOURCES ${BX_CLI_SOURCES} LIBS ${_cli_libs} INTERNAL)

@@ -53,6 +53,17 @@ make_seeds() {
   fuzz_safetensors)
     sh fuzz/fuzz_safetensors_seeds.sh "$work/$name"
     ;;
+  fuzz_npy)
+    # bit 0 of byte 0: header text only (a v1 prefix and element bytes added)
+    seed "$name" i4_whole '\000\223NUMPY\001\000\106\000{'"'"'descr'"'"': '"'"'<i4'"'"', '"'"'fortran_order'"'"': False, '"'"'shape'"'"': (2,), }          \n\001\000\000\000\002\000\000\000' 0
+    seed "$name" u2_text '\011{'"'"'descr'"'"': '"'"'<u2'"'"', '"'"'fortran_order'"'"': False, '"'"'shape'"'"': (4,), }\n' 0
+    seed "$name" i8_text '\021{"descr": "<i8", "fortran_order": False, "shape": (1,)}' 0
+    seed "$name" random '' 128
+    ;;
+  fuzz_train_config)
+    seed "$name" tiny '{"model_type": "glm4_moe", "vocab_size": 128, "hidden_size": 32, "intermediate_size": 64, "moe_intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 64, "n_routed_experts": 8, "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1}' 0
+    seed "$name" rope5 '{"head_dim": 8, "hidden_size": 32, "vocab_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "n_routed_experts": 4, "num_experts_per_tok": 1, "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0, "partial_rotary_factor": 0.5}, "rope_scaling": null}' 0
+    ;;
   *)
     seed "$name" random '' 256
     seed "$name" low '\000' 64

@@ -86,6 +86,7 @@ int cmd_norm(int argc, char **argv);
 int cmd_hash(int argc, char **argv);
 int cmd_diff(int argc, char **argv);
 int cmd_demo(int argc, char **argv);
+int cmd_train(int argc, char **argv);
 /* diff of two run-record (JSON Lines) files; called by cmd_diff. */
 int diff_records(const char *a, const char *b, const cli_opts *o);
 

@@ -1,5 +1,5 @@
 /*
- * main.c — the `bitexact` command: dispatch to norm, hash, diff and demo,
+ * main.c — the `bitexact` command: dispatch to norm, hash, diff, demo and train,
  * and the help text (the reference for every output and exit status).
  */
 #include <stdio.h>
@@ -19,6 +19,7 @@ static const char help[] =
     "  bitexact hash [options] FILE...\n"
     "  bitexact diff [options] A B\n"
     "  bitexact demo [--json]\n"
+    "  bitexact train [--config FILE.json] [--data FILE] [--steps N] [options]\n"
     "  bitexact --version | --help\n"
     "\n"
     "Options for every command: --json (machine-readable output), --threads N\n"
@@ -103,6 +104,30 @@ static const char help[] =
     "  layouts) against bitexact's (identical bits) and the clip coefficient\n"
     "  (bx_clip_coef, max_norm 1.0). Exit 1 if bitexact's bits ever differ.\n"
     "\n"
+    "train\n"
+    "  Trains the GLM-4.5 MoE decoder (transformers' Glm4MoeForCausalLM; a tiny\n"
+    "  built-in config unless --config FILE.json) with AdamW, its losses,\n"
+    "  gradients and checkpoints bitwise identical for any thread count,\n"
+    "  micro-batch count and number of MPI ranks (under mpirun -np P).\n"
+    "  --data FILE   token ids: a 1-D .npy integer array or a raw uint16 *.bin\n"
+    "                (nanoGPT); default: a synthetic Markov corpus whose entropy\n"
+    "                rate (the lowest loss) is printed\n"
+    "  --steps N (10) --seed S (0) --seq-len L (64) --global-batch B (8, sequences\n"
+    "  per step) --micro-batches M (1) --ep E (1; > 1 not yet supported)\n"
+    "  --lr X (1e-3) --weight-decay X (0.01) --clip X (1.0; 0: none)\n"
+    "  --mode invariant|ordinary (ordinary: float token reductions in layout\n"
+    "                order, the negative control whose bits drift)\n"
+    "  --shuffle     permute the sequences per epoch (counter-based, of the seed)\n"
+    "  --record FILE.jsonl   one line per step: loss, grad norms, clip_coef, lr,\n"
+    "                tokens, a hash of the per-token losses (hex floats: compare\n"
+    "                two runs with bitexact diff A.jsonl B.jsonl)\n"
+    "  --save DIR    config.json + model.safetensors (transformers loads it) +\n"
+    "                optimizer.safetensors + trainer_state.json, written atomically\n"
+    "  --resume DIR  continue bit for bit; --steps N is the step the run ends at\n"
+    "  --dump-grads FILE   the last step's gradients (before clipping) as safetensors\n"
+    "  --dry-run     check everything, print the plan and the data order as JSON\n"
+    "  docs/train_cli.md has the data order, the record and the checkpoint format.\n"
+    "\n"
     "Errors: one line on stderr naming the file (and tensor), exit status 2, and\n"
     "nothing on stdout: results are printed only once complete.\n";
 
@@ -126,8 +151,9 @@ int main(int argc, char **argv) {
   else if (strcmp(cmd, "hash") == 0) rc = cmd_hash(argc - 1, argv + 1);
   else if (strcmp(cmd, "diff") == 0) rc = cmd_diff(argc - 1, argv + 1);
   else if (strcmp(cmd, "demo") == 0) rc = cmd_demo(argc - 1, argv + 1);
+  else if (strcmp(cmd, "train") == 0) rc = cmd_train(argc - 1, argv + 1);
   else {
-    cli_error("unknown command '%s' (norm, hash, diff, demo; --help)", cmd);
+    cli_error("unknown command '%s' (norm, hash, diff, demo, train; --help)", cmd);
     return CLI_ERROR;
   }
   if (cli_out_finish(rc != CLI_ERROR) != 0) {

@@ -61,4 +61,10 @@ int tr_config_check(const tr_config *c, char *err, size_t errlen);
  * "float32", every field above). 0 / -1 with err. */
 int tr_config_save(const tr_config *c, const char *path, char *err, size_t errlen);
 
+/* tr_config_load from bytes (fuzz/fuzz_train_config.c, tests). */
+int tr_config_parse(const char *text, size_t len, tr_config *c, char *err, size_t errlen);
+
+/* The parameter count of c, buffers included (INT64_MAX on overflow). */
+int64_t tr_config_param_count(const tr_config *c);
+
 #endif /* BX_CLI_TRAIN_CONFIG_H */

@@ -1,0 +1,655 @@
+/*
+ * train.c — `bitexact train`: trains the GLM-4.5 MoE model of
+ * train_model.h on token data (train_data.h) with AdamW and exact-norm
+ * clipping, recording every step (train_record.h) and saving / resuming
+ * checkpoints (train_ckpt.h). DESIGN §10 is the contract; docs/train_cli.md
+ * the manual.
+ *
+ * A step s, on each of the P ranks (data parallel: rank r takes the
+ * consecutive slice [r*B/P, (r+1)*B/P) of the step's B global sequences):
+ *   1. the local sequences' tokens (train_data.h's order);
+ *   2. tr_model_grad over M micro-batches: loss, per-token losses, every
+ *      parameter's gradient summed over the global batch (the same bits on
+ *      every rank);
+ *   3. clipping, as bx_clip_grad_norm computes it: the exact L2 norm of
+ *      the gradients of the dense and the expert group (bx_total_norm; each
+ *      rank passes the parameters i with i mod P == r, so every element is
+ *      counted once), coef = bx_clip_coef(norm, --clip) (torch's formula in
+ *      double), every gradient scaled by coef with bx_scale's torch
+ *      rounding unless coef == 1;
+ *   4. bx_adamw_step on every parameter, step count s + 1;
+ *   5. the record line (rank 0).
+ * Everything is checked before the first file is written: bad input gives
+ * one line on stderr and exit status 2.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <bitexact.h>
+#include <bitexact_train.h>
+
+#include "cli.h"
+#include "train_ckpt.h"
+#include "train_config.h"
+#include "train_data.h"
+#include "train_model.h"
+#include "train_mpi.h"
+#include "train_record.h"
+
+typedef struct tr_args {
+  const char *config, *data, *record, *save, *resume, *dump_grads;
+  int64_t steps, seq_len, global_batch, micro_batches, ep;
+  uint64_t seed;
+  double lr, weight_decay, clip;
+  int ordinary, shuffle, dry_run;
+  int have_seq_len;
+  cli_opts common;
+} tr_args;
+
+static int g_rank;
+
+/* Errors every rank detects alike: printed once, by rank 0. */
+#define TERR(...)                         \
+  do {                                    \
+    if (g_rank == 0) cli_error(__VA_ARGS__); \
+  } while (0)
+
+static const char usage[] =
+    "usage: bitexact train [--config FILE.json] [--data FILE] [--steps N] [--seed S] "
+    "[--seq-len L] [--global-batch B] [--micro-batches M] [--ep E] [--threads T] [--lr X] "
+    "[--weight-decay X] [--clip X] [--mode invariant|ordinary] [--record FILE.jsonl] "
+    "[--save DIR] [--resume DIR] [--shuffle] [--dump-grads FILE] [--dry-run] [--json]";
+
+static int parse_i64(const char *flag, const char *s, int64_t lo, int64_t *out) {
+  char *end;
+  errno = 0;
+  long long v = strtoll(s, &end, 10);
+  if (!*s || *end || errno || v < lo) {
+    TERR("train: %s: '%s' is not an integer >= %lld", flag, s, (long long)lo);
+    return -1;
+  }
+  *out = v;
+  return 0;
+}
+
+static int parse_f64(const char *flag, const char *s, double *out) {
+  char *end;
+  double v = strtod(s, &end);
+  if (!*s || *end || !isfinite(v) || v < 0) {
+    TERR("train: %s: '%s' is not a finite number >= 0", flag, s);
+    return -1;
+  }
+  *out = v;
+  return 0;
+}
+
+static int parse_args(int argc, char **argv, tr_args *a) {
+  memset(a, 0, sizeof *a);
+  a->steps = 10;
+  a->seq_len = 64;
+  a->global_batch = 8;
+  a->micro_batches = 1;
+  a->ep = 1;
+  a->lr = 1e-3;
+  a->weight_decay = 0.01;
+  a->clip = 1.0;
+  a->common.progress = -1;
+  for (int i = 1; i < argc; i++) {
+    const char *f = argv[i];
+    int c = cli_common_opt(argc, argv, &i, &a->common);
+    if (c < 0) return -1;
+    if (c > 0) continue;
+    if (strcmp(f, "--shuffle") == 0) {
+      a->shuffle = 1;
+      continue;
+    }
+    if (strcmp(f, "--dry-run") == 0) {
+      a->dry_run = 1;
+      continue;
+    }
+    static const char *const valued[] = {
+        "--config", "--data", "--steps", "--seed", "--seq-len", "--global-batch",
+        "--micro-batches", "--ep", "--lr", "--weight-decay", "--clip", "--mode", "--record",
+        "--save", "--resume", "--dump-grads"};
+    int known = 0;
+    for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++) known |= strcmp(f, valued[k]) == 0;
+    if (!known) {
+      TERR("train: unknown argument '%s' (%s)", f, usage);
+      return -1;
+    }
+    if (i + 1 >= argc) {
+      TERR("train: %s needs a value", f);
+      return -1;
+    }
+    const char *v = argv[++i];
+    if (strcmp(f, "--config") == 0) a->config = v;
+    else if (strcmp(f, "--data") == 0) a->data = v;
+    else if (strcmp(f, "--record") == 0) a->record = v;
+    else if (strcmp(f, "--save") == 0) a->save = v;
+    else if (strcmp(f, "--resume") == 0) a->resume = v;
+    else if (strcmp(f, "--dump-grads") == 0) a->dump_grads = v;
+    else if (strcmp(f, "--steps") == 0) {
+      if (parse_i64(f, v, 0, &a->steps)) return -1;
+    } else if (strcmp(f, "--seed") == 0) {
+      char *end;
+      errno = 0;
+      unsigned long long s = strtoull(v, &end, 0);
+      if (!*v || *end || errno || *v == '-') {
+        TERR("train: --seed: '%s' is not an integer in [0, 2^64)", v);
+        return -1;
+      }
+      a->seed = s;
+    } else if (strcmp(f, "--seq-len") == 0) {
+      if (parse_i64(f, v, 1, &a->seq_len)) return -1;
+      a->have_seq_len = 1;
+    } else if (strcmp(f, "--global-batch") == 0) {
+      if (parse_i64(f, v, 1, &a->global_batch)) return -1;
+    } else if (strcmp(f, "--micro-batches") == 0) {
+      if (parse_i64(f, v, 1, &a->micro_batches)) return -1;
+    } else if (strcmp(f, "--ep") == 0) {
+      if (parse_i64(f, v, 1, &a->ep)) return -1;
+    } else if (strcmp(f, "--lr") == 0) {
+      if (parse_f64(f, v, &a->lr)) return -1;
+    } else if (strcmp(f, "--weight-decay") == 0) {
+      if (parse_f64(f, v, &a->weight_decay)) return -1;
+    } else if (strcmp(f, "--clip") == 0) {
+      if (parse_f64(f, v, &a->clip)) return -1;
+    } else if (strcmp(f, "--mode") == 0) {
+      if (strcmp(v, "invariant") == 0) a->ordinary = 0;
+      else if (strcmp(v, "ordinary") == 0) a->ordinary = 1;
+      else {
+        TERR("train: --mode: '%s' is not invariant or ordinary", v);
+        return -1;
+      }
+    }
+  }
+  return 0;
+}
+
+/* The parent directory of path exists and is writable. */
+static int check_out_file(const char *flag, const char *path) {
+  char dir[4096];
+  snprintf(dir, sizeof dir, "%s", path);
+  char *slash = strrchr(dir, '/');
+  if (!slash) snprintf(dir, sizeof dir, ".");
+  else if (slash == dir) dir[1] = 0;
+  else *slash = 0;
+  struct stat sb;
+  if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode) || access(dir, W_OK) != 0) {
+    TERR("train: %s %s: the directory %s does not exist or is not writable", flag, path, dir);
+    return -1;
+  }
+  if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+    TERR("train: %s %s: is a directory", flag, path);
+    return -1;
+  }
+  return 0;
+}
+
+/* The layout: B sequences over P ranks, each rank's over M micro-batches. */
+static int check_layout(const tr_args *a, int P) {
+  if (a->ep > 1) { /* then: E must divide P, the experts split over E ranks */
+    TERR("train: --ep %lld: expert parallelism is not yet supported (use --ep 1)", (long long)a->ep);
+    return -1;
+  }
+  if (a->global_batch % P != 0) {
+    TERR("train: --global-batch %lld does not divide over %d data-parallel ranks",
+         (long long)a->global_batch, P);
+    return -1;
+  }
+  int64_t local = a->global_batch / P;
+  if (local % a->micro_batches != 0) {
+    TERR("train: --micro-batches %lld does not divide the %lld sequences of each rank "
+         "(--global-batch %lld over %d ranks)",
+         (long long)a->micro_batches, (long long)local, (long long)a->global_batch, P);
+    return -1;
+  }
+  return 0;
+}
+
+static int same_config(const tr_config *x, const tr_config *y) {
+  return x->vocab_size == y->vocab_size && x->hidden_size == y->hidden_size &&
+         x->intermediate_size == y->intermediate_size &&
+         x->moe_intermediate_size == y->moe_intermediate_size &&
+         x->num_hidden_layers == y->num_hidden_layers &&
+         x->num_attention_heads == y->num_attention_heads &&
+         x->num_key_value_heads == y->num_key_value_heads && x->head_dim == y->head_dim &&
+         x->max_position_embeddings == y->max_position_embeddings &&
+         x->attention_bias == y->attention_bias && x->use_qk_norm == y->use_qk_norm &&
+         x->partial_rotary_factor == y->partial_rotary_factor && x->rope_theta == y->rope_theta &&
+         x->rms_norm_eps == y->rms_norm_eps && x->first_k_dense_replace == y->first_k_dense_replace &&
+         x->n_routed_experts == y->n_routed_experts &&
+         x->num_experts_per_tok == y->num_experts_per_tok &&
+         x->n_shared_experts == y->n_shared_experts && x->n_group == y->n_group &&
+         x->topk_group == y->topk_group && x->norm_topk_prob == y->norm_topk_prob &&
+         x->routed_scaling_factor == y->routed_scaling_factor &&
+         x->initializer_range == y->initializer_range &&
+         x->tie_word_embeddings == y->tie_word_embeddings &&
+         strcmp(x->hidden_act, y->hidden_act) == 0;
+}
+
+static int load_config(const tr_args *a, tr_config *cfg) {
+  char err[512];
+  tr_config given;
+  if (a->config && tr_config_load(a->config, &given, err, sizeof err)) {
+    TERR("train: %s: %s", a->config, err);
+    return -1;
+  }
+  if (a->resume) {
+    if (tc_load_config(a->resume, cfg, err, sizeof err)) {
+      TERR("train: --resume: %s", err);
+      return -1;
+    }
+    if (a->config && !same_config(&given, cfg)) {
+      TERR("train: %s differs from the config.json of the checkpoint %s", a->config, a->resume);
+      return -1;
+    }
+    return 0;
+  }
+  if (a->config) *cfg = given;
+  else {
+    tr_config_tiny(cfg);
+    if (tr_config_check(cfg, err, sizeof err)) {
+      TERR("train: the built-in config: %s", err);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+static const char *kind_name(td_kind k) { return k == TD_NPY ? "npy" : k == TD_BIN ? "bin" : "synthetic"; }
+
+/* The checkpoint's run is this run's (else bits would not continue). */
+static int check_resume(const tr_args *a, const tc_state *st, const td_data *d) {
+  const char *what = NULL;
+  char got[64] = "", want[64] = "";
+  if (st->seed != a->seed) what = "--seed", snprintf(got, 64, "%llu", (unsigned long long)a->seed),
+                           snprintf(want, 64, "%llu", (unsigned long long)st->seed);
+  else if (st->seq_len != a->seq_len) what = "--seq-len", snprintf(got, 64, "%lld", (long long)a->seq_len),
+                                      snprintf(want, 64, "%lld", (long long)st->seq_len);
+  else if (st->global_batch != a->global_batch)
+    what = "--global-batch", snprintf(got, 64, "%lld", (long long)a->global_batch),
+    snprintf(want, 64, "%lld", (long long)st->global_batch);
+  else if (st->shuffle != a->shuffle) what = "--shuffle", snprintf(got, 64, "%s", a->shuffle ? "on" : "off"),
+                                      snprintf(want, 64, "%s", st->shuffle ? "on" : "off");
+  else if (strcmp(st->data_kind, kind_name(d->kind)) != 0 || st->data_tokens != d->ntokens)
+    what = "--data", snprintf(got, 64, "%s of %lld tokens", kind_name(d->kind), (long long)d->ntokens),
+    snprintf(want, 64, "%s of %lld tokens", st->data_kind, (long long)st->data_tokens);
+  else if (st->data_position != st->step * st->global_batch)
+    what = "data position", snprintf(got, 64, "%lld", (long long)st->data_position),
+    snprintf(want, 64, "%lld", (long long)(st->step * st->global_batch));
+  if (what) {
+    TERR("train: --resume %s: %s is %s here but %s in the checkpoint", a->resume, what, got, want);
+    return -1;
+  }
+  if (a->steps < st->step) {
+    TERR("train: --steps %lld is before the checkpoint's step %lld (--steps is the step the run "
+         "ends at)",
+         (long long)a->steps, (long long)st->step);
+    return -1;
+  }
+  if (st->lr != a->lr || st->weight_decay != a->weight_decay || st->clip != a->clip ||
+      strcmp(st->mode, a->ordinary ? "ordinary" : "invariant") != 0)
+    if (g_rank == 0)
+      cli_note("train: --lr, --weight-decay, --clip or --mode differ from the checkpoint's; the "
+               "run continues with the new values");
+  return 0;
+}
+
+static DLTensor view(float *p, const tr_param *q) {
+  DLTensor t;
+  memset(&t, 0, sizeof t);
+  t.data = p;
+  t.device.device_type = kDLCPU;
+  t.ndim = q->ndim;
+  t.dtype.code = kDLFloat;
+  t.dtype.bits = 32;
+  t.dtype.lanes = 1;
+  t.shape = (int64_t *)q->shape;
+  return t;
+}
+
+/* The worst of a flag over the ranks (0 everywhere: 0). */
+static int any_rank(const bx_comm *comm, int flag) {
+  if (!comm) return flag;
+  int64_t v = flag;
+  if (comm->allreduce_i64(&v, 1, BX_OP_MAX, comm->ctx) != 0) return 1;
+  return (int)v;
+}
+
+typedef struct tr_run {
+  tr_args a;
+  tr_config cfg;
+  td_data data;
+  tr_model *model;
+  tr_param *params;
+  size_t nparams;
+  int rank, P;
+  const bx_comm *comm;
+  int64_t start;
+  FILE *record;
+  int64_t lines; /* record lines written */
+  /* per step */
+  int32_t *tokens;
+  float *tok_loss, *all_loss;
+  int64_t *words;
+  DLTensor *grads, *owned[2];
+  size_t nowned[2];
+  float first_loss, last_loss;
+  double last_norm;
+} tr_run;
+
+static int write_grads(tr_run *r, char *err, size_t errlen) {
+  tc_tensor *t = calloc(r->nparams + 1, sizeof *t);
+  size_t m = 0;
+  if (!t) return snprintf(err, errlen, "out of memory"), -1;
+  for (size_t i = 0; i < r->nparams; i++)
+    if (r->params[i].group >= 0)
+      t[m++] = (tc_tensor){r->params[i].name, r->params[i].ndim, r->params[i].shape,
+                           r->params[i].numel, r->params[i].grad};
+  char tmp[4200];
+  snprintf(tmp, sizeof tmp, "%s.tmp-%d", r->a.dump_grads, (int)getpid());
+  int rc = tc_write_safetensors(tmp, t, m, err, errlen);
+  if (rc == 0 && rename(tmp, r->a.dump_grads) != 0) {
+    snprintf(err, errlen, "%s: cannot rename into place: %s", r->a.dump_grads, strerror(errno));
+    rc = -1;
+  }
+  if (rc) unlink(tmp);
+  free(t);
+  return rc;
+}
+
+static int run_step(tr_run *r, int64_t s) {
+  const tr_args *a = &r->a;
+  int64_t B = a->global_batch, L = a->seq_len, local = B / r->P, first = r->rank * local;
+  char err[512];
+  for (int64_t b = 0; b < local; b++) {
+    int64_t i = td_sequence(&r->data, s * B + first + b);
+    if (i < 0) return cli_error("train: out of memory for the data permutation"), -1;
+    td_tokens(&r->data, i, r->tokens + b * (L + 1));
+  }
+  tr_run_opts ro = {cli_threads(&a->common), a->ordinary ? BX_TOKRED_ORDINARY : BX_TOKRED_GRID, L};
+  float loss = NAN;
+  if (tr_model_grad(r->model, &ro, r->tokens, local, first, B, a->micro_batches, r->comm, &loss,
+                    r->tok_loss, err, sizeof err)) {
+    cli_error("train: step %lld%s: %s", (long long)s, r->P > 1 ? " (a rank)" : "", err);
+    return -1;
+  }
+  /* the per-token losses of the global batch, in global token order */
+  const float *all = r->tok_loss;
+  if (r->P > 1) {
+    memset(r->words, 0, (size_t)(B * L) * sizeof *r->words);
+    for (int64_t k = 0; k < local * L; k++) {
+      uint32_t u;
+      memcpy(&u, &r->tok_loss[k], 4);
+      r->words[first * L + k] = u;
+    }
+    if (r->comm->allreduce_i64(r->words, (size_t)(B * L), BX_OP_SUM, r->comm->ctx) != 0)
+      return cli_error("train: step %lld: the all-reduce of the token losses failed", (long long)s), -1;
+    for (int64_t k = 0; k < B * L; k++) {
+      uint32_t u = (uint32_t)r->words[k];
+      memcpy(&r->all_loss[k], &u, 4);
+    }
+    all = r->all_loss;
+  }
+  if (a->dump_grads && s == a->steps - 1 && r->rank == 0 && write_grads(r, err, sizeof err)) {
+    cli_error("train: --dump-grads %s", err);
+    return -1;
+  }
+  /* clipping (as bx_clip_grad_norm, with the group norms) */
+  bx_group groups[2] = {{r->owned[0], r->nowned[0]}, {r->owned[1], r->nowned[1]}};
+  bx_norm_opts no = BX_NORM_OPTS_DEFAULT;
+  no.num_threads = ro.threads;
+  bx_clip_opts co = BX_CLIP_OPTS_DEFAULT;
+  double total = NAN, gn[2] = {NAN, NAN}, coef = 1;
+  bx_status st = bx_total_norm(groups, 2, r->comm, &no, &total, gn);
+  if (st == BX_OK) st = bx_clip_coef(total, a->clip, &co, &coef);
+  if (st == BX_OK && coef != 1) {
+    bx_scale_opts so = BX_SCALE_OPTS_DEFAULT;
+    so.num_threads = ro.threads;
+    size_t ng = 0;
+    for (size_t i = 0; i < r->nparams; i++)
+      if (r->params[i].group >= 0) r->grads[ng++] = view(r->params[i].grad, &r->params[i]);
+    st = bx_scale(r->grads, ng, coef, &so);
+  }
+  if (st != BX_OK) {
+    cli_error("train: step %lld: clipping: %s: %s", (long long)s, bx_status_str(st), bx_last_error());
+    return -1;
+  }
+  /* AdamW */
+  bx_adamw_opts ao = BX_ADAMW_OPTS_DEFAULT;
+  ao.lr = a->lr;
+  ao.weight_decay = a->weight_decay;
+  ao.num_threads = ro.threads;
+  for (size_t i = 0; i < r->nparams; i++) {
+    tr_param *q = &r->params[i];
+    if (q->group < 0) continue;
+    DLTensor p = view(q->data, q), g = view(q->grad, q), m = view(q->exp_avg, q),
+             v = view(q->exp_avg_sq, q);
+    st = bx_adamw_step(&p, &g, &m, &v, s + 1, &ao);
+    if (st != BX_OK) {
+      cli_error("train: step %lld: AdamW on %s: %s: %s", (long long)s, q->name, bx_status_str(st),
+                bx_last_error());
+      return -1;
+    }
+  }
+  if (s == r->start) r->first_loss = loss;
+  r->last_loss = loss;
+  r->last_norm = total;
+  trec_step rec = {s, loss, total, gn[0], gn[1], coef, a->lr, B * L,
+                   trec_loss_hash(all, (size_t)(B * L)), r->data.entropy_nats};
+  if (r->record && trec_write(r->record, &rec) != 0) {
+    cli_error("train: --record %s: cannot write", a->record);
+    return -1;
+  }
+  if (r->record) r->lines++;
+  if (r->rank == 0 && !a->common.quiet && (a->common.progress == 1 || (a->common.progress < 0 && isatty(2))))
+    fprintf(stderr, "bitexact: train: step %lld/%lld loss %.6f grad_norm %.6g\n", (long long)s,
+            (long long)a->steps, (double)loss, total);
+  return 0;
+}
+
+/* --dry-run: the plan and the data order, nothing computed or written. */
+static void dry_run(tr_run *r) {
+  const tr_args *a = &r->a;
+  FILE *out = cli_out();
+  int64_t B = a->global_batch;
+  fprintf(out, "{\"params\": %lld, \"data\": {\"kind\": \"%s\", \"tokens\": %lld, \"sequences\": %lld",
+          (long long)tr_config_param_count(&r->cfg), kind_name(r->data.kind),
+          (long long)r->data.ntokens, (long long)r->data.nseq);
+  if (!isnan(r->data.entropy_nats)) {
+    char h[40];
+    cli_hex(r->data.entropy_nats, h, sizeof h);
+    fprintf(out, ", \"entropy_rate\": \"%s\", \"entropy_bits\": %.17g", h, r->data.entropy_bits);
+  }
+  fprintf(out, "}, \"ranks\": %d, \"first_step\": %lld, \"steps\": %lld, \"order\": [", r->P,
+          (long long)r->start, (long long)a->steps);
+  int64_t shown = 0;
+  for (int64_t s = r->start; s < a->steps && shown < 1000; s++, shown++) {
+    fprintf(out, "%s[", shown ? ", " : "");
+    for (int64_t b = 0; b < B; b++)
+      fprintf(out, "%s%lld", b ? ", " : "", (long long)td_sequence(&r->data, s * B + b));
+    fputc(']', out);
+  }
+  fprintf(out, "]}\n");
+}
+
+static void summary(tr_run *r) {
+  const tr_args *a = &r->a;
+  FILE *out = cli_out();
+  char fl[40], ll[40], gn[40], en[40];
+  cli_hex(r->first_loss, fl, sizeof fl);
+  cli_hex(r->last_loss, ll, sizeof ll);
+  cli_hex(r->last_norm, gn, sizeof gn);
+  cli_hex(r->data.entropy_nats, en, sizeof en);
+  int64_t ran = a->steps - r->start;
+  if (a->common.json) {
+    fprintf(out,
+            "{\"steps_run\": %lld, \"first_step\": %lld, \"first_loss\": \"%s\", \"last_loss\": "
+            "\"%s\", \"last_grad_norm\": \"%s\", \"entropy_rate\": \"%s\", \"ranks\": %d, "
+            "\"params\": %lld}\n",
+            (long long)ran, (long long)r->start, fl, ll, gn, en, r->P,
+            (long long)tr_config_param_count(&r->cfg));
+    return;
+  }
+  fprintf(out, "train: %lld steps (%lld..%lld), %lld sequences of %lld tokens per step, %d rank%s, "
+          "mode %s, %lld parameters\n",
+          (long long)ran, (long long)r->start, (long long)(a->steps - 1), (long long)a->global_batch,
+          (long long)a->seq_len, r->P, r->P > 1 ? "s" : "", a->ordinary ? "ordinary" : "invariant",
+          (long long)tr_config_param_count(&r->cfg));
+  if (ran > 0)
+    fprintf(out, "loss: first %.6f (%s), last %.6f (%s); grad_norm %.6g\n", (double)r->first_loss,
+            fl, (double)r->last_loss, ll, r->last_norm);
+  if (!isnan(r->data.entropy_nats))
+    fprintf(out, "synthetic corpus: entropy rate %.6f nats (%s; %.6f bits): the lowest loss\n",
+            r->data.entropy_nats, en, r->data.entropy_bits);
+  if (a->record) fprintf(out, "record: %s\n", a->record);
+  if (a->save) fprintf(out, "checkpoint: %s\n", a->save);
+  if (a->dump_grads && ran > 0) fprintf(out, "gradients of step %lld: %s\n", (long long)(a->steps - 1), a->dump_grads);
+}
+
+static int train_main(tr_run *r, int argc, char **argv) {
+  tr_args *a = &r->a;
+  char err[512];
+  if (parse_args(argc, argv, a)) return CLI_ERROR;
+  if (load_config(a, &r->cfg)) return CLI_ERROR;
+  if (!a->have_seq_len && a->seq_len > r->cfg.max_position_embeddings)
+    a->seq_len = r->cfg.max_position_embeddings;
+  if (a->seq_len > r->cfg.max_position_embeddings) {
+    TERR("train: --seq-len %lld exceeds max_position_embeddings (%lld)", (long long)a->seq_len,
+         (long long)r->cfg.max_position_embeddings);
+    return CLI_ERROR;
+  }
+  if (check_layout(a, r->P)) return CLI_ERROR;
+  if (td_open(&r->data, a->data, r->cfg.vocab_size, a->seq_len, a->seed, a->shuffle, err, sizeof err)) {
+    TERR("train: %s: %s", a->data ? a->data : "the synthetic corpus", err);
+    return CLI_ERROR;
+  }
+  if (a->save && tc_check_save_dir(a->save, err, sizeof err)) {
+    TERR("train: --save %s", err);
+    return CLI_ERROR;
+  }
+  if (a->record && check_out_file("--record", a->record)) return CLI_ERROR;
+  if (a->dump_grads && check_out_file("--dump-grads", a->dump_grads)) return CLI_ERROR;
+  if (a->dry_run && !a->resume) {
+    dry_run(r);
+    return CLI_OK;
+  }
+  if (tr_model_create(&r->cfg, a->seed, &r->model, err, sizeof err)) {
+    TERR("train: building the model: %s", err);
+    return CLI_ERROR;
+  }
+  r->nparams = tr_model_params(r->model, &r->params);
+  if (a->resume) {
+    tc_state st;
+    if (tc_load(a->resume, r->params, r->nparams, &st, err, sizeof err)) {
+      TERR("train: --resume: %s", err);
+      return CLI_ERROR;
+    }
+    if (check_resume(a, &st, &r->data)) return CLI_ERROR;
+    r->start = st.step;
+  }
+  if (a->dump_grads && a->steps <= r->start) {
+    TERR("train: --dump-grads needs a step to run (--steps %lld, first step %lld)",
+         (long long)a->steps, (long long)r->start);
+    return CLI_ERROR;
+  }
+  if (a->dry_run) {
+    dry_run(r);
+    return CLI_OK;
+  }
+  /* buffers, owned tensors */
+  int64_t B = a->global_batch, L = a->seq_len, local = B / r->P;
+  r->tokens = malloc((size_t)(local * (L + 1)) * sizeof *r->tokens);
+  r->tok_loss = malloc((size_t)(local * L) * sizeof *r->tok_loss);
+  r->all_loss = malloc((size_t)(B * L) * sizeof *r->all_loss);
+  r->words = r->P > 1 ? malloc((size_t)(B * L) * sizeof *r->words) : NULL;
+  r->grads = calloc(r->nparams + 1, sizeof *r->grads);
+  r->owned[0] = calloc(r->nparams + 1, sizeof(DLTensor));
+  r->owned[1] = calloc(r->nparams + 1, sizeof(DLTensor));
+  if (!r->tokens || !r->tok_loss || !r->all_loss || (r->P > 1 && !r->words) || !r->grads ||
+      !r->owned[0] || !r->owned[1]) {
+    cli_error("train: out of memory");
+    return CLI_ERROR;
+  }
+  for (size_t i = 0; i < r->nparams; i++) {
+    tr_param *q = &r->params[i];
+    if (q->group != TR_GROUP_DENSE && q->group != TR_GROUP_EXPERT) continue;
+    if ((int64_t)(i % (size_t)r->P) == r->rank) r->owned[q->group][r->nowned[q->group]++] = view(q->grad, q);
+  }
+  int bad = 0;
+  if (a->record && r->rank == 0) {
+    r->record = fopen(a->record, "w");
+    if (!r->record) {
+      cli_error("train: --record %s: cannot create: %s", a->record, strerror(errno));
+      bad = 1;
+    }
+  }
+  if (any_rank(r->comm, bad)) return CLI_ERROR;
+  r->first_loss = r->last_loss = NAN;
+  r->last_norm = NAN;
+  for (int64_t s = r->start; s < a->steps; s++) {
+    bad = run_step(r, s) != 0;
+    if (any_rank(r->comm, bad)) return CLI_ERROR;
+  }
+  if (r->record) {
+    int e = fclose(r->record);
+    r->record = NULL;
+    if (e != 0) {
+      cli_error("train: --record %s: cannot write", a->record);
+      return CLI_ERROR;
+    }
+  }
+  if (a->save && r->rank == 0) {
+    tc_state st;
+    memset(&st, 0, sizeof st);
+    st.step = a->steps;
+    st.seed = a->seed;
+    st.seq_len = L;
+    st.global_batch = B;
+    st.shuffle = a->shuffle;
+    snprintf(st.data_kind, sizeof st.data_kind, "%s", kind_name(r->data.kind));
+    st.data_tokens = r->data.ntokens;
+    st.data_sequences = r->data.nseq;
+    st.data_position = a->steps * B;
+    bx_adamw_opts ao = BX_ADAMW_OPTS_DEFAULT;
+    st.lr = a->lr;
+    st.beta1 = ao.beta1;
+    st.beta2 = ao.beta2;
+    st.eps = ao.eps;
+    st.weight_decay = a->weight_decay;
+    st.clip = a->clip;
+    snprintf(st.mode, sizeof st.mode, "%s", a->ordinary ? "ordinary" : "invariant");
+    bad = tc_save(a->save, &r->cfg, r->params, r->nparams, &st, err, sizeof err) != 0;
+    if (bad) cli_error("train: --save %s", err);
+  }
+  if (any_rank(r->comm, bad)) return CLI_ERROR;
+  if (r->rank == 0) summary(r);
+  return CLI_OK;
+}
+
+int cmd_train(int argc, char **argv) {
+  tr_run r;
+  memset(&r, 0, sizeof r);
+  trm_init(&r.rank, &r.P, &r.comm);
+  g_rank = r.rank;
+  int rc = train_main(&r, argc, argv);
+  if (r.record) { /* a failed run: keep the steps it recorded, if any */
+    fclose(r.record);
+    if (r.lines == 0) unlink(r.a.record);
+  }
+  if (r.model) tr_model_destroy(r.model);
+  td_close(&r.data);
+  free(r.tokens);
+  free(r.tok_loss);
+  free(r.all_loss);
+  free(r.words);
+  free(r.grads);
+  free(r.owned[0]);
+  free(r.owned[1]);
+  return trm_finish(rc);
+}

@@ -1,0 +1,436 @@
+/*
+ * train_ckpt.c — checkpoints of `bitexact train` (train_ckpt.h): the
+ * deterministic safetensors writer, the atomic directory, and the
+ * validating read-back through src/cli/safetensors.c.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* renameat2 */
+#endif
+#include "train_ckpt.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "safetensors.h"
+
+static int kfail(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int kfail(char *err, size_t errlen, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, errlen, fmt, ap);
+  va_end(ap);
+  for (char *c = err; *c; c++)
+    if ((unsigned char)*c < 0x20) *c = '?';
+  return -1;
+}
+
+static const char *const ckpt_files[] = {"config.json", "model.safetensors",
+                                         "optimizer.safetensors", "trainer_state.json"};
+#define NFILES (sizeof ckpt_files / sizeof ckpt_files[0])
+
+/* ---- safetensors writer --------------------------------------------------- */
+
+static const tc_tensor *sort_base;
+static int cmp_idx(const void *a, const void *b) {
+  return strcmp(sort_base[*(const size_t *)a].name, sort_base[*(const size_t *)b].name);
+}
+
+static int write_all(FILE *fp, const void *p, size_t n) { return fwrite(p, 1, n, fp) == n ? 0 : -1; }
+
+int tc_write_safetensors(const char *path, const tc_tensor *t, size_t n, char *err, size_t errlen) {
+  size_t *idx = malloc((n ? n : 1) * sizeof *idx);
+  json_t *h = json_object();
+  char *text = NULL;
+  FILE *fp = NULL;
+  int rc = -1;
+  if (!idx || !h) {
+    kfail(err, errlen, "out of memory");
+    goto done;
+  }
+  for (size_t i = 0; i < n; i++) idx[i] = i;
+  sort_base = t;
+  qsort(idx, n, sizeof *idx, cmp_idx);
+  json_object_set_new(h, "__metadata__", json_pack("{s:s}", "format", "pt"));
+  uint64_t off = 0;
+  for (size_t k = 0; k < n; k++) {
+    const tc_tensor *x = &t[idx[k]];
+    if (k && strcmp(t[idx[k - 1]].name, x->name) == 0) {
+      kfail(err, errlen, "tensor '%s' twice", x->name);
+      goto done;
+    }
+    json_t *shape = json_array();
+    for (int d = 0; d < x->ndim; d++) json_array_append_new(shape, json_integer(x->shape[d]));
+    uint64_t bytes = (uint64_t)x->numel * 4;
+    json_object_set_new(h, x->name,
+                        json_pack("{s:s,s:o,s:[I,I]}", "dtype", "F32", "shape", shape,
+                                  "data_offsets", (json_int_t)off, (json_int_t)(off + bytes)));
+    off += bytes;
+  }
+  text = json_dumps(h, JSON_COMPACT | JSON_SORT_KEYS);
+  if (!text) {
+    kfail(err, errlen, "out of memory");
+    goto done;
+  }
+  size_t len = strlen(text), padded = (len + 7) & ~(size_t)7;
+  fp = fopen(path, "wb");
+  if (!fp) {
+    kfail(err, errlen, "%s: cannot create: %s", path, strerror(errno));
+    goto done;
+  }
+  uint8_t lenb[8];
+  for (int i = 0; i < 8; i++) lenb[i] = (uint8_t)((uint64_t)padded >> (8 * i));
+  int bad = write_all(fp, lenb, 8) || write_all(fp, text, len);
+  for (size_t i = len; i < padded && !bad; i++) bad = fputc(' ', fp) == EOF;
+  for (size_t k = 0; k < n && !bad; k++) {
+    const tc_tensor *x = &t[idx[k]];
+#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "the checkpoint writer assumes a little-endian host"
+#endif
+    bad = write_all(fp, x->data, (size_t)x->numel * 4);
+  }
+  if (!bad) bad = fflush(fp) != 0 || fsync(fileno(fp)) != 0;
+  if (fclose(fp) != 0) bad = 1;
+  fp = NULL;
+  if (bad) {
+    kfail(err, errlen, "%s: cannot write: %s", path, strerror(errno));
+    goto done;
+  }
+  rc = 0;
+done:
+  free(idx);
+  free(text);
+  json_decref(h);
+  return rc;
+}
+
+/* ---- the directory ---------------------------------------------------------- */
+
+static int is_ckpt_file(const char *name) {
+  for (size_t i = 0; i < NFILES; i++)
+    if (strcmp(name, ckpt_files[i]) == 0) return 1;
+  return 0;
+}
+
+int tc_check_save_dir(const char *dir, char *err, size_t errlen) {
+  struct stat sb;
+  if (strlen(dir) + 32 > PATH_MAX) return kfail(err, errlen, "%s: path too long", dir);
+  if (stat(dir, &sb) == 0) {
+    if (!S_ISDIR(sb.st_mode)) return kfail(err, errlen, "%s: exists and is not a directory", dir);
+    DIR *d = opendir(dir);
+    if (!d) return kfail(err, errlen, "%s: cannot read: %s", dir, strerror(errno));
+    struct dirent *e;
+    int other = 0;
+    char name[64] = "";
+    while ((e = readdir(d)) != NULL) {
+      if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+      if (!is_ckpt_file(e->d_name) && !other) {
+        other = 1;
+        snprintf(name, sizeof name, "%.60s", e->d_name);
+      }
+    }
+    closedir(d);
+    if (other)
+      return kfail(err, errlen,
+                   "%s: exists and holds '%s', which is not a checkpoint file (refusing to replace "
+                   "the directory)",
+                   dir, name);
+    if (access(dir, W_OK) != 0) return kfail(err, errlen, "%s: not writable", dir);
+  } else if (errno != ENOENT) {
+    return kfail(err, errlen, "%s: %s", dir, strerror(errno));
+  }
+  char parent[PATH_MAX];
+  snprintf(parent, sizeof parent, "%s", dir);
+  size_t l = strlen(parent);
+  while (l > 1 && parent[l - 1] == '/') parent[--l] = 0;
+  char *slash = strrchr(parent, '/');
+  if (!slash) snprintf(parent, sizeof parent, ".");
+  else if (slash == parent) parent[1] = 0;
+  else *slash = 0;
+  if (stat(parent, &sb) != 0 || !S_ISDIR(sb.st_mode))
+    return kfail(err, errlen, "%s: the parent directory %s does not exist", dir, parent);
+  if (access(parent, W_OK) != 0)
+    return kfail(err, errlen, "%s: the parent directory %s is not writable", dir, parent);
+  return 0;
+}
+
+static void remove_dir(const char *dir) {
+  char p[PATH_MAX];
+  for (size_t i = 0; i < NFILES; i++) {
+    snprintf(p, sizeof p, "%s/%s", dir, ckpt_files[i]);
+    unlink(p);
+  }
+  rmdir(dir);
+}
+
+static void hexd(char *buf, size_t len, double d) { snprintf(buf, len, "%a", d); }
+
+static int write_state(const char *path, const tc_state *s) {
+  char lr[40], b1[40], b2[40], eps[40], wd[40], clip[40];
+  hexd(lr, sizeof lr, s->lr);
+  hexd(b1, sizeof b1, s->beta1);
+  hexd(b2, sizeof b2, s->beta2);
+  hexd(eps, sizeof eps, s->eps);
+  hexd(wd, sizeof wd, s->weight_decay);
+  hexd(clip, sizeof clip, s->clip);
+  json_t *r = json_pack(
+      "{s:i,s:I,s:s,s:{s:I,s:I,s:b,s:s,s:I,s:I,s:I},s:{s:s,s:s},s:{s:s,s:s,s:s,s:s},s:s,s:s}",
+      "format_version", TC_FORMAT_VERSION, "step", (json_int_t)s->step, "seed",
+      "", /* placeholder: a uint64 does not fit json_int_t */
+      "data", "seq_len", (json_int_t)s->seq_len, "global_batch", (json_int_t)s->global_batch,
+      "shuffle", s->shuffle, "kind", s->data_kind, "tokens", (json_int_t)s->data_tokens,
+      "sequences", (json_int_t)s->data_sequences, "position", (json_int_t)s->data_position,
+      "lr_schedule", "kind", "constant", "lr", lr, "adamw", "beta1", b1, "beta2", b2, "eps", eps,
+      "weight_decay", wd, "clip", clip, "mode", s->mode);
+  if (!r) return -1;
+  char seed[32];
+  snprintf(seed, sizeof seed, "%llu", (unsigned long long)s->seed);
+  json_object_set_new(r, "seed", json_string(seed));
+  FILE *fp = fopen(path, "wb");
+  int rc = fp ? 0 : -1;
+  if (fp) {
+    if (json_dumpf(r, fp, JSON_INDENT(2) | JSON_SORT_KEYS) != 0 || fputc('\n', fp) == EOF) rc = -1;
+    if (fflush(fp) != 0 || fsync(fileno(fp)) != 0) rc = -1;
+    if (fclose(fp) != 0) rc = -1;
+  }
+  json_decref(r);
+  return rc;
+}
+
+int tc_save(const char *dir, const tr_config *c, const tr_param *params, size_t n,
+            const tc_state *st, char *err, size_t errlen) {
+  char tmp[PATH_MAX], p[PATH_MAX];
+  snprintf(tmp, sizeof tmp, "%s", dir);
+  size_t l = strlen(tmp);
+  while (l > 1 && tmp[l - 1] == '/') tmp[--l] = 0;
+  char target[PATH_MAX];
+  snprintf(target, sizeof target, "%s", tmp);
+  snprintf(tmp + l, sizeof tmp - l, ".tmp-XXXXXX");
+  if (!mkdtemp(tmp)) return kfail(err, errlen, "%s: cannot create a temporary directory: %s", dir, strerror(errno));
+  mode_t mask = umask(0);
+  umask(mask);
+  chmod(tmp, 0777 & ~mask); /* mkdtemp's 0700 -> what mkdir would give */
+  tc_tensor *t = calloc(2 * n + 1, sizeof *t);
+  char (*names)[112] = calloc(2 * n + 1, sizeof *names);
+  int rc = -1;
+  if (!t || !names) {
+    kfail(err, errlen, "out of memory");
+    goto done;
+  }
+  snprintf(p, sizeof p, "%s/config.json", tmp);
+  if (tr_config_save(c, p, err, errlen)) goto done;
+  for (size_t i = 0; i < n; i++)
+    t[i] = (tc_tensor){params[i].name, params[i].ndim, params[i].shape, params[i].numel,
+                       params[i].data};
+  snprintf(p, sizeof p, "%s/model.safetensors", tmp);
+  if (tc_write_safetensors(p, t, n, err, errlen)) goto done;
+  size_t m = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (params[i].group < 0) continue;
+    snprintf(names[m], sizeof names[m], "%s.exp_avg", params[i].name);
+    t[m] = (tc_tensor){names[m], params[i].ndim, params[i].shape, params[i].numel,
+                       params[i].exp_avg};
+    m++;
+    snprintf(names[m], sizeof names[m], "%s.exp_avg_sq", params[i].name);
+    t[m] = (tc_tensor){names[m], params[i].ndim, params[i].shape, params[i].numel,
+                       params[i].exp_avg_sq};
+    m++;
+  }
+  snprintf(p, sizeof p, "%s/optimizer.safetensors", tmp);
+  if (tc_write_safetensors(p, t, m, err, errlen)) goto done;
+  snprintf(p, sizeof p, "%s/trainer_state.json", tmp);
+  if (write_state(p, st)) {
+    kfail(err, errlen, "%s: cannot write", p);
+    goto done;
+  }
+  /* into place: a plain rename, or an exchange with the old checkpoint */
+  if (rename(tmp, target) != 0) {
+    if (errno != ENOTEMPTY && errno != EEXIST) {
+      kfail(err, errlen, "%s: cannot rename the temporary directory: %s", dir, strerror(errno));
+      goto done;
+    }
+    if (renameat2(AT_FDCWD, tmp, AT_FDCWD, target, RENAME_EXCHANGE) != 0) {
+      kfail(err, errlen, "%s: cannot replace the old checkpoint: %s", dir, strerror(errno));
+      goto done;
+    }
+    /* tmp now names the old checkpoint */
+  }
+  rc = 0;
+done:
+  remove_dir(tmp); /* the failed attempt, or the old checkpoint */
+  free(t);
+  free(names);
+  return rc;
+}
+
+/* ---- reading back -------------------------------------------------------- */
+
+int tc_load_config(const char *dir, tr_config *c, char *err, size_t errlen) {
+  char p[PATH_MAX], e[400];
+  snprintf(p, sizeof p, "%s/config.json", dir);
+  if (tr_config_load(p, c, e, sizeof e)) return kfail(err, errlen, "%s: %s", p, e);
+  return 0;
+}
+
+/* Checks that f holds exactly the tensors want[0..n) (names, F32, shapes). */
+static int check_file(const st_file *f, const char *path, char (*names)[112], const tr_param **of,
+                      size_t n, char *err, size_t errlen) {
+  for (size_t i = 0; i < n; i++) {
+    const st_tensor *t = st_find(f, names[i], strlen(names[i]));
+    if (!t) return kfail(err, errlen, "%s: tensor '%s' is missing", path, names[i]);
+    if (t->dtype != ST_F32)
+      return kfail(err, errlen, "%s: tensor '%s' is %s, expected F32", path, names[i],
+                   st_dtype_get(t->dtype)->name);
+    int same = (int)t->ndim == of[i]->ndim;
+    for (int d = 0; same && d < of[i]->ndim; d++) same = t->shape[d] == (uint64_t)of[i]->shape[d];
+    if (!same) {
+      char got[96], want[96] = "[";
+      st_shape_str(t, got, sizeof got);
+      for (int d = 0; d < of[i]->ndim; d++)
+        snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", d ? ", " : "",
+                 (long long)of[i]->shape[d]);
+      strncat(want, "]", sizeof want - strlen(want) - 1);
+      return kfail(err, errlen, "%s: tensor '%s' has shape %s, the model's is %s", path,
+                   names[i], got, want);
+    }
+  }
+  if (f->count != n) { /* every wanted name is there: the rest are extra */
+    for (size_t k = 0; k < f->count; k++) {
+      size_t i = 0;
+      while (i < n && strcmp(names[i], f->tensors[k].name) != 0) i++;
+      if (i == n)
+        return kfail(err, errlen, "%s: tensor '%.200s' is not a tensor of this model", path,
+                     f->tensors[k].name);
+    }
+  }
+  return 0;
+}
+
+static int hex_field(json_t *o, const char *key, double *out) {
+  json_t *v = json_object_get(o, key);
+  if (!json_is_string(v)) return -1;
+  char *end;
+  *out = strtod(json_string_value(v), &end);
+  return *end ? -1 : 0;
+}
+
+static int read_state(const char *path, tc_state *s, char *err, size_t errlen) {
+  json_error_t je;
+  json_t *r = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+  if (!r) return kfail(err, errlen, "%s: %s", path, je.text);
+  int rc = -1;
+  json_t *d = json_object_get(r, "data"), *ad = json_object_get(r, "adamw");
+  json_t *ls = json_object_get(r, "lr_schedule"), *v;
+  memset(s, 0, sizeof *s);
+  if (!json_is_object(r) || json_integer_value(json_object_get(r, "format_version")) != TC_FORMAT_VERSION) {
+    kfail(err, errlen, "%s: not a trainer state of format version %d", path, TC_FORMAT_VERSION);
+    goto done;
+  }
+  const char *bad = NULL;
+  v = json_object_get(r, "step");
+  if (!json_is_integer(v) || json_integer_value(v) < 0) bad = "step";
+  else s->step = json_integer_value(v);
+  v = json_object_get(r, "seed");
+  char *end = NULL;
+  if (!bad && json_is_string(v)) s->seed = strtoull(json_string_value(v), &end, 10);
+  if (!bad && (!json_is_string(v) || *end)) bad = "seed";
+  if (!bad && !json_is_object(d)) bad = "data";
+  if (!bad && !json_is_object(ad)) bad = "adamw";
+  if (!bad && !json_is_object(ls)) bad = "lr_schedule";
+  static const char *ints[] = {"seq_len", "global_batch", "tokens", "sequences", "position"};
+  int64_t *dst[] = {&s->seq_len, &s->global_batch, &s->data_tokens, &s->data_sequences,
+                    &s->data_position};
+  for (int i = 0; i < 5 && !bad; i++) {
+    v = json_object_get(d, ints[i]);
+    if (!json_is_integer(v) || json_integer_value(v) < 0) bad = ints[i];
+    else *dst[i] = json_integer_value(v);
+  }
+  if (!bad && !json_is_boolean(json_object_get(d, "shuffle"))) bad = "data.shuffle";
+  if (!bad) s->shuffle = json_is_true(json_object_get(d, "shuffle"));
+  if (!bad && !json_is_string(json_object_get(d, "kind"))) bad = "data.kind";
+  if (!bad) snprintf(s->data_kind, sizeof s->data_kind, "%s", json_string_value(json_object_get(d, "kind")));
+  if (!bad && hex_field(ls, "lr", &s->lr)) bad = "lr_schedule.lr";
+  if (!bad && hex_field(ad, "beta1", &s->beta1)) bad = "adamw.beta1";
+  if (!bad && hex_field(ad, "beta2", &s->beta2)) bad = "adamw.beta2";
+  if (!bad && hex_field(ad, "eps", &s->eps)) bad = "adamw.eps";
+  if (!bad && hex_field(ad, "weight_decay", &s->weight_decay)) bad = "adamw.weight_decay";
+  if (!bad && hex_field(r, "clip", &s->clip)) bad = "clip";
+  if (!bad && !json_is_string(json_object_get(r, "mode"))) bad = "mode";
+  if (!bad) snprintf(s->mode, sizeof s->mode, "%s", json_string_value(json_object_get(r, "mode")));
+  if (bad) {
+    kfail(err, errlen, "%s: field '%s' is missing or invalid", path, bad);
+    goto done;
+  }
+  rc = 0;
+done:
+  json_decref(r);
+  return rc;
+}
+
+int tc_load(const char *dir, tr_param *params, size_t n, tc_state *st, char *err, size_t errlen) {
+  char pm[PATH_MAX], po[PATH_MAX], ps[PATH_MAX], e[512];
+  snprintf(pm, sizeof pm, "%s/model.safetensors", dir);
+  snprintf(po, sizeof po, "%s/optimizer.safetensors", dir);
+  snprintf(ps, sizeof ps, "%s/trainer_state.json", dir);
+  st_file fm, fo;
+  memset(&fm, 0, sizeof fm);
+  memset(&fo, 0, sizeof fo);
+  char (*names)[112] = calloc(2 * n + 1, sizeof *names);
+  const tr_param **of = calloc(2 * n + 1, sizeof *of);
+  int rc = -1;
+  if (!names || !of) {
+    kfail(err, errlen, "out of memory");
+    goto done;
+  }
+  if (st_open(pm, &fm, e, sizeof e)) {
+    kfail(err, errlen, "%s: %s", pm, e);
+    goto done;
+  }
+  if (st_open(po, &fo, e, sizeof e)) {
+    kfail(err, errlen, "%s: %s", po, e);
+    goto done;
+  }
+  for (size_t i = 0; i < n; i++) {
+    snprintf(names[i], sizeof names[i], "%s", params[i].name);
+    of[i] = &params[i];
+  }
+  if (check_file(&fm, pm, names, of, n, err, errlen)) goto done;
+  size_t m = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (params[i].group < 0) continue;
+    snprintf(names[m], sizeof names[m], "%s.exp_avg", params[i].name);
+    of[m++] = &params[i];
+    snprintf(names[m], sizeof names[m], "%s.exp_avg_sq", params[i].name);
+    of[m++] = &params[i];
+  }
+  if (check_file(&fo, po, names, of, m, err, errlen)) goto done;
+  if (read_state(ps, st, err, errlen)) goto done;
+  /* every check passed: copy */
+  for (size_t i = 0; i < n; i++) {
+    const st_tensor *t = st_find(&fm, params[i].name, strlen(params[i].name));
+    memcpy(params[i].data, t->data, (size_t)params[i].numel * 4);
+    if (params[i].group < 0) continue;
+    char nm[112];
+    snprintf(nm, sizeof nm, "%s.exp_avg", params[i].name);
+    memcpy(params[i].exp_avg, st_find(&fo, nm, strlen(nm))->data, (size_t)params[i].numel * 4);
+    snprintf(nm, sizeof nm, "%s.exp_avg_sq", params[i].name);
+    memcpy(params[i].exp_avg_sq, st_find(&fo, nm, strlen(nm))->data, (size_t)params[i].numel * 4);
+  }
+  rc = 0;
+done:
+  st_close(&fm);
+  st_close(&fo);
+  free(names);
+  free(of);
+  return rc;
+}

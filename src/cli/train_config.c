@@ -1,0 +1,441 @@
+/*
+ * train_config.c — config.json of `bitexact train` (train_config.h): the
+ * fields of transformers' Glm4MoeConfig under their names, read with
+ * Glm4MoeConfig's defaults for absent fields, range-checked, and written
+ * back as transformers writes them.
+ *
+ * RoPE: GLM-4.5's config.json files (transformers 4.x) put rope_theta and
+ * partial_rotary_factor at the top level, with "rope_scaling": null;
+ * transformers 5 writes "rope_parameters": {"rope_type": "default",
+ * "rope_theta": ..., "partial_rotary_factor": ...}. Both are read (when
+ * both are present they must agree) and both are written. Only the
+ * default RoPE is supported: any rope_scaling other than null or
+ * {"rope_type": "default"} is refused.
+ *
+ * head_dim absent: hidden_size / num_attention_heads (Glm4MoeAttention's
+ * getattr default). Keys this trainer does not use (bos/eos/pad ids,
+ * use_cache, torch_dtype, num_nextn_predict_layers, ...) are ignored;
+ * keys that would change the model in a way not implemented
+ * (attention_dropout != 0, a rope_scaling) are refused.
+ */
+#include "train_config.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int cfail(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int cfail(char *err, size_t errlen, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, errlen, fmt, ap);
+  va_end(ap);
+  for (char *c = err; *c; c++)
+    if ((unsigned char)*c < 0x20) *c = '?';
+  return -1;
+}
+
+/* Glm4MoeConfig's defaults (transformers 4.54+). head_dim 0 = derived. */
+static void config_defaults(tr_config *c) {
+  memset(c, 0, sizeof *c);
+  c->vocab_size = 151552;
+  c->hidden_size = 4096;
+  c->intermediate_size = 10944;
+  c->moe_intermediate_size = 1408;
+  c->num_hidden_layers = 46;
+  c->num_attention_heads = 96;
+  c->num_key_value_heads = 8;
+  c->head_dim = 0;
+  c->max_position_embeddings = 131072;
+  c->attention_bias = 0;
+  c->use_qk_norm = 0;
+  c->partial_rotary_factor = 0.5;
+  c->rope_theta = 10000.0;
+  c->rms_norm_eps = 1e-5;
+  c->first_k_dense_replace = 1;
+  c->n_routed_experts = 128;
+  c->num_experts_per_tok = 8;
+  c->n_shared_experts = 1;
+  c->n_group = 1;
+  c->topk_group = 1;
+  c->norm_topk_prob = 1;
+  c->routed_scaling_factor = 1.0;
+  c->initializer_range = 0.02;
+  c->tie_word_embeddings = 0;
+  snprintf(c->hidden_act, sizeof c->hidden_act, "silu");
+}
+
+/* ---- reading ------------------------------------------------------------ */
+
+static int get_int(json_t *root, const char *key, int64_t *out, char *err, size_t errlen) {
+  json_t *v = json_object_get(root, key);
+  if (!v || json_is_null(v)) return 0;
+  if (json_is_real(v)) {
+    double d = json_real_value(v);
+    if (d == floor(d) && fabs(d) < 9.0e15) return *out = (int64_t)d, 0;
+  }
+  if (!json_is_integer(v)) return cfail(err, errlen, "%s: expected an integer", key);
+  *out = json_integer_value(v);
+  return 0;
+}
+
+static int get_real(json_t *root, const char *key, double *out, char *err, size_t errlen) {
+  json_t *v = json_object_get(root, key);
+  if (!v || json_is_null(v)) return 0;
+  if (!json_is_number(v)) return cfail(err, errlen, "%s: expected a number", key);
+  *out = json_number_value(v);
+  return 0;
+}
+
+static int get_bool(json_t *root, const char *key, int *out, char *err, size_t errlen) {
+  json_t *v = json_object_get(root, key);
+  if (!v || json_is_null(v)) return 0;
+  if (!json_is_boolean(v)) return cfail(err, errlen, "%s: expected true or false", key);
+  *out = json_is_true(v);
+  return 0;
+}
+
+/* A number at top level and/or in rope_parameters; both present: equal. */
+static int get_rope(json_t *root, json_t *rp, const char *key, double *out, char *err,
+                    size_t errlen) {
+  int top = json_object_get(root, key) && !json_is_null(json_object_get(root, key));
+  double a = *out, b = *out;
+  if (get_real(root, key, &a, err, errlen)) return -1;
+  if (rp && json_object_get(rp, key) && !json_is_null(json_object_get(rp, key))) {
+    json_t *v = json_object_get(rp, key);
+    if (!json_is_number(v)) return cfail(err, errlen, "rope_parameters.%s: expected a number", key);
+    b = json_number_value(v);
+    if (top && a != b)
+      return cfail(err, errlen, "%s: %.17g at top level but %.17g in rope_parameters", key, a, b);
+    *out = b;
+    return 0;
+  }
+  *out = a;
+  return 0;
+}
+
+static int check_rope_type(json_t *obj, const char *what, char *err, size_t errlen) {
+  json_t *t = json_object_get(obj, "rope_type");
+  if (!t) t = json_object_get(obj, "type");
+  if (t && !json_is_null(t) && !(json_is_string(t) && strcmp(json_string_value(t), "default") == 0))
+    return cfail(err, errlen, "%s: only the default RoPE is supported (rope_type \"default\")", what);
+  if (!t && strcmp(what, "rope_scaling") == 0)
+    return cfail(err, errlen, "rope_scaling: only null or {\"rope_type\": \"default\"} is supported");
+  return 0;
+}
+
+static int parse_root(json_t *root, tr_config *c, char *err, size_t errlen) {
+  if (!json_is_object(root)) return cfail(err, errlen, "config.json is not a JSON object");
+  json_t *mt = json_object_get(root, "model_type");
+  if (mt && !(json_is_string(mt) && strcmp(json_string_value(mt), "glm4_moe") == 0))
+    return cfail(err, errlen, "model_type: expected \"glm4_moe\" (the GLM-4.5 MoE model)");
+  static const struct {
+    const char *key;
+    size_t off;
+  } ints[] = {
+      {"vocab_size", offsetof(tr_config, vocab_size)},
+      {"hidden_size", offsetof(tr_config, hidden_size)},
+      {"intermediate_size", offsetof(tr_config, intermediate_size)},
+      {"moe_intermediate_size", offsetof(tr_config, moe_intermediate_size)},
+      {"num_hidden_layers", offsetof(tr_config, num_hidden_layers)},
+      {"num_attention_heads", offsetof(tr_config, num_attention_heads)},
+      {"num_key_value_heads", offsetof(tr_config, num_key_value_heads)},
+      {"head_dim", offsetof(tr_config, head_dim)},
+      {"max_position_embeddings", offsetof(tr_config, max_position_embeddings)},
+      {"first_k_dense_replace", offsetof(tr_config, first_k_dense_replace)},
+      {"n_routed_experts", offsetof(tr_config, n_routed_experts)},
+      {"num_experts_per_tok", offsetof(tr_config, num_experts_per_tok)},
+      {"n_shared_experts", offsetof(tr_config, n_shared_experts)},
+      {"n_group", offsetof(tr_config, n_group)},
+      {"topk_group", offsetof(tr_config, topk_group)},
+  };
+  for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
+    if (get_int(root, ints[i].key, (int64_t *)((char *)c + ints[i].off), err, errlen)) return -1;
+  if (get_bool(root, "attention_bias", &c->attention_bias, err, errlen) ||
+      get_bool(root, "use_qk_norm", &c->use_qk_norm, err, errlen) ||
+      get_bool(root, "norm_topk_prob", &c->norm_topk_prob, err, errlen) ||
+      get_bool(root, "tie_word_embeddings", &c->tie_word_embeddings, err, errlen) ||
+      get_real(root, "rms_norm_eps", &c->rms_norm_eps, err, errlen) ||
+      get_real(root, "routed_scaling_factor", &c->routed_scaling_factor, err, errlen) ||
+      get_real(root, "initializer_range", &c->initializer_range, err, errlen))
+    return -1;
+  json_t *act = json_object_get(root, "hidden_act");
+  if (act && !json_is_null(act)) {
+    if (!json_is_string(act)) return cfail(err, errlen, "hidden_act: expected a string");
+    const char *s = json_string_value(act);
+    if (strcmp(s, "silu") != 0) {
+      char b[40];
+      snprintf(b, sizeof b, "%.32s", s);
+      return cfail(err, errlen, "hidden_act: \"%s\" is not supported (only \"silu\")", b);
+    }
+  }
+  double drop = 0;
+  if (get_real(root, "attention_dropout", &drop, err, errlen)) return -1;
+  if (drop != 0)
+    return cfail(err, errlen, "attention_dropout: %g is not supported (only 0)", drop);
+  json_t *rs = json_object_get(root, "rope_scaling");
+  if (rs && !json_is_null(rs)) {
+    if (!json_is_object(rs)) return cfail(err, errlen, "rope_scaling: expected null or an object");
+    if (check_rope_type(rs, "rope_scaling", err, errlen)) return -1;
+  }
+  json_t *rp = json_object_get(root, "rope_parameters");
+  if (rp && json_is_null(rp)) rp = NULL;
+  if (rp) {
+    if (!json_is_object(rp)) return cfail(err, errlen, "rope_parameters: expected an object");
+    if (check_rope_type(rp, "rope_parameters", err, errlen)) return -1;
+  }
+  if (get_rope(root, rp, "rope_theta", &c->rope_theta, err, errlen) ||
+      get_rope(root, rp, "partial_rotary_factor", &c->partial_rotary_factor, err, errlen))
+    return -1;
+  if (c->head_dim == 0 && c->num_attention_heads > 0)
+    c->head_dim = c->hidden_size / c->num_attention_heads;
+  return 0;
+}
+
+int tr_config_load(const char *path, tr_config *c, char *err, size_t errlen) {
+  json_error_t je;
+  json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+  if (!root) {
+    if (strncmp(je.text, "unable to open", 14) == 0) return cfail(err, errlen, "%s", je.text);
+    return cfail(err, errlen, "invalid JSON: %s (line %d, column %d)", je.text, je.line, je.column);
+  }
+  tr_config t;
+  config_defaults(&t);
+  int rc = parse_root(root, &t, err, errlen);
+  json_decref(root);
+  if (rc == 0) rc = tr_config_check(&t, err, errlen);
+  if (rc == 0) *c = t;
+  return rc;
+}
+
+int tr_config_parse(const char *text, size_t len, tr_config *c, char *err, size_t errlen) {
+  json_error_t je;
+  json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
+  if (!root)
+    return cfail(err, errlen, "invalid JSON: %s (line %d, column %d)", je.text, je.line, je.column);
+  tr_config t;
+  config_defaults(&t);
+  int rc = parse_root(root, &t, err, errlen);
+  json_decref(root);
+  if (rc == 0) rc = tr_config_check(&t, err, errlen);
+  if (rc == 0) *c = t;
+  return rc;
+}
+
+/* ---- range checks ----------------------------------------------------- */
+
+#define TR_MAX_PARAMS ((int64_t)1 << 32)
+
+static int range(const char *key, int64_t v, int64_t lo, int64_t hi, char *err, size_t errlen) {
+  if (v < lo || v > hi)
+    return cfail(err, errlen, "%s: %lld is out of range [%lld, %lld]", key, (long long)v,
+                 (long long)lo, (long long)hi);
+  return 0;
+}
+
+/* a += x * y with overflow to INT64_MAX */
+static void acc(int64_t *a, int64_t x, int64_t y) {
+  int64_t p;
+  if (__builtin_mul_overflow(x, y, &p) || __builtin_add_overflow(*a, p, a)) *a = INT64_MAX;
+}
+
+int64_t tr_config_param_count(const tr_config *c) {
+  int64_t n = 0, H = c->hidden_size, hd = c->head_dim, E = c->n_routed_experts;
+  int64_t q = c->num_attention_heads * hd, kv = c->num_key_value_heads * hd;
+  acc(&n, 2 * c->vocab_size, H); /* embed_tokens, lm_head */
+  acc(&n, H, 1);                 /* model.norm */
+  int64_t layer = 0;
+  acc(&layer, 2, H);
+  acc(&layer, q + 2 * kv, H);
+  acc(&layer, H, q);
+  if (c->attention_bias) acc(&layer, q + 2 * kv, 1);
+  if (c->use_qk_norm) acc(&layer, 2, hd);
+  int64_t dense = layer, moe = layer;
+  acc(&dense, 3 * H, c->intermediate_size);
+  acc(&moe, E, H + 1); /* router and its bias buffer */
+  acc(&moe, 3 * H, c->moe_intermediate_size * (E + c->n_shared_experts));
+  acc(&n, dense, c->first_k_dense_replace);
+  acc(&n, moe, c->num_hidden_layers - c->first_k_dense_replace);
+  return n;
+}
+
+int tr_config_check(const tr_config *c, char *err, size_t errlen) {
+  const int64_t M = (int64_t)1 << 20;
+  if (range("vocab_size", c->vocab_size, 2, (int64_t)1 << 24, err, errlen) ||
+      range("hidden_size", c->hidden_size, 1, 65536, err, errlen) ||
+      range("intermediate_size", c->intermediate_size, 1, M, err, errlen) ||
+      range("moe_intermediate_size", c->moe_intermediate_size, 1, M, err, errlen) ||
+      range("num_hidden_layers", c->num_hidden_layers, 1, 1024, err, errlen) ||
+      range("num_attention_heads", c->num_attention_heads, 1, 1024, err, errlen) ||
+      range("num_key_value_heads", c->num_key_value_heads, 1, c->num_attention_heads, err,
+            errlen) ||
+      range("head_dim", c->head_dim, 1, 4096, err, errlen) ||
+      range("max_position_embeddings", c->max_position_embeddings, 1, (int64_t)1 << 24, err,
+            errlen) ||
+      range("first_k_dense_replace", c->first_k_dense_replace, 0, c->num_hidden_layers, err,
+            errlen) ||
+      range("n_routed_experts", c->n_routed_experts, 1, 4096, err, errlen) ||
+      range("num_experts_per_tok", c->num_experts_per_tok, 1, c->n_routed_experts, err, errlen) ||
+      range("n_shared_experts", c->n_shared_experts, 0, 64, err, errlen) ||
+      range("n_group", c->n_group, 1, c->n_routed_experts, err, errlen) ||
+      range("topk_group", c->topk_group, 1, c->n_group, err, errlen))
+    return -1;
+  if (c->num_attention_heads % c->num_key_value_heads != 0)
+    return cfail(err, errlen,
+                 "num_attention_heads: %lld is not a multiple of num_key_value_heads (%lld)",
+                 (long long)c->num_attention_heads, (long long)c->num_key_value_heads);
+  if (c->n_routed_experts % c->n_group != 0)
+    return cfail(err, errlen, "n_routed_experts: %lld is not a multiple of n_group (%lld)",
+                 (long long)c->n_routed_experts, (long long)c->n_group);
+  int64_t per_group = c->n_routed_experts / c->n_group;
+  if (c->num_experts_per_tok > c->topk_group * per_group)
+    return cfail(err, errlen,
+                 "num_experts_per_tok: %lld exceeds topk_group (%lld) x experts per group (%lld)",
+                 (long long)c->num_experts_per_tok, (long long)c->topk_group,
+                 (long long)per_group);
+  if (c->n_group > 1 && per_group < 2)
+    return cfail(err, errlen,
+                 "n_group: %lld groups of %lld expert leave no top-2 score per group (transformers "
+                 "scores a group by its top-2 experts)",
+                 (long long)c->n_group, (long long)per_group);
+  if (!(c->partial_rotary_factor > 0 && c->partial_rotary_factor <= 1))
+    return cfail(err, errlen, "partial_rotary_factor: %.17g is out of range (0, 1]",
+                 c->partial_rotary_factor);
+  int64_t rot = (int64_t)((double)c->head_dim * c->partial_rotary_factor);
+  if (rot < 2 || rot % 2 != 0)
+    return cfail(err, errlen,
+                 "partial_rotary_factor: %.17g gives a rotary dimension int(head_dim %lld x "
+                 "factor) = %lld, which must be even and >= 2",
+                 c->partial_rotary_factor, (long long)c->head_dim, (long long)rot);
+  if (!(c->rope_theta > 1 && isfinite(c->rope_theta)))
+    return cfail(err, errlen, "rope_theta: %.17g must be finite and > 1", c->rope_theta);
+  if (!(c->rms_norm_eps > 0 && c->rms_norm_eps < 1))
+    return cfail(err, errlen, "rms_norm_eps: %.17g is out of range (0, 1)", c->rms_norm_eps);
+  if (!(c->routed_scaling_factor > 0 && c->routed_scaling_factor <= 1e6))
+    return cfail(err, errlen, "routed_scaling_factor: %.17g is out of range (0, 1e6]",
+                 c->routed_scaling_factor);
+  if (!(c->initializer_range >= 0 && c->initializer_range <= 10))
+    return cfail(err, errlen, "initializer_range: %.17g is out of range [0, 10]",
+                 c->initializer_range);
+  if (c->tie_word_embeddings)
+    return cfail(err, errlen, "tie_word_embeddings: true is not supported (the LM head is untied)");
+  if (strcmp(c->hidden_act, "silu") != 0)
+    return cfail(err, errlen, "hidden_act: \"%.15s\" is not supported (only \"silu\")",
+                 c->hidden_act);
+  int64_t n = tr_config_param_count(c);
+  if (n > TR_MAX_PARAMS)
+    return cfail(err, errlen,
+                 "the model has %lld parameters, beyond this trainer's limit of %lld (absent "
+                 "fields take Glm4MoeConfig's full-size defaults)",
+                 (long long)n, (long long)TR_MAX_PARAMS);
+  return 0;
+}
+
+/* ---- writing ------------------------------------------------------------ */
+
+/* The shortest "%.*g" that reads back as d (always with a '.' or an
+ * exponent, as Python's json writes floats). */
+static void real_text(double d, char *buf, size_t len) {
+  for (int p = 1; p <= 17; p++) {
+    snprintf(buf, len, "%.*g", p, d);
+    if (strtod(buf, NULL) == d) break;
+  }
+  if (!strpbrk(buf, ".eEn")) strncat(buf, ".0", len - strlen(buf) - 1);
+}
+
+static int write_value(FILE *fp, json_t *v, int indent) {
+  if (json_is_real(v)) {
+    char b[40];
+    real_text(json_real_value(v), b, sizeof b);
+    return fputs(b, fp) < 0 ? -1 : 0;
+  }
+  if (json_is_object(v)) {
+    const char *keys[64];
+    size_t n = 0;
+    const char *k;
+    json_t *x;
+    json_object_foreach(v, k, x) if (n < 64) keys[n++] = k;
+    for (size_t i = 1; i < n; i++) /* insertion sort: bytewise key order */
+      for (size_t j = i; j > 0 && strcmp(keys[j - 1], keys[j]) > 0; j--) {
+        const char *t = keys[j];
+        keys[j] = keys[j - 1];
+        keys[j - 1] = t;
+      }
+    fputs("{\n", fp);
+    for (size_t i = 0; i < n; i++) {
+      fprintf(fp, "%*s\"%s\": ", indent + 2, "", keys[i]);
+      if (write_value(fp, json_object_get(v, keys[i]), indent + 2)) return -1;
+      fputs(i + 1 < n ? ",\n" : "\n", fp);
+    }
+    fprintf(fp, "%*s}", indent, "");
+    return 0;
+  }
+  char *s = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+  if (!s) return -1;
+  int rc = fputs(s, fp) < 0 ? -1 : 0;
+  free(s);
+  return rc;
+}
+
+/* r as indented JSON with sorted keys and shortest round-trip reals. */
+static int write_sorted(json_t *r, const char *path) {
+  FILE *fp = fopen(path, "wb");
+  if (!fp) return -1;
+  int rc = write_value(fp, r, 0);
+  if (fputc('\n', fp) == EOF) rc = -1;
+  if (fclose(fp) != 0) rc = -1;
+  return rc;
+}
+
+int tr_config_save(const tr_config *c, const char *path, char *err, size_t errlen) {
+  json_t *r = json_object();
+  json_t *rp = json_object();
+  if (!r || !rp) {
+    json_decref(r);
+    json_decref(rp);
+    return cfail(err, errlen, "out of memory");
+  }
+  json_object_set_new(r, "architectures", json_pack("[s]", "Glm4MoeForCausalLM"));
+  json_object_set_new(r, "model_type", json_string("glm4_moe"));
+  json_object_set_new(r, "torch_dtype", json_string("float32"));
+  json_object_set_new(r, "vocab_size", json_integer(c->vocab_size));
+  json_object_set_new(r, "hidden_size", json_integer(c->hidden_size));
+  json_object_set_new(r, "intermediate_size", json_integer(c->intermediate_size));
+  json_object_set_new(r, "moe_intermediate_size", json_integer(c->moe_intermediate_size));
+  json_object_set_new(r, "num_hidden_layers", json_integer(c->num_hidden_layers));
+  json_object_set_new(r, "num_attention_heads", json_integer(c->num_attention_heads));
+  json_object_set_new(r, "num_key_value_heads", json_integer(c->num_key_value_heads));
+  json_object_set_new(r, "head_dim", json_integer(c->head_dim));
+  json_object_set_new(r, "max_position_embeddings", json_integer(c->max_position_embeddings));
+  json_object_set_new(r, "attention_bias", json_boolean(c->attention_bias));
+  json_object_set_new(r, "attention_dropout", json_real(0.0));
+  json_object_set_new(r, "use_qk_norm", json_boolean(c->use_qk_norm));
+  json_object_set_new(r, "partial_rotary_factor", json_real(c->partial_rotary_factor));
+  json_object_set_new(r, "rope_theta", json_real(c->rope_theta));
+  json_object_set_new(r, "rope_scaling", json_null());
+  json_object_set_new(rp, "rope_type", json_string("default"));
+  json_object_set_new(rp, "rope_theta", json_real(c->rope_theta));
+  json_object_set_new(rp, "partial_rotary_factor", json_real(c->partial_rotary_factor));
+  json_object_set_new(r, "rope_parameters", rp);
+  json_object_set_new(r, "rms_norm_eps", json_real(c->rms_norm_eps));
+  json_object_set_new(r, "first_k_dense_replace", json_integer(c->first_k_dense_replace));
+  json_object_set_new(r, "n_routed_experts", json_integer(c->n_routed_experts));
+  json_object_set_new(r, "num_experts_per_tok", json_integer(c->num_experts_per_tok));
+  json_object_set_new(r, "n_shared_experts", json_integer(c->n_shared_experts));
+  json_object_set_new(r, "n_group", json_integer(c->n_group));
+  json_object_set_new(r, "topk_group", json_integer(c->topk_group));
+  json_object_set_new(r, "norm_topk_prob", json_boolean(c->norm_topk_prob));
+  json_object_set_new(r, "routed_scaling_factor", json_real(c->routed_scaling_factor));
+  json_object_set_new(r, "initializer_range", json_real(c->initializer_range));
+  json_object_set_new(r, "tie_word_embeddings", json_boolean(c->tie_word_embeddings));
+  json_object_set_new(r, "hidden_act", json_string(c->hidden_act));
+  json_object_set_new(r, "use_cache", json_true());
+  int rc = write_sorted(r, path);
+  json_decref(r);
+  if (rc != 0) return cfail(err, errlen, "%s: cannot write", path);
+  return 0;
+}

@@ -1,0 +1,516 @@
+"""`bitexact train`: config.json parsing and checks, the token data readers and
+their order, the layout checks, checkpoints (atomic, deterministic, validated
+on resume), the run record and resuming bit for bit.
+
+Bad input must give exit 2, one line on stderr, nothing on stdout and no file
+written. The data order is recomputed here from docs/train_cli.md's
+definition (splitmix64 counters, Fisher-Yates) and compared with
+`bitexact train --dry-run --json`, which builds no model. The cases named
+train_run_* build the model and train a few steps of the tiny config."""
+import json
+import os
+import struct
+
+from harness import *  # noqa: F401,F403 - the shared helpers and data
+from harness import np, xxhash  # noqa: F401
+
+M64 = (1 << 64) - 1
+FAST = ("--seq-len", "16", "--global-batch", "4")
+
+
+def tpath(name):
+    return path("train_" + name)
+
+
+def write(name, content):
+    f = tpath(name)
+    with open(f, "wb" if isinstance(content, bytes) else "w") as fh:
+        fh.write(content)
+    return f
+
+
+def expect_train_error(*args, needles=(), outputs=True):
+    """Runs `bitexact train ARGS` expecting exit 2 and one line; with
+    outputs, also asks for a record, a checkpoint and a gradient dump and
+    checks that none was written."""
+    rec, ck, dg = tpath("err.jsonl"), tpath("err_ckpt"), tpath("err_grads.safetensors")
+    for f in (rec, dg):
+        if os.path.exists(f):
+            os.remove(f)
+    extra = ("--record", rec, "--save", ck, "--dump-grads", dg) if outputs else ()
+    rc, out, err = run("train", *args, *extra)
+    lines = err.strip().splitlines()
+    assert rc == 2, (args, rc, out, err)
+    assert out == "", ("partial output", out)
+    assert len(lines) == 1 and lines[0].startswith("bitexact: "), (args, err)
+    for n in needles:
+        assert n in lines[0], (args, n, err)
+    if outputs:
+        assert not os.path.exists(rec) and not os.path.exists(dg), "a file was written"
+        assert not os.path.exists(ck), "a checkpoint was written"
+        left = [f for f in os.listdir(Ctx.tmp) if f.startswith("train_err_ckpt.tmp")]
+        assert not left, left
+    return lines[0]
+
+
+# ------------------------------------------------------------- config.json
+
+TINY = {
+    "model_type": "glm4_moe", "vocab_size": 128, "hidden_size": 32, "intermediate_size": 64,
+    "moe_intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 64,
+    "attention_bias": True, "partial_rotary_factor": 0.5, "rope_theta": 10000.0,
+    "first_k_dense_replace": 1, "n_routed_experts": 8, "num_experts_per_tok": 2,
+    "n_shared_experts": 1, "n_group": 2, "topk_group": 1, "norm_topk_prob": True,
+    "routed_scaling_factor": 1.0, "hidden_act": "silu", "tie_word_embeddings": False,
+    "rope_scaling": None, "eos_token_id": [1, 2], "num_nextn_predict_layers": 1,
+}
+
+
+def config_file(name, **changes):
+    c = dict(TINY)
+    for k, v in changes.items():
+        if v is KeyError:
+            c.pop(k, None)
+        else:
+            c[k] = v
+    return write(name + ".json", json.dumps(c))
+
+
+def dry(*args):
+    rc, out, err = run("train", "--dry-run", *args, check=0)
+    return json.loads(out)
+
+
+@test
+def train_config_valid_and_param_count():
+    d = dry("--config", config_file("ok"), *FAST)
+    H, V, I, Im, E = 32, 128, 64, 16, 8
+    attn = 2 * H + (4 * 8 + 2 * 2 * 8) * H + H * 4 * 8 + (4 * 8 + 2 * 2 * 8)
+    dense = attn + 3 * H * I
+    moe = attn + E * (H + 1) + 3 * H * Im * (E + 1)
+    assert d["params"] == 2 * V * H + H + dense + moe, d
+
+
+@test
+def train_config_rope_forms():
+    # transformers 5: rope_parameters only; 4.x: top level; both agreeing
+    rp = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
+    dry("--config", config_file("rp", rope_theta=KeyError, partial_rotary_factor=KeyError,
+                                rope_parameters=rp), *FAST)
+    dry("--config", config_file("rp2", rope_parameters=rp), *FAST)
+    expect_train_error("--config", config_file("rp3", rope_theta=5e5, rope_parameters=rp),
+                       needles=("rope_theta",))
+    expect_train_error("--config", config_file("rs", rope_scaling={"rope_type": "yarn", "factor": 4.0}),
+                       needles=("rope_scaling",))
+
+
+BAD_CONFIGS = [
+    ("heads_kv", {"num_key_value_heads": 3}, ("num_attention_heads", "num_key_value_heads")),
+    ("kv_gt_heads", {"num_key_value_heads": 8}, ("num_key_value_heads", "8")),
+    ("experts_group", {"n_group": 3}, ("n_routed_experts", "n_group")),
+    ("topk_group", {"topk_group": 3}, ("topk_group", "3")),
+    ("topk_too_many", {"num_experts_per_tok": 5}, ("num_experts_per_tok", "5")),
+    ("act", {"hidden_act": "gelu"}, ("hidden_act", "gelu")),
+    ("tied", {"tie_word_embeddings": True}, ("tie_word_embeddings",)),
+    ("zero_hidden", {"hidden_size": 0}, ("hidden_size", "0")),
+    ("huge_vocab", {"vocab_size": 1 << 30}, ("vocab_size",)),
+    ("neg_layers", {"num_hidden_layers": -1}, ("num_hidden_layers",)),
+    ("dense_gt_layers", {"first_k_dense_replace": 3}, ("first_k_dense_replace", "3")),
+    ("string_size", {"hidden_size": "32"}, ("hidden_size", "integer")),
+    ("bool_type", {"attention_bias": 1}, ("attention_bias",)),
+    ("rotary_odd", {"partial_rotary_factor": 0.375}, ("partial_rotary_factor",)),
+    ("rotary_zero", {"partial_rotary_factor": 0.0}, ("partial_rotary_factor",)),
+    ("eps", {"rms_norm_eps": -1.0}, ("rms_norm_eps",)),
+    ("theta", {"rope_theta": 0.5}, ("rope_theta",)),
+    ("dropout", {"attention_dropout": 0.1}, ("attention_dropout",)),
+    ("model_type", {"model_type": "llama"}, ("model_type",)),
+    ("scaling", {"routed_scaling_factor": 0.0}, ("routed_scaling_factor",)),
+]
+
+
+@test
+def train_config_range_errors():
+    for name, change, needles in BAD_CONFIGS:
+        f = config_file("bad_" + name, **change)
+        line = expect_train_error("--config", f, *FAST, needles=needles)
+        assert f in line, (name, line)
+
+
+@test
+def train_config_defaults_are_full_size():
+    # absent fields take Glm4MoeConfig's defaults: the 100B-parameter model
+    f = write("defaults.json", '{"model_type": "glm4_moe", "head_dim": 128}')
+    expect_train_error("--config", f, needles=("parameters", "limit"))
+
+
+@test
+def train_config_bad_json():
+    expect_train_error("--config", write("badjson.json", '{"vocab_size": 12,'), needles=("invalid JSON",))
+    expect_train_error("--config", write("array.json", "[1, 2]"), needles=("object",))
+    expect_train_error("--config", write("dup.json", '{"vocab_size": 12, "vocab_size": 13}'))
+    expect_train_error("--config", tpath("missing.json"), needles=("missing.json",))
+
+
+# ------------------------------------------------------------- token data
+
+
+def npy_bytes(arr, version=(1, 0), descr=None, fortran=False, shape=None, extra=b"", cut=0):
+    descr = descr or arr.dtype.str
+    shape = arr.shape if shape is None else shape
+    h = "{'descr': '%s', 'fortran_order': %s, 'shape': %s, }" % (descr, fortran, repr(tuple(shape)))
+    pre = 10 if version[0] == 1 else 12
+    pad = (64 - (pre + len(h) + 1) % 64) % 64
+    h = (h + " " * pad + "\n").encode()
+    lenb = struct.pack("<H", len(h)) if version[0] == 1 else struct.pack("<I", len(h))
+    data = b"\x93NUMPY" + bytes(version) + lenb + h + arr.tobytes() + extra
+    return data[:len(data) - cut] if cut else data
+
+
+@test
+def train_data_npy_accepted():
+    rng = np.random.default_rng(3)
+    for dt in ("<i2", "<u2", "<i4", "<u4", "<i8"):
+        a = rng.integers(0, 256, 200, dtype=np.int64).astype(dt)
+        f = tpath("ok_%s.npy" % dt[1:])
+        np.save(f, a)
+        d = dry("--data", f, "--seq-len", "16", "--global-batch", "2", "--steps", "2")
+        assert d["data"]["kind"] == "npy" and d["data"]["tokens"] == 200, d
+        assert d["data"]["sequences"] == (200 - 1) // 16
+    for v in ((2, 0), (3, 0)):
+        f = write("v%d.npy" % v[0], npy_bytes(np.arange(100, dtype="<i4"), version=v))
+        assert dry("--data", f, "--seq-len", "8", "--global-batch", "2")["data"]["tokens"] == 100
+
+
+@test
+def train_data_npy_errors():
+    a = np.arange(100, dtype="<i4")
+    cases = [
+        ("magic", b"\x93NUMPX" + npy_bytes(a)[6:], ("magic",)),
+        ("version", npy_bytes(a, version=(4, 0)), ("version 4",)),
+        ("float", npy_bytes(a.astype("<f4")), ("dtype", "<f4")),
+        ("bigendian", npy_bytes(a.astype(">i4")), (">i4",)),
+        ("u8", npy_bytes(a.astype("<u8")), ("<u8",)),
+        ("fortran", npy_bytes(a, fortran=True), ("fortran_order",)),
+        ("2d", npy_bytes(a.reshape(10, 10)), ("1-D",)),
+        ("scalar", npy_bytes(np.array(5, dtype="<i4")), ("1-D",)),
+        ("truncated", npy_bytes(a, cut=7), ("truncated",)),
+        ("extra", npy_bytes(a, extra=b"\0\0\0\0"), ("after its array",)),
+        ("hdrlen", b"\x93NUMPY\x01\x00\xff\xff{", ("header length",)),
+        ("nodict", b"\x93NUMPY\x01\x00\x04\x00abc\n", ("dict",)),
+        ("bigshape", npy_bytes(a, shape=(2 ** 62,)), ("truncated",)),
+        ("hugeint", npy_bytes(a, shape=(10 ** 30,)), ("shape",)),
+    ]
+    for name, content, needles in cases:
+        f = write("bad_%s.npy" % name, content)
+        line = expect_train_error("--data", f, *FAST, needles=needles)
+        assert f in line, (name, line)
+
+
+@test
+def train_data_id_range():
+    a = np.arange(300, dtype="<i4") % 128
+    a[77] = 128  # == vocab_size of TINY
+    f = tpath("oob.npy")
+    np.save(f, a)
+    expect_train_error("--config", config_file("vocab"), "--data", f, *FAST,
+                       needles=("token id 128", "index 77"))
+    b = np.arange(300, dtype="<i2") % 100
+    b[5] = -3
+    f = tpath("neg.npy")
+    np.save(f, b)
+    expect_train_error("--config", config_file("vocab2"), "--data", f, *FAST, needles=("token id -3",))
+
+
+@test
+def train_data_bin():
+    a = (np.arange(1001) % 128).astype("<u2")
+    f = write("ok.bin", a.tobytes())
+    d = dry("--config", config_file("bin"), "--data", f, *FAST)
+    assert d["data"]["kind"] == "bin" and d["data"]["tokens"] == 1001, d
+    expect_train_error("--data", write("odd.bin", a.tobytes() + b"\0"), *FAST, needles=("odd size",))
+    expect_train_error("--data", write("tokens.dat", a.tobytes()), *FAST, needles=(".bin",))
+    expect_train_error("--data", write("empty.bin", b""), *FAST, needles=("empty",))
+    expect_train_error("--data", write("short.bin", a[:16].tobytes()), *FAST, needles=("fewer",))
+    expect_train_error("--data", tpath("nonexistent.bin"), *FAST, needles=("nonexistent.bin",))
+    big = np.array([0, 1, 60000], dtype="<u2")
+    expect_train_error("--config", config_file("binv"), "--data",
+                       write("oob.bin", np.tile(big, 20).tobytes()), *FAST, needles=("60000",))
+
+
+# ------------------------------------------------------------- data order
+
+
+def mix(z):
+    z = (z + 0x9E3779B97F4A7C15) & M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
+    return z ^ (z >> 31)
+
+
+def rand(seed, d, i):
+    return mix(mix(mix(seed) ^ d) ^ i)
+
+
+def rand3(seed, d, a, b):
+    return mix(rand(seed, d, a) ^ b)
+
+
+def perm(seed, epoch, n):
+    p = list(range(n))
+    for i in range(n - 1, 0, -1):
+        j = (rand3(seed, 4, epoch, i) * (i + 1)) >> 64
+        p[i], p[j] = p[j], p[i]
+    return p
+
+
+def order(nseq, B, steps, seed=0, shuffle=False, first=0):
+    out = []
+    for s in range(first, steps):
+        row = []
+        for b in range(B):
+            g = s * B + b
+            row.append(perm(seed, g // nseq, nseq)[g % nseq] if shuffle else g % nseq)
+        out.append(row)
+    return out
+
+
+@test
+def train_data_order():
+    a = (np.arange(16 * 7 + 5) % 128).astype("<u2")  # 7 whole sequences of 16 + 1
+    f = write("order.bin", a.tobytes())
+    cfg = config_file("order")
+    for B, steps in ((4, 5), (3, 6), (7, 2), (10, 3)):
+        d = dry("--config", cfg, "--data", f, "--seq-len", "16", "--global-batch", str(B),
+                "--steps", str(steps))
+        assert d["data"]["sequences"] == 7
+        assert d["order"] == order(7, B, steps), (B, steps, d["order"])
+        for seed in (0, 1, 12345678901234567):
+            d = dry("--config", cfg, "--data", f, "--seq-len", "16", "--global-batch", str(B),
+                    "--steps", str(steps), "--shuffle", "--seed", str(seed))
+            assert d["order"] == order(7, B, steps, seed, True), (B, steps, seed, d["order"])
+            for row_epoch in range(2):
+                seqs = [x for r in d["order"] for x in r][7 * row_epoch:7 * row_epoch + 7]
+                if len(seqs) == 7:
+                    assert sorted(seqs) == list(range(7))  # each epoch a permutation
+
+
+@test
+def train_synthetic_entropy():
+    d = dry(*FAST)
+    assert d["data"]["kind"] == "synthetic" and d["data"]["tokens"] == (1 << 20) + 1, d
+    assert d["data"]["entropy_bits"] == 1.984375, d
+    import math
+    assert abs(float.fromhex(d["data"]["entropy_rate"]) - 1.984375 * math.log(2)) < 1e-15
+    tiny = dry("--config", config_file("v3", vocab_size=3), *FAST)  # K = 2 offsets: 1 bit
+    assert tiny["data"]["entropy_bits"] == 1.0, tiny
+
+
+# ------------------------------------------------------------- layout, flags
+
+
+@test
+def train_layout_errors():
+    expect_train_error("--global-batch", "6", "--micro-batches", "4", needles=("--micro-batches 4", "6"))
+    expect_train_error("--ep", "2", needles=("--ep", "not yet supported"))
+    expect_train_error("--mode", "fast", needles=("--mode", "fast"))
+    expect_train_error("--steps", "-1", needles=("--steps",))
+    expect_train_error("--lr", "nan", needles=("--lr",))
+    expect_train_error("--global-batch", "0", needles=("--global-batch",))
+    expect_train_error("--bogus", needles=("--bogus",))
+    expect_train_error("--steps", needles=("needs a value",), outputs=False)
+    expect_train_error("--config", config_file("maxpos"), "--seq-len", "65", needles=("max_position_embeddings",))
+    d = tpath("foreign_dir")
+    os.makedirs(d, exist_ok=True)
+    write("foreign_dir/notes.txt", "mine")
+    expect_train_error("--save", d, needles=("notes.txt",), outputs=False)
+    expect_train_error("--save", tpath("no/such/dir"), needles=("parent",), outputs=False)
+    expect_train_error("--record", tpath("no/such/r.jsonl"), needles=("--record",), outputs=False)
+
+
+# ------------------------------------------------------------- runs (need the model)
+
+
+def train_run(*args):
+    rc, out, err = run("train", *FAST, "--json", *args, check=0)
+    return json.loads(out)
+
+
+def records(f):
+    with open(f) as fh:
+        return [json.loads(l) for l in fh if l.strip()]
+
+
+@test
+def train_run_record_and_resume():
+    ra, rb, ck = tpath("run_a.jsonl"), tpath("run_b.jsonl"), tpath("run_ckpt")
+    train_run("--steps", "4", "--record", ra)
+    A = records(ra)
+    assert [r["step"] for r in A] == [0, 1, 2, 3]
+    for r in A:
+        for k in ("loss", "grad_norm", "grad_norm_dense", "grad_norm_expert", "clip_coef", "lr"):
+            float.fromhex(r[k])
+        assert r["tokens"] == 4 * 16 and r["loss_hash"].startswith("xxh3:")
+        n, d, e = (float.fromhex(r[k]) for k in ("grad_norm", "grad_norm_dense", "grad_norm_expert"))
+        assert abs(n * n - d * d - e * e) <= 1e-12 * n * n
+    train_run("--steps", "2", "--save", ck)
+    train_run("--steps", "4", "--resume", ck, "--record", rb)
+    B = records(rb)
+    assert [r["step"] for r in B] == [2, 3]
+    assert B == A[2:], (A[2:], B)
+    rc, out, err = run("diff", ra, rb)
+    assert rc == 1 and "0 differ" in out, out  # steps 0, 1 only in A; the rest identical
+
+
+@test
+def train_run_layouts_identical():
+    base = None
+    for args in ((), ("--micro-batches", "2"), ("--micro-batches", "4"), ("--threads", "1"),
+                 ("--threads", "3", "--micro-batches", "2")):
+        f = tpath("layout.jsonl")
+        train_run("--steps", "2", "--record", f, *args)
+        rows = records(f)
+        if base is None:
+            base = rows
+        assert rows == base, (args, rows, base)
+
+
+@test
+def train_run_checkpoint_deterministic_and_loadable():
+    c1, c2 = tpath("det1"), tpath("det2")
+    train_run("--steps", "1", "--save", c1)
+    train_run("--steps", "1", "--save", c2, "--threads", "2", "--micro-batches", "2")
+    for name in ("model.safetensors", "optimizer.safetensors", "config.json", "trainer_state.json"):
+        with open(os.path.join(c1, name), "rb") as a, open(os.path.join(c2, name), "rb") as b:
+            assert a.read() == b.read(), name
+    from safetensors.numpy import load_file
+    m = load_file(os.path.join(c1, "model.safetensors"))
+    o = load_file(os.path.join(c1, "optimizer.safetensors"))
+    assert "lm_head.weight" in m and "model.embed_tokens.weight" in m
+    assert all(v.dtype == np.float32 for v in m.values())
+    trained = [k for k in m if not k.endswith("e_score_correction_bias")]
+    assert sorted(o) == sorted([k + ".exp_avg" for k in trained] + [k + ".exp_avg_sq" for k in trained])
+    with open(os.path.join(c1, "config.json")) as fh:
+        cfg = json.load(fh)
+    assert cfg["model_type"] == "glm4_moe" and cfg["architectures"] == ["Glm4MoeForCausalLM"]
+    assert cfg["rope_parameters"]["rope_theta"] == cfg["rope_theta"]
+    # save over an existing checkpoint: replaced atomically, no temporary left
+    train_run("--steps", "2", "--save", c1)
+    with open(os.path.join(c1, "trainer_state.json")) as fh:
+        assert json.load(fh)["step"] == 2
+    assert not [f for f in os.listdir(Ctx.tmp) if f.startswith("train_det1.tmp")]
+
+
+@test
+def train_run_dump_grads_norm():
+    g, r = tpath("grads.safetensors"), tpath("grads.jsonl")
+    train_run("--steps", "2", "--dump-grads", g, "--record", r, "--clip", "0")
+    last = records(r)[-1]
+    d = run_json("norm", g, "--no-progress")
+    assert d["total_norm_hex"] == last["grad_norm"], (d["total_norm_hex"], last["grad_norm"])
+    assert float.fromhex(last["clip_coef"]) == 1.0
+
+
+def rewrite_safetensors(src, dst, edit):
+    from safetensors.numpy import load_file, save_file
+    t = load_file(src)
+    edit(t)
+    save_file(t, dst, metadata={"format": "pt"})
+
+
+@test
+def train_run_resume_mismatch():
+    ck = tpath("mm_ckpt")
+    train_run("--steps", "1", "--save", ck)
+    import shutil
+
+    def variant(name, fn):
+        d = tpath("mm_" + name)
+        shutil.rmtree(d, ignore_errors=True)
+        shutil.copytree(ck, d)
+        fn(d)
+        return d
+
+    def model_edit(edit):
+        return lambda d: rewrite_safetensors(os.path.join(d, "model.safetensors"),
+                                             os.path.join(d, "model.safetensors"), edit)
+
+    def rename(t):
+        t["lm_head.weightX"] = t.pop("lm_head.weight")
+
+    def reshape(t):
+        t["lm_head.weight"] = t["lm_head.weight"][:-1]
+
+    def retype(t):
+        t["lm_head.weight"] = t["lm_head.weight"].astype(np.float64)
+
+    def extra(t):
+        t["model.extra.weight"] = np.zeros(3, dtype=np.float32)
+
+    cases = [
+        ("rename", model_edit(rename), ("lm_head.weight", "missing")),
+        ("shape", model_edit(reshape), ("lm_head.weight", "shape")),
+        ("dtype", model_edit(retype), ("lm_head.weight", "F64")),
+        ("extra", model_edit(extra), ("model.extra.weight",)),
+        ("nooptim", lambda d: os.remove(os.path.join(d, "optimizer.safetensors")), ("optimizer.safetensors",)),
+        ("corrupt", lambda d: open(os.path.join(d, "model.safetensors"), "r+b").write(b"\xff" * 8),
+         ("model.safetensors",)),
+        ("state", lambda d: open(os.path.join(d, "trainer_state.json"), "w").write("{}"), ("trainer_state.json",)),
+    ]
+    for name, fn, needles in cases:
+        d = variant(name, fn)
+        expect_train_error("--steps", "2", *FAST, "--resume", d, needles=needles)
+    expect_train_error("--steps", "2", *FAST, "--resume", ck, "--seed", "7", needles=("--seed",))
+    expect_train_error("--steps", "2", "--seq-len", "8", "--global-batch", "4", "--resume", ck,
+                       needles=("--seq-len",))
+    expect_train_error("--steps", "0", *FAST, "--resume", ck, needles=("--steps 0",))
+    expect_train_error("--steps", "2", *FAST, "--resume", ck, "--config", config_file("other"),
+                       needles=("differs",))
+
+
+def mpirun_train(np_, *args):
+    import shutil
+    import subprocess
+    if not Ctx.mpi:
+        raise Skip("built without MPI")
+    mpirun = shutil.which("mpirun")
+    if not mpirun:
+        raise Skip("no mpirun")
+    cmd = [mpirun, "--oversubscribe", "-np", str(np_)]
+    if os.geteuid() == 0:
+        cmd.insert(1, "--allow-run-as-root")
+    env = dict(os.environ, ASAN_OPTIONS="detect_leaks=0:" + os.environ.get("ASAN_OPTIONS", ""))
+    return subprocess.run(cmd + [Ctx.bin, "train", *map(str, args)], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, timeout=600, env=env)
+
+
+@test
+def train_run_under_mpi_identical():
+    one, two, ck1, ck2 = tpath("mpi1.jsonl"), tpath("mpi2.jsonl"), tpath("mpi_ck1"), tpath("mpi_ck2")
+    train_run("--steps", "2", "--record", one, "--save", ck1)
+    p = mpirun_train(2, *FAST, "--steps", "2", "--record", two, "--save", ck2, "--micro-batches", "2")
+    assert p.returncode == 0, p.stderr.decode()[-2000:]
+    assert records(one) == records(two), (records(one), records(two))
+    for name in ("model.safetensors", "optimizer.safetensors"):
+        with open(os.path.join(ck1, name), "rb") as a, open(os.path.join(ck2, name), "rb") as b:
+            assert a.read() == b.read(), name
+    p = mpirun_train(2, "--global-batch", "3", "--record", tpath("mpi_bad.jsonl"))
+    err = p.stderr.decode()
+    assert p.returncode != 0 and "does not divide over 2 data-parallel ranks" in err, err
+    assert not os.path.exists(tpath("mpi_bad.jsonl"))
+
+
+@test
+def train_run_isas_identical():
+    base = None
+    for isa in ("portable", "avx2", "avx512"):
+        f = tpath("isa_%s.jsonl" % isa)
+        rc, out, err = run("train", *FAST, "--steps", "2", "--record", f,
+                           env=dict(os.environ, BX_ISA=isa))
+        if rc != 0 and isa != "portable" and "ISA" in err:
+            continue  # this CPU cannot run it
+        assert rc == 0, (isa, err)
+        rows = records(f)
+        if base is None:
+            base = rows
+        assert rows == base, (isa, rows, base)
