@@ -18,85 +18,12 @@
 #include "math_det.h"
 #include "pool.h"
 #include "tensor.h"
+#include "train_check.h"
 #include "workspace.h"
 
 #define ATTN_ROWS 32 /* about this many positions per forward piece (speed only) */
 
 /* ---- checks ----------------------------------------------------------------- */
-
-static int host_readable(DLDeviceType dev) {
-  return dev == kDLCPU || dev == kDLCUDAHost || dev == kDLCUDAManaged;
-}
-
-typedef struct attn_span {
-  float *data;
-  size_t rows, cols; /* rows: all dimensions but the last (stats: T) */
-  size_t n;          /* elements */
-} attn_span;
-
-/* One tensor alone: present, host, fp32, 2-D or 3-D (stats 3-D), row-major
- * contiguous, aligned, data present. */
-static bx_status check_one(const char *fn, size_t idx, const bx_attn_arg *a, attn_span *sp) {
-  const DLTensor *t = a->t;
-  const char *nm = a->name;
-  if (!t) return bx_fail_at(BX_EINVAL, -1, BX_NO_GROUP, idx, "%s: tensor %zu (%s) is NULL", fn, idx, nm);
-  if (!host_readable(t->device.device_type))
-    return bx_fail_at(BX_EDEVICE, -1, BX_NO_GROUP, idx,
-                      "%s: tensor %zu (%s) is on device type %d, not host memory", fn, idx, nm,
-                      (int)t->device.device_type);
-  if (t->dtype.code != kDLFloat || t->dtype.bits != 32 || t->dtype.lanes != 1)
-    return bx_fail_at(BX_EDTYPE, -1, BX_NO_GROUP, idx,
-                      "%s: tensor %zu (%s) has dtype code %u bits %u lanes %u; want float32", fn,
-                      idx, nm, (unsigned)t->dtype.code, (unsigned)t->dtype.bits,
-                      (unsigned)t->dtype.lanes);
-  int want3 = a->kind == BX_ATTN_STATS;
-  if (want3 ? t->ndim != 3 : (t->ndim < 2 || t->ndim > 3))
-    return bx_fail_at(BX_EINVAL, -1, BX_NO_GROUP, idx,
-                      "%s: tensor %zu (%s) has %d dimensions, want %s", fn, idx, nm, t->ndim,
-                      want3 ? "3 ([T, num_heads, 2])" : "2 ([T, F]) or 3 ([B, L, F])");
-  if (!t->shape)
-    return bx_fail_at(BX_EINVAL, -1, BX_NO_GROUP, idx, "%s: tensor %zu (%s) has no shape", fn, idx, nm);
-  size_t n = 1;
-  for (int d = 0; d < t->ndim; d++) {
-    if (t->shape[d] < 0)
-      return bx_fail_at(BX_EINVAL, -1, BX_NO_GROUP, idx,
-                        "%s: tensor %zu (%s): shape[%d] = %lld is negative", fn, idx, nm, d,
-                        (long long)t->shape[d]);
-    size_t e = (size_t)t->shape[d];
-    if (e && n > (SIZE_MAX / 16) / e)
-      return bx_fail_at(BX_EINVAL, -1, BX_NO_GROUP, idx, "%s: tensor %zu (%s): too many elements",
-                        fn, idx, nm);
-    n *= e;
-  }
-  if (t->strides) {
-    int64_t want = 1;
-    for (int d = t->ndim - 1; d >= 0; d--) {
-      if (t->shape[d] != 1 && t->strides[d] != want)
-        return bx_fail_at(BX_ELAYOUT, -1, BX_NO_GROUP, idx,
-                          "%s: tensor %zu (%s) is not row-major contiguous: strides[%d] = %lld, "
-                          "want %lld", fn, idx, nm, d, (long long)t->strides[d], (long long)want);
-      want *= t->shape[d];
-    }
-  }
-  if (n && !t->data)
-    return bx_fail_at(BX_EINVAL, -1, BX_NO_GROUP, idx, "%s: tensor %zu (%s): data is NULL", fn, idx, nm);
-  char *p = (char *)t->data + t->byte_offset;
-  if ((uintptr_t)p % 4)
-    return bx_fail_at(BX_ELAYOUT, -1, BX_NO_GROUP, idx,
-                      "%s: tensor %zu (%s): data + byte_offset is not aligned to 4 bytes", fn, idx, nm);
-  sp->data = (float *)p;
-  sp->n = n;
-  sp->cols = (size_t)t->shape[t->ndim - 1];
-  sp->rows = want3 ? (size_t)t->shape[0]
-                   : (t->ndim == 3 ? (size_t)t->shape[0] * (size_t)t->shape[1] : (size_t)t->shape[0]);
-  return BX_OK;
-}
-
-static int spans_overlap(const attn_span *x, const attn_span *y) {
-  if (!x->n || !y->n) return 0;
-  uintptr_t x0 = (uintptr_t)x->data, y0 = (uintptr_t)y->data;
-  return x0 < y0 + 4 * y->n && y0 < x0 + 4 * x->n;
-}
 
 bx_status bx_attn_check(const char *fn, const bx_attention_opts *opts, int64_t seq_len,
                         int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
@@ -117,12 +44,16 @@ bx_status bx_attn_check(const char *fn, const bx_attention_opts *opts, int64_t s
   if ((uint64_t)num_heads * (uint64_t)head_dim > ((uint64_t)1 << 31))
     return bx_fail(BX_EINVAL, "%s: num_heads * head_dim = %lld is too large", fn,
                    (long long)(num_heads * head_dim));
-  attn_span sp[8];
-  memset(sp, 0, sizeof sp);
+  bx_tc_tensor sp[8];
+  const bx_tc_tensor *all[8];
   if (nargs == 0 || nargs > 8) return bx_fail(BX_EINVAL, "%s: internal: too many tensors", fn);
   for (size_t i = 0; i < nargs; i++) {
-    bx_status st = check_one(fn, i, &args[i], &sp[i]);
+    int stats = args[i].kind == BX_ATTN_STATS;
+    bx_status st = bx_tc_check(fn, i, args[i].name, args[i].t, BX_TC_F32, stats ? 3 : 2, 3, NULL,
+                               args[i].writable, &sp[i]);
     if (st != BX_OK) return st;
+    if (stats) sp[i].rows = (size_t)sp[i].dim[0]; /* [T, num_heads, 2]: T rows */
+    all[i] = &sp[i];
   }
   size_t L = (size_t)seq_len, Hq = (size_t)num_heads, Hkv = (size_t)num_kv_heads, D = (size_t)head_dim;
   size_t T = sp[0].rows;
@@ -153,14 +84,8 @@ bx_status bx_attn_check(const char *fn, const bx_attention_opts *opts, int64_t s
     return bx_fail_at(BX_EINVAL, -1, BX_NO_GROUP, 0,
                       "%s: tensor 0 (%s): T = %zu tokens is not a multiple of seq_len = %zu "
                       "(T = B * L)", fn, args[0].name, T, L);
-  for (size_t i = 0; i < nargs; i++) {
-    if (!args[i].writable) continue;
-    for (size_t j = 0; j < nargs; j++)
-      if (j != i && spans_overlap(&sp[i], &sp[j]))
-        return bx_fail_at(BX_ELAYOUT, -1, BX_NO_GROUP, i,
-                          "%s: tensor %zu (%s) overlaps tensor %zu (%s)", fn, i, args[i].name, j,
-                          args[j].name);
-  }
+  bx_status st = bx_tc_overlap(fn, all, nargs);
+  if (st != BX_OK) return st;
   for (size_t i = 0; i < nargs; i++) data[i] = sp[i].data;
   g->T = T;
   g->L = L;

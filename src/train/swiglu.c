@@ -9,12 +9,13 @@
  */
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "abi.h"
 #include "bitexact_train.h"
 #include "call.h"
 #include "error.h"
-#include "layers_internal.h"
+#include "train_check.h"
 #include "math_det.h"
 #include "pool.h"
 
@@ -66,19 +67,22 @@ static bx_status opts_threads(const char *fn, const bx_swiglu_opts *opts, int *t
 
 static void run(swiglu_job *j, int threads, bx_task_fn fn) {
   if (!j->rows || !j->f) return;
-  j->piece = bx_layer_piece_rows(j->f);
+  j->piece = bx_tc_piece_rows(j->f);
   size_t pieces = (j->rows + j->piece - 1) / j->piece;
-  bx_parallel_run(bx_layer_threads(threads, pieces), pieces, fn, j);
+  bx_parallel_run(bx_tc_threads(threads, pieces), pieces, fn, j);
 }
 
 /* the checks of count tensors: all fp32, 1-3 dimensions; shape of each
  * against tensor 0's rows and cols[i]; overlap rules */
 static bx_status check_all(const char *fn, const DLTensor *const *ts, const char *const *names,
                            size_t count, const size_t *cols_mult, const int *writable,
-                           const int *inplace, bx_layer_arg *a) {
+                           const int *inplace, bx_tc_tensor *a) {
   bx_status st = BX_OK;
-  for (size_t i = 0; st == BX_OK && i < count; i++)
-    st = bx_layer_check(fn, i, names[i], ts[i], BX_LAYER_F32, 1, 3, &a[i]);
+  memset(a, 0, count * sizeof *a);
+  for (size_t i = 0; st == BX_OK && i < count; i++) {
+    st = bx_tc_check(fn, i, names[i], ts[i], BX_TC_F32, 1, 3, NULL, writable[i], &a[i]);
+    a[i].inplace = inplace[i];
+  }
   if (st != BX_OK) return st;
   /* tensor 0 has cols_mult[0] * F columns */
   if (a[0].cols % cols_mult[0])
@@ -87,11 +91,12 @@ static bx_status check_all(const char *fn, const DLTensor *const *ts, const char
                       names[0], a[0].cols);
   size_t f = a[0].cols / cols_mult[0];
   for (size_t i = 1; st == BX_OK && i < count; i++)
-    st = bx_layer_shape(fn, &a[i], a[0].rows, f * cols_mult[i],
+    st = bx_tc_shape(fn, &a[i], a[0].rows, f * cols_mult[i],
                         cols_mult[i] == 2 ? "[T, 2F] =" : "[T, F] =");
   if (st != BX_OK) return st;
-  const size_t es[5] = {4, 4, 4, 4, 4};
-  return bx_layer_overlap(fn, a, es, count, writable, inplace);
+  const bx_tc_tensor *all[5];
+  for (size_t i = 0; i < count; i++) all[i] = &a[i];
+  return bx_tc_overlap(fn, all, count);
 }
 
 bx_status bx_swiglu_forward(const DLTensor *gate, const DLTensor *up, DLTensor *h,
@@ -109,7 +114,7 @@ bx_status bx_swiglu_forward(const DLTensor *gate, const DLTensor *up, DLTensor *
   const int writable[3] = {0, 0, 1};
   /* h may be gate or up exactly: checked as "h in place of gate", then up */
   int inplace[3] = {-1, -1, 0};
-  bx_layer_arg a[3];
+  bx_tc_tensor a[3];
   st = check_all(fn, ts, names, 3, mult, writable, inplace, a);
   if (st == BX_ELAYOUT && a[2].data == a[1].data && a[2].n == a[1].n) {
     inplace[2] = 1;
@@ -141,7 +146,7 @@ bx_status bx_swiglu_forward_fused(const DLTensor *gate_up, DLTensor *h,
   const char *names[2] = {"gate_up", "h"};
   const size_t mult[2] = {2, 1};
   const int writable[2] = {0, 1}, inplace[2] = {-1, -1};
-  bx_layer_arg a[2];
+  bx_tc_tensor a[2];
   st = check_all(fn, ts, names, 2, mult, writable, inplace, a);
   if (st == BX_OK) {
     swiglu_job j = {0};
@@ -171,7 +176,7 @@ bx_status bx_swiglu_backward(const DLTensor *gate, const DLTensor *up, const DLT
   const char *names[5] = {"gate", "up", "dh", "dgate", "dup"};
   const size_t mult[5] = {1, 1, 1, 1, 1};
   const int writable[5] = {0, 0, 0, 1, 1}, inplace[5] = {-1, -1, -1, 0, 1};
-  bx_layer_arg a[5];
+  bx_tc_tensor a[5];
   st = check_all(fn, ts, names, 5, mult, writable, inplace, a);
   if (st == BX_OK) {
     swiglu_job j = {0};
@@ -201,7 +206,7 @@ bx_status bx_swiglu_backward_fused(const DLTensor *gate_up, const DLTensor *dh,
   const char *names[3] = {"gate_up", "dh", "dgate_up"};
   const size_t mult[3] = {2, 1, 2};
   const int writable[3] = {0, 0, 1}, inplace[3] = {-1, -1, 0};
-  bx_layer_arg a[3];
+  bx_tc_tensor a[3];
   st = check_all(fn, ts, names, 3, mult, writable, inplace, a);
   if (st == BX_OK) {
     swiglu_job j = {0};
