@@ -8,6 +8,7 @@
  * thread count.
  */
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,15 +23,11 @@
 
 #define ROWS 16 /* rows (or tokens) per task */
 
-static bx_status dispatch_opts(const char *fn, const bx_moe_dispatch_opts *opts, int *threads) {
-  bx_status st = opts ? bx_check_struct_size(fn, "opts->struct_size", opts->struct_size,
-                                             sizeof(bx_moe_dispatch_opts), "bx_moe_dispatch_opts",
-                                             "BX_MOE_DISPATCH_OPTS_DEFAULT")
-                      : BX_OK;
-  if (st != BX_OK) return st;
-  *threads = opts ? opts->num_threads : 0;
-  if (*threads < 0) return bx_fail(BX_EINVAL, "%s: num_threads %d is negative", fn, *threads);
-  return BX_OK;
+/* struct_size (first), num_threads, then the call is entered */
+static bx_status enter(bx_call *c, const char *fn, const bx_moe_dispatch_opts *opts,
+                       int *threads) {
+  return bx_tc_enter(c, fn, opts, sizeof *opts, offsetof(bx_moe_dispatch_opts, num_threads),
+                     "bx_moe_dispatch_opts", "BX_MOE_DISPATCH_OPTS_DEFAULT", threads);
 }
 
 static size_t pieces_of(int64_t n) { return (size_t)(n / ROWS + (n % ROWS != 0)); }
@@ -60,21 +57,17 @@ bx_status bx_moe_dispatch_plan(const DLTensor *topk_ids, const DLTensor *token_i
                                const bx_moe_dispatch_opts *opts) {
   const char *fn = "bx_moe_dispatch_plan";
   int threads;
-  bx_status st = dispatch_opts(fn, opts, &threads);
-  if (st != BX_OK) return st;
   bx_call call;
-  st = bx_call_enter(&call, fn);
+  bx_status st = enter(&call, fn, opts, &threads);
   if (st != BX_OK) return st;
   bx_tc_tensor ti, tg, to, tr, tp;
   int have_g = token_ids != NULL;
-  int64_t any2[2] = {-1, -1};
-  if ((st = bx_tc_check(fn, 0, "topk_ids", topk_ids, BX_TC_IDS, 2, 2, any2, 0, &ti)) != BX_OK) goto done;
+  if ((st = bx_tc_check(fn, 0, "topk_ids", topk_ids, BX_TC_IDS, 2, 2, NULL, 0, &ti)) != BX_OK) goto done;
   int64_t T = ti.dim[0], k = ti.dim[1], R = T * k;
   int64_t wg[1] = {T};
   if (have_g && (st = bx_tc_check(fn, 1, "token_ids", token_ids, BX_TC_I64, 1, 1, wg, 0, &tg)) != BX_OK)
     goto done;
-  int64_t any1[1] = {-1};
-  if ((st = bx_tc_check(fn, 2, "offsets", offsets, BX_TC_I64, 1, 1, any1, 1, &to)) != BX_OK) goto done;
+  if ((st = bx_tc_check(fn, 2, "offsets", offsets, BX_TC_I64, 1, 1, NULL, 1, &to)) != BX_OK) goto done;
   int64_t E = to.dim[0] - 1;
   if (E < 1) {
     st = bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, 2, "%s: tensor 2 (offsets) has %lld elements, want E+1 >= 2",
@@ -136,13 +129,12 @@ bx_status bx_moe_dispatch_order(const DLTensor *expert_ids, const DLTensor *toke
   bx_status st = bx_call_enter(&call, fn);
   if (st != BX_OK) return st;
   bx_tc_tensor te, tg, to, tr;
-  int64_t any1[1] = {-1};
-  if ((st = bx_tc_check(fn, 0, "expert_ids", expert_ids, BX_TC_IDS, 1, 1, any1, 0, &te)) != BX_OK)
+  if ((st = bx_tc_check(fn, 0, "expert_ids", expert_ids, BX_TC_IDS, 1, 1, NULL, 0, &te)) != BX_OK)
     goto done;
   int64_t n = te.dim[0];
   int64_t wn[1] = {n};
   if ((st = bx_tc_check(fn, 1, "token_ids", token_ids, BX_TC_I64, 1, 1, wn, 0, &tg)) != BX_OK) goto done;
-  if ((st = bx_tc_check(fn, 2, "offsets", offsets, BX_TC_I64, 1, 1, any1, 1, &to)) != BX_OK) goto done;
+  if ((st = bx_tc_check(fn, 2, "offsets", offsets, BX_TC_I64, 1, 1, NULL, 1, &to)) != BX_OK) goto done;
   int64_t E = to.dim[0] - 1;
   if (E < 1) {
     st = bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, 2, "%s: tensor 2 (offsets) has %lld elements, want E+1 >= 2",
@@ -219,9 +211,8 @@ bx_status bx_moe_expert_chunks(const DLTensor *token_ids, int64_t chunk_tokens,
   bx_status st = bx_call_enter(&call, fn);
   if (st != BX_OK) return st;
   bx_tc_tensor tg, tb;
-  int64_t any1[1] = {-1};
-  if ((st = bx_tc_check(fn, 0, "token_ids", token_ids, BX_TC_I64, 1, 1, any1, 0, &tg)) != BX_OK) goto done;
-  if ((st = bx_tc_check(fn, 3, "bounds", bounds, BX_TC_I64, 1, 1, any1, 1, &tb)) != BX_OK) goto done;
+  if ((st = bx_tc_check(fn, 0, "token_ids", token_ids, BX_TC_I64, 1, 1, NULL, 0, &tg)) != BX_OK) goto done;
+  if ((st = bx_tc_check(fn, 3, "bounds", bounds, BX_TC_I64, 1, 1, NULL, 1, &tb)) != BX_OK) goto done;
   int64_t m = tb.dim[0] - 1, C = chunk_tokens;
   if (m < 0) {
     st = bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, 3, "%s: tensor 3 (bounds) is empty, want m+1 >= 1 elements", fn);
@@ -346,14 +337,11 @@ bx_status bx_moe_permute(const DLTensor *x, const DLTensor *row_map, DLTensor *x
                          const bx_moe_dispatch_opts *opts) {
   const char *fn = "bx_moe_permute";
   int threads;
-  bx_status st = dispatch_opts(fn, opts, &threads);
-  if (st != BX_OK) return st;
   bx_call call;
-  st = bx_call_enter(&call, fn);
+  bx_status st = enter(&call, fn, opts, &threads);
   if (st != BX_OK) return st;
   bx_tc_tensor tx, tr, ty;
-  int64_t any2[2] = {-1, -1};
-  if ((st = bx_tc_check(fn, 0, "x", x, BX_TC_F32, 2, 2, any2, 0, &tx)) != BX_OK) goto done;
+  if ((st = bx_tc_check(fn, 0, "x", x, BX_TC_F32, 2, 2, NULL, 0, &tx)) != BX_OK) goto done;
   int64_t T = tx.dim[0], H = tx.dim[1];
   int64_t wr[2] = {-1, 2};
   if ((st = bx_tc_check(fn, 1, "row_map", row_map, BX_TC_I64, 2, 2, wr, 0, &tr)) != BX_OK) goto done;
@@ -390,9 +378,9 @@ done:
  * numbers ir, ip; T and k from pos. */
 static bx_status plan_args(const char *fn, const DLTensor *row_map, const DLTensor *pos,
                            size_t ir, size_t ip, bx_tc_tensor *tr, bx_tc_tensor *tp) {
-  int64_t wr[2] = {-1, 2}, any2[2] = {-1, -1};
+  int64_t wr[2] = {-1, 2};
   bx_status st = bx_tc_check(fn, ir, "row_map", row_map, BX_TC_I64, 2, 2, wr, 0, tr);
-  if (st == BX_OK) st = bx_tc_check(fn, ip, "pos", pos, BX_TC_I64, 2, 2, any2, 0, tp);
+  if (st == BX_OK) st = bx_tc_check(fn, ip, "pos", pos, BX_TC_I64, 2, 2, NULL, 0, tp);
   return st;
 }
 
@@ -401,14 +389,11 @@ bx_status bx_moe_permute_backward(const DLTensor *dx_perm, const DLTensor *row_m
                                   const bx_moe_dispatch_opts *opts) {
   const char *fn = "bx_moe_permute_backward";
   int threads;
-  bx_status st = dispatch_opts(fn, opts, &threads);
-  if (st != BX_OK) return st;
   bx_call call;
-  st = bx_call_enter(&call, fn);
+  bx_status st = enter(&call, fn, opts, &threads);
   if (st != BX_OK) return st;
   bx_tc_tensor ty, tr, tp, tx;
-  int64_t any2[2] = {-1, -1};
-  if ((st = bx_tc_check(fn, 0, "dx_perm", dx_perm, BX_TC_F32, 2, 2, any2, 0, &ty)) != BX_OK) goto done;
+  if ((st = bx_tc_check(fn, 0, "dx_perm", dx_perm, BX_TC_F32, 2, 2, NULL, 0, &ty)) != BX_OK) goto done;
   if ((st = plan_args(fn, row_map, pos, 1, 2, &tr, &tp)) != BX_OK) goto done;
   int64_t T = tp.dim[0], k = tp.dim[1], H = ty.dim[1];
   int64_t wx[2] = {T, H};
@@ -433,16 +418,13 @@ bx_status bx_moe_unpermute(const DLTensor *y_perm, const DLTensor *weights,
                            DLTensor *out, const bx_moe_dispatch_opts *opts) {
   const char *fn = "bx_moe_unpermute";
   int threads;
-  bx_status st = dispatch_opts(fn, opts, &threads);
-  if (st != BX_OK) return st;
   bx_call call;
-  st = bx_call_enter(&call, fn);
+  bx_status st = enter(&call, fn, opts, &threads);
   if (st != BX_OK) return st;
   bx_tc_tensor ty, tw, tr, tp, ti, to;
   int have_i = initial != NULL;
-  int64_t any2[2] = {-1, -1};
-  if ((st = bx_tc_check(fn, 0, "y_perm", y_perm, BX_TC_F32, 2, 2, any2, 0, &ty)) != BX_OK) goto done;
-  if ((st = bx_tc_check(fn, 1, "weights", weights, BX_TC_F32, 2, 2, any2, 0, &tw)) != BX_OK) goto done;
+  if ((st = bx_tc_check(fn, 0, "y_perm", y_perm, BX_TC_F32, 2, 2, NULL, 0, &ty)) != BX_OK) goto done;
+  if ((st = bx_tc_check(fn, 1, "weights", weights, BX_TC_F32, 2, 2, NULL, 0, &tw)) != BX_OK) goto done;
   if ((st = plan_args(fn, row_map, pos, 2, 3, &tr, &tp)) != BX_OK) goto done;
   int64_t T = tp.dim[0], k = tp.dim[1], H = ty.dim[1];
   int64_t wtk[2] = {T, k}, wth[2] = {T, H};
@@ -477,15 +459,12 @@ bx_status bx_moe_unpermute_backward(const DLTensor *dout, const DLTensor *y_perm
                                     const bx_moe_dispatch_opts *opts) {
   const char *fn = "bx_moe_unpermute_backward";
   int threads;
-  bx_status st = dispatch_opts(fn, opts, &threads);
-  if (st != BX_OK) return st;
   bx_call call;
-  st = bx_call_enter(&call, fn);
+  bx_status st = enter(&call, fn, opts, &threads);
   if (st != BX_OK) return st;
   bx_tc_tensor td, ty, tw, tr, tp, tdy, tdw;
   int have_dy = dy_perm != NULL, have_dw = dweights != NULL;
-  int64_t any2[2] = {-1, -1};
-  if ((st = bx_tc_check(fn, 0, "dout", dout, BX_TC_F32, 2, 2, any2, 0, &td)) != BX_OK) goto done;
+  if ((st = bx_tc_check(fn, 0, "dout", dout, BX_TC_F32, 2, 2, NULL, 0, &td)) != BX_OK) goto done;
   int64_t T = td.dim[0], H = td.dim[1];
   int64_t wy[2] = {-1, H};
   if ((st = bx_tc_check(fn, 1, "y_perm", y_perm, BX_TC_F32, 2, 2, wy, 0, &ty)) != BX_OK) goto done;

@@ -8,6 +8,7 @@
  * not depend on the count.
  */
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "abi.h"
@@ -53,15 +54,10 @@ static void fwd_piece(void *ctx, size_t task, int worker) {
   }
 }
 
-static bx_status opts_threads(const char *fn, const bx_rmsnorm_opts *opts, int *threads) {
-  bx_status st = opts ? bx_check_struct_size(fn, "opts->struct_size", opts->struct_size,
-                                             sizeof(bx_rmsnorm_opts), "bx_rmsnorm_opts",
-                                             "BX_RMSNORM_OPTS_DEFAULT")
-                      : BX_OK;
-  if (st != BX_OK) return st;
-  *threads = opts ? opts->num_threads : 0;
-  if (*threads < 0) return bx_fail(BX_EINVAL, "%s: num_threads %d is negative", fn, *threads);
-  return BX_OK;
+/* struct_size (first), num_threads, then the call is entered */
+static bx_status enter(bx_call *c, const char *fn, const bx_rmsnorm_opts *opts, int *threads) {
+  return bx_tc_enter(c, fn, opts, sizeof *opts, offsetof(bx_rmsnorm_opts, num_threads),
+                     "bx_rmsnorm_opts", "BX_RMSNORM_OPTS_DEFAULT", threads);
 }
 
 /* H: 1 <= H <= 2^24 (fp32 converts it exactly) */
@@ -92,11 +88,9 @@ static bx_status check_rstd(const char *fn, const bx_tc_tensor *r, size_t rows) 
 bx_status bx_rmsnorm_forward(const DLTensor *x, const DLTensor *weight, double eps, DLTensor *y,
                              DLTensor *rstd, const bx_rmsnorm_opts *opts) {
   static const char *fn = "bx_rmsnorm_forward";
-  int threads = 0;
-  bx_status st = opts_threads(fn, opts, &threads); /* struct_size first */
-  if (st != BX_OK) return st;
+  int threads;
   bx_call c;
-  st = bx_call_enter(&c, fn);
+  bx_status st = enter(&c, fn, opts, &threads);
   if (st != BX_OK) return st;
   bx_tc_tensor a[4];
   size_t count = rstd ? 4 : 3;
@@ -177,11 +171,9 @@ bx_status bx_rmsnorm_backward(const DLTensor *x, const DLTensor *weight, const D
                               const DLTensor *rstd, int64_t chunk_tokens, DLTensor *dx,
                               DLTensor *dweight_partials, const bx_rmsnorm_opts *opts) {
   static const char *fn = "bx_rmsnorm_backward";
-  int threads = 0;
-  bx_status st = opts_threads(fn, opts, &threads); /* struct_size first */
-  if (st != BX_OK) return st;
+  int threads;
   bx_call c;
-  st = bx_call_enter(&c, fn);
+  bx_status st = enter(&c, fn, opts, &threads);
   if (st != BX_OK) return st;
   bx_tc_tensor a[6];
   size_t nchunks = 0;

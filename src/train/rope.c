@@ -8,6 +8,7 @@
  * and a - (-b) = a + b in IEEE arithmetic, so it is bit for bit the
  * transposed rotation the header states. Threads take whole tokens.
  */
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -82,16 +83,10 @@ static void table_piece(void *ctx, size_t task, int worker) {
   }
 }
 
-/* struct_size (first), num_threads */
-static bx_status opts_threads(const char *fn, const bx_rope_opts *opts, int *threads) {
-  bx_status st = opts ? bx_check_struct_size(fn, "opts->struct_size", opts->struct_size,
-                                             sizeof(bx_rope_opts), "bx_rope_opts",
-                                             "BX_ROPE_OPTS_DEFAULT")
-                      : BX_OK;
-  if (st != BX_OK) return st;
-  *threads = opts ? opts->num_threads : 0;
-  if (*threads < 0) return bx_fail(BX_EINVAL, "%s: num_threads %d is negative", fn, *threads);
-  return BX_OK;
+/* struct_size (first), num_threads, then the call is entered */
+static bx_status enter(bx_call *c, const char *fn, const bx_rope_opts *opts, int *threads) {
+  return bx_tc_enter(c, fn, opts, sizeof *opts, offsetof(bx_rope_opts, num_threads),
+                     "bx_rope_opts", "BX_ROPE_OPTS_DEFAULT", threads);
 }
 
 /* rotary_dim, theta; head_dim when has_head (the table call has none) */
@@ -125,11 +120,9 @@ static bx_status rope_run(const char *fn, const char *xname, const char *yname,
                           const DLTensor *x, const DLTensor *positions, int64_t head_dim,
                           int64_t rotary_dim, double theta, DLTensor *y, float sin_sign,
                           const bx_rope_opts *opts) {
-  int threads = 0;
-  bx_status st = opts_threads(fn, opts, &threads);
-  if (st != BX_OK) return st;
+  int threads;
   bx_call c;
-  st = bx_call_enter(&c, fn);
+  bx_status st = enter(&c, fn, opts, &threads);
   if (st != BX_OK) return st;
   bx_tc_tensor a[3];
   size_t tokens = 0, width = 0;
@@ -207,11 +200,9 @@ bx_status bx_rope_backward(const DLTensor *dy, const DLTensor *positions, int64_
 bx_status bx_rope_cos_sin(const DLTensor *positions, int64_t rotary_dim, double theta,
                           DLTensor *cos, DLTensor *sin, const bx_rope_opts *opts) {
   static const char *fn = "bx_rope_cos_sin";
-  int threads = 0;
-  bx_status st = opts_threads(fn, opts, &threads);
-  if (st != BX_OK) return st;
+  int threads;
   bx_call c;
-  st = bx_call_enter(&c, fn);
+  bx_status st = enter(&c, fn, opts, &threads);
   if (st != BX_OK) return st;
   bx_tc_tensor a[3];
   size_t half = (size_t)(rotary_dim / 2);

@@ -23,8 +23,9 @@
 
 /* ---- options --------------------------------------------------------------- */
 
-static bx_status router_opts(const char *fn, const bx_moe_router_opts *opts,
-                             bx_moe_router_opts *o) {
+/* struct_size (first), the options into *o, then the call is entered. */
+static bx_status router_enter(bx_call *call, const char *fn, const bx_moe_router_opts *opts,
+                              bx_moe_router_opts *o) {
   bx_status st = opts ? bx_check_struct_size(fn, "opts->struct_size", opts->struct_size,
                                              sizeof(bx_moe_router_opts), "bx_moe_router_opts",
                                              "BX_MOE_ROUTER_OPTS_DEFAULT")
@@ -32,7 +33,7 @@ static bx_status router_opts(const char *fn, const bx_moe_router_opts *opts,
   if (st != BX_OK) return st;
   bx_moe_router_opts d = BX_MOE_ROUTER_OPTS_DEFAULT;
   *o = opts ? *opts : d;
-  return BX_OK;
+  return bx_call_enter(call, fn);
 }
 
 /* The options against E experts and k slots (k < 0: not checked). */
@@ -169,14 +170,11 @@ bx_status bx_moe_router_forward(const DLTensor *logits, const DLTensor *bias,
                                 DLTensor *counts, const bx_moe_router_opts *opts) {
   const char *fn = "bx_moe_router_forward";
   bx_moe_router_opts o;
-  bx_status st = router_opts(fn, opts, &o);
-  if (st != BX_OK) return st;
   bx_call call;
-  st = bx_call_enter(&call, fn);
+  bx_status st = router_enter(&call, fn, opts, &o);
   if (st != BX_OK) return st;
   bx_tc_tensor tl, tb, ti, tw, tc;
-  int64_t any2[2] = {-1, -1};
-  if ((st = bx_tc_check(fn, 0, "logits", logits, BX_TC_F32, 2, 2, any2, 0, &tl)) != BX_OK) goto done;
+  if ((st = bx_tc_check(fn, 0, "logits", logits, BX_TC_F32, 2, 2, NULL, 0, &tl)) != BX_OK) goto done;
   int64_t T = tl.dim[0], E = tl.dim[1];
   int64_t wb[1] = {E};
   if ((st = bx_tc_check(fn, 1, "bias", bias, BX_TC_F32, 1, 1, wb, 0, &tb)) != BX_OK) goto done;
@@ -291,14 +289,11 @@ bx_status bx_moe_router_backward(const DLTensor *logits, const DLTensor *topk_id
                                  const bx_moe_router_opts *opts) {
   const char *fn = "bx_moe_router_backward";
   bx_moe_router_opts o;
-  bx_status st = router_opts(fn, opts, &o);
-  if (st != BX_OK) return st;
   bx_call call;
-  st = bx_call_enter(&call, fn);
+  bx_status st = router_enter(&call, fn, opts, &o);
   if (st != BX_OK) return st;
   bx_tc_tensor tl, ti, tw, td;
-  int64_t any2[2] = {-1, -1};
-  if ((st = bx_tc_check(fn, 0, "logits", logits, BX_TC_F32, 2, 2, any2, 0, &tl)) != BX_OK) goto done;
+  if ((st = bx_tc_check(fn, 0, "logits", logits, BX_TC_F32, 2, 2, NULL, 0, &tl)) != BX_OK) goto done;
   int64_t T = tl.dim[0], E = tl.dim[1];
   int64_t wi[2] = {T, -1};
   if ((st = bx_tc_check(fn, 1, "topk_ids", topk_ids, BX_TC_IDS, 2, 2, wi, 0, &ti)) != BX_OK) goto done;
@@ -343,8 +338,7 @@ bx_status bx_moe_bias_update(DLTensor *bias, const DLTensor *counts, double rate
   bx_status st = bx_call_enter(&call, fn);
   if (st != BX_OK) return st;
   bx_tc_tensor tb, tc;
-  int64_t any1[1] = {-1};
-  if ((st = bx_tc_check(fn, 0, "bias", bias, BX_TC_F32, 1, 1, any1, 1, &tb)) != BX_OK) goto done;
+  if ((st = bx_tc_check(fn, 0, "bias", bias, BX_TC_F32, 1, 1, NULL, 1, &tb)) != BX_OK) goto done;
   int64_t E = tb.dim[0];
   int cdim = counts && counts->ndim == 2 ? 2 : 1;
   int64_t w1[1] = {E}, w2[2] = {-1, E};

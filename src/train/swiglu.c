@@ -8,6 +8,7 @@
  * row strides of each operand.
  */
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -54,15 +55,10 @@ static void bwd_piece(void *ctx, size_t task, int worker) {
   }
 }
 
-static bx_status opts_threads(const char *fn, const bx_swiglu_opts *opts, int *threads) {
-  bx_status st = opts ? bx_check_struct_size(fn, "opts->struct_size", opts->struct_size,
-                                             sizeof(bx_swiglu_opts), "bx_swiglu_opts",
-                                             "BX_SWIGLU_OPTS_DEFAULT")
-                      : BX_OK;
-  if (st != BX_OK) return st;
-  *threads = opts ? opts->num_threads : 0;
-  if (*threads < 0) return bx_fail(BX_EINVAL, "%s: num_threads %d is negative", fn, *threads);
-  return BX_OK;
+/* struct_size (first), num_threads, then the call is entered */
+static bx_status enter(bx_call *c, const char *fn, const bx_swiglu_opts *opts, int *threads) {
+  return bx_tc_enter(c, fn, opts, sizeof *opts, offsetof(bx_swiglu_opts, num_threads),
+                     "bx_swiglu_opts", "BX_SWIGLU_OPTS_DEFAULT", threads);
 }
 
 static void run(swiglu_job *j, int threads, bx_task_fn fn) {
@@ -102,11 +98,9 @@ static bx_status check_all(const char *fn, const DLTensor *const *ts, const char
 bx_status bx_swiglu_forward(const DLTensor *gate, const DLTensor *up, DLTensor *h,
                             const bx_swiglu_opts *opts) {
   static const char *fn = "bx_swiglu_forward";
-  int threads = 0;
-  bx_status st = opts_threads(fn, opts, &threads);
-  if (st != BX_OK) return st;
+  int threads;
   bx_call c;
-  st = bx_call_enter(&c, fn);
+  bx_status st = enter(&c, fn, opts, &threads);
   if (st != BX_OK) return st;
   const DLTensor *ts[3] = {gate, up, h};
   const char *names[3] = {"gate", "up", "h"};
@@ -136,11 +130,9 @@ bx_status bx_swiglu_forward(const DLTensor *gate, const DLTensor *up, DLTensor *
 bx_status bx_swiglu_forward_fused(const DLTensor *gate_up, DLTensor *h,
                                   const bx_swiglu_opts *opts) {
   static const char *fn = "bx_swiglu_forward_fused";
-  int threads = 0;
-  bx_status st = opts_threads(fn, opts, &threads);
-  if (st != BX_OK) return st;
+  int threads;
   bx_call c;
-  st = bx_call_enter(&c, fn);
+  bx_status st = enter(&c, fn, opts, &threads);
   if (st != BX_OK) return st;
   const DLTensor *ts[2] = {gate_up, h};
   const char *names[2] = {"gate_up", "h"};
@@ -166,11 +158,9 @@ bx_status bx_swiglu_forward_fused(const DLTensor *gate_up, DLTensor *h,
 bx_status bx_swiglu_backward(const DLTensor *gate, const DLTensor *up, const DLTensor *dh,
                              DLTensor *dgate, DLTensor *dup, const bx_swiglu_opts *opts) {
   static const char *fn = "bx_swiglu_backward";
-  int threads = 0;
-  bx_status st = opts_threads(fn, opts, &threads);
-  if (st != BX_OK) return st;
+  int threads;
   bx_call c;
-  st = bx_call_enter(&c, fn);
+  bx_status st = enter(&c, fn, opts, &threads);
   if (st != BX_OK) return st;
   const DLTensor *ts[5] = {gate, up, dh, dgate, dup};
   const char *names[5] = {"gate", "up", "dh", "dgate", "dup"};
@@ -196,11 +186,9 @@ bx_status bx_swiglu_backward(const DLTensor *gate, const DLTensor *up, const DLT
 bx_status bx_swiglu_backward_fused(const DLTensor *gate_up, const DLTensor *dh,
                                    DLTensor *dgate_up, const bx_swiglu_opts *opts) {
   static const char *fn = "bx_swiglu_backward_fused";
-  int threads = 0;
-  bx_status st = opts_threads(fn, opts, &threads);
-  if (st != BX_OK) return st;
+  int threads;
   bx_call c;
-  st = bx_call_enter(&c, fn);
+  bx_status st = enter(&c, fn, opts, &threads);
   if (st != BX_OK) return st;
   const DLTensor *ts[3] = {gate_up, dh, dgate_up};
   const char *names[3] = {"gate_up", "dh", "dgate_up"};

@@ -3,6 +3,9 @@
  * (train_check.h): every check runs before a kernel writes anything.
  */
 #include <stdint.h>
+#include <string.h>
+
+#include "abi.h"
 
 #include "error.h"
 #include "pool.h"
@@ -69,7 +72,8 @@ bx_status bx_tc_check(const char *fn, size_t index, const char *name, const DLTe
     FAIL(BX_EINVAL, "%s: tensor %zu (%s) has %d dimensions, want %d to %d", fn, index, name,
          t->ndim, min_ndim, max_ndim);
   }
-  if (t->ndim > 0 && !t->shape) FAIL(BX_EINVAL, "%s: tensor %zu (%s) has no shape", fn, index, name);
+  if (t->ndim > 0 && !t->shape)
+    FAIL(BX_EINVAL, "%s: tensor %zu (%s) has no shape", fn, index, name);
   size_t n = 1;
   for (int d = 0; d < t->ndim; d++) {
     int64_t s = t->shape[d];
@@ -141,6 +145,20 @@ bx_status bx_tc_overlap(const char *fn, const bx_tc_tensor *const *ts, size_t co
     }
   }
   return BX_OK;
+}
+
+bx_status bx_tc_enter(bx_call *call, const char *fn, const void *opts, size_t size,
+                      size_t threads_at, const char *type, const char *macro, int *threads) {
+  *threads = 0;
+  if (opts) {
+    size_t got;
+    memcpy(&got, opts, sizeof got);
+    bx_status st = bx_check_struct_size(fn, "opts->struct_size", got, size, type, macro);
+    if (st != BX_OK) return st;
+    memcpy(threads, (const char *)opts + threads_at, sizeof *threads);
+    if (*threads < 0) return bx_fail(BX_EINVAL, "%s: num_threads %d is negative", fn, *threads);
+  }
+  return bx_call_enter(call, fn);
 }
 
 int bx_tc_threads(int num_threads, size_t pieces) {

@@ -24,6 +24,7 @@
 #include <stdint.h>
 
 #include "bitexact.h"
+#include "call.h"
 
 /* Element types (a set is their OR). */
 #define BX_TC_F32 1u
@@ -82,6 +83,15 @@ bx_status bx_tc_shape(const char *fn, const bx_tc_tensor *a, size_t rows, size_t
  * skipped. Outputs in array order, each against the others in array
  * order; the first overlap is BX_ELAYOUT naming both tensors. */
 bx_status bx_tc_overlap(const char *fn, const bx_tc_tensor *const *ts, size_t count);
+
+/* The start of a layer call whose options struct (NULL: the defaults)
+ * begins with size_t struct_size and has int num_threads at byte
+ * threads_at (offsetof): struct_size first (abi.h bx_check_struct_size
+ * with type and macro for the message; no other field is read before it
+ * passes), then num_threads >= 0 (BX_EINVAL) into *threads (0 without
+ * opts), then bx_call_enter(call, fn). On error the call is not entered. */
+bx_status bx_tc_enter(bx_call *call, const char *fn, const void *opts, size_t size,
+                      size_t threads_at, const char *type, const char *macro, int *threads);
 
 /* Threads for pieces fixed pieces of work: num_threads (0 = bx_default_threads()),
  * at most BX_MAX_THREADS and one per piece, at least 1. Speed only: the
