@@ -6,6 +6,7 @@
  * order, from its own scores: the pieces, the thread count and the batch
  * cannot change a bit.
  */
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -25,12 +26,17 @@
 
 /* ---- checks ----------------------------------------------------------------- */
 
+bx_status bx_attn_enter(bx_call *call, const char *fn, const bx_attention_opts *opts) {
+  int threads;
+  return bx_tc_enter(call, fn, opts, sizeof *opts, offsetof(bx_attention_opts, num_threads),
+                     "bx_attention_opts", "BX_ATTENTION_OPTS_DEFAULT", &threads);
+}
+
 bx_status bx_attn_check(const char *fn, const bx_attention_opts *opts, int64_t seq_len,
                         int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                         const bx_attn_arg *args, size_t nargs, float **data, bx_attn_geom *g) {
   bx_attention_opts o = BX_ATTENTION_OPTS_DEFAULT;
   if (opts) o = *opts;
-  if (o.num_threads < 0) return bx_fail(BX_EINVAL, "%s: num_threads %d is negative", fn, o.num_threads);
   if (seq_len < 1 || seq_len > BX_ATTN_MAX_LEN)
     return bx_fail(BX_EINVAL, "%s: seq_len %lld is not in [1, 2^30]", fn, (long long)seq_len);
   if (head_dim < 1 || head_dim > BX_ATTN_MAX_DIM)
@@ -239,13 +245,8 @@ bx_status bx_attention_forward(const DLTensor *q, const DLTensor *k, const DLTen
                                int64_t head_dim, DLTensor *o, DLTensor *stats,
                                const bx_attention_opts *opts) {
   static const char *fn = "bx_attention_forward";
-  if (opts) {
-    bx_status st = bx_check_struct_size(fn, "opts->struct_size", opts->struct_size, sizeof *opts,
-                                        "bx_attention_opts", "BX_ATTENTION_OPTS_DEFAULT");
-    if (st != BX_OK) return st;
-  }
   bx_call call;
-  bx_status st = bx_call_enter(&call, fn);
+  bx_status st = bx_attn_enter(&call, fn, opts);
   if (st != BX_OK) return st;
   const bx_attn_arg args[5] = {{q, "q", BX_ATTN_Q, 0},     {k, "k", BX_ATTN_KV, 0},
                                {v, "v", BX_ATTN_KV, 0},    {o, "o", BX_ATTN_Q, 1},

@@ -50,7 +50,9 @@ static bx_status check_token_major(const char *fn, size_t idx, const char *name,
   return BX_OK;
 }
 
-static bx_status enter_opts(const char *fn, const bx_embedding_opts *opts, bx_embedding_opts *o) {
+/* struct_size (first), the options into *o, then the call is entered. */
+static bx_status enter(bx_call *c, const char *fn, const bx_embedding_opts *opts,
+                       bx_embedding_opts *o) {
   if (opts) {
     bx_status st = bx_check_struct_size(fn, "opts->struct_size", opts->struct_size, sizeof *opts,
                                         "bx_embedding_opts", "BX_EMBEDDING_OPTS_DEFAULT");
@@ -60,7 +62,7 @@ static bx_status enter_opts(const char *fn, const bx_embedding_opts *opts, bx_em
     bx_embedding_opts d = BX_EMBEDDING_OPTS_DEFAULT;
     *o = d;
   }
-  return BX_OK;
+  return bx_call_enter(c, fn);
 }
 
 /* ---- forward ------------------------------------------------------------ */
@@ -108,10 +110,8 @@ bx_status bx_embedding_forward(const DLTensor *weight, const DLTensor *ids, DLTe
                                const bx_embedding_opts *opts) {
   static const char *fn = "bx_embedding_forward";
   bx_embedding_opts o;
-  bx_status st = enter_opts(fn, opts, &o);
-  if (st != BX_OK) return st;
   bx_call c;
-  st = bx_call_enter(&c, fn);
+  bx_status st = enter(&c, fn, opts, &o);
   if (st != BX_OK) return st;
   st = forward_impl(fn, weight, ids, y, &o);
   bx_call_leave(&c);
@@ -270,10 +270,8 @@ bx_status bx_embedding_backward(const DLTensor *ids, const DLTensor *dy, int64_t
                                 DLTensor *offsets, const bx_embedding_opts *opts) {
   static const char *fn = "bx_embedding_backward";
   bx_embedding_opts o;
-  bx_status st = enter_opts(fn, opts, &o);
-  if (st != BX_OK) return st;
   bx_call c;
-  st = bx_call_enter(&c, fn);
+  bx_status st = enter(&c, fn, opts, &o);
   if (st != BX_OK) return st;
   st = backward_impl(fn, ids, dy, num_embeddings, chunk_tokens, row_ids, rows, offsets, &o);
   bx_call_leave(&c);

@@ -110,7 +110,7 @@ static void xent_task(void *ctx, size_t task, int worker) {
 
 /* ---- the calls ---------------------------------------------------------- */
 
-enum { DO_FWD = 1, DO_BWD = 2 };
+enum { DO_FWD = 1, DO_BWD = 2, DO_COUNT = 4 }; /* DO_COUNT: bx_xent_count alone */
 
 typedef struct xent_args {
   const DLTensor *logits, *targets;
@@ -237,35 +237,36 @@ static bx_status xent_impl(const char *fn, int what, const xent_args *a, const b
   return BX_OK;
 }
 
-bx_status bx_xent_forward(const DLTensor *logits, const DLTensor *targets, int64_t chunk_tokens,
-                          DLTensor *losses, DLTensor *loss_partials, DLTensor *counts,
-                          const bx_xent_opts *opts) {
-  static const char *fn = "bx_xent_forward";
+static bx_status count_impl(const char *fn, const DLTensor *targets, int64_t chunk_tokens,
+                            DLTensor *counts, const bx_xent_opts *o);
+
+/* One call: struct_size first, the call entered around the work. */
+static bx_status xent_call(const char *fn, int what, const xent_args *a, const bx_xent_opts *opts) {
   bx_xent_opts o;
   bx_status st = opts_in(fn, opts, &o);
   if (st != BX_OK) return st;
   bx_call c;
   st = bx_call_enter(&c, fn);
   if (st != BX_OK) return st;
-  xent_args a = {logits, targets, 0, chunk_tokens, losses, loss_partials, counts, NULL};
-  st = xent_impl(fn, DO_FWD, &a, &o);
+  st = what == DO_COUNT ? count_impl(fn, a->targets, a->chunk_tokens, a->counts, &o)
+                        : xent_impl(fn, what, a, &o);
   bx_call_leave(&c);
   return st;
+}
+
+bx_status bx_xent_forward(const DLTensor *logits, const DLTensor *targets, int64_t chunk_tokens,
+                          DLTensor *losses, DLTensor *loss_partials, DLTensor *counts,
+                          const bx_xent_opts *opts) {
+  static const char *fn = "bx_xent_forward";
+  xent_args a = {logits, targets, 0, chunk_tokens, losses, loss_partials, counts, NULL};
+  return xent_call(fn, DO_FWD, &a, opts);
 }
 
 bx_status bx_xent_backward(const DLTensor *logits, const DLTensor *targets, int64_t n_global,
                            DLTensor *dlogits, const bx_xent_opts *opts) {
   static const char *fn = "bx_xent_backward";
-  bx_xent_opts o;
-  bx_status st = opts_in(fn, opts, &o);
-  if (st != BX_OK) return st;
-  bx_call c;
-  st = bx_call_enter(&c, fn);
-  if (st != BX_OK) return st;
   xent_args a = {logits, targets, n_global, 0, NULL, NULL, NULL, dlogits};
-  st = xent_impl(fn, DO_BWD, &a, &o);
-  bx_call_leave(&c);
-  return st;
+  return xent_call(fn, DO_BWD, &a, opts);
 }
 
 bx_status bx_xent_forward_backward(const DLTensor *logits, const DLTensor *targets,
@@ -273,16 +274,8 @@ bx_status bx_xent_forward_backward(const DLTensor *logits, const DLTensor *targe
                                    DLTensor *loss_partials, DLTensor *counts, DLTensor *dlogits,
                                    const bx_xent_opts *opts) {
   static const char *fn = "bx_xent_forward_backward";
-  bx_xent_opts o;
-  bx_status st = opts_in(fn, opts, &o);
-  if (st != BX_OK) return st;
-  bx_call c;
-  st = bx_call_enter(&c, fn);
-  if (st != BX_OK) return st;
   xent_args a = {logits, targets, n_global, chunk_tokens, losses, loss_partials, counts, dlogits};
-  st = xent_impl(fn, DO_FWD | DO_BWD, &a, &o);
-  bx_call_leave(&c);
-  return st;
+  return xent_call(fn, DO_FWD | DO_BWD, &a, opts);
 }
 
 static bx_status count_impl(const char *fn, const DLTensor *targets, int64_t chunk_tokens,
@@ -318,13 +311,6 @@ static bx_status count_impl(const char *fn, const DLTensor *targets, int64_t chu
 bx_status bx_xent_count(const DLTensor *targets, int64_t chunk_tokens, DLTensor *counts,
                         const bx_xent_opts *opts) {
   static const char *fn = "bx_xent_count";
-  bx_xent_opts o;
-  bx_status st = opts_in(fn, opts, &o);
-  if (st != BX_OK) return st;
-  bx_call c;
-  st = bx_call_enter(&c, fn);
-  if (st != BX_OK) return st;
-  st = count_impl(fn, targets, chunk_tokens, counts, &o);
-  bx_call_leave(&c);
-  return st;
+  xent_args a = {NULL, targets, 0, chunk_tokens, NULL, NULL, counts, NULL};
+  return xent_call(fn, DO_COUNT, &a, opts);
 }
