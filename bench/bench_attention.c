@@ -32,6 +32,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_common.h"
 #include "bitexact_train.h"
 #include "kernels.h"
 #include "rng.h"
@@ -47,38 +48,6 @@ static const shape SHAPES[] = {
 };
 #define NSHAPES (sizeof SHAPES / sizeof SHAPES[0])
 #define MAXT 8
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static double cpu_now(void) { /* this process's CPU time, all threads */
-  struct timespec ts;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_d(const void *x, const void *y) {
-  double a = *(const double *)x, b = *(const double *)y;
-  return a < b ? -1 : a > b;
-}
-
-static void cpu_model(char *buf, size_t len) {
-  snprintf(buf, len, "unknown CPU");
-  FILE *f = fopen("/proc/cpuinfo", "r");
-  if (!f) return;
-  char line[512];
-  while (fgets(line, sizeof line, f))
-    if (!strncmp(line, "model name", 10) && strchr(line, ':')) {
-      char *p = strchr(line, ':') + 2;
-      p[strcspn(p, "\n")] = 0;
-      snprintf(buf, len, "%s", p);
-      break;
-    }
-  fclose(f);
-}
 
 static void view(DLTensor *t, int64_t *shp, float *data, int ndim, int64_t a, int64_t b, int64_t c) {
   memset(t, 0, sizeof *t);
@@ -159,14 +128,14 @@ static double time_call(prob *p, int bwd, int threads, int reps, double *cpu) {
   double t[32], c[32];
   for (int r = 0; r < reps; r++) {
     int calls = 0;
-    double t0 = now(), c0 = cpu_now(), t1;
+    double t0 = now(), c0 = process_cpu_now(), t1;
     do {
       call(p, bwd, threads);
       calls++;
       t1 = now();
     } while (t1 - t0 < 0.05);
     t[r] = (t1 - t0) / calls;
-    c[r] = (cpu_now() - c0) / calls;
+    c[r] = (process_cpu_now() - c0) / calls;
   }
   qsort(t, (size_t)reps, sizeof t[0], cmp_d);
   qsort(c, (size_t)reps, sizeof c[0], cmp_d);
@@ -219,9 +188,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--torch-script") && i + 1 < argc) script = argv[++i];
     else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
-      nthreads = 0;
-      for (char *tok = strtok(argv[++i], ","); tok && nthreads < MAXT; tok = strtok(NULL, ","))
-        threads[nthreads++] = atoi(tok);
+      nthreads = parse_threads(argv[++i], threads, MAXT);
     } else {
       fprintf(stderr, "usage: bench_attention [--torch] [--torch-script PATH] [--threads 1,2] [--reps R] "
                       "[--quick]\n");

@@ -37,6 +37,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_common.h"
 #include "bitexact_train.h"
 #include "kernels.h"
 #include "rng.h"
@@ -61,32 +62,6 @@ static const shape SHAPES[] = {
 };
 #define NSHAPES (sizeof SHAPES / sizeof SHAPES[0])
 #define MAXT 8
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_d(const void *x, const void *y) {
-  double a = *(const double *)x, b = *(const double *)y;
-  return a < b ? -1 : a > b;
-}
-
-static void cpu_model(char *buf, size_t len) {
-  snprintf(buf, len, "unknown CPU");
-  FILE *f = fopen("/proc/cpuinfo", "r");
-  if (!f) return;
-  char line[512];
-  while (fgets(line, sizeof line, f))
-    if (!strncmp(line, "model name", 10) && strchr(line, ':')) {
-      char *p = strchr(line, ':') + 2;
-      p[strcspn(p, "\n")] = 0;
-      snprintf(buf, len, "%s", p);
-      break;
-    }
-  fclose(f);
-}
 
 static void make_tensor(DLTensor *t, int64_t *shp, void *data, int bf16, int64_t r, int64_t c) {
   memset(t, 0, sizeof *t);
@@ -176,9 +151,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--torch-script") && i + 1 < argc) script = argv[++i];
     else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
-      nthreads = 0;
-      for (char *tok = strtok(argv[++i], ","); tok && nthreads < MAXT; tok = strtok(NULL, ","))
-        threads[nthreads++] = atoi(tok);
+      nthreads = parse_threads(argv[++i], threads, MAXT);
     } else {
       fprintf(stderr, "usage: bench_gemm [--torch] [--torch-script PATH] [--threads 1,2] [--reps R] [--quick]\n");
       return 2;

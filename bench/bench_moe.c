@@ -42,6 +42,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_common.h"
 #include "bitexact_train.h"
 #include "rng.h"
 
@@ -397,22 +398,6 @@ static void backward(layer *L, int invariant) {
 }
 
 /* ---- timing and the comparison ---------------------------------------- */
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_d(const void *x, const void *y) {
-  double a = *(const double *)x, b = *(const double *)y;
-  return a < b ? -1 : a > b;
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_d);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 static double step_time(layer *L, int invariant) {
   double t0 = now();
