@@ -44,6 +44,7 @@
 
 #include "bench_common.h"
 #include "bitexact_train.h"
+#include "../tests/dl_view.h"
 #include "rng.h"
 
 /* ---- configuration ---------------------------------------------------- */
@@ -74,13 +75,7 @@ static void ten_init(ten *x, DLDataTypeCode code, int bits, int ndim, int64_t d0
     fprintf(stderr, "bench_moe: out of memory\n");
     exit(2);
   }
-  x->t.data = x->data;
-  x->t.device.device_type = kDLCPU;
-  x->t.ndim = ndim;
-  x->t.dtype.code = (uint8_t)code;
-  x->t.dtype.bits = (uint8_t)bits;
-  x->t.dtype.lanes = 1;
-  x->t.shape = x->shape;
+  x->t = bxt_view(x->data, code, bits, ndim, x->shape);
 }
 
 /* (A ten holds its own shape: it is made in place, never copied.) */

@@ -53,6 +53,7 @@
 
 #include "bench_common.h"
 #include "bitexact_train.h"
+#include "../tests/dl_view.h"
 #include "kernels.h"
 #include "rng.h"
 
@@ -75,19 +76,6 @@ static int use_cpu_time; /* --cpu-time: the process's CPU time instead of the wa
 
 /* the clock of the measurements */
 static double clock_s(void) { return use_cpu_time ? process_cpu_now() : now(); }
-
-static DLTensor f32(void *data, int ndim, int64_t *shp) {
-  DLTensor t;
-  memset(&t, 0, sizeof t);
-  t.data = data;
-  t.device.device_type = kDLCPU;
-  t.ndim = ndim;
-  t.dtype.code = kDLFloat;
-  t.dtype.bits = 32;
-  t.dtype.lanes = 1;
-  t.shape = shp;
-  return t;
-}
 
 typedef struct ctx {
   DLTensor dy, x, dw;
@@ -184,9 +172,9 @@ int main(int argc, char **argv) {
     c.sdy[0] = c.sx[0] = (int64_t)m;
     c.sdy[1] = c.sdw[0] = (int64_t)n;
     c.sx[1] = c.sdw[1] = (int64_t)k;
-    c.dy = f32(dy, 2, c.sdy);
-    c.x = f32(x, 2, c.sx);
-    c.dw = f32(dw, 2, c.sdw);
+    c.dy = bxt_f32_view(dy, 2, c.sdy);
+    c.x = bxt_f32_view(x, 2, c.sx);
+    c.dw = bxt_f32_view(dw, 2, c.sdw);
     double gfl = 2.0 * (double)m * (double)n * (double)k * 1e-9;
     for (int ti = 0; ti < nthreads; ti++) {
       c.threads = threads[ti];
