@@ -148,10 +148,7 @@ static double torch_s[NSHAPES][MAXT + 1][2];
 
 static int run_torch(const char *script, const int *threads, int nthreads, int reps) {
   char cmd[4096];
-  int len = snprintf(cmd, sizeof cmd, "python3 '%s' --reps %d --threads ", script, reps);
-  for (int i = 0; i < nthreads; i++)
-    len += snprintf(cmd + len, sizeof cmd - (size_t)len, "%s%d", i ? "," : "", threads[i]);
-  len += snprintf(cmd + len, sizeof cmd - (size_t)len, " --shapes ");
+  int len = torch_command(cmd, sizeof cmd, script, reps, threads, nthreads);
   for (size_t s = 0; s < NSHAPES; s++)
     len += snprintf(cmd + len, sizeof cmd - (size_t)len, "%s%d:%d:%d:%d:%d", s ? "," : "", SHAPES[s].B,
                     SHAPES[s].L, SHAPES[s].Hq, SHAPES[s].Hkv, SHAPES[s].D);
@@ -180,46 +177,20 @@ static void fmt(char *buf, size_t n, double v, const char *f) {
 }
 
 int main(int argc, char **argv) {
-  int threads[MAXT] = {1, 2}, nthreads = 2, reps = 5, torch = 0, quick = 0;
-  const char *script = NULL;
-  for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--torch")) torch = 1;
-    else if (!strcmp(argv[i], "--quick")) quick = 1;
-    else if (!strcmp(argv[i], "--torch-script") && i + 1 < argc) script = argv[++i];
-    else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
-    else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
-      nthreads = parse_threads(argv[++i], threads, MAXT);
-    } else {
-      fprintf(stderr, "usage: bench_attention [--torch] [--torch-script PATH] [--threads 1,2] [--reps R] "
-                      "[--quick]\n");
-      return 2;
-    }
-  }
-  if (quick) reps = 3;
-  if (reps < 1) reps = 1;
-  if (reps > 31) reps = 31;
-  for (int i = 0; i < nthreads; i++)
-    if (threads[i] < 1 || threads[i] > MAXT) {
-      fprintf(stderr, "bench_attention: thread counts 1..%d\n", MAXT);
-      return 2;
-    }
+  bench_args args;
+  int rc = bench_parse(&args, argc, argv, "bench_attention", MAXT);
+  if (rc) return rc;
+  int *threads = args.threads, nthreads = args.nthreads, reps = args.reps;
+  const char *script = args.script;
   char cpu[256];
   cpu_model(cpu, sizeof cpu);
   printf("bench_attention: %s\nkernels: %s (GEMM micro-kernel %s %zux%zu)\n", cpu, bx_kernels_reason(),
          bx_gemm_kernel_active()->name, bx_gemm_kernel_active()->mr, bx_gemm_kernel_active()->nr);
   for (size_t s = 0; s < NSHAPES; s++)
     for (int t = 0; t <= MAXT; t++) torch_s[s][t][0] = torch_s[s][t][1] = -1;
-  if (torch) {
+  if (args.torch) {
     char path[1024];
-    if (!script) {
-      snprintf(path, sizeof path, "bench/bench_attention_torch.py");
-      if (access(path, R_OK) != 0) {
-        const char *slash = strrchr(argv[0], '/');
-        int dl = slash ? (int)(slash - argv[0]) : 1;
-        snprintf(path, sizeof path, "%.*s/../../bench/bench_attention_torch.py", dl, slash ? argv[0] : ".");
-      }
-      script = path;
-    }
+    if (!script) script = torch_script(path, sizeof path, argv[0], "bench_attention_torch.py");
     if (run_torch(script, threads, nthreads, reps) != 0) {
       fprintf(stderr, "bench_attention: %s did not give torch's times\n", script);
       return 1;
