@@ -34,6 +34,7 @@
 
 #include "bench_common.h"
 #include "bitexact_train.h"
+#include "../tests/dl_view.h"
 #include "kernels.h"
 #include "rng.h"
 
@@ -50,17 +51,10 @@ static const shape SHAPES[] = {
 #define MAXT 8
 
 static void view(DLTensor *t, int64_t *shp, float *data, int ndim, int64_t a, int64_t b, int64_t c) {
-  memset(t, 0, sizeof *t);
   shp[0] = a;
   shp[1] = b;
   shp[2] = c;
-  t->data = data;
-  t->device.device_type = kDLCPU;
-  t->ndim = ndim;
-  t->dtype.code = kDLFloat;
-  t->dtype.bits = 32;
-  t->dtype.lanes = 1;
-  t->shape = shp;
+  *t = bxt_f32_view(data, ndim, shp);
 }
 
 typedef struct prob {
