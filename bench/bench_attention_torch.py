@@ -17,39 +17,14 @@ line "torch SHAPE_INDEX THREADS FWD_SECONDS FWDBWD_SECONDS" per
 measurement, after header lines starting with '#'.
 """
 import argparse
-import statistics
-import time
+import os
+import sys
 
 import torch
 
-
-def time_call(fn, reps):
-    fn()
-    runs = []
-    for _ in range(reps):
-        calls, t0 = 0, time.perf_counter()
-        while True:
-            fn()
-            calls += 1
-            t1 = time.perf_counter()
-            if t1 - t0 >= 0.05:
-                break
-        runs.append((t1 - t0) / calls)
-    return statistics.median(runs)
-
-
-def eager(q, k, v, B, L, Hq, Hkv, D):
-    R = Hq // Hkv
-    qh = q.view(B, L, Hq, D).transpose(1, 2)
-    kh = k.view(B, L, Hkv, D).transpose(1, 2)
-    vh = v.view(B, L, Hkv, D).transpose(1, 2)
-    kh = kh[:, :, None].expand(B, Hkv, R, L, D).reshape(B, Hq, L, D)
-    vh = vh[:, :, None].expand(B, Hkv, R, L, D).reshape(B, Hq, L, D)
-    w = torch.matmul(qh, kh.transpose(2, 3)) * D ** -0.5
-    mask = torch.full((L, L), torch.finfo(q.dtype).min, dtype=q.dtype).triu(1)
-    w = torch.nn.functional.softmax(w + mask, dim=-1, dtype=torch.float32).to(q.dtype)
-    o = torch.matmul(w, vh).transpose(1, 2).contiguous()
-    return o.reshape(B * L, Hq * D)
+# the timing loop and eager attention, shared with dev/attention_vs_torch.py
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "dev"))
+from bx_ctypes import eager, time_call  # noqa: E402
 
 
 def main():
@@ -77,8 +52,8 @@ def main():
 
         for t in (int(x) for x in a.threads.split(",")):
             torch.set_num_threads(t)
-            tf = time_call(fwd, a.reps)
-            tfb = time_call(fwdbwd, a.reps)
+            tf = time_call(fwd, a.reps, 0.05)
+            tfb = time_call(fwdbwd, a.reps, 0.05)
             print(f"torch {si} {t} {tf:.6e} {tfb:.6e}", flush=True)
 
 

@@ -37,6 +37,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_common.h"
 #include "bitexact_train.h"
 #include "kernels.h"
 #include "rng.h"
@@ -61,32 +62,6 @@ static const shape SHAPES[] = {
 };
 #define NSHAPES (sizeof SHAPES / sizeof SHAPES[0])
 #define MAXT 8
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_d(const void *x, const void *y) {
-  double a = *(const double *)x, b = *(const double *)y;
-  return a < b ? -1 : a > b;
-}
-
-static void cpu_model(char *buf, size_t len) {
-  snprintf(buf, len, "unknown CPU");
-  FILE *f = fopen("/proc/cpuinfo", "r");
-  if (!f) return;
-  char line[512];
-  while (fgets(line, sizeof line, f))
-    if (!strncmp(line, "model name", 10) && strchr(line, ':')) {
-      char *p = strchr(line, ':') + 2;
-      p[strcspn(p, "\n")] = 0;
-      snprintf(buf, len, "%s", p);
-      break;
-    }
-  fclose(f);
-}
 
 static void make_tensor(DLTensor *t, int64_t *shp, void *data, int bf16, int64_t r, int64_t c) {
   memset(t, 0, sizeof *t);
@@ -143,10 +118,7 @@ static double torch_gf[NSHAPES][MAXT + 1];
 
 static int run_torch(const char *script, const int *threads, int nthreads, int reps) {
   char cmd[4096];
-  int len = snprintf(cmd, sizeof cmd, "python3 '%s' --reps %d --threads ", script, reps);
-  for (int i = 0; i < nthreads; i++)
-    len += snprintf(cmd + len, sizeof cmd - (size_t)len, "%s%d", i ? "," : "", threads[i]);
-  len += snprintf(cmd + len, sizeof cmd - (size_t)len, " --shapes ");
+  int len = torch_command(cmd, sizeof cmd, script, reps, threads, nthreads);
   for (size_t s = 0; s < NSHAPES; s++)
     len += snprintf(cmd + len, sizeof cmd - (size_t)len, "%s%s:%d:%d:%d", s ? "," : "",
                     SHAPES[s].layout == BX_GEMM_NT ? "NT" : "NN", SHAPES[s].m, SHAPES[s].k, SHAPES[s].n);
@@ -168,48 +140,20 @@ static int run_torch(const char *script, const int *threads, int nthreads, int r
 }
 
 int main(int argc, char **argv) {
-  int threads[MAXT] = {1, 2}, nthreads = 2, reps = 5, torch = 0, quick = 0;
-  const char *script = NULL;
-  for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--torch")) torch = 1;
-    else if (!strcmp(argv[i], "--quick")) quick = 1;
-    else if (!strcmp(argv[i], "--torch-script") && i + 1 < argc) script = argv[++i];
-    else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
-    else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
-      nthreads = 0;
-      for (char *tok = strtok(argv[++i], ","); tok && nthreads < MAXT; tok = strtok(NULL, ","))
-        threads[nthreads++] = atoi(tok);
-    } else {
-      fprintf(stderr, "usage: bench_gemm [--torch] [--torch-script PATH] [--threads 1,2] [--reps R] [--quick]\n");
-      return 2;
-    }
-  }
-  if (quick) reps = 3;
-  if (reps < 1) reps = 1;
-  if (reps > 31) reps = 31;
-  for (int i = 0; i < nthreads; i++)
-    if (threads[i] < 1 || threads[i] > MAXT) {
-      fprintf(stderr, "bench_gemm: thread counts 1..%d\n", MAXT);
-      return 2;
-    }
+  bench_args args;
+  int rc = bench_parse(&args, argc, argv, "bench_gemm", MAXT);
+  if (rc) return rc;
+  int *threads = args.threads, nthreads = args.nthreads, reps = args.reps;
+  const char *script = args.script;
   char cpu[256];
   cpu_model(cpu, sizeof cpu);
   printf("bench_gemm: %s\nkernels: %s (GEMM micro-kernel %s %zux%zu)\n", cpu, bx_kernels_reason(),
          bx_gemm_kernel_active()->name, bx_gemm_kernel_active()->mr, bx_gemm_kernel_active()->nr);
   for (size_t s = 0; s < NSHAPES; s++)
     for (int t = 0; t <= MAXT; t++) torch_gf[s][t] = -1;
-  if (torch) {
+  if (args.torch) {
     char path[1024];
-    if (!script) {
-      /* from the source tree's root, else beside build/bench/bench_gemm */
-      snprintf(path, sizeof path, "bench/bench_gemm_torch.py");
-      if (access(path, R_OK) != 0) {
-        const char *slash = strrchr(argv[0], '/');
-        int dl = slash ? (int)(slash - argv[0]) : 1;
-        snprintf(path, sizeof path, "%.*s/../../bench/bench_gemm_torch.py", dl, slash ? argv[0] : ".");
-      }
-      script = path;
-    }
+    if (!script) script = torch_script(path, sizeof path, argv[0], "bench_gemm_torch.py");
     if (run_torch(script, threads, nthreads, reps) != 0) {
       fprintf(stderr, "bench_gemm: %s did not give torch's times\n", script);
       return 1;

@@ -23,39 +23,15 @@ bx_gemm's result is within an fp32 bound of torch's.
 """
 import ctypes
 import argparse
+import os
 import statistics
-import time
+import sys
 
 import torch
 
-
-def time_call(fn, reps):
-    fn()
-    runs = []
-    for _ in range(reps):
-        calls, t0 = 0, time.perf_counter()
-        while True:
-            fn()
-            calls += 1
-            t1 = time.perf_counter()
-            if t1 - t0 >= 0.02:
-                break
-        runs.append((t1 - t0) / calls)
-    return statistics.median(runs)
-
-
-class DLDevice(ctypes.Structure):
-    _fields_ = [("device_type", ctypes.c_int), ("device_id", ctypes.c_int)]
-
-
-class DLDataType(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
-
-
-class DLTensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int),
-                ("dtype", DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
-                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+# the DLPack structs, DLTensor views and the timing loop, shared with dev/
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "dev"))
+from bx_ctypes import DLTensor, dl_torch, load, time_call  # noqa: E402
 
 
 class GemmOpts(ctypes.Structure):
@@ -63,20 +39,10 @@ class GemmOpts(ctypes.Structure):
                 ("accumulate", ctypes.c_int)]
 
 
-def dl(t):
-    """A DLTensor view of a contiguous 2-D CPU tensor (kept alive by the caller)."""
-    shape = (ctypes.c_int64 * 2)(*t.shape)
-    code, bits = (4, 16) if t.dtype == torch.bfloat16 else (2, 32)
-    d = DLTensor(ctypes.c_void_p(t.data_ptr()), DLDevice(1, 0), 2, DLDataType(code, bits, 1),
-                 ctypes.cast(shape, ctypes.POINTER(ctypes.c_int64)), None, 0)
-    return d, shape
-
-
 def interleaved(lib, args):
     lib.bx_gemm.restype = ctypes.c_int
     lib.bx_gemm.argtypes = [ctypes.POINTER(DLTensor), ctypes.POINTER(DLTensor), ctypes.c_int,
                             ctypes.POINTER(DLTensor), ctypes.POINTER(GemmOpts)]
-    lib.bx_last_error.restype = ctypes.c_char_p
     g = torch.Generator().manual_seed(1)
     print(f"{'shape':>18} {'in':>4} {'thr':>3} {'bitexact':>9} {'torch32':>8} {'ratio':>6}  (GFLOP/s, "
           f"medians of {args.reps} interleaved runs)", flush=True)
@@ -94,7 +60,8 @@ def interleaved(lib, args):
             for dt in (["f32", "bf16"] if args.bf16 else ["f32"]):
                 ab, wb = (a, w) if dt == "f32" else (a.bfloat16(), w.bfloat16())
                 c = torch.empty(m, n)
-                (da, sa), (dw, sw), (dc, sc) = dl(ab), dl(wb), dl(c)
+                keep = []
+                da, dw, dc = (dl_torch(x, keep) for x in (ab, wb, c))
                 opts = GemmOpts(ctypes.sizeof(GemmOpts), t, 0)
                 layout = {"NT": 0, "NN": 1, "TN": 2}[lay]
 
@@ -111,8 +78,8 @@ def interleaved(lib, args):
                     raise SystemExit(f"bx_gemm differs from torch by {err} > {bound} on {spec} {dt}")
                 tb, tt = [], []
                 for _ in range(args.reps):
-                    tt.append(time_call(tfn, 1))
-                    tb.append(time_call(bfn, 1))
+                    tt.append(time_call(tfn, 1, 0.02))
+                    tb.append(time_call(bfn, 1, 0.02))
                 fl = 2.0 * m * n * k * 1e-9
                 gb, gt = fl / statistics.median(tb), fl / statistics.median(tt)
                 print(f"{spec:>18} {dt:>4} {t:>3} {gb:9.1f} {gt:8.1f} {gb / gt:6.2f}", flush=True)
@@ -132,7 +99,7 @@ def main():
           f"oneDNN {torch.backends.mkldnn.is_available()}, fp32 matmul, "
           f"float32_matmul_precision {torch.get_float32_matmul_precision()}", flush=True)
     if args.bitexact:
-        interleaved(ctypes.CDLL(args.bitexact), args)
+        interleaved(load(args.bitexact), args)
         return
     g = torch.Generator().manual_seed(1)
     for t in [int(x) for x in args.threads.split(",")]:
@@ -155,7 +122,7 @@ def main():
                 out = torch.empty(m, n)
                 fn = lambda: torch.matmul(a, w, out=out)  # noqa: E731
             with torch.no_grad():
-                sec = time_call(fn, args.reps)
+                sec = time_call(fn, args.reps, 0.02)
             print(f"torch {i} {t} {2.0 * m * n * k / sec * 1e-9:.3f}", flush=True)
 
 

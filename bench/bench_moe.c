@@ -42,7 +42,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_common.h"
 #include "bitexact_train.h"
+#include "../tests/dl_view.h"
 #include "rng.h"
 
 /* ---- configuration ---------------------------------------------------- */
@@ -73,13 +75,7 @@ static void ten_init(ten *x, DLDataTypeCode code, int bits, int ndim, int64_t d0
     fprintf(stderr, "bench_moe: out of memory\n");
     exit(2);
   }
-  x->t.data = x->data;
-  x->t.device.device_type = kDLCPU;
-  x->t.ndim = ndim;
-  x->t.dtype.code = (uint8_t)code;
-  x->t.dtype.bits = (uint8_t)bits;
-  x->t.dtype.lanes = 1;
-  x->t.shape = x->shape;
+  x->t = bxt_view(x->data, code, bits, ndim, x->shape);
 }
 
 /* (A ten holds its own shape: it is made in place, never copied.) */
@@ -209,42 +205,50 @@ static void layer_free(layer *L) {
   for (size_t i = 0; i < L->ngrad; i++) free(L->grad[i].data);
 }
 
+/* The options of every call of a step: c.threads threads, the router's groups. */
+typedef struct layer_opts {
+  bx_gemm_opts go;
+  bx_moe_router_opts ro;
+  bx_moe_dispatch_opts dop;
+  bx_swiglu_opts so;
+} layer_opts;
+
+static layer_opts opts_of(const cfg *c) {
+  layer_opts o = {BX_GEMM_OPTS_DEFAULT, BX_MOE_ROUTER_OPTS_DEFAULT, BX_MOE_DISPATCH_OPTS_DEFAULT,
+                  BX_SWIGLU_OPTS_DEFAULT};
+  o.go.num_threads = o.ro.num_threads = o.dop.num_threads = o.so.num_threads = c->threads;
+  o.ro.n_group = c->G;
+  o.ro.topk_group = c->TG;
+  o.ro.routed_scaling_factor = 2.5;
+  return o;
+}
+
 /* Shared expert's up projection lands in sh's buffer first (then SwiGLU in
  * place): gate in sgu, up in sh, h = silu(gate) * up written into sh. */
 static void forward(layer *L) {
   cfg c = L->c;
-  bx_gemm_opts go = BX_GEMM_OPTS_DEFAULT;
-  go.num_threads = c.threads;
-  bx_moe_router_opts ro = BX_MOE_ROUTER_OPTS_DEFAULT;
-  ro.num_threads = c.threads;
-  ro.n_group = c.G;
-  ro.topk_group = c.TG;
-  ro.routed_scaling_factor = 2.5;
-  bx_moe_dispatch_opts dop = BX_MOE_DISPATCH_OPTS_DEFAULT;
-  dop.num_threads = c.threads;
-  bx_swiglu_opts so = BX_SWIGLU_OPTS_DEFAULT;
-  so.num_threads = c.threads;
-  must(bx_gemm(&L->x.t, &L->wr.t, BX_GEMM_NT, &L->logits.t, &go), "router gemm");
-  must(bx_moe_router_forward(&L->logits.t, &L->bias.t, &L->ids.t, &L->w.t, c.T, NULL, &ro), "router");
-  must(bx_moe_dispatch_plan(&L->ids.t, NULL, &L->offsets.t, &L->row_map.t, &L->pos.t, &dop), "plan");
-  must(bx_moe_permute(&L->x.t, &L->row_map.t, &L->xp.t, &dop), "permute");
+  layer_opts O = opts_of(&c);
+  must(bx_gemm(&L->x.t, &L->wr.t, BX_GEMM_NT, &L->logits.t, &O.go), "router gemm");
+  must(bx_moe_router_forward(&L->logits.t, &L->bias.t, &L->ids.t, &L->w.t, c.T, NULL, &O.ro), "router");
+  must(bx_moe_dispatch_plan(&L->ids.t, NULL, &L->offsets.t, &L->row_map.t, &L->pos.t, &O.dop), "plan");
+  must(bx_moe_permute(&L->x.t, &L->row_map.t, &L->xp.t, &O.dop), "permute");
   const int64_t *off = L->offsets.data;
   for (int64_t e = 0; e < c.E; e++) {
     int64_t r0 = off[e], n = off[e + 1] - off[e];
     if (n == 0) continue;
     view a, b, g, h, y;
     must(bx_gemm(rows_of(&a, &L->xp, r0, n), mat_of(&b, &L->wgu, e), BX_GEMM_NT,
-                 rows_of(&g, &L->gu, r0, n), &go), "expert gate_up");
-    must(bx_swiglu_forward_fused(rows_of(&g, &L->gu, r0, n), rows_of(&h, &L->h, r0, n), &so), "swiglu");
+                 rows_of(&g, &L->gu, r0, n), &O.go), "expert gate_up");
+    must(bx_swiglu_forward_fused(rows_of(&g, &L->gu, r0, n), rows_of(&h, &L->h, r0, n), &O.so), "swiglu");
     must(bx_gemm(rows_of(&h, &L->h, r0, n), mat_of(&b, &L->wd, e), BX_GEMM_NT,
-                 rows_of(&y, &L->yp, r0, n), &go), "expert down");
+                 rows_of(&y, &L->yp, r0, n), &O.go), "expert down");
   }
-  must(bx_gemm(&L->x.t, &L->sg.t, BX_GEMM_NT, &L->sgu.t, &go), "shared gate");
-  must(bx_gemm(&L->x.t, &L->su.t, BX_GEMM_NT, &L->sh.t, &go), "shared up");
-  must(bx_swiglu_forward(&L->sgu.t, &L->sh.t, &L->dsh.t, &so), "shared swiglu"); /* h in dsh's buffer */
+  must(bx_gemm(&L->x.t, &L->sg.t, BX_GEMM_NT, &L->sgu.t, &O.go), "shared gate");
+  must(bx_gemm(&L->x.t, &L->su.t, BX_GEMM_NT, &L->sh.t, &O.go), "shared up");
+  must(bx_swiglu_forward(&L->sgu.t, &L->sh.t, &L->dsh.t, &O.so), "shared swiglu"); /* h in dsh's buffer */
   memcpy(L->sh.data, L->dsh.data, (size_t)(c.T * c.I * c.S) * 4u);
-  must(bx_gemm(&L->sh.t, &L->sd.t, BX_GEMM_NT, &L->so.t, &go), "shared down");
-  must(bx_moe_unpermute(&L->yp.t, &L->w.t, &L->row_map.t, &L->pos.t, &L->so.t, &L->out.t, &dop),
+  must(bx_gemm(&L->sh.t, &L->sd.t, BX_GEMM_NT, &L->so.t, &O.go), "shared down");
+  must(bx_moe_unpermute(&L->yp.t, &L->w.t, &L->row_map.t, &L->pos.t, &L->so.t, &L->out.t, &O.dop),
        "unpermute");
 }
 
@@ -329,42 +333,33 @@ static void all_wgrads(wg *g, layer *L, const int64_t *tok) {
 
 static void backward(layer *L, int invariant) {
   cfg c = L->c;
-  bx_gemm_opts go = BX_GEMM_OPTS_DEFAULT, acc = BX_GEMM_OPTS_DEFAULT;
-  go.num_threads = acc.num_threads = c.threads;
+  layer_opts O = opts_of(&c);
+  bx_gemm_opts acc = O.go;
   acc.accumulate = 1;
-  bx_moe_router_opts ro = BX_MOE_ROUTER_OPTS_DEFAULT;
-  ro.num_threads = c.threads;
-  ro.n_group = c.G;
-  ro.topk_group = c.TG;
-  ro.routed_scaling_factor = 2.5;
-  bx_moe_dispatch_opts dop = BX_MOE_DISPATCH_OPTS_DEFAULT;
-  dop.num_threads = c.threads;
-  bx_swiglu_opts so = BX_SWIGLU_OPTS_DEFAULT;
-  so.num_threads = c.threads;
   must(bx_moe_unpermute_backward(&L->dout.t, &L->yp.t, &L->w.t, &L->row_map.t, &L->pos.t,
-                                 &L->dyp.t, &L->dw.t, &dop), "unpermute backward");
+                                 &L->dyp.t, &L->dw.t, &O.dop), "unpermute backward");
   const int64_t *off = L->offsets.data;
   for (int64_t e = 0; e < c.E; e++) {
     int64_t r0 = off[e], n = off[e + 1] - off[e];
     if (n == 0) continue;
     view a, b, d, g;
     must(bx_gemm(rows_of(&a, &L->dyp, r0, n), mat_of(&b, &L->wd, e), BX_GEMM_NN,
-                 rows_of(&d, &L->dh, r0, n), &go), "expert dH");
+                 rows_of(&d, &L->dh, r0, n), &O.go), "expert dH");
     must(bx_swiglu_backward_fused(rows_of(&g, &L->gu, r0, n), rows_of(&d, &L->dh, r0, n),
-                                  rows_of(&a, &L->dgu, r0, n), &so), "swiglu backward");
+                                  rows_of(&a, &L->dgu, r0, n), &O.so), "swiglu backward");
     must(bx_gemm(rows_of(&a, &L->dgu, r0, n), mat_of(&b, &L->wgu, e), BX_GEMM_NN,
-                 rows_of(&d, &L->dxp, r0, n), &go), "expert dX");
+                 rows_of(&d, &L->dxp, r0, n), &O.go), "expert dX");
   }
-  must(bx_moe_permute_backward(&L->dxp.t, &L->row_map.t, &L->pos.t, &L->dx.t, &dop), "permute bwd");
-  must(bx_moe_router_backward(&L->logits.t, &L->ids.t, &L->dw.t, &L->dlogits.t, &ro), "router bwd");
+  must(bx_moe_permute_backward(&L->dxp.t, &L->row_map.t, &L->pos.t, &L->dx.t, &O.dop), "permute bwd");
+  must(bx_moe_router_backward(&L->logits.t, &L->ids.t, &L->dw.t, &L->dlogits.t, &O.ro), "router bwd");
   must(bx_gemm(&L->dlogits.t, &L->wr.t, BX_GEMM_NN, &L->dx.t, &acc), "router dX");
   /* shared expert: h in sh, gate in sgu, up recomputed into dsh's neighbour */
-  must(bx_gemm(&L->dout.t, &L->sd.t, BX_GEMM_NN, &L->dsh.t, &go), "shared dH");
-  must(bx_gemm(&L->x.t, &L->su.t, BX_GEMM_NT, &L->dsu.t, &go), "shared up again");
+  must(bx_gemm(&L->dout.t, &L->sd.t, BX_GEMM_NN, &L->dsh.t, &O.go), "shared dH");
+  must(bx_gemm(&L->x.t, &L->su.t, BX_GEMM_NT, &L->dsu.t, &O.go), "shared up again");
   ten up;
   f32(&up, 2, c.T, c.I * c.S, 0);
   memcpy(up.data, L->dsu.data, (size_t)(c.T * c.I * c.S) * 4u);
-  must(bx_swiglu_backward(&L->sgu.t, &up.t, &L->dsh.t, &L->dsg.t, &L->dsu.t, &so), "shared swiglu bwd");
+  must(bx_swiglu_backward(&L->sgu.t, &up.t, &L->dsh.t, &L->dsg.t, &L->dsu.t, &O.so), "shared swiglu bwd");
   free(up.data);
   must(bx_gemm(&L->dsg.t, &L->sg.t, BX_GEMM_NN, &L->dx.t, &acc), "shared gate dX");
   must(bx_gemm(&L->dsu.t, &L->su.t, BX_GEMM_NN, &L->dx.t, &acc), "shared up dX");
@@ -397,22 +392,6 @@ static void backward(layer *L, int invariant) {
 }
 
 /* ---- timing and the comparison ---------------------------------------- */
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_d(const void *x, const void *y) {
-  double a = *(const double *)x, b = *(const double *)y;
-  return a < b ? -1 : a > b;
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_d);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 static double step_time(layer *L, int invariant) {
   double t0 = now();

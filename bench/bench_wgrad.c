@@ -51,7 +51,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_common.h"
 #include "bitexact_train.h"
+#include "../tests/dl_view.h"
 #include "kernels.h"
 #include "rng.h"
 
@@ -72,44 +74,8 @@ static const int64_t CHUNKS[NV] = {0, 256, 1024}; /* 0: plain */
 
 static int use_cpu_time; /* --cpu-time: the process's CPU time instead of the wall clock */
 
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(use_cpu_time ? CLOCK_PROCESS_CPUTIME_ID : CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_d(const void *x, const void *y) {
-  double a = *(const double *)x, b = *(const double *)y;
-  return a < b ? -1 : a > b;
-}
-
-static void cpu_model(char *buf, size_t len) {
-  snprintf(buf, len, "unknown CPU");
-  FILE *f = fopen("/proc/cpuinfo", "r");
-  if (!f) return;
-  char line[512];
-  while (fgets(line, sizeof line, f))
-    if (!strncmp(line, "model name", 10) && strchr(line, ':')) {
-      char *p = strchr(line, ':') + 2;
-      p[strcspn(p, "\n")] = 0;
-      snprintf(buf, len, "%s", p);
-      break;
-    }
-  fclose(f);
-}
-
-static DLTensor f32(void *data, int ndim, int64_t *shp) {
-  DLTensor t;
-  memset(&t, 0, sizeof t);
-  t.data = data;
-  t.device.device_type = kDLCPU;
-  t.ndim = ndim;
-  t.dtype.code = kDLFloat;
-  t.dtype.bits = 32;
-  t.dtype.lanes = 1;
-  t.shape = shp;
-  return t;
-}
+/* the clock of the measurements */
+static double clock_s(void) { return use_cpu_time ? process_cpu_now() : now(); }
 
 typedef struct ctx {
   DLTensor dy, x, dw;
@@ -137,13 +103,13 @@ static void step(ctx *c, int64_t chunk) {
   if (bx_tokred_create(&g, 1, chunk, c->sdy[0], NULL, &s) != BX_OK) die("bx_tokred_create");
   bx_wgrad_opts o = BX_WGRAD_OPTS_DEFAULT;
   o.num_threads = c->threads;
-  double tb = now();
+  double tb = clock_s();
   if (bx_linear_wgrad_bound(s, 0, BX_WGRAD_NONE, &c->dy, &c->x, 0, &o) != BX_OK) die("bound");
-  c->bound_s = now() - tb;
+  c->bound_s = clock_s() - tb;
   if (bx_tokred_agree(s, NULL) != BX_OK) die("agree");
-  double t0 = now();
+  double t0 = clock_s();
   if (bx_linear_wgrad(s, 0, BX_WGRAD_NONE, &c->dy, &c->x, 0, &o) != BX_OK) die("bx_linear_wgrad");
-  c->add_s = now() - t0;
+  c->add_s = clock_s() - t0;
   if (bx_tokred_finish(s, &c->dw, 1, 1) != BX_OK) die("finish");
   bx_tokred_destroy(s);
 }
@@ -151,13 +117,13 @@ static void step(ctx *c, int64_t chunk) {
 /* mean seconds per step over >= 50 ms (and of the add part) */
 static double time_step(ctx *c, int64_t chunk, double *add, double *bound) {
   int calls = 0;
-  double t0 = now(), t1, a = 0, b = 0;
+  double t0 = clock_s(), t1, a = 0, b = 0;
   do {
     step(c, chunk);
     a += c->add_s;
     b += c->bound_s;
     calls++;
-    t1 = now();
+    t1 = clock_s();
   } while (t1 - t0 < 0.05);
   *add = a / calls;
   *bound = b / calls;
@@ -173,9 +139,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--shape") && i + 1 < argc) only = argv[++i];
     else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
-      nthreads = 0;
-      for (char *tok = strtok(argv[++i], ","); tok && nthreads < MAXT; tok = strtok(NULL, ","))
-        threads[nthreads++] = atoi(tok);
+      nthreads = parse_threads(argv[++i], threads, MAXT);
     } else {
       fprintf(stderr, "usage: bench_wgrad [--threads 1,2] [--reps R] [--quick] [--shape NAME] [--cpu-time]\n");
       return 2;
@@ -208,9 +172,9 @@ int main(int argc, char **argv) {
     c.sdy[0] = c.sx[0] = (int64_t)m;
     c.sdy[1] = c.sdw[0] = (int64_t)n;
     c.sx[1] = c.sdw[1] = (int64_t)k;
-    c.dy = f32(dy, 2, c.sdy);
-    c.x = f32(x, 2, c.sx);
-    c.dw = f32(dw, 2, c.sdw);
+    c.dy = bxt_f32_view(dy, 2, c.sdy);
+    c.x = bxt_f32_view(x, 2, c.sx);
+    c.dw = bxt_f32_view(dw, 2, c.sdw);
     double gfl = 2.0 * (double)m * (double)n * (double)k * 1e-9;
     for (int ti = 0; ti < nthreads; ti++) {
       c.threads = threads[ti];

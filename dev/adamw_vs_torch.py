@@ -17,12 +17,11 @@ import sys
 import numpy as np
 import torch
 
-# the DLPack structs in ctypes, shared with the Python tests
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
-from dlpack_ctypes import DLDataType, DLDevice, DLTensor  # noqa: E402
+# the DLPack structs in ctypes (shared with the Python tests) and the helpers of dev/
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bx_ctypes import DLTensor, dl_np, load, ulps  # noqa: E402
 
-LIB = sys.argv[1] if len(sys.argv) > 1 else "build/libbitexact.so"
-lib = C.CDLL(LIB)
+lib = load()
 
 
 class AdamWOpts(C.Structure):
@@ -33,22 +32,11 @@ class AdamWOpts(C.Structure):
 
 lib.bx_adamw_step.argtypes = [C.POINTER(DLTensor)] * 4 + [C.c_int64, C.POINTER(AdamWOpts)]
 lib.bx_adamw_step.restype = C.c_int
-lib.bx_last_error.restype = C.c_char_p
 
 
 def dl(a, keep):
     """A DLTensor over a contiguous float32 numpy array (keep holds the shape)."""
-    shape = (C.c_int64 * 1)(a.size)
-    keep.append(shape)
-    return DLTensor(a.ctypes.data, DLDevice(1, 0), 1, DLDataType(2, 32, 1), shape, None, 0)
-
-
-def ulps(a, b):
-    ia = a.view(np.int32).astype(np.int64)
-    ib = b.view(np.int32).astype(np.int64)
-    ia = np.where(ia < 0, -(ia & 0x7FFFFFFF), ia)
-    ib = np.where(ib < 0, -(ib & 0x7FFFFFFF), ib)
-    return np.abs(ia - ib)
+    return dl_np(a.reshape(-1), keep)
 
 
 def compare(n, steps, lr, betas, eps, wd, seed, threads=0):

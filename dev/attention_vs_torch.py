@@ -21,11 +21,10 @@ import sys
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
-from dlpack_ctypes import DLDataType, DLDevice, DLTensor  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bx_ctypes import DLTensor, dl_np, eager, load, ulps  # noqa: E402
 
-LIB = sys.argv[1] if len(sys.argv) > 1 else "build/libbitexact.so"
-lib = C.CDLL(LIB)
+lib = load()
 
 
 class AttnOpts(C.Structure):
@@ -38,36 +37,6 @@ lib.bx_attention_forward.argtypes = [P, P, P, I64, I64, I64, I64, P, P, C.POINTE
 lib.bx_attention_forward.restype = C.c_int
 lib.bx_attention_backward.argtypes = [P] * 5 + [I64] * 4 + [P] * 3 + [C.POINTER(AttnOpts)]
 lib.bx_attention_backward.restype = C.c_int
-lib.bx_last_error.restype = C.c_char_p
-
-
-def dl(a, keep):
-    shape = (C.c_int64 * a.ndim)(*a.shape)
-    keep.append(shape)
-    return DLTensor(a.ctypes.data, DLDevice(1, 0), a.ndim, DLDataType(2, 32, 1), shape, None, 0)
-
-
-def ulps(a, b):
-    ia = a.view(np.int32).astype(np.int64)
-    ib = b.view(np.int32).astype(np.int64)
-    ia = np.where(ia < 0, -(ia & 0x7FFFFFFF), ia)
-    ib = np.where(ib < 0, -(ib & 0x7FFFFFFF), ib)
-    return np.abs(ia - ib)
-
-
-def eager(q, k, v, B, L, Hq, Hkv, D):
-    """transformers' eager attention on [T, H*D] inputs; returns [T, Hq*D]."""
-    R = Hq // Hkv
-    qh = q.view(B, L, Hq, D).transpose(1, 2)
-    kh = k.view(B, L, Hkv, D).transpose(1, 2)
-    vh = v.view(B, L, Hkv, D).transpose(1, 2)
-    kh = kh[:, :, None].expand(B, Hkv, R, L, D).reshape(B, Hq, L, D)
-    vh = vh[:, :, None].expand(B, Hkv, R, L, D).reshape(B, Hq, L, D)
-    w = torch.matmul(qh, kh.transpose(2, 3)) * D ** -0.5
-    mask = torch.full((L, L), torch.finfo(q.dtype).min, dtype=q.dtype).triu(1)
-    w = torch.nn.functional.softmax(w + mask, dim=-1, dtype=torch.float32).to(q.dtype)
-    o = torch.matmul(w, vh).transpose(1, 2).contiguous()
-    return o.reshape(B * L, Hq * D)
 
 
 def run(B, L, Hq, Hkv, D, qscale, seed):
@@ -89,7 +58,7 @@ def run(B, L, Hq, Hkv, D, qscale, seed):
     st = np.zeros((T, Hq, 2), np.float32)
     dq, dk, dv = np.zeros_like(qn), np.zeros_like(kn), np.zeros_like(vn)
     opts = AttnOpts(C.sizeof(AttnOpts), 0)
-    t = [dl(a, keep) for a in (qn, kn, vn, o, st, don, dq, dk, dv)]
+    t = [dl_np(a, keep) for a in (qn, kn, vn, o, st, don, dq, dk, dv)]
     rc = lib.bx_attention_forward(t[0], t[1], t[2], L, Hq, Hkv, D, t[3], t[4], opts)
     assert rc == 0, lib.bx_last_error()
     rc = lib.bx_attention_backward(t[5], t[0], t[1], t[2], t[4], L, Hq, Hkv, D, t[6], t[7], t[8], opts)

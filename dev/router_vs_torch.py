@@ -26,12 +26,10 @@ import sys
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
-from dlpack_ctypes import DLDataType, DLDevice, DLTensor  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bx_ctypes import DLTensor, dl_np, load, ulps  # noqa: E402
 
-LIB = sys.argv[1] if len(sys.argv) > 1 else "build/libbitexact.so"
-lib = C.CDLL(LIB)
-lib.bx_last_error.restype = C.c_char_p
+lib = load()
 
 
 class RouterOpts(C.Structure):
@@ -50,11 +48,8 @@ KEEP = []
 
 def dl(a):
     a = np.ascontiguousarray(a)
-    code, bits = {np.float32: (2, 32), np.int64: (0, 64), np.int32: (0, 32)}[a.dtype.type]
-    shape = (C.c_int64 * a.ndim)(*a.shape)
-    KEEP.append((a, shape))
-    return C.byref(DLTensor(a.ctypes.data, DLDevice(1, 0), a.ndim, DLDataType(code, bits, 1),
-                            shape, None, 0)), a
+    KEEP.append(a)
+    return C.byref(dl_np(a, KEEP)), a
 
 
 def ok(st, what):
@@ -77,14 +72,6 @@ def route_torch(logits, bias, G, kg, k, norm, rsf):
     if norm:
         w = w / (w.sum(dim=-1, keepdim=True) + 1e-20)
     return idx, w * rsf
-
-
-def ulps(a, b):
-    ia = a.view(np.int32).astype(np.int64)
-    ib = b.view(np.int32).astype(np.int64)
-    ia = np.where(ia < 0, -(ia & 0x7FFFFFFF), ia)
-    ib = np.where(ib < 0, -(ib & 0x7FFFFFFF), ib)
-    return np.abs(ia - ib)
 
 
 def run(T, E, G, kg, k, norm, rsf, seed):

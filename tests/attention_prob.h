@@ -16,6 +16,7 @@
 
 #include "attention_ref.h"
 #include "bitexact_train.h"
+#include "dl_view.h"
 #include "harness.h"
 #include "util.h"
 
@@ -31,14 +32,7 @@ typedef struct aprob {
 } aprob;
 
 static void view(DLTensor *t, float *data, int ndim, int64_t *shape) {
-  memset(t, 0, sizeof *t);
-  t->data = data;
-  t->device.device_type = kDLCPU;
-  t->ndim = ndim;
-  t->dtype.code = kDLFloat;
-  t->dtype.bits = 32;
-  t->dtype.lanes = 1;
-  t->shape = shape;
+  *t = bxt_f32_view(data, ndim, shape);
 }
 
 static void ap_make(aprob *a, size_t B, size_t L, size_t Hq, size_t Hkv, size_t D) {

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "bitexact_train.h"
+#include "dl_view.h"
 #include "gemm_internal.h"
 #include "harness.h"
 #include "tests.h"
@@ -41,14 +42,7 @@ static void mat_make(mat *x, int bf16, size_t rows, size_t cols, size_t shift) {
   x->data = (char *)x->raw + 64 + shift;
   x->shape[0] = (int64_t)rows;
   x->shape[1] = (int64_t)cols;
-  x->t.data = x->data;
-  x->t.device.device_type = kDLCPU;
-  x->t.ndim = 2;
-  x->t.dtype.code = bf16 ? kDLBfloat : kDLFloat;
-  x->t.dtype.bits = bf16 ? 16 : 32;
-  x->t.dtype.lanes = 1;
-  x->t.shape = x->shape;
-  x->t.strides = NULL;
+  x->t = bxt_view(x->data, bf16 ? kDLBfloat : kDLFloat, bf16 ? 16 : 32, 2, x->shape);
 }
 
 static void mat_free(mat *x) {

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "bitexact_train.h"
+#include "dl_view.h"
 #include "harness.h"
 #include "tests.h"
 #include "util.h"
@@ -36,13 +37,7 @@ static void tens_make(tens *x, DLDataTypeCode code, int bits, int ndim, int64_t 
   x->n = (size_t)d0 * (size_t)(ndim == 2 ? d1 : 1);
   x->es = (size_t)bits / 8;
   x->buf = calloc(x->n + 1, x->es);
-  x->t.data = x->buf;
-  x->t.device.device_type = kDLCPU;
-  x->t.ndim = ndim;
-  x->t.dtype.code = (uint8_t)code;
-  x->t.dtype.bits = (uint8_t)bits;
-  x->t.dtype.lanes = 1;
-  x->t.shape = x->shape;
+  x->t = bxt_view(x->buf, code, bits, ndim, x->shape);
 }
 static void f32_2(tens *x, int64_t a, int64_t b) { tens_make(x, kDLFloat, 32, 2, a, b); }
 static void f32_1(tens *x, int64_t a) { tens_make(x, kDLFloat, 32, 1, a, 1); }

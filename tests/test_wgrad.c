@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "bitexact_train.h"
+#include "dl_view.h"
 #include "gemm_internal.h"
 #include "harness.h"
 #include "kernels.h"
@@ -44,13 +45,7 @@ static void mx_make(mx *m, int bf16, size_t rows, size_t cols) {
   m->data = calloc(rows * cols + 16, 4);
   m->shape[0] = (int64_t)rows;
   m->shape[1] = (int64_t)cols;
-  m->t.data = m->data;
-  m->t.device.device_type = kDLCPU;
-  m->t.ndim = 2;
-  m->t.dtype.code = bf16 ? kDLBfloat : kDLFloat;
-  m->t.dtype.bits = bf16 ? 16 : 32;
-  m->t.dtype.lanes = 1;
-  m->t.shape = m->shape;
+  m->t = bxt_view(m->data, bf16 ? kDLBfloat : kDLFloat, bf16 ? 16 : 32, 2, m->shape);
 }
 
 static void mx_store(mx *m) {
@@ -90,19 +85,6 @@ static DLTensor rows_view(const mx *m, size_t r0, size_t r1, int64_t *shp) {
   v.shape = shp;
   v.byte_offset = r0 * m->cols * (m->bf16 ? 2 : 4);
   return v;
-}
-
-static DLTensor f32_tensor(void *data, int ndim, int64_t *shape) {
-  DLTensor t;
-  memset(&t, 0, sizeof t);
-  t.data = data;
-  t.device.device_type = kDLCPU;
-  t.ndim = ndim;
-  t.dtype.code = kDLFloat;
-  t.dtype.bits = 32;
-  t.dtype.lanes = 1;
-  t.shape = shape;
-  return t;
 }
 
 /* ---- the chunked TN product (the engine of bx_linear_wgrad) ---------------- */
@@ -322,8 +304,8 @@ static void case_make(bxt_rng *r, wg_case *w, size_t t, size_t n, size_t k, int6
   w->wshape[0] = (int64_t)n;
   w->wshape[1] = (int64_t)k;
   w->bshape[0] = (int64_t)n;
-  w->grads[0] = f32_tensor(NULL, 2, w->wshape);
-  w->grads[1] = f32_tensor(NULL, 1, w->bshape);
+  w->grads[0] = bxt_f32_view(NULL, 2, w->wshape);
+  w->grads[1] = bxt_f32_view(NULL, 1, w->bshape);
 }
 
 static void case_free(wg_case *w) {
@@ -340,11 +322,11 @@ static void case_partials(const wg_case *w, float *part, float *bp) {
     size_t r0 = j * (size_t)w->c, r1 = r0 + (size_t)w->c < w->t ? r0 + (size_t)w->c : w->t;
     int64_t s1[2], s2[2], sc[2] = {(int64_t)w->n, (int64_t)w->k};
     DLTensor va = rows_view(&w->dy, r0, r1, s1), vb = rows_view(&w->x, r0, r1, s2);
-    DLTensor vc = f32_tensor(part + j * w->n * w->k, 2, sc);
+    DLTensor vc = bxt_f32_view(part + j * w->n * w->k, 2, sc);
     CHECK_STATUS(bx_gemm(&va, &vb, BX_GEMM_TN, &vc, NULL), BX_OK, "TN partial %zu", j);
   }
   int64_t sp[2] = {(int64_t)nch, (int64_t)w->n};
-  DLTensor p = f32_tensor(bp, 2, sp);
+  DLTensor p = bxt_f32_view(bp, 2, sp);
   CHECK_STATUS(bx_bias_grad_partials(&w->dy.t, w->c, &p, NULL), BX_OK, "bias partials");
 }
 
@@ -358,7 +340,7 @@ static bx_tokred *state_of(const wg_case *w, int mode) {
 
 /* the state's words (grid) or its finished sums (both modes), for comparison */
 static void finished(bx_tokred *s, const wg_case *w, float *outw, float *outb) {
-  DLTensor out[2] = {f32_tensor(outw, 2, (int64_t *)w->wshape), f32_tensor(outb, 1, (int64_t *)w->bshape)};
+  DLTensor out[2] = {bxt_f32_view(outw, 2, (int64_t *)w->wshape), bxt_f32_view(outb, 1, (int64_t *)w->bshape)};
   CHECK_STATUS(bx_tokred_finish(s, out, 2, 1), BX_OK, "finish: %s", bx_last_error());
 }
 
@@ -401,13 +383,13 @@ void test_wgrad_linear(void) {
     /* reference: bounds from the partials, then bx_tokred_add */
     bx_tokred *ref = state_of(&w, BX_TOKRED_GRID);
     for (size_t j = 0; j < nch; j++) {
-      DLTensor pw = f32_tensor(part + j * n * k, 2, sw), pb = f32_tensor(bp + j * n, 1, sb);
+      DLTensor pw = bxt_f32_view(part + j * n * k, 2, sw), pb = bxt_f32_view(bp + j * n, 1, sb);
       CHECK_STATUS(bx_tokred_bound(ref, 0, (int64_t)j, &pw), BX_OK, "bound");
       CHECK_STATUS(bx_tokred_bound(ref, 1, (int64_t)j, &pb), BX_OK, "bound");
     }
     CHECK_STATUS(bx_tokred_agree(ref, NULL), BX_OK, "agree");
     for (size_t j = 0; j < nch; j++) {
-      DLTensor pw = f32_tensor(part + j * n * k, 2, sw), pb = f32_tensor(bp + j * n, 1, sb);
+      DLTensor pw = bxt_f32_view(part + j * n * k, 2, sw), pb = bxt_f32_view(bp + j * n, 1, sb);
       CHECK_STATUS(bx_tokred_add(ref, 0, (int64_t)j, &pw), BX_OK, "add");
       CHECK_STATUS(bx_tokred_add(ref, 1, (int64_t)j, &pb), BX_OK, "add");
     }
@@ -416,7 +398,7 @@ void test_wgrad_linear(void) {
       if (!bxt_force(isa)) continue;
       bx_tokred *s = state_of(&w, BX_TOKRED_GRID);
       for (size_t j = 0; j < nch; j++) {
-        DLTensor pw = f32_tensor(part + j * n * k, 2, sw), pb = f32_tensor(bp + j * n, 1, sb);
+        DLTensor pw = bxt_f32_view(part + j * n * k, 2, sw), pb = bxt_f32_view(bp + j * n, 1, sb);
         bx_tokred_bound(s, 0, (int64_t)j, &pw);
         bx_tokred_bound(s, 1, (int64_t)j, &pb);
       }
@@ -449,7 +431,7 @@ void test_wgrad_linear(void) {
           rep, ge_one, ge_ref);
     CHECK_STATUS(wgrad_rows(one, &w, 0, t, 0), BX_OK, "one pass: %s", bx_last_error());
     for (size_t j = 0; j < nch; j++) {
-      DLTensor pw = f32_tensor(part + j * n * k, 2, sw), pb = f32_tensor(bp + j * n, 1, sb);
+      DLTensor pw = bxt_f32_view(part + j * n * k, 2, sw), pb = bxt_f32_view(bp + j * n, 1, sb);
       CHECK_STATUS(bx_tokred_add(two, 0, (int64_t)j, &pw), BX_OK, "add under the a-priori bound");
       CHECK_STATUS(bx_tokred_add(two, 1, (int64_t)j, &pb), BX_OK, "add under the a-priori bound");
     }
@@ -480,7 +462,7 @@ void test_wgrad_linear(void) {
     bx_tokred_agree(ob2, NULL);
     CHECK_STATUS(wgrad_rows(oa, &w, 0, t, 2), BX_OK, "ordinary");
     for (size_t j = 0; j < nch; j++) {
-      DLTensor pw = f32_tensor(part + j * n * k, 2, sw), pb = f32_tensor(bp + j * n, 1, sb);
+      DLTensor pw = bxt_f32_view(part + j * n * k, 2, sw), pb = bxt_f32_view(bp + j * n, 1, sb);
       bx_tokred_add(ob2, 0, (int64_t)j, &pw);
       bx_tokred_add(ob2, 1, (int64_t)j, &pb);
     }

@@ -13,24 +13,12 @@
 #include <string.h>
 
 #include "bitexact_train.h"
+#include "dl_view.h"
 #include "harness.h"
 #include "kernels.h"
 #include "tests.h"
 #include "tokred_grid.h"
 #include "util.h"
-
-static DLTensor f32t(void *data, int ndim, int64_t *shape) {
-  DLTensor t;
-  memset(&t, 0, sizeof t);
-  t.data = data;
-  t.device.device_type = kDLCPU;
-  t.ndim = ndim;
-  t.dtype.code = kDLFloat;
-  t.dtype.bits = 32;
-  t.dtype.lanes = 1;
-  t.shape = shape;
-  return t;
-}
 
 static void fill(bxt_rng *r, float *p, size_t n) {
   for (size_t i = 0; i < n; i++) p[i] = (float)bxt_normal(r);
@@ -61,7 +49,7 @@ void test_wgrad_bad_input(void) {
   fill(&r, dy, T * N);
   fill(&r, x, T * K);
   int64_t sdy[2] = {T, N}, sx[2] = {T, K}, sp[2] = {4, N}, sw[2] = {N, K}, sb[1] = {N};
-  DLTensor tdy = f32t(dy, 2, sdy), tx = f32t(x, 2, sx), tp = f32t(part, 2, sp);
+  DLTensor tdy = bxt_f32_view(dy, 2, sdy), tx = bxt_f32_view(x, 2, sx), tp = bxt_f32_view(part, 2, sp);
   /* bias partials */
   for (int i = 0; i < 4 * N; i++) part[i] = before[i] = -7.0f;
 #define BIAS_FAIL(call, want, word, what)                                                     \
@@ -103,7 +91,7 @@ void test_wgrad_bad_input(void) {
   CHECK_STATUS(bx_bias_grad_partials(&tdy, C, &tp, NULL), BX_OK, "good call after errors");
 
   /* the state calls */
-  DLTensor grads[2] = {f32t(NULL, 2, sw), f32t(NULL, 1, sb)};
+  DLTensor grads[2] = {bxt_f32_view(NULL, 2, sw), bxt_f32_view(NULL, 1, sb)};
   bx_tokred *s = NULL;
   CHECK_STATUS(bx_tokred_create(grads, 2, C, T, NULL, &s), BX_OK, "create");
   CHECK_STATUS(bx_linear_wgrad(s, 0, 1, &tdy, &tx, 0, NULL), BX_EINVAL, "before agree");
@@ -258,12 +246,12 @@ void test_wgrad_grid_kernels(void) {
   }
   /* through the public call: one state's words equal under every ISA */
   int64_t sh[1] = {1000};
-  DLTensor g = f32t(NULL, 1, sh);
+  DLTensor g = bxt_f32_view(NULL, 1, sh);
   float *p = malloc(1000 * sizeof(float));
   for (int i = 0; i < 1000; i++) p[i] = (float)ldexp(bxt_normal(&r), (int)bxt_below(&r, 40) - 20);
   p[7] = NAN;
   p[8] = -INFINITY;
-  DLTensor tp = f32t(p, 1, sh);
+  DLTensor tp = bxt_f32_view(p, 1, sh);
   int64_t *first = NULL;
   size_t nfirst = 0;
   for (int isa = 0; isa < bxt_isa_count(); isa++) {

@@ -6,6 +6,7 @@
  * order, from its own scores: the pieces, the thread count and the batch
  * cannot change a bit.
  */
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -18,84 +19,17 @@
 #include "math_det.h"
 #include "pool.h"
 #include "tensor.h"
+#include "train_check.h"
 #include "workspace.h"
 
 #define ATTN_ROWS 32 /* about this many positions per forward piece (speed only) */
 
 /* ---- checks ----------------------------------------------------------------- */
 
-static int host_readable(DLDeviceType dev) {
-  return dev == kDLCPU || dev == kDLCUDAHost || dev == kDLCUDAManaged;
-}
-
-typedef struct attn_span {
-  float *data;
-  size_t rows, cols; /* rows: all dimensions but the last (stats: T) */
-  size_t n;          /* elements */
-} attn_span;
-
-/* One tensor alone: present, host, fp32, 2-D or 3-D (stats 3-D), row-major
- * contiguous, aligned, data present. */
-static bx_status check_one(const char *fn, size_t idx, const bx_attn_arg *a, attn_span *sp) {
-  const DLTensor *t = a->t;
-  const char *nm = a->name;
-  if (!t) return bx_fail_at(BX_EINVAL, -1, BX_NO_GROUP, idx, "%s: tensor %zu (%s) is NULL", fn, idx, nm);
-  if (!host_readable(t->device.device_type))
-    return bx_fail_at(BX_EDEVICE, -1, BX_NO_GROUP, idx,
-                      "%s: tensor %zu (%s) is on device type %d, not host memory", fn, idx, nm,
-                      (int)t->device.device_type);
-  if (t->dtype.code != kDLFloat || t->dtype.bits != 32 || t->dtype.lanes != 1)
-    return bx_fail_at(BX_EDTYPE, -1, BX_NO_GROUP, idx,
-                      "%s: tensor %zu (%s) has dtype code %u bits %u lanes %u; want float32", fn,
-                      idx, nm, (unsigned)t->dtype.code, (unsigned)t->dtype.bits,
-                      (unsigned)t->dtype.lanes);
-  int want3 = a->kind == BX_ATTN_STATS;
-  if (want3 ? t->ndim != 3 : (t->ndim < 2 || t->ndim > 3))
-    return bx_fail_at(BX_EINVAL, -1, BX_NO_GROUP, idx,
-                      "%s: tensor %zu (%s) has %d dimensions, want %s", fn, idx, nm, t->ndim,
-                      want3 ? "3 ([T, num_heads, 2])" : "2 ([T, F]) or 3 ([B, L, F])");
-  if (!t->shape)
-    return bx_fail_at(BX_EINVAL, -1, BX_NO_GROUP, idx, "%s: tensor %zu (%s) has no shape", fn, idx, nm);
-  size_t n = 1;
-  for (int d = 0; d < t->ndim; d++) {
-    if (t->shape[d] < 0)
-      return bx_fail_at(BX_EINVAL, -1, BX_NO_GROUP, idx,
-                        "%s: tensor %zu (%s): shape[%d] = %lld is negative", fn, idx, nm, d,
-                        (long long)t->shape[d]);
-    size_t e = (size_t)t->shape[d];
-    if (e && n > (SIZE_MAX / 16) / e)
-      return bx_fail_at(BX_EINVAL, -1, BX_NO_GROUP, idx, "%s: tensor %zu (%s): too many elements",
-                        fn, idx, nm);
-    n *= e;
-  }
-  if (t->strides) {
-    int64_t want = 1;
-    for (int d = t->ndim - 1; d >= 0; d--) {
-      if (t->shape[d] != 1 && t->strides[d] != want)
-        return bx_fail_at(BX_ELAYOUT, -1, BX_NO_GROUP, idx,
-                          "%s: tensor %zu (%s) is not row-major contiguous: strides[%d] = %lld, "
-                          "want %lld", fn, idx, nm, d, (long long)t->strides[d], (long long)want);
-      want *= t->shape[d];
-    }
-  }
-  if (n && !t->data)
-    return bx_fail_at(BX_EINVAL, -1, BX_NO_GROUP, idx, "%s: tensor %zu (%s): data is NULL", fn, idx, nm);
-  char *p = (char *)t->data + t->byte_offset;
-  if ((uintptr_t)p % 4)
-    return bx_fail_at(BX_ELAYOUT, -1, BX_NO_GROUP, idx,
-                      "%s: tensor %zu (%s): data + byte_offset is not aligned to 4 bytes", fn, idx, nm);
-  sp->data = (float *)p;
-  sp->n = n;
-  sp->cols = (size_t)t->shape[t->ndim - 1];
-  sp->rows = want3 ? (size_t)t->shape[0]
-                   : (t->ndim == 3 ? (size_t)t->shape[0] * (size_t)t->shape[1] : (size_t)t->shape[0]);
-  return BX_OK;
-}
-
-static int spans_overlap(const attn_span *x, const attn_span *y) {
-  if (!x->n || !y->n) return 0;
-  uintptr_t x0 = (uintptr_t)x->data, y0 = (uintptr_t)y->data;
-  return x0 < y0 + 4 * y->n && y0 < x0 + 4 * x->n;
+bx_status bx_attn_enter(bx_call *call, const char *fn, const bx_attention_opts *opts) {
+  int threads;
+  return bx_tc_enter(call, fn, opts, sizeof *opts, offsetof(bx_attention_opts, num_threads),
+                     "bx_attention_opts", "BX_ATTENTION_OPTS_DEFAULT", &threads);
 }
 
 bx_status bx_attn_check(const char *fn, const bx_attention_opts *opts, int64_t seq_len,
@@ -103,7 +37,6 @@ bx_status bx_attn_check(const char *fn, const bx_attention_opts *opts, int64_t s
                         const bx_attn_arg *args, size_t nargs, float **data, bx_attn_geom *g) {
   bx_attention_opts o = BX_ATTENTION_OPTS_DEFAULT;
   if (opts) o = *opts;
-  if (o.num_threads < 0) return bx_fail(BX_EINVAL, "%s: num_threads %d is negative", fn, o.num_threads);
   if (seq_len < 1 || seq_len > BX_ATTN_MAX_LEN)
     return bx_fail(BX_EINVAL, "%s: seq_len %lld is not in [1, 2^30]", fn, (long long)seq_len);
   if (head_dim < 1 || head_dim > BX_ATTN_MAX_DIM)
@@ -117,12 +50,16 @@ bx_status bx_attn_check(const char *fn, const bx_attention_opts *opts, int64_t s
   if ((uint64_t)num_heads * (uint64_t)head_dim > ((uint64_t)1 << 31))
     return bx_fail(BX_EINVAL, "%s: num_heads * head_dim = %lld is too large", fn,
                    (long long)(num_heads * head_dim));
-  attn_span sp[8];
-  memset(sp, 0, sizeof sp);
+  bx_tc_tensor sp[8];
+  const bx_tc_tensor *all[8];
   if (nargs == 0 || nargs > 8) return bx_fail(BX_EINVAL, "%s: internal: too many tensors", fn);
   for (size_t i = 0; i < nargs; i++) {
-    bx_status st = check_one(fn, i, &args[i], &sp[i]);
+    int stats = args[i].kind == BX_ATTN_STATS;
+    bx_status st = bx_tc_check(fn, i, args[i].name, args[i].t, BX_TC_F32, stats ? 3 : 2, 3, NULL,
+                               args[i].writable, &sp[i]);
     if (st != BX_OK) return st;
+    if (stats) sp[i].rows = (size_t)sp[i].dim[0]; /* [T, num_heads, 2]: T rows */
+    all[i] = &sp[i];
   }
   size_t L = (size_t)seq_len, Hq = (size_t)num_heads, Hkv = (size_t)num_kv_heads, D = (size_t)head_dim;
   size_t T = sp[0].rows;
@@ -153,14 +90,8 @@ bx_status bx_attn_check(const char *fn, const bx_attention_opts *opts, int64_t s
     return bx_fail_at(BX_EINVAL, -1, BX_NO_GROUP, 0,
                       "%s: tensor 0 (%s): T = %zu tokens is not a multiple of seq_len = %zu "
                       "(T = B * L)", fn, args[0].name, T, L);
-  for (size_t i = 0; i < nargs; i++) {
-    if (!args[i].writable) continue;
-    for (size_t j = 0; j < nargs; j++)
-      if (j != i && spans_overlap(&sp[i], &sp[j]))
-        return bx_fail_at(BX_ELAYOUT, -1, BX_NO_GROUP, i,
-                          "%s: tensor %zu (%s) overlaps tensor %zu (%s)", fn, i, args[i].name, j,
-                          args[j].name);
-  }
+  bx_status st = bx_tc_overlap(fn, all, nargs);
+  if (st != BX_OK) return st;
   for (size_t i = 0; i < nargs; i++) data[i] = sp[i].data;
   g->T = T;
   g->L = L;
@@ -314,13 +245,8 @@ bx_status bx_attention_forward(const DLTensor *q, const DLTensor *k, const DLTen
                                int64_t head_dim, DLTensor *o, DLTensor *stats,
                                const bx_attention_opts *opts) {
   static const char *fn = "bx_attention_forward";
-  if (opts) {
-    bx_status st = bx_check_struct_size(fn, "opts->struct_size", opts->struct_size, sizeof *opts,
-                                        "bx_attention_opts", "BX_ATTENTION_OPTS_DEFAULT");
-    if (st != BX_OK) return st;
-  }
   bx_call call;
-  bx_status st = bx_call_enter(&call, fn);
+  bx_status st = bx_attn_enter(&call, fn, opts);
   if (st != BX_OK) return st;
   const bx_attn_arg args[5] = {{q, "q", BX_ATTN_Q, 0},     {k, "k", BX_ATTN_KV, 0},
                                {v, "v", BX_ATTN_KV, 0},    {o, "o", BX_ATTN_Q, 1},

@@ -222,13 +222,8 @@ bx_status bx_attention_backward(const DLTensor *dout, const DLTensor *q, const D
                                 DLTensor *dq, DLTensor *dk, DLTensor *dv,
                                 const bx_attention_opts *opts) {
   static const char *fn = "bx_attention_backward";
-  if (opts) {
-    bx_status st = bx_check_struct_size(fn, "opts->struct_size", opts->struct_size, sizeof *opts,
-                                        "bx_attention_opts", "BX_ATTENTION_OPTS_DEFAULT");
-    if (st != BX_OK) return st;
-  }
   bx_call call;
-  bx_status st = bx_call_enter(&call, fn);
+  bx_status st = bx_attn_enter(&call, fn, opts);
   if (st != BX_OK) return st;
   const bx_attn_arg args[8] = {
       {dout, "dout", BX_ATTN_Q, 0}, {q, "q", BX_ATTN_Q, 0},   {k, "k", BX_ATTN_KV, 0},

@@ -11,6 +11,7 @@
 #include <stddef.h>
 
 #include "bitexact_train.h"
+#include "call.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -39,8 +40,11 @@ typedef struct bx_attn_arg {
   int writable;
 } bx_attn_arg;
 
-/* Everything a call checks, in order: opts (struct_size is checked by the
- * caller before the call is entered), num_threads, the four sizes, each
+/* The start of both calls: opts->struct_size first, num_threads >= 0,
+ * then the call is entered (train_check.h bx_tc_enter). */
+bx_status bx_attn_enter(bx_call *call, const char *fn, const bx_attention_opts *opts);
+
+/* Everything a call checks after bx_attn_enter, in order: the four sizes, each
  * tensor (index = position in args; tensor 0 fixes T), shapes, overlaps.
  * data[i] gets tensor i's first element. Writes nothing else. */
 bx_status bx_attn_check(const char *fn, const bx_attention_opts *opts, int64_t seq_len,

@@ -16,6 +16,7 @@
 #include "call.h"
 #include "error.h"
 #include "pool.h"
+#include "train_check.h"
 #include "tokred_grid.h"
 #include "workspace.h"
 
@@ -25,111 +26,10 @@
 #error "embedding.c writes bx_tokred's wire words of format 1; update bx_embedding_grad_add"
 #endif
 
-/* ---- tensor checks (the same small checker as xent.c) ----------------- */
-
-enum { K_F32, K_INT, K_I64 }; /* fp32; int32 or int64; int64 only */
-
-typedef struct tv {
-  char *data;      /* first element */
-  int ndim;
-  int64_t dim[4];
-  int bits;        /* element bits */
-  size_t n;        /* elements */
-} tv;
-
-static int host_readable(DLDeviceType d) {
-  return d == kDLCPU || d == kDLCUDAHost || d == kDLCUDAManaged || d == kDLROCMHost;
-}
-
-static bx_status check_tv(const char *fn, size_t idx, const char *name, const DLTensor *t,
-                          int kind, int nd_lo, int nd_hi, tv *v) {
-  if (!t) return bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, idx, "%s: tensor %zu (%s) is NULL", fn,
-                            idx, name);
-  if (!host_readable(t->device.device_type))
-    return bx_fail_at(BX_EDEVICE, -1, BX_NO_INDEX, idx,
-                      "%s: tensor %zu (%s) is on device type %d, not host memory", fn, idx, name,
-                      (int)t->device.device_type);
-  DLDataType d = t->dtype;
-  int ok = d.lanes == 1 && (kind == K_F32   ? d.code == kDLFloat && d.bits == 32
-                            : kind == K_I64 ? d.code == kDLInt && d.bits == 64
-                                            : d.code == kDLInt && (d.bits == 32 || d.bits == 64));
-  if (!ok)
-    return bx_fail_at(BX_EDTYPE, -1, BX_NO_INDEX, idx,
-                      "%s: tensor %zu (%s) has dtype code %u bits %u lanes %u; want %s", fn, idx,
-                      name, (unsigned)d.code, (unsigned)d.bits, (unsigned)d.lanes,
-                      kind == K_F32 ? "float32" : kind == K_I64 ? "int64" : "int32 or int64");
-  if (t->ndim < nd_lo || t->ndim > nd_hi)
-    return bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, idx,
-                      "%s: tensor %zu (%s) has %d dimensions, want %d%s", fn, idx, name, t->ndim,
-                      nd_lo, nd_hi > nd_lo ? " or more (one more for [B, L, ...])" : "");
-  if (t->ndim > 0 && !t->shape)
-    return bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, idx, "%s: tensor %zu (%s) has no shape", fn,
-                      idx, name);
-  v->ndim = t->ndim;
-  v->bits = d.bits;
-  size_t n = 1;
-  for (int k = 0; k < t->ndim; k++) {
-    if (t->shape[k] < 0)
-      return bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, idx,
-                        "%s: tensor %zu (%s): shape[%d] = %lld is negative", fn, idx, name, k,
-                        (long long)t->shape[k]);
-    v->dim[k] = t->shape[k];
-    if (t->shape[k] && n > ((size_t)1 << 56) / (size_t)t->shape[k])
-      return bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, idx, "%s: tensor %zu (%s): too many elements",
-                        fn, idx, name);
-    n *= (size_t)t->shape[k];
-  }
-  if (t->strides) {
-    int64_t want = 1;
-    for (int k = t->ndim - 1; k >= 0; k--) {
-      if (t->shape[k] != 1 && t->strides[k] != want)
-        return bx_fail_at(BX_ELAYOUT, -1, BX_NO_INDEX, idx,
-                          "%s: tensor %zu (%s) is not row-major contiguous: strides[%d] = %lld, "
-                          "want %lld", fn, idx, name, k, (long long)t->strides[k],
-                          (long long)want);
-      want *= t->shape[k];
-    }
-  }
-  v->n = n;
-  if (n && !t->data)
-    return bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, idx, "%s: tensor %zu (%s): data is NULL", fn,
-                      idx, name);
-  v->data = (char *)t->data + t->byte_offset;
-  if (n && (uintptr_t)v->data % (size_t)(d.bits / 8))
-    return bx_fail_at(BX_ELAYOUT, -1, BX_NO_INDEX, idx,
-                      "%s: tensor %zu (%s): data + byte_offset is not aligned to %d bytes", fn,
-                      idx, name, d.bits / 8);
-  return BX_OK;
-}
-
-static int tv_overlap(const tv *a, const tv *b) {
-  if (!a->n || !b->n) return 0;
-  uintptr_t a0 = (uintptr_t)a->data, b0 = (uintptr_t)b->data;
-  return a0 < b0 + b->n * (size_t)(b->bits / 8) && b0 < a0 + a->n * (size_t)(a->bits / 8);
-}
-
-/* Outputs out[0..nout) against every tensor of all[0..nall) (names[] and
- * indices idx[] for the message); an output is also in all[]. */
-static bx_status check_overlaps(const char *fn, const tv *const *all, const char *const *names,
-                                size_t nall, size_t first_out) {
-  for (size_t i = first_out; i < nall; i++)
-    for (size_t j = 0; j < nall; j++)
-      if (j != i && tv_overlap(all[i], all[j]))
-        return bx_fail_at(BX_ELAYOUT, -1, BX_NO_INDEX, i,
-                          "%s: tensor %zu (%s) overlaps tensor %zu (%s)", fn, i, names[i], j,
-                          names[j]);
-  return BX_OK;
-}
-
-static int64_t id_at(const tv *ids, size_t t) {
-  return ids->bits == 32 ? (int64_t)((const int32_t *)(const void *)ids->data)[t]
-                         : ((const int64_t *)(const void *)ids->data)[t];
-}
-
 /* The first token whose id is outside [0, V) -> BX_EINVAL. */
-static bx_status check_ids(const char *fn, size_t idx, const tv *ids, int64_t V) {
+static bx_status check_ids(const char *fn, size_t idx, const bx_tc_tensor *ids, int64_t V) {
   for (size_t t = 0; t < ids->n; t++) {
-    int64_t id = id_at(ids, t);
+    int64_t id = bx_tc_id(ids, t);
     if (id < 0 || id >= V)
       return bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, idx,
                         "%s: tensor %zu (ids): token %zu has id %lld, outside [0, %lld); nothing "
@@ -139,8 +39,8 @@ static bx_status check_ids(const char *fn, size_t idx, const tv *ids, int64_t V)
 }
 
 /* ids [T] or [B, L] and x [T, H] or [B, L, H]: the leading dimensions agree. */
-static bx_status check_token_major(const char *fn, size_t idx, const char *name, const tv *ids,
-                                   const tv *x) {
+static bx_status check_token_major(const char *fn, size_t idx, const char *name, const bx_tc_tensor *ids,
+                                   const bx_tc_tensor *x) {
   int ok = x->ndim == ids->ndim + 1;
   for (int k = 0; ok && k < ids->ndim; k++) ok = x->dim[k] == ids->dim[k];
   if (!ok)
@@ -150,7 +50,9 @@ static bx_status check_token_major(const char *fn, size_t idx, const char *name,
   return BX_OK;
 }
 
-static bx_status enter_opts(const char *fn, const bx_embedding_opts *opts, bx_embedding_opts *o) {
+/* struct_size (first), the options into *o, then the call is entered. */
+static bx_status enter(bx_call *c, const char *fn, const bx_embedding_opts *opts,
+                       bx_embedding_opts *o) {
   if (opts) {
     bx_status st = bx_check_struct_size(fn, "opts->struct_size", opts->struct_size, sizeof *opts,
                                         "bx_embedding_opts", "BX_EMBEDDING_OPTS_DEFAULT");
@@ -160,20 +62,13 @@ static bx_status enter_opts(const char *fn, const bx_embedding_opts *opts, bx_em
     bx_embedding_opts d = BX_EMBEDDING_OPTS_DEFAULT;
     *o = d;
   }
-  return BX_OK;
-}
-
-static int threads_for(int num_threads, size_t tasks) {
-  int t = num_threads > 0 ? num_threads : bx_default_threads();
-  if (t > BX_MAX_THREADS) t = BX_MAX_THREADS;
-  if ((size_t)t > tasks) t = tasks ? (int)tasks : 1;
-  return t;
+  return bx_call_enter(c, fn);
 }
 
 /* ---- forward ------------------------------------------------------------ */
 
 typedef struct fwd_job {
-  const tv *ids;
+  const bx_tc_tensor *ids;
   const float *w;
   float *y;
   size_t H, T, per;
@@ -184,31 +79,30 @@ static void fwd_task(void *ctx, size_t task, int worker) {
   const fwd_job *j = ctx;
   size_t t0 = task * j->per, t1 = t0 + j->per < j->T ? t0 + j->per : j->T;
   for (size_t t = t0; t < t1; t++)
-    memcpy(j->y + t * j->H, j->w + (size_t)id_at(j->ids, t) * j->H, j->H * sizeof(float));
+    memcpy(j->y + t * j->H, j->w + (size_t)bx_tc_id(j->ids, t) * j->H, j->H * sizeof(float));
 }
 
 static bx_status forward_impl(const char *fn, const DLTensor *weight, const DLTensor *ids,
                               DLTensor *y, const bx_embedding_opts *o) {
   if (o->num_threads < 0)
     return bx_fail(BX_EINVAL, "%s: num_threads %d is negative", fn, o->num_threads);
-  tv W, I, Y;
-  bx_status st = check_tv(fn, 0, "weight", weight, K_F32, 2, 2, &W);
-  if (st == BX_OK) st = check_tv(fn, 1, "ids", ids, K_INT, 1, 2, &I);
-  if (st == BX_OK) st = check_tv(fn, 2, "y", y, K_F32, 2, 3, &Y);
+  bx_tc_tensor W, I, Y;
+  bx_status st = bx_tc_check(fn, 0, "weight", weight, BX_TC_F32, 2, 2, NULL, 0, &W);
+  if (st == BX_OK) st = bx_tc_check(fn, 1, "ids", ids, BX_TC_IDS, 1, 2, NULL, 0, &I);
+  if (st == BX_OK) st = bx_tc_check(fn, 2, "y", y, BX_TC_F32, 2, 3, NULL, 1, &Y);
   if (st == BX_OK) st = check_token_major(fn, 2, "y", &I, &Y);
   if (st == BX_OK && Y.dim[Y.ndim - 1] != W.dim[1])
     st = bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, 2, "%s: tensor 2 (y) has rows of %lld, weight %lld",
                     fn, (long long)Y.dim[Y.ndim - 1], (long long)W.dim[1]);
-  const tv *all[3] = {&W, &I, &Y};
-  const char *names[3] = {"weight", "ids", "y"};
-  if (st == BX_OK) st = check_overlaps(fn, all, names, 3, 2);
+  const bx_tc_tensor *all[3] = {&W, &I, &Y};
+  if (st == BX_OK) st = bx_tc_overlap(fn, all, 3);
   if (st == BX_OK) st = check_ids(fn, 1, &I, W.dim[0]);
   if (st != BX_OK || I.n == 0 || W.dim[1] == 0) return st;
   size_t H = (size_t)W.dim[1];
   size_t per = H >= 4096 ? 1 : 4096 / H;
   fwd_job j = {&I, (const float *)(const void *)W.data, (float *)(void *)Y.data, H, I.n, per};
   size_t tasks = (I.n + per - 1) / per;
-  bx_parallel_run(threads_for(o->num_threads, tasks), tasks, fwd_task, &j);
+  bx_parallel_run(bx_tc_threads(o->num_threads, tasks), tasks, fwd_task, &j);
   return BX_OK;
 }
 
@@ -216,10 +110,8 @@ bx_status bx_embedding_forward(const DLTensor *weight, const DLTensor *ids, DLTe
                                const bx_embedding_opts *opts) {
   static const char *fn = "bx_embedding_forward";
   bx_embedding_opts o;
-  bx_status st = enter_opts(fn, opts, &o);
-  if (st != BX_OK) return st;
   bx_call c;
-  st = bx_call_enter(&c, fn);
+  bx_status st = enter(&c, fn, opts, &o);
   if (st != BX_OK) return st;
   st = forward_impl(fn, weight, ids, y, &o);
   bx_call_leave(&c);
@@ -239,7 +131,7 @@ static int cmp_pair(const void *a, const void *b) {
 }
 
 typedef struct bwd_job {
-  const tv *ids;
+  const bx_tc_tensor *ids;
   const float *dy;
   int64_t pad;
   size_t T, H, C, nchunks;
@@ -261,7 +153,7 @@ static void sort_task(void *ctx, size_t j, int worker) {
   pair *p = b->pairs + t0;
   size_t k = 0;
   for (size_t t = t0; t < t1; t++) {
-    int64_t id = id_at(b->ids, t);
+    int64_t id = bx_tc_id(b->ids, t);
     if (id == b->pad) continue;
     p[k].id = id;
     p[k].t = (int64_t)t;
@@ -315,13 +207,13 @@ static bx_status backward_impl(const char *fn, const DLTensor *ids, const DLTens
   if (o->padding_idx >= V)
     return bx_fail(BX_EINVAL, "%s: padding_idx %lld is not below num_embeddings %lld", fn,
                    (long long)o->padding_idx, (long long)V);
-  tv I, D, R, W, F;
-  bx_status st = check_tv(fn, 0, "ids", ids, K_INT, 1, 2, &I);
-  if (st == BX_OK) st = check_tv(fn, 1, "dy", dy, K_F32, 2, 3, &D);
+  bx_tc_tensor I, D, R, W, F;
+  bx_status st = bx_tc_check(fn, 0, "ids", ids, BX_TC_IDS, 1, 2, NULL, 0, &I);
+  if (st == BX_OK) st = bx_tc_check(fn, 1, "dy", dy, BX_TC_F32, 2, 3, NULL, 0, &D);
   if (st == BX_OK) st = check_token_major(fn, 1, "dy", &I, &D);
-  if (st == BX_OK) st = check_tv(fn, 2, "row_ids", row_ids, K_I64, 1, 1, &R);
-  if (st == BX_OK) st = check_tv(fn, 3, "rows", rows, K_F32, 2, 2, &W);
-  if (st == BX_OK) st = check_tv(fn, 4, "offsets", offsets, K_I64, 1, 1, &F);
+  if (st == BX_OK) st = bx_tc_check(fn, 2, "row_ids", row_ids, BX_TC_I64, 1, 1, NULL, 1, &R);
+  if (st == BX_OK) st = bx_tc_check(fn, 3, "rows", rows, BX_TC_F32, 2, 2, NULL, 1, &W);
+  if (st == BX_OK) st = bx_tc_check(fn, 4, "offsets", offsets, BX_TC_I64, 1, 1, NULL, 1, &F);
   if (st != BX_OK) return st;
   size_t T = I.n, H = (size_t)D.dim[D.ndim - 1];
   size_t nchunks = T / (size_t)C + (T % (size_t)C != 0);
@@ -334,9 +226,8 @@ static bx_status backward_impl(const char *fn, const DLTensor *ids, const DLTens
   if ((size_t)F.dim[0] != nchunks + 1)
     return bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, 4,
                       "%s: tensor 4 (offsets) must be [nchunks + 1 = %zu]", fn, nchunks + 1);
-  const tv *all[5] = {&I, &D, &R, &W, &F};
-  const char *names[5] = {"ids", "dy", "row_ids", "rows", "offsets"};
-  st = check_overlaps(fn, all, names, 5, 2);
+  const bx_tc_tensor *all[5] = {&I, &D, &R, &W, &F};
+  st = bx_tc_overlap(fn, all, 5);
   if (st == BX_OK) st = check_ids(fn, 0, &I, V);
   if (st != BX_OK) return st;
   int64_t *off = (int64_t *)(void *)F.data;
@@ -363,13 +254,13 @@ static bx_status backward_impl(const char *fn, const DLTensor *ids, const DLTens
   b.off = b.ncnt + nchunks;
   b.row_ids = (int64_t *)(void *)R.data;
   b.rows = (float *)(void *)W.data;
-  bx_parallel_run(threads_for(o->num_threads, nchunks), nchunks, sort_task, &b);
+  bx_parallel_run(bx_tc_threads(o->num_threads, nchunks), nchunks, sort_task, &b);
   b.off[0] = 0;
   for (size_t j = 0; j < nchunks; j++) b.off[j + 1] = b.off[j] + b.ncnt[j];
   b.total = (size_t)b.off[nchunks];
   b.per = H >= 1024 ? 4 : 4096 / (H ? H : 1);
   size_t tasks = (b.total + b.per - 1) / b.per;
-  if (tasks) bx_parallel_run(threads_for(o->num_threads, tasks), tasks, rows_task, &b);
+  if (tasks) bx_parallel_run(bx_tc_threads(o->num_threads, tasks), tasks, rows_task, &b);
   memcpy(off, b.off, (nchunks + 1) * sizeof *off);
   return BX_OK;
 }
@@ -379,10 +270,8 @@ bx_status bx_embedding_backward(const DLTensor *ids, const DLTensor *dy, int64_t
                                 DLTensor *offsets, const bx_embedding_opts *opts) {
   static const char *fn = "bx_embedding_backward";
   bx_embedding_opts o;
-  bx_status st = enter_opts(fn, opts, &o);
-  if (st != BX_OK) return st;
   bx_call c;
-  st = bx_call_enter(&c, fn);
+  bx_status st = enter(&c, fn, opts, &o);
   if (st != BX_OK) return st;
   st = backward_impl(fn, ids, dy, num_embeddings, chunk_tokens, row_ids, rows, offsets, &o);
   bx_call_leave(&c);
@@ -395,9 +284,9 @@ bx_status bx_embedding_backward(const DLTensor *ids, const DLTensor *dy, int64_t
  * most R: the checks of both helpers (tensor numbers: rows 1, offsets 2,
  * or as given). */
 static bx_status check_compact(const char *fn, const DLTensor *rows, size_t irows,
-                               const DLTensor *offsets, size_t ioff, tv *W, tv *F) {
-  bx_status st = check_tv(fn, irows, "rows", rows, K_F32, 2, 2, W);
-  if (st == BX_OK) st = check_tv(fn, ioff, "offsets", offsets, K_I64, 1, 1, F);
+                               const DLTensor *offsets, size_t ioff, bx_tc_tensor *W, bx_tc_tensor *F) {
+  bx_status st = bx_tc_check(fn, irows, "rows", rows, BX_TC_F32, 2, 2, NULL, 0, W);
+  if (st == BX_OK) st = bx_tc_check(fn, ioff, "offsets", offsets, BX_TC_I64, 1, 1, NULL, 0, F);
   if (st != BX_OK) return st;
   if (F->n == 0)
     return bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, ioff,
@@ -437,7 +326,7 @@ static bx_status renamed(const char *fn, bx_status st, size_t tensor) {
 static bx_status grad_bound_impl(const char *fn, bx_tokred *s, size_t tensor,
                                  const DLTensor *rows, const DLTensor *offsets) {
   if (!s) return bx_fail(BX_EINVAL, "%s: s is NULL", fn);
-  tv W, F;
+  bx_tc_tensor W, F;
   bx_status st = check_compact(fn, rows, 1, offsets, 2, &W, &F);
   if (st != BX_OK) return st;
   size_t used = (size_t)((const int64_t *)(const void *)F.data)[F.n - 1];
@@ -574,8 +463,8 @@ static bx_status grad_add_impl(const char *fn, bx_tokred *s, const DLTensor *gra
                       "%s: grads[%zu] must be the [V, H] embedding gradient", fn, tensor);
   if (first_chunk < 0)
     return bx_fail(BX_EINVAL, "%s: first_chunk %lld is negative", fn, (long long)first_chunk);
-  tv R, W, F;
-  bx_status st = check_tv(fn, 0, "row_ids", row_ids, K_I64, 1, 1, &R);
+  bx_tc_tensor R, W, F;
+  bx_status st = bx_tc_check(fn, 0, "row_ids", row_ids, BX_TC_I64, 1, 1, NULL, 0, &R);
   if (st == BX_OK) st = check_compact(fn, rows, 1, offsets, 2, &W, &F);
   if (st != BX_OK) return st;
   int64_t V = g->shape[0];

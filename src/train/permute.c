@@ -8,6 +8,7 @@
  * thread count.
  */
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,22 +23,18 @@
 
 #define ROWS 16 /* rows (or tokens) per task */
 
-static bx_status dispatch_opts(const char *fn, const bx_moe_dispatch_opts *opts, int *threads) {
-  bx_status st = opts ? bx_check_struct_size(fn, "opts->struct_size", opts->struct_size,
-                                             sizeof(bx_moe_dispatch_opts), "bx_moe_dispatch_opts",
-                                             "BX_MOE_DISPATCH_OPTS_DEFAULT")
-                      : BX_OK;
-  if (st != BX_OK) return st;
-  *threads = opts ? opts->num_threads : 0;
-  if (*threads < 0) return bx_fail(BX_EINVAL, "%s: num_threads %d is negative", fn, *threads);
-  return BX_OK;
+/* struct_size (first), num_threads, then the call is entered */
+static bx_status enter(bx_call *c, const char *fn, const bx_moe_dispatch_opts *opts,
+                       int *threads) {
+  return bx_tc_enter(c, fn, opts, sizeof *opts, offsetof(bx_moe_dispatch_opts, num_threads),
+                     "bx_moe_dispatch_opts", "BX_MOE_DISPATCH_OPTS_DEFAULT", threads);
 }
 
 static size_t pieces_of(int64_t n) { return (size_t)(n / ROWS + (n % ROWS != 0)); }
 
 /* Strictly ascending, >= 0 (index: the argument number). */
-static bx_status check_ascending(const char *fn, const bx_moe_tensor *ids) {
-  const int64_t *g = bx_moe_i64(ids);
+static bx_status check_ascending(const char *fn, const bx_tc_tensor *ids) {
+  const int64_t *g = bx_tc_i64(ids);
   for (size_t i = 0; i < ids->n; i++) {
     if (g[i] < 0)
       return bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, ids->index,
@@ -60,21 +57,17 @@ bx_status bx_moe_dispatch_plan(const DLTensor *topk_ids, const DLTensor *token_i
                                const bx_moe_dispatch_opts *opts) {
   const char *fn = "bx_moe_dispatch_plan";
   int threads;
-  bx_status st = dispatch_opts(fn, opts, &threads);
-  if (st != BX_OK) return st;
   bx_call call;
-  st = bx_call_enter(&call, fn);
+  bx_status st = enter(&call, fn, opts, &threads);
   if (st != BX_OK) return st;
-  bx_moe_tensor ti, tg, to, tr, tp;
+  bx_tc_tensor ti, tg, to, tr, tp;
   int have_g = token_ids != NULL;
-  int64_t any2[2] = {-1, -1};
-  if ((st = bx_moe_check(fn, 0, "topk_ids", topk_ids, BX_MOE_IDS, 2, any2, 0, &ti)) != BX_OK) goto done;
+  if ((st = bx_tc_check(fn, 0, "topk_ids", topk_ids, BX_TC_IDS, 2, 2, NULL, 0, &ti)) != BX_OK) goto done;
   int64_t T = ti.dim[0], k = ti.dim[1], R = T * k;
   int64_t wg[1] = {T};
-  if (have_g && (st = bx_moe_check(fn, 1, "token_ids", token_ids, BX_MOE_I64, 1, wg, 0, &tg)) != BX_OK)
+  if (have_g && (st = bx_tc_check(fn, 1, "token_ids", token_ids, BX_TC_I64, 1, 1, wg, 0, &tg)) != BX_OK)
     goto done;
-  int64_t any1[1] = {-1};
-  if ((st = bx_moe_check(fn, 2, "offsets", offsets, BX_MOE_I64, 1, any1, 1, &to)) != BX_OK) goto done;
+  if ((st = bx_tc_check(fn, 2, "offsets", offsets, BX_TC_I64, 1, 1, NULL, 1, &to)) != BX_OK) goto done;
   int64_t E = to.dim[0] - 1;
   if (E < 1) {
     st = bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, 2, "%s: tensor 2 (offsets) has %lld elements, want E+1 >= 2",
@@ -82,10 +75,10 @@ bx_status bx_moe_dispatch_plan(const DLTensor *topk_ids, const DLTensor *token_i
     goto done;
   }
   int64_t wr[2] = {R, 2}, wp[2] = {T, k};
-  if ((st = bx_moe_check(fn, 3, "row_map", row_map, BX_MOE_I64, 2, wr, 1, &tr)) != BX_OK) goto done;
-  if ((st = bx_moe_check(fn, 4, "pos", pos, BX_MOE_I64, 2, wp, 1, &tp)) != BX_OK) goto done;
-  const bx_moe_tensor *all[5] = {&ti, have_g ? &tg : NULL, &to, &tr, &tp};
-  if ((st = bx_moe_check_overlap(fn, all, 5)) != BX_OK) goto done;
+  if ((st = bx_tc_check(fn, 3, "row_map", row_map, BX_TC_I64, 2, 2, wr, 1, &tr)) != BX_OK) goto done;
+  if ((st = bx_tc_check(fn, 4, "pos", pos, BX_TC_I64, 2, 2, wp, 1, &tp)) != BX_OK) goto done;
+  const bx_tc_tensor *all[5] = {&ti, have_g ? &tg : NULL, &to, &tr, &tp};
+  if ((st = bx_tc_overlap(fn, all, 5)) != BX_OK) goto done;
   if (have_g && (st = check_ascending(fn, &tg)) != BX_OK) goto done;
   size_t need = (size_t)E * 9 + 8;
   int64_t *cursor = bx_workspace(need);
@@ -99,7 +92,7 @@ bx_status bx_moe_dispatch_plan(const DLTensor *topk_ids, const DLTensor *token_i
   /* counting sort: tokens ascending (= global ids ascending) within each expert */
   int64_t *off = to.data, *rm = tr.data, *p = tp.data;
   memset(cursor, 0, (size_t)E * sizeof *cursor);
-  for (int64_t i = 0; i < R; i++) cursor[bx_moe_id(&ti, (size_t)i)]++;
+  for (int64_t i = 0; i < R; i++) cursor[bx_tc_id(&ti, (size_t)i)]++;
   off[0] = 0;
   for (int64_t e = 0; e < E; e++) {
     off[e + 1] = off[e] + cursor[e];
@@ -107,7 +100,7 @@ bx_status bx_moe_dispatch_plan(const DLTensor *topk_ids, const DLTensor *token_i
   }
   for (int64_t t = 0; t < T; t++)
     for (int64_t j = 0; j < k; j++) {
-      int64_t r = cursor[bx_moe_id(&ti, (size_t)(t * k + j))]++;
+      int64_t r = cursor[bx_tc_id(&ti, (size_t)(t * k + j))]++;
       rm[2 * r] = t;
       rm[2 * r + 1] = j;
       p[t * k + j] = r;
@@ -135,26 +128,25 @@ bx_status bx_moe_dispatch_order(const DLTensor *expert_ids, const DLTensor *toke
   bx_call call;
   bx_status st = bx_call_enter(&call, fn);
   if (st != BX_OK) return st;
-  bx_moe_tensor te, tg, to, tr;
-  int64_t any1[1] = {-1};
-  if ((st = bx_moe_check(fn, 0, "expert_ids", expert_ids, BX_MOE_IDS, 1, any1, 0, &te)) != BX_OK)
+  bx_tc_tensor te, tg, to, tr;
+  if ((st = bx_tc_check(fn, 0, "expert_ids", expert_ids, BX_TC_IDS, 1, 1, NULL, 0, &te)) != BX_OK)
     goto done;
   int64_t n = te.dim[0];
   int64_t wn[1] = {n};
-  if ((st = bx_moe_check(fn, 1, "token_ids", token_ids, BX_MOE_I64, 1, wn, 0, &tg)) != BX_OK) goto done;
-  if ((st = bx_moe_check(fn, 2, "offsets", offsets, BX_MOE_I64, 1, any1, 1, &to)) != BX_OK) goto done;
+  if ((st = bx_tc_check(fn, 1, "token_ids", token_ids, BX_TC_I64, 1, 1, wn, 0, &tg)) != BX_OK) goto done;
+  if ((st = bx_tc_check(fn, 2, "offsets", offsets, BX_TC_I64, 1, 1, NULL, 1, &to)) != BX_OK) goto done;
   int64_t E = to.dim[0] - 1;
   if (E < 1) {
     st = bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, 2, "%s: tensor 2 (offsets) has %lld elements, want E+1 >= 2",
                     fn, (long long)to.dim[0]);
     goto done;
   }
-  if ((st = bx_moe_check(fn, 3, "order", order, BX_MOE_I64, 1, wn, 1, &tr)) != BX_OK) goto done;
-  const bx_moe_tensor *all[4] = {&te, &tg, &to, &tr};
-  if ((st = bx_moe_check_overlap(fn, all, 4)) != BX_OK) goto done;
-  const int64_t *g = bx_moe_i64(&tg);
+  if ((st = bx_tc_check(fn, 3, "order", order, BX_TC_I64, 1, 1, wn, 1, &tr)) != BX_OK) goto done;
+  const bx_tc_tensor *all[4] = {&te, &tg, &to, &tr};
+  if ((st = bx_tc_overlap(fn, all, 4)) != BX_OK) goto done;
+  const int64_t *g = bx_tc_i64(&tg);
   for (int64_t i = 0; i < n; i++) {
-    int64_t e = bx_moe_id(&te, (size_t)i);
+    int64_t e = bx_tc_id(&te, (size_t)i);
     if (e < 0 || e >= E) {
       st = bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, 0,
                       "%s: tensor 0 (expert_ids): element %lld = %lld is outside [0, %lld)", fn,
@@ -176,12 +168,12 @@ bx_status bx_moe_dispatch_order(const DLTensor *expert_ids, const DLTensor *toke
   }
   order_item *items = (order_item *)(start + E + 1);
   memset(start, 0, (size_t)(E + 1) * 8);
-  for (int64_t i = 0; i < n; i++) start[bx_moe_id(&te, (size_t)i) + 1]++;
+  for (int64_t i = 0; i < n; i++) start[bx_tc_id(&te, (size_t)i) + 1]++;
   for (int64_t e = 0; e < E; e++) start[e + 1] += start[e];
   {
     /* place by expert (cursor in offsets' future values, kept in start) */
     for (int64_t i = 0; i < n; i++) {
-      int64_t e = bx_moe_id(&te, (size_t)i);
+      int64_t e = bx_tc_id(&te, (size_t)i);
       items[start[e]].token = g[i];
       items[start[e]].row = i;
       start[e]++;
@@ -218,10 +210,9 @@ bx_status bx_moe_expert_chunks(const DLTensor *token_ids, int64_t chunk_tokens,
   bx_call call;
   bx_status st = bx_call_enter(&call, fn);
   if (st != BX_OK) return st;
-  bx_moe_tensor tg, tb;
-  int64_t any1[1] = {-1};
-  if ((st = bx_moe_check(fn, 0, "token_ids", token_ids, BX_MOE_I64, 1, any1, 0, &tg)) != BX_OK) goto done;
-  if ((st = bx_moe_check(fn, 3, "bounds", bounds, BX_MOE_I64, 1, any1, 1, &tb)) != BX_OK) goto done;
+  bx_tc_tensor tg, tb;
+  if ((st = bx_tc_check(fn, 0, "token_ids", token_ids, BX_TC_I64, 1, 1, NULL, 0, &tg)) != BX_OK) goto done;
+  if ((st = bx_tc_check(fn, 3, "bounds", bounds, BX_TC_I64, 1, 1, NULL, 1, &tb)) != BX_OK) goto done;
   int64_t m = tb.dim[0] - 1, C = chunk_tokens;
   if (m < 0) {
     st = bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, 3, "%s: tensor 3 (bounds) is empty, want m+1 >= 1 elements", fn);
@@ -233,10 +224,10 @@ bx_status bx_moe_expert_chunks(const DLTensor *token_ids, int64_t chunk_tokens,
                  (long long)chunk_begin);
     goto done;
   }
-  const bx_moe_tensor *all[2] = {&tg, &tb};
-  if ((st = bx_moe_check_overlap(fn, all, 2)) != BX_OK) goto done;
+  const bx_tc_tensor *all[2] = {&tg, &tb};
+  if ((st = bx_tc_overlap(fn, all, 2)) != BX_OK) goto done;
   if ((st = check_ascending(fn, &tg)) != BX_OK) goto done;
-  const int64_t *g = bx_moe_i64(&tg);
+  const int64_t *g = bx_tc_i64(&tg);
   int64_t n = tg.dim[0], lo = chunk_begin * C, hi = (chunk_begin + m) * C;
   if (n && (g[0] < lo || g[n - 1] >= hi)) {
     st = bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, 0,
@@ -346,22 +337,19 @@ bx_status bx_moe_permute(const DLTensor *x, const DLTensor *row_map, DLTensor *x
                          const bx_moe_dispatch_opts *opts) {
   const char *fn = "bx_moe_permute";
   int threads;
-  bx_status st = dispatch_opts(fn, opts, &threads);
-  if (st != BX_OK) return st;
   bx_call call;
-  st = bx_call_enter(&call, fn);
+  bx_status st = enter(&call, fn, opts, &threads);
   if (st != BX_OK) return st;
-  bx_moe_tensor tx, tr, ty;
-  int64_t any2[2] = {-1, -1};
-  if ((st = bx_moe_check(fn, 0, "x", x, BX_MOE_F32, 2, any2, 0, &tx)) != BX_OK) goto done;
+  bx_tc_tensor tx, tr, ty;
+  if ((st = bx_tc_check(fn, 0, "x", x, BX_TC_F32, 2, 2, NULL, 0, &tx)) != BX_OK) goto done;
   int64_t T = tx.dim[0], H = tx.dim[1];
   int64_t wr[2] = {-1, 2};
-  if ((st = bx_moe_check(fn, 1, "row_map", row_map, BX_MOE_I64, 2, wr, 0, &tr)) != BX_OK) goto done;
+  if ((st = bx_tc_check(fn, 1, "row_map", row_map, BX_TC_I64, 2, 2, wr, 0, &tr)) != BX_OK) goto done;
   int64_t R = tr.dim[0];
   int64_t wy[2] = {R, H};
-  if ((st = bx_moe_check(fn, 2, "x_perm", x_perm, BX_MOE_F32, 2, wy, 1, &ty)) != BX_OK) goto done;
-  const bx_moe_tensor *all[3] = {&tx, &tr, &ty};
-  if ((st = bx_moe_check_overlap(fn, all, 3)) != BX_OK) goto done;
+  if ((st = bx_tc_check(fn, 2, "x_perm", x_perm, BX_TC_F32, 2, 2, wy, 1, &ty)) != BX_OK) goto done;
+  const bx_tc_tensor *all[3] = {&tx, &tr, &ty};
+  if ((st = bx_tc_overlap(fn, all, 3)) != BX_OK) goto done;
   if (T == 0 ? R != 0 : R % T != 0) {
     st = bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, 1,
                     "%s: tensor 1 (row_map) has %lld rows, not a multiple of T = %lld", fn,
@@ -369,7 +357,7 @@ bx_status bx_moe_permute(const DLTensor *x, const DLTensor *row_map, DLTensor *x
     goto done;
   }
   int64_t k = T ? R / T : 0;
-  const int64_t *rm = bx_moe_i64(&tr);
+  const int64_t *rm = bx_tc_i64(&tr);
   for (int64_t r = 0; r < R; r++)
     if (rm[2 * r] < 0 || rm[2 * r] >= T || rm[2 * r + 1] < 0 || rm[2 * r + 1] >= k) {
       st = bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, 1,
@@ -380,7 +368,7 @@ bx_status bx_moe_permute(const DLTensor *x, const DLTensor *row_map, DLTensor *x
       goto done;
     }
   gather_job j = {tx.data, NULL, NULL, NULL, rm, NULL, ty.data, NULL, R, k, H};
-  if (R && H) bx_parallel_run(bx_moe_threads(threads, pieces_of(R)), pieces_of(R), permute_piece, &j);
+  if (R && H) bx_parallel_run(bx_tc_threads(threads, pieces_of(R)), pieces_of(R), permute_piece, &j);
 done:
   bx_call_leave(&call);
   return st;
@@ -389,10 +377,10 @@ done:
 /* The checks of a gather that takes a plan: plan tensors at argument
  * numbers ir, ip; T and k from pos. */
 static bx_status plan_args(const char *fn, const DLTensor *row_map, const DLTensor *pos,
-                           size_t ir, size_t ip, bx_moe_tensor *tr, bx_moe_tensor *tp) {
-  int64_t wr[2] = {-1, 2}, any2[2] = {-1, -1};
-  bx_status st = bx_moe_check(fn, ir, "row_map", row_map, BX_MOE_I64, 2, wr, 0, tr);
-  if (st == BX_OK) st = bx_moe_check(fn, ip, "pos", pos, BX_MOE_I64, 2, any2, 0, tp);
+                           size_t ir, size_t ip, bx_tc_tensor *tr, bx_tc_tensor *tp) {
+  int64_t wr[2] = {-1, 2};
+  bx_status st = bx_tc_check(fn, ir, "row_map", row_map, BX_TC_I64, 2, 2, wr, 0, tr);
+  if (st == BX_OK) st = bx_tc_check(fn, ip, "pos", pos, BX_TC_I64, 2, 2, NULL, 0, tp);
   return st;
 }
 
@@ -401,28 +389,25 @@ bx_status bx_moe_permute_backward(const DLTensor *dx_perm, const DLTensor *row_m
                                   const bx_moe_dispatch_opts *opts) {
   const char *fn = "bx_moe_permute_backward";
   int threads;
-  bx_status st = dispatch_opts(fn, opts, &threads);
-  if (st != BX_OK) return st;
   bx_call call;
-  st = bx_call_enter(&call, fn);
+  bx_status st = enter(&call, fn, opts, &threads);
   if (st != BX_OK) return st;
-  bx_moe_tensor ty, tr, tp, tx;
-  int64_t any2[2] = {-1, -1};
-  if ((st = bx_moe_check(fn, 0, "dx_perm", dx_perm, BX_MOE_F32, 2, any2, 0, &ty)) != BX_OK) goto done;
+  bx_tc_tensor ty, tr, tp, tx;
+  if ((st = bx_tc_check(fn, 0, "dx_perm", dx_perm, BX_TC_F32, 2, 2, NULL, 0, &ty)) != BX_OK) goto done;
   if ((st = plan_args(fn, row_map, pos, 1, 2, &tr, &tp)) != BX_OK) goto done;
   int64_t T = tp.dim[0], k = tp.dim[1], H = ty.dim[1];
   int64_t wx[2] = {T, H};
-  if ((st = bx_moe_check(fn, 3, "dx", dx, BX_MOE_F32, 2, wx, 1, &tx)) != BX_OK) goto done;
+  if ((st = bx_tc_check(fn, 3, "dx", dx, BX_TC_F32, 2, 2, wx, 1, &tx)) != BX_OK) goto done;
   if (ty.dim[0] != tr.dim[0]) {
     st = bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, 0, "%s: tensor 0 (dx_perm) has %lld rows, row_map %lld",
                     fn, (long long)ty.dim[0], (long long)tr.dim[0]);
     goto done;
   }
-  const bx_moe_tensor *all[4] = {&ty, &tr, &tp, &tx};
-  if ((st = bx_moe_check_overlap(fn, all, 4)) != BX_OK) goto done;
+  const bx_tc_tensor *all[4] = {&ty, &tr, &tp, &tx};
+  if ((st = bx_tc_overlap(fn, all, 4)) != BX_OK) goto done;
   if ((st = bx_moe_check_plan(fn, &tr, &tp)) != BX_OK) goto done;
   gather_job j = {ty.data, NULL, NULL, NULL, tr.data, tp.data, tx.data, NULL, T, k, H};
-  if (T && H) bx_parallel_run(bx_moe_threads(threads, pieces_of(T)), pieces_of(T), gather_sum_piece, &j);
+  if (T && H) bx_parallel_run(bx_tc_threads(threads, pieces_of(T)), pieces_of(T), gather_sum_piece, &j);
 done:
   bx_call_leave(&call);
   return st;
@@ -433,16 +418,13 @@ bx_status bx_moe_unpermute(const DLTensor *y_perm, const DLTensor *weights,
                            DLTensor *out, const bx_moe_dispatch_opts *opts) {
   const char *fn = "bx_moe_unpermute";
   int threads;
-  bx_status st = dispatch_opts(fn, opts, &threads);
-  if (st != BX_OK) return st;
   bx_call call;
-  st = bx_call_enter(&call, fn);
+  bx_status st = enter(&call, fn, opts, &threads);
   if (st != BX_OK) return st;
-  bx_moe_tensor ty, tw, tr, tp, ti, to;
+  bx_tc_tensor ty, tw, tr, tp, ti, to;
   int have_i = initial != NULL;
-  int64_t any2[2] = {-1, -1};
-  if ((st = bx_moe_check(fn, 0, "y_perm", y_perm, BX_MOE_F32, 2, any2, 0, &ty)) != BX_OK) goto done;
-  if ((st = bx_moe_check(fn, 1, "weights", weights, BX_MOE_F32, 2, any2, 0, &tw)) != BX_OK) goto done;
+  if ((st = bx_tc_check(fn, 0, "y_perm", y_perm, BX_TC_F32, 2, 2, NULL, 0, &ty)) != BX_OK) goto done;
+  if ((st = bx_tc_check(fn, 1, "weights", weights, BX_TC_F32, 2, 2, NULL, 0, &tw)) != BX_OK) goto done;
   if ((st = plan_args(fn, row_map, pos, 2, 3, &tr, &tp)) != BX_OK) goto done;
   int64_t T = tp.dim[0], k = tp.dim[1], H = ty.dim[1];
   int64_t wtk[2] = {T, k}, wth[2] = {T, H};
@@ -452,20 +434,20 @@ bx_status bx_moe_unpermute(const DLTensor *y_perm, const DLTensor *weights,
     goto done;
   }
   (void)wtk;
-  if (have_i && (st = bx_moe_check(fn, 4, "initial", initial, BX_MOE_F32, 2, wth, 0, &ti)) != BX_OK)
+  if (have_i && (st = bx_tc_check(fn, 4, "initial", initial, BX_TC_F32, 2, 2, wth, 0, &ti)) != BX_OK)
     goto done;
-  if ((st = bx_moe_check(fn, 5, "out", out, BX_MOE_F32, 2, wth, 1, &to)) != BX_OK) goto done;
+  if ((st = bx_tc_check(fn, 5, "out", out, BX_TC_F32, 2, 2, wth, 1, &to)) != BX_OK) goto done;
   if (ty.dim[0] != tr.dim[0]) {
     st = bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, 0, "%s: tensor 0 (y_perm) has %lld rows, row_map %lld",
                     fn, (long long)ty.dim[0], (long long)tr.dim[0]);
     goto done;
   }
-  const bx_moe_tensor *all[6] = {&ty, &tw, &tr, &tp, have_i ? &ti : NULL, &to};
-  if ((st = bx_moe_check_overlap(fn, all, 6)) != BX_OK) goto done;
+  const bx_tc_tensor *all[6] = {&ty, &tw, &tr, &tp, have_i ? &ti : NULL, &to};
+  if ((st = bx_tc_overlap(fn, all, 6)) != BX_OK) goto done;
   if ((st = bx_moe_check_plan(fn, &tr, &tp)) != BX_OK) goto done;
   gather_job j = {ty.data, tw.data, have_i ? ti.data : NULL, NULL, tr.data, tp.data, to.data,
                   NULL, T, k, H};
-  if (T && H) bx_parallel_run(bx_moe_threads(threads, pieces_of(T)), pieces_of(T), unpermute_piece, &j);
+  if (T && H) bx_parallel_run(bx_tc_threads(threads, pieces_of(T)), pieces_of(T), unpermute_piece, &j);
 done:
   bx_call_leave(&call);
   return st;
@@ -477,20 +459,17 @@ bx_status bx_moe_unpermute_backward(const DLTensor *dout, const DLTensor *y_perm
                                     const bx_moe_dispatch_opts *opts) {
   const char *fn = "bx_moe_unpermute_backward";
   int threads;
-  bx_status st = dispatch_opts(fn, opts, &threads);
-  if (st != BX_OK) return st;
   bx_call call;
-  st = bx_call_enter(&call, fn);
+  bx_status st = enter(&call, fn, opts, &threads);
   if (st != BX_OK) return st;
-  bx_moe_tensor td, ty, tw, tr, tp, tdy, tdw;
+  bx_tc_tensor td, ty, tw, tr, tp, tdy, tdw;
   int have_dy = dy_perm != NULL, have_dw = dweights != NULL;
-  int64_t any2[2] = {-1, -1};
-  if ((st = bx_moe_check(fn, 0, "dout", dout, BX_MOE_F32, 2, any2, 0, &td)) != BX_OK) goto done;
+  if ((st = bx_tc_check(fn, 0, "dout", dout, BX_TC_F32, 2, 2, NULL, 0, &td)) != BX_OK) goto done;
   int64_t T = td.dim[0], H = td.dim[1];
   int64_t wy[2] = {-1, H};
-  if ((st = bx_moe_check(fn, 1, "y_perm", y_perm, BX_MOE_F32, 2, wy, 0, &ty)) != BX_OK) goto done;
+  if ((st = bx_tc_check(fn, 1, "y_perm", y_perm, BX_TC_F32, 2, 2, wy, 0, &ty)) != BX_OK) goto done;
   int64_t wt[2] = {T, -1};
-  if ((st = bx_moe_check(fn, 2, "weights", weights, BX_MOE_F32, 2, wt, 0, &tw)) != BX_OK) goto done;
+  if ((st = bx_tc_check(fn, 2, "weights", weights, BX_TC_F32, 2, 2, wt, 0, &tw)) != BX_OK) goto done;
   if ((st = plan_args(fn, row_map, pos, 3, 4, &tr, &tp)) != BX_OK) goto done;
   int64_t k = tw.dim[1], R = ty.dim[0];
   if (tp.dim[0] != T || tp.dim[1] != k) {
@@ -504,19 +483,19 @@ bx_status bx_moe_unpermute_backward(const DLTensor *dout, const DLTensor *y_perm
     goto done;
   }
   int64_t wdy[2] = {R, H}, wdw[2] = {T, k};
-  if (have_dy && (st = bx_moe_check(fn, 5, "dy_perm", dy_perm, BX_MOE_F32, 2, wdy, 1, &tdy)) != BX_OK)
+  if (have_dy && (st = bx_tc_check(fn, 5, "dy_perm", dy_perm, BX_TC_F32, 2, 2, wdy, 1, &tdy)) != BX_OK)
     goto done;
-  if (have_dw && (st = bx_moe_check(fn, 6, "dweights", dweights, BX_MOE_F32, 2, wdw, 1, &tdw)) != BX_OK)
+  if (have_dw && (st = bx_tc_check(fn, 6, "dweights", dweights, BX_TC_F32, 2, 2, wdw, 1, &tdw)) != BX_OK)
     goto done;
   if (!have_dy && !have_dw) {
     st = bx_fail(BX_EINVAL, "%s: dy_perm and dweights are both NULL: nothing to compute", fn);
     goto done;
   }
-  const bx_moe_tensor *all[7] = {&td, &ty, &tw, &tr, &tp, have_dy ? &tdy : NULL,
+  const bx_tc_tensor *all[7] = {&td, &ty, &tw, &tr, &tp, have_dy ? &tdy : NULL,
                                  have_dw ? &tdw : NULL};
-  if ((st = bx_moe_check_overlap(fn, all, 7)) != BX_OK) goto done;
+  if ((st = bx_tc_overlap(fn, all, 7)) != BX_OK) goto done;
   if ((st = bx_moe_check_plan(fn, &tr, &tp)) != BX_OK) goto done;
-  int nt = bx_moe_threads(threads, pieces_of(R > T ? R : T));
+  int nt = bx_tc_threads(threads, pieces_of(R > T ? R : T));
   if (have_dy && R && H) {
     gather_job j = {NULL, tw.data, NULL, td.data, tr.data, tp.data, tdy.data, NULL, R, k, H};
     bx_parallel_run(nt, pieces_of(R), dyperm_piece, &j);

@@ -8,13 +8,14 @@
  * not depend on the count.
  */
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "abi.h"
 #include "bitexact_train.h"
 #include "call.h"
 #include "error.h"
-#include "layers_internal.h"
+#include "train_check.h"
 #include "math_det.h"
 #include "pool.h"
 
@@ -53,19 +54,14 @@ static void fwd_piece(void *ctx, size_t task, int worker) {
   }
 }
 
-static bx_status opts_threads(const char *fn, const bx_rmsnorm_opts *opts, int *threads) {
-  bx_status st = opts ? bx_check_struct_size(fn, "opts->struct_size", opts->struct_size,
-                                             sizeof(bx_rmsnorm_opts), "bx_rmsnorm_opts",
-                                             "BX_RMSNORM_OPTS_DEFAULT")
-                      : BX_OK;
-  if (st != BX_OK) return st;
-  *threads = opts ? opts->num_threads : 0;
-  if (*threads < 0) return bx_fail(BX_EINVAL, "%s: num_threads %d is negative", fn, *threads);
-  return BX_OK;
+/* struct_size (first), num_threads, then the call is entered */
+static bx_status enter(bx_call *c, const char *fn, const bx_rmsnorm_opts *opts, int *threads) {
+  return bx_tc_enter(c, fn, opts, sizeof *opts, offsetof(bx_rmsnorm_opts, num_threads),
+                     "bx_rmsnorm_opts", "BX_RMSNORM_OPTS_DEFAULT", threads);
 }
 
 /* H: 1 <= H <= 2^24 (fp32 converts it exactly) */
-static bx_status check_features(const char *fn, const bx_layer_arg *x) {
+static bx_status check_features(const char *fn, const bx_tc_tensor *x) {
   if (x->cols < 1 || x->cols > ((size_t)1 << 24))
     return bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, x->index,
                       "%s: tensor %zu (%s) has %zu features (last dimension); want 1 to 2^24",
@@ -73,7 +69,7 @@ static bx_status check_features(const char *fn, const bx_layer_arg *x) {
   return BX_OK;
 }
 
-static bx_status check_weight(const char *fn, const bx_layer_arg *w, size_t h) {
+static bx_status check_weight(const char *fn, const bx_tc_tensor *w, size_t h) {
   if (w->ndim != 1 || w->cols != h)
     return bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, w->index,
                       "%s: tensor %zu (%s) must be 1-D [%zu] (the features of x)", fn, w->index,
@@ -81,7 +77,7 @@ static bx_status check_weight(const char *fn, const bx_layer_arg *w, size_t h) {
   return BX_OK;
 }
 
-static bx_status check_rstd(const char *fn, const bx_layer_arg *r, size_t rows) {
+static bx_status check_rstd(const char *fn, const bx_tc_tensor *r, size_t rows) {
   if (r->n != rows)
     return bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, r->index,
                       "%s: tensor %zu (%s) has %zu elements; want one per row of x (%zu)", fn,
@@ -92,36 +88,31 @@ static bx_status check_rstd(const char *fn, const bx_layer_arg *r, size_t rows) 
 bx_status bx_rmsnorm_forward(const DLTensor *x, const DLTensor *weight, double eps, DLTensor *y,
                              DLTensor *rstd, const bx_rmsnorm_opts *opts) {
   static const char *fn = "bx_rmsnorm_forward";
-  int threads = 0;
-  bx_status st = opts_threads(fn, opts, &threads); /* struct_size first */
-  if (st != BX_OK) return st;
+  int threads;
   bx_call c;
-  st = bx_call_enter(&c, fn);
+  bx_status st = enter(&c, fn, opts, &threads);
   if (st != BX_OK) return st;
-  bx_layer_arg a[4];
+  bx_tc_tensor a[4];
   size_t count = rstd ? 4 : 3;
   if (!(eps >= 0.0 && eps <= 0x1.fffffep127)) /* finite in fp32 (NaN fails too) */
     st = bx_fail(BX_EINVAL, "%s: eps %g is negative, NaN or not finite in fp32", fn, eps);
-  if (st == BX_OK) st = bx_layer_check(fn, 0, "x", x, BX_LAYER_F32, 1, 3, &a[0]);
-  if (st == BX_OK) st = bx_layer_check(fn, 1, "weight", weight, BX_LAYER_F32, 1, 1, &a[1]);
-  if (st == BX_OK) st = bx_layer_check(fn, 2, "y", y, BX_LAYER_F32, 1, 3, &a[2]);
-  if (st == BX_OK && rstd) st = bx_layer_check(fn, 3, "rstd", rstd, BX_LAYER_F32, 1, 3, &a[3]);
+  if (st == BX_OK) st = bx_tc_check(fn, 0, "x", x, BX_TC_F32, 1, 3, NULL, 0, &a[0]);
+  if (st == BX_OK) st = bx_tc_check(fn, 1, "weight", weight, BX_TC_F32, 1, 1, NULL, 0, &a[1]);
+  if (st == BX_OK) st = bx_tc_check(fn, 2, "y", y, BX_TC_F32, 1, 3, NULL, 1, &a[2]);
+  if (st == BX_OK && rstd) st = bx_tc_check(fn, 3, "rstd", rstd, BX_TC_F32, 1, 3, NULL, 1, &a[3]);
   if (st == BX_OK) st = check_features(fn, &a[0]);
   if (st == BX_OK) st = check_weight(fn, &a[1], a[0].cols);
-  if (st == BX_OK) st = bx_layer_shape(fn, &a[2], a[0].rows, a[0].cols, "x's shape");
+  if (st == BX_OK) st = bx_tc_shape(fn, &a[2], a[0].rows, a[0].cols, "x's shape");
   if (st == BX_OK && rstd) st = check_rstd(fn, &a[3], a[0].rows);
   if (st == BX_OK) {
-    const size_t es[4] = {4, 4, 4, 4};
-    const int writable[4] = {0, 0, 1, 1}, inplace[4] = {-1, -1, 0, -1};
-    st = bx_layer_overlap(fn, a, es, count, writable, inplace);
+    a[2].inplace = 0; /* y may be x exactly */
+    const bx_tc_tensor *all[4] = {&a[0], &a[1], &a[2], &a[3]};
+    st = bx_tc_overlap(fn, all, count);
   }
   if (st != BX_OK) goto done;
   fwd_job j = {a[0].data, a[1].data, a[2].data, rstd ? a[3].data : NULL, a[0].rows, a[0].cols,
-               bx_layer_piece_rows(a[0].cols), (float)eps};
-  if (j.rows) {
-    size_t pieces = (j.rows + j.piece - 1) / j.piece;
-    bx_parallel_run(bx_layer_threads(threads, pieces), pieces, fwd_piece, &j);
-  }
+               bx_tc_piece_rows(a[0].cols), (float)eps};
+  bx_tc_run(threads, (j.rows + j.piece - 1) / j.piece, fwd_piece, &j);
 done:
   bx_call_leave(&c);
   return st;
@@ -180,39 +171,37 @@ bx_status bx_rmsnorm_backward(const DLTensor *x, const DLTensor *weight, const D
                               const DLTensor *rstd, int64_t chunk_tokens, DLTensor *dx,
                               DLTensor *dweight_partials, const bx_rmsnorm_opts *opts) {
   static const char *fn = "bx_rmsnorm_backward";
-  int threads = 0;
-  bx_status st = opts_threads(fn, opts, &threads); /* struct_size first */
-  if (st != BX_OK) return st;
+  int threads;
   bx_call c;
-  st = bx_call_enter(&c, fn);
+  bx_status st = enter(&c, fn, opts, &threads);
   if (st != BX_OK) return st;
-  bx_layer_arg a[6];
+  bx_tc_tensor a[6];
   size_t nchunks = 0;
   if (chunk_tokens < 1)
     st = bx_fail(BX_EINVAL, "%s: chunk_tokens %lld is below 1", fn, (long long)chunk_tokens);
-  if (st == BX_OK) st = bx_layer_check(fn, 0, "x", x, BX_LAYER_F32, 1, 3, &a[0]);
-  if (st == BX_OK) st = bx_layer_check(fn, 1, "weight", weight, BX_LAYER_F32, 1, 1, &a[1]);
-  if (st == BX_OK) st = bx_layer_check(fn, 2, "dy", dy, BX_LAYER_F32, 1, 3, &a[2]);
-  if (st == BX_OK) st = bx_layer_check(fn, 3, "rstd", rstd, BX_LAYER_F32, 1, 3, &a[3]);
-  if (st == BX_OK) st = bx_layer_check(fn, 4, "dx", dx, BX_LAYER_F32, 1, 3, &a[4]);
+  if (st == BX_OK) st = bx_tc_check(fn, 0, "x", x, BX_TC_F32, 1, 3, NULL, 0, &a[0]);
+  if (st == BX_OK) st = bx_tc_check(fn, 1, "weight", weight, BX_TC_F32, 1, 1, NULL, 0, &a[1]);
+  if (st == BX_OK) st = bx_tc_check(fn, 2, "dy", dy, BX_TC_F32, 1, 3, NULL, 0, &a[2]);
+  if (st == BX_OK) st = bx_tc_check(fn, 3, "rstd", rstd, BX_TC_F32, 1, 3, NULL, 0, &a[3]);
+  if (st == BX_OK) st = bx_tc_check(fn, 4, "dx", dx, BX_TC_F32, 1, 3, NULL, 1, &a[4]);
   if (st == BX_OK && dweight_partials)
-    st = bx_layer_check(fn, 5, "dweight_partials", dweight_partials, BX_LAYER_F32, 2, 2, &a[5]);
+    st = bx_tc_check(fn, 5, "dweight_partials", dweight_partials, BX_TC_F32, 2, 2, NULL, 1, &a[5]);
   if (st == BX_OK) st = check_features(fn, &a[0]);
   if (st == BX_OK) st = check_weight(fn, &a[1], a[0].cols);
-  if (st == BX_OK) st = bx_layer_shape(fn, &a[2], a[0].rows, a[0].cols, "x's shape");
+  if (st == BX_OK) st = bx_tc_shape(fn, &a[2], a[0].rows, a[0].cols, "x's shape");
   if (st == BX_OK) st = check_rstd(fn, &a[3], a[0].rows);
-  if (st == BX_OK) st = bx_layer_shape(fn, &a[4], a[0].rows, a[0].cols, "x's shape");
+  if (st == BX_OK) st = bx_tc_shape(fn, &a[4], a[0].rows, a[0].cols, "x's shape");
   if (st == BX_OK) {
     uint64_t ct = (uint64_t)chunk_tokens;
     nchunks = (size_t)(((uint64_t)a[0].rows + ct - 1) / ct);
     if (ct > a[0].rows) nchunks = a[0].rows ? 1 : 0;
   }
   if (st == BX_OK && dweight_partials)
-    st = bx_layer_shape(fn, &a[5], nchunks, a[0].cols, "[ceil(T / chunk_tokens), H] =");
+    st = bx_tc_shape(fn, &a[5], nchunks, a[0].cols, "[ceil(T / chunk_tokens), H] =");
   if (st == BX_OK) {
-    const size_t es[6] = {4, 4, 4, 4, 4, 4};
-    const int writable[6] = {0, 0, 0, 0, 1, 1}, inplace[6] = {-1, -1, -1, -1, 2, -1};
-    st = bx_layer_overlap(fn, a, es, dweight_partials ? 6 : 5, writable, inplace);
+    a[4].inplace = 2; /* dx may be dy exactly */
+    const bx_tc_tensor *all[6] = {&a[0], &a[1], &a[2], &a[3], &a[4], &a[5]};
+    st = bx_tc_overlap(fn, all, dweight_partials ? 6 : 5);
   }
   if (st != BX_OK) goto done;
   bwd_job j;
@@ -224,19 +213,13 @@ bx_status bx_rmsnorm_backward(const DLTensor *x, const DLTensor *weight, const D
   j.partials = dweight_partials ? a[5].data : NULL;
   j.rows = a[0].rows;
   j.h = a[0].cols;
-  j.piece = bx_layer_piece_rows(j.h);
+  j.piece = bx_tc_piece_rows(j.h);
   j.chunk = (size_t)((uint64_t)chunk_tokens < j.rows ? (uint64_t)chunk_tokens : j.rows);
   j.nchunks = nchunks;
   j.nblocks = (j.h + COL_BLOCK - 1) / COL_BLOCK;
   /* the partials first: dx may overwrite dy */
-  if (j.partials && nchunks) {
-    size_t pieces = nchunks * j.nblocks;
-    bx_parallel_run(bx_layer_threads(threads, pieces), pieces, partial_piece, &j);
-  }
-  if (j.rows) {
-    size_t pieces = (j.rows + j.piece - 1) / j.piece;
-    bx_parallel_run(bx_layer_threads(threads, pieces), pieces, dx_piece, &j);
-  }
+  if (j.partials) bx_tc_run(threads, nchunks * j.nblocks, partial_piece, &j);
+  bx_tc_run(threads, (j.rows + j.piece - 1) / j.piece, dx_piece, &j);
 done:
   bx_call_leave(&c);
   return st;

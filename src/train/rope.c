@@ -8,6 +8,7 @@
  * and a - (-b) = a + b in IEEE arithmetic, so it is bit for bit the
  * transposed rotation the header states. Threads take whole tokens.
  */
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -15,7 +16,7 @@
 #include "bitexact_train.h"
 #include "call.h"
 #include "error.h"
-#include "layers_internal.h"
+#include "train_check.h"
 #include "math_det.h"
 #include "pool.h"
 #include "pow_det.h"
@@ -82,16 +83,10 @@ static void table_piece(void *ctx, size_t task, int worker) {
   }
 }
 
-/* struct_size (first), num_threads */
-static bx_status opts_threads(const char *fn, const bx_rope_opts *opts, int *threads) {
-  bx_status st = opts ? bx_check_struct_size(fn, "opts->struct_size", opts->struct_size,
-                                             sizeof(bx_rope_opts), "bx_rope_opts",
-                                             "BX_ROPE_OPTS_DEFAULT")
-                      : BX_OK;
-  if (st != BX_OK) return st;
-  *threads = opts ? opts->num_threads : 0;
-  if (*threads < 0) return bx_fail(BX_EINVAL, "%s: num_threads %d is negative", fn, *threads);
-  return BX_OK;
+/* struct_size (first), num_threads, then the call is entered */
+static bx_status enter(bx_call *c, const char *fn, const bx_rope_opts *opts, int *threads) {
+  return bx_tc_enter(c, fn, opts, sizeof *opts, offsetof(bx_rope_opts, num_threads),
+                     "bx_rope_opts", "BX_ROPE_OPTS_DEFAULT", threads);
 }
 
 /* rotary_dim, theta; head_dim when has_head (the table call has none) */
@@ -111,7 +106,7 @@ static bx_status check_params(const char *fn, int has_head, int64_t head_dim, in
 }
 
 /* every position in [0, 2^24]; only read */
-static bx_status check_positions(const char *fn, const bx_layer_arg *p) {
+static bx_status check_positions(const char *fn, const bx_tc_tensor *p) {
   const int64_t *v = p->data;
   for (size_t t = 0; t < p->n; t++)
     if (v[t] < 0 || v[t] > MAX_POSITION)
@@ -125,18 +120,16 @@ static bx_status rope_run(const char *fn, const char *xname, const char *yname,
                           const DLTensor *x, const DLTensor *positions, int64_t head_dim,
                           int64_t rotary_dim, double theta, DLTensor *y, float sin_sign,
                           const bx_rope_opts *opts) {
-  int threads = 0;
-  bx_status st = opts_threads(fn, opts, &threads);
-  if (st != BX_OK) return st;
+  int threads;
   bx_call c;
-  st = bx_call_enter(&c, fn);
+  bx_status st = enter(&c, fn, opts, &threads);
   if (st != BX_OK) return st;
-  bx_layer_arg a[3];
+  bx_tc_tensor a[3];
   size_t tokens = 0, width = 0;
   st = check_params(fn, 1, head_dim, rotary_dim, theta);
-  if (st == BX_OK) st = bx_layer_check(fn, 0, xname, x, BX_LAYER_F32, 2, 3, &a[0]);
-  if (st == BX_OK) st = bx_layer_check(fn, 1, "positions", positions, BX_LAYER_I64, 1, 2, &a[1]);
-  if (st == BX_OK) st = bx_layer_check(fn, 2, yname, y, BX_LAYER_F32, 2, 3, &a[2]);
+  if (st == BX_OK) st = bx_tc_check(fn, 0, xname, x, BX_TC_F32, 2, 3, NULL, 0, &a[0]);
+  if (st == BX_OK) st = bx_tc_check(fn, 1, "positions", positions, BX_TC_I64, 1, 2, NULL, 0, &a[1]);
+  if (st == BX_OK) st = bx_tc_check(fn, 2, yname, y, BX_TC_F32, 2, 3, NULL, 1, &a[2]);
   if (st == BX_OK) {
     /* T tokens of width = n / T features, token-major: [T, W], [B, L, W]
      * (rows == T), or [T, heads, head_dim] (shape[0] == T) */
@@ -154,17 +147,13 @@ static bx_status rope_run(const char *fn, const char *xname, const char *yname,
                       "heads*head_dim] or [T, heads, head_dim]", fn, xname, tokens,
                       (long long)head_dim);
   }
+  if (st == BX_OK && !bx_tc_same_shape(&a[0], &a[2]))
+    st = bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, 2, "%s: tensor 2 (%s): shape differs from "
+                    "tensor 0's (%s)", fn, yname, xname);
   if (st == BX_OK) {
-    int same = a[0].ndim == a[2].ndim;
-    for (int d = 0; same && d < a[0].ndim; d++) same = x->shape[d] == y->shape[d];
-    if (!same)
-      st = bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, 2, "%s: tensor 2 (%s): shape differs from "
-                      "tensor 0's (%s)", fn, yname, xname);
-  }
-  if (st == BX_OK) {
-    const size_t es[3] = {4, 8, 4};
-    const int writable[3] = {0, 0, 1}, inplace[3] = {-1, -1, 0};
-    st = bx_layer_overlap(fn, a, es, 3, writable, inplace);
+    a[2].inplace = 0; /* y may be x exactly */
+    const bx_tc_tensor *all[3] = {&a[0], &a[1], &a[2]};
+    st = bx_tc_overlap(fn, all, 3);
   }
   if (st == BX_OK) st = check_positions(fn, &a[1]);
   float *inv = NULL;
@@ -186,12 +175,9 @@ static bx_status rope_run(const char *fn, const char *xname, const char *yname,
   j.head_dim = (size_t)head_dim;
   j.heads = width / j.head_dim;
   j.half = (size_t)rotary_dim / 2;
-  j.piece = bx_layer_piece_rows(width ? width : 1);
+  j.piece = bx_tc_piece_rows(width ? width : 1);
   j.sin_sign = sin_sign;
-  if (width) {
-    size_t pieces = (tokens + j.piece - 1) / j.piece;
-    bx_parallel_run(bx_layer_threads(threads, pieces), pieces, rope_piece, &j);
-  }
+  if (width) bx_tc_run(threads, (tokens + j.piece - 1) / j.piece, rope_piece, &j);
 done:
   bx_call_leave(&c);
   return st;
@@ -214,24 +200,21 @@ bx_status bx_rope_backward(const DLTensor *dy, const DLTensor *positions, int64_
 bx_status bx_rope_cos_sin(const DLTensor *positions, int64_t rotary_dim, double theta,
                           DLTensor *cos, DLTensor *sin, const bx_rope_opts *opts) {
   static const char *fn = "bx_rope_cos_sin";
-  int threads = 0;
-  bx_status st = opts_threads(fn, opts, &threads);
-  if (st != BX_OK) return st;
+  int threads;
   bx_call c;
-  st = bx_call_enter(&c, fn);
+  bx_status st = enter(&c, fn, opts, &threads);
   if (st != BX_OK) return st;
-  bx_layer_arg a[3];
+  bx_tc_tensor a[3];
   size_t half = (size_t)(rotary_dim / 2);
   st = check_params(fn, 0, 0, rotary_dim, theta);
-  if (st == BX_OK) st = bx_layer_check(fn, 0, "positions", positions, BX_LAYER_I64, 1, 2, &a[0]);
-  if (st == BX_OK) st = bx_layer_check(fn, 1, "cos", cos, BX_LAYER_F32, 1, 3, &a[1]);
-  if (st == BX_OK) st = bx_layer_check(fn, 2, "sin", sin, BX_LAYER_F32, 1, 3, &a[2]);
-  if (st == BX_OK) st = bx_layer_shape(fn, &a[1], a[0].n, half, "[T, rotary_dim / 2] =");
-  if (st == BX_OK) st = bx_layer_shape(fn, &a[2], a[0].n, half, "[T, rotary_dim / 2] =");
+  if (st == BX_OK) st = bx_tc_check(fn, 0, "positions", positions, BX_TC_I64, 1, 2, NULL, 0, &a[0]);
+  if (st == BX_OK) st = bx_tc_check(fn, 1, "cos", cos, BX_TC_F32, 1, 3, NULL, 1, &a[1]);
+  if (st == BX_OK) st = bx_tc_check(fn, 2, "sin", sin, BX_TC_F32, 1, 3, NULL, 1, &a[2]);
+  if (st == BX_OK) st = bx_tc_shape(fn, &a[1], a[0].n, half, "[T, rotary_dim / 2] =");
+  if (st == BX_OK) st = bx_tc_shape(fn, &a[2], a[0].n, half, "[T, rotary_dim / 2] =");
   if (st == BX_OK) {
-    const size_t es[3] = {8, 4, 4};
-    const int writable[3] = {0, 1, 1}, inplace[3] = {-1, -1, -1};
-    st = bx_layer_overlap(fn, a, es, 3, writable, inplace);
+    const bx_tc_tensor *all[3] = {&a[0], &a[1], &a[2]};
+    st = bx_tc_overlap(fn, all, 3);
   }
   if (st == BX_OK) st = check_positions(fn, &a[0]);
   float *inv = NULL;
@@ -247,11 +230,10 @@ bx_status bx_rope_cos_sin(const DLTensor *positions, int64_t rotary_dim, double 
   j.inv = inv;
   j.tokens = a[0].n;
   j.half = half;
-  j.piece = bx_layer_piece_rows(half);
+  j.piece = bx_tc_piece_rows(half);
   j.cos = a[1].data;
   j.sin = a[2].data;
-  size_t pieces = (j.tokens + j.piece - 1) / j.piece;
-  bx_parallel_run(bx_layer_threads(threads, pieces), pieces, table_piece, &j);
+  bx_tc_run(threads, (j.tokens + j.piece - 1) / j.piece, table_piece, &j);
 done:
   bx_call_leave(&c);
   return st;

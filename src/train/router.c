@@ -23,8 +23,9 @@
 
 /* ---- options --------------------------------------------------------------- */
 
-static bx_status router_opts(const char *fn, const bx_moe_router_opts *opts,
-                             bx_moe_router_opts *o) {
+/* struct_size (first), the options into *o, then the call is entered. */
+static bx_status router_enter(bx_call *call, const char *fn, const bx_moe_router_opts *opts,
+                              bx_moe_router_opts *o) {
   bx_status st = opts ? bx_check_struct_size(fn, "opts->struct_size", opts->struct_size,
                                              sizeof(bx_moe_router_opts), "bx_moe_router_opts",
                                              "BX_MOE_ROUTER_OPTS_DEFAULT")
@@ -32,7 +33,7 @@ static bx_status router_opts(const char *fn, const bx_moe_router_opts *opts,
   if (st != BX_OK) return st;
   bx_moe_router_opts d = BX_MOE_ROUTER_OPTS_DEFAULT;
   *o = opts ? *opts : d;
-  return BX_OK;
+  return bx_call_enter(call, fn);
 }
 
 /* The options against E experts and k slots (k < 0: not checked). */
@@ -70,7 +71,7 @@ static bx_status router_config(const char *fn, const bx_moe_router_opts *o, int6
 
 typedef struct fwd_job {
   const float *logits, *bias;
-  bx_moe_tensor *ids;
+  bx_tc_tensor *ids;
   float *weights;
   int64_t T, E, G, S, kg, k;
   int norm;
@@ -85,8 +86,8 @@ static inline int ahead(float va, int64_t a, float vb, int64_t b) {
   return va > vb || (va == vb && a < b);
 }
 
-static void store_id(bx_moe_tensor *ids, size_t i, int64_t v) {
-  if (ids->dtype == BX_MOE_I32)
+static void store_id(bx_tc_tensor *ids, size_t i, int64_t v) {
+  if (ids->dtype == BX_TC_I32)
     ((int32_t *)ids->data)[i] = (int32_t)v;
   else
     ((int64_t *)ids->data)[i] = v;
@@ -170,22 +171,19 @@ bx_status bx_moe_router_forward(const DLTensor *logits, const DLTensor *bias,
                                 DLTensor *counts, const bx_moe_router_opts *opts) {
   const char *fn = "bx_moe_router_forward";
   bx_moe_router_opts o;
-  bx_status st = router_opts(fn, opts, &o);
-  if (st != BX_OK) return st;
   bx_call call;
-  st = bx_call_enter(&call, fn);
+  bx_status st = router_enter(&call, fn, opts, &o);
   if (st != BX_OK) return st;
-  bx_moe_tensor tl, tb, ti, tw, tc;
-  int64_t any2[2] = {-1, -1};
-  if ((st = bx_moe_check(fn, 0, "logits", logits, BX_MOE_F32, 2, any2, 0, &tl)) != BX_OK) goto done;
+  bx_tc_tensor tl, tb, ti, tw, tc;
+  if ((st = bx_tc_check(fn, 0, "logits", logits, BX_TC_F32, 2, 2, NULL, 0, &tl)) != BX_OK) goto done;
   int64_t T = tl.dim[0], E = tl.dim[1];
   int64_t wb[1] = {E};
-  if ((st = bx_moe_check(fn, 1, "bias", bias, BX_MOE_F32, 1, wb, 0, &tb)) != BX_OK) goto done;
+  if ((st = bx_tc_check(fn, 1, "bias", bias, BX_TC_F32, 1, 1, wb, 0, &tb)) != BX_OK) goto done;
   int64_t wi[2] = {T, -1};
-  if ((st = bx_moe_check(fn, 2, "topk_ids", topk_ids, BX_MOE_IDS, 2, wi, 1, &ti)) != BX_OK) goto done;
+  if ((st = bx_tc_check(fn, 2, "topk_ids", topk_ids, BX_TC_IDS, 2, 2, wi, 1, &ti)) != BX_OK) goto done;
   int64_t k = ti.dim[1];
   int64_t ww[2] = {T, k};
-  if ((st = bx_moe_check(fn, 3, "topk_weights", topk_weights, BX_MOE_F32, 2, ww, 1, &tw)) != BX_OK)
+  if ((st = bx_tc_check(fn, 3, "topk_weights", topk_weights, BX_TC_F32, 2, 2, ww, 1, &tw)) != BX_OK)
     goto done;
   if (chunk_tokens < 1) {
     st = bx_fail(BX_EINVAL, "%s: chunk_tokens = %lld, want >= 1", fn, (long long)chunk_tokens);
@@ -195,15 +193,15 @@ bx_status bx_moe_router_forward(const DLTensor *logits, const DLTensor *bias,
   int have_counts = counts != NULL;
   if (have_counts) {
     int64_t wc[2] = {nchunks, E};
-    if ((st = bx_moe_check(fn, 5, "counts", counts, BX_MOE_I64, 2, wc, 1, &tc)) != BX_OK) goto done;
+    if ((st = bx_tc_check(fn, 5, "counts", counts, BX_TC_I64, 2, 2, wc, 1, &tc)) != BX_OK) goto done;
   }
   if ((st = router_config(fn, &o, E, k)) != BX_OK) goto done;
-  if (ti.dtype == BX_MOE_I32 && E > INT32_MAX) {
+  if (ti.dtype == BX_TC_I32 && E > INT32_MAX) {
     st = bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, 2, "%s: tensor 2 (topk_ids): int32 cannot hold %lld expert ids", fn, (long long)E);
     goto done;
   }
-  const bx_moe_tensor *all[5] = {&tl, &tb, &ti, &tw, have_counts ? &tc : NULL};
-  if ((st = bx_moe_check_overlap(fn, all, 5)) != BX_OK) goto done;
+  const bx_tc_tensor *all[5] = {&tl, &tb, &ti, &tw, have_counts ? &tc : NULL};
+  if ((st = bx_tc_overlap(fn, all, 5)) != BX_OK) goto done;
   const float *lg = tl.data, *bs = tb.data;
   for (int64_t e = 0; e < E; e++)
     if (!isfinite(bs[e])) {
@@ -221,7 +219,7 @@ bx_status bx_moe_router_forward(const DLTensor *logits, const DLTensor *bias,
   fwd_job j = {lg, bs, &ti, tw.data, T, E, o.n_group, E / o.n_group, o.topk_group, k,
                o.norm_topk_prob, (float)o.routed_scaling_factor, NULL, 0, 0};
   size_t npieces = (size_t)(T / PIECE + (T % PIECE != 0));
-  int nt = bx_moe_threads(o.num_threads, npieces);
+  int nt = bx_tc_threads(o.num_threads, npieces);
   size_t fl = (size_t)(2 * E + o.n_group);
   fl += fl & 1;
   j.sel_at = fl;
@@ -239,7 +237,7 @@ bx_status bx_moe_router_forward(const DLTensor *logits, const DLTensor *bias,
     memset(cn, 0, tc.n * sizeof *cn);
     for (int64_t t = 0; t < T; t++)
       for (int64_t a = 0; a < k; a++)
-        cn[(t / chunk_tokens) * E + bx_moe_id(&ti, (size_t)(t * k + a))]++;
+        cn[(t / chunk_tokens) * E + bx_tc_id(&ti, (size_t)(t * k + a))]++;
   }
 done:
   bx_call_leave(&call);
@@ -250,7 +248,7 @@ done:
 
 typedef struct bwd_job {
   const float *logits, *dw;
-  const bx_moe_tensor *ids;
+  const bx_tc_tensor *ids;
   float *dl;
   int64_t T, E, k;
   int norm;
@@ -268,7 +266,7 @@ static void bwd_piece(void *ctx, size_t task, int worker) {
     for (int64_t e = 0; e < j->E; e++) dl[e] = 0.0f;
     double D = 0.0, P = 0.0;
     for (int64_t a = 0; a < j->k; a++) {
-      int64_t e = bx_moe_id(j->ids, (size_t)(t * j->k + a));
+      int64_t e = bx_tc_id(j->ids, (size_t)(t * j->k + a));
       s[a] = (double)bx_sigmoidf_det(l[e]);
       m[a] = (double)bx_sigmoidf_det(-l[e]); /* 1 - s, correctly rounded: no cancellation */
       g[a] = (double)j->dw[t * j->k + a] * j->r;
@@ -280,7 +278,7 @@ static void bwd_piece(void *ctx, size_t task, int worker) {
     }
     double u = j->norm ? P / D : 0.0;
     for (int64_t a = 0; a < j->k; a++) {
-      int64_t e = bx_moe_id(j->ids, (size_t)(t * j->k + a));
+      int64_t e = bx_tc_id(j->ids, (size_t)(t * j->k + a));
       double dw = j->norm ? (g[a] - u) / D : g[a];
       dl[e] = (float)(dw * (s[a] * m[a]));
     }
@@ -292,32 +290,29 @@ bx_status bx_moe_router_backward(const DLTensor *logits, const DLTensor *topk_id
                                  const bx_moe_router_opts *opts) {
   const char *fn = "bx_moe_router_backward";
   bx_moe_router_opts o;
-  bx_status st = router_opts(fn, opts, &o);
-  if (st != BX_OK) return st;
   bx_call call;
-  st = bx_call_enter(&call, fn);
+  bx_status st = router_enter(&call, fn, opts, &o);
   if (st != BX_OK) return st;
-  bx_moe_tensor tl, ti, tw, td;
-  int64_t any2[2] = {-1, -1};
-  if ((st = bx_moe_check(fn, 0, "logits", logits, BX_MOE_F32, 2, any2, 0, &tl)) != BX_OK) goto done;
+  bx_tc_tensor tl, ti, tw, td;
+  if ((st = bx_tc_check(fn, 0, "logits", logits, BX_TC_F32, 2, 2, NULL, 0, &tl)) != BX_OK) goto done;
   int64_t T = tl.dim[0], E = tl.dim[1];
   int64_t wi[2] = {T, -1};
-  if ((st = bx_moe_check(fn, 1, "topk_ids", topk_ids, BX_MOE_IDS, 2, wi, 0, &ti)) != BX_OK) goto done;
+  if ((st = bx_tc_check(fn, 1, "topk_ids", topk_ids, BX_TC_IDS, 2, 2, wi, 0, &ti)) != BX_OK) goto done;
   int64_t k = ti.dim[1];
   int64_t ww[2] = {T, k};
-  if ((st = bx_moe_check(fn, 2, "dweights", dweights, BX_MOE_F32, 2, ww, 0, &tw)) != BX_OK) goto done;
+  if ((st = bx_tc_check(fn, 2, "dweights", dweights, BX_TC_F32, 2, 2, ww, 0, &tw)) != BX_OK) goto done;
   int64_t wd[2] = {T, E};
-  if ((st = bx_moe_check(fn, 3, "dlogits", dlogits, BX_MOE_F32, 2, wd, 1, &td)) != BX_OK) goto done;
+  if ((st = bx_tc_check(fn, 3, "dlogits", dlogits, BX_TC_F32, 2, 2, wd, 1, &td)) != BX_OK) goto done;
   if ((st = router_config(fn, &o, E, -1)) != BX_OK) goto done;
   if (k < 1 || k > E) {
     st = bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, 1, "%s: tensor 1 (topk_ids): k = %lld, want 1 <= k <= %lld",
                     fn, (long long)k, (long long)E);
     goto done;
   }
-  const bx_moe_tensor *all[4] = {&tl, &ti, &tw, &td};
-  if ((st = bx_moe_check_overlap(fn, all, 4)) != BX_OK) goto done;
+  const bx_tc_tensor *all[4] = {&tl, &ti, &tw, &td};
+  if ((st = bx_tc_overlap(fn, all, 4)) != BX_OK) goto done;
   size_t npieces = (size_t)(T / PIECE + (T % PIECE != 0));
-  int nt = bx_moe_threads(o.num_threads, npieces);
+  int nt = bx_tc_threads(o.num_threads, npieces);
   size_t need = (size_t)E + (size_t)nt * 3 * (size_t)k * sizeof(double) + 16;
   char *ws = bx_workspace(need);
   if (!ws) {
@@ -343,21 +338,20 @@ bx_status bx_moe_bias_update(DLTensor *bias, const DLTensor *counts, double rate
   bx_call call;
   bx_status st = bx_call_enter(&call, fn);
   if (st != BX_OK) return st;
-  bx_moe_tensor tb, tc;
-  int64_t any1[1] = {-1};
-  if ((st = bx_moe_check(fn, 0, "bias", bias, BX_MOE_F32, 1, any1, 1, &tb)) != BX_OK) goto done;
+  bx_tc_tensor tb, tc;
+  if ((st = bx_tc_check(fn, 0, "bias", bias, BX_TC_F32, 1, 1, NULL, 1, &tb)) != BX_OK) goto done;
   int64_t E = tb.dim[0];
   int cdim = counts && counts->ndim == 2 ? 2 : 1;
   int64_t w1[1] = {E}, w2[2] = {-1, E};
-  if ((st = bx_moe_check(fn, 1, "counts", counts, BX_MOE_I64, cdim, cdim == 2 ? w2 : w1, 0, &tc)) !=
+  if ((st = bx_tc_check(fn, 1, "counts", counts, BX_TC_I64, cdim, cdim, cdim == 2 ? w2 : w1, 0, &tc)) !=
       BX_OK)
     goto done;
   if (!isfinite(rate) || rate < 0.0 || !isfinite((float)rate)) {
     st = bx_fail(BX_EINVAL, "%s: rate must be finite and >= 0", fn);
     goto done;
   }
-  const bx_moe_tensor *all[2] = {&tb, &tc};
-  if ((st = bx_moe_check_overlap(fn, all, 2)) != BX_OK) goto done;
+  const bx_tc_tensor *all[2] = {&tb, &tc};
+  if ((st = bx_tc_overlap(fn, all, 2)) != BX_OK) goto done;
   const int64_t *cn = tc.data;
   const int64_t LIM = (int64_t)1 << 62;
   int64_t rows = cdim == 2 ? tc.dim[0] : 1;

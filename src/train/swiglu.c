@@ -8,14 +8,16 @@
  * row strides of each operand.
  */
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "abi.h"
 #include "bitexact_train.h"
 #include "call.h"
 #include "error.h"
 #include "kernels.h"
-#include "layers_internal.h"
+#include "train_check.h"
 #include "math_det.h"
 #include "pool.h"
 
@@ -70,32 +72,30 @@ static void bwd_piece(void *ctx, size_t task, int worker) {
   }
 }
 
-static bx_status opts_threads(const char *fn, const bx_swiglu_opts *opts, int *threads) {
-  bx_status st = opts ? bx_check_struct_size(fn, "opts->struct_size", opts->struct_size,
-                                             sizeof(bx_swiglu_opts), "bx_swiglu_opts",
-                                             "BX_SWIGLU_OPTS_DEFAULT")
-                      : BX_OK;
-  if (st != BX_OK) return st;
-  *threads = opts ? opts->num_threads : 0;
-  if (*threads < 0) return bx_fail(BX_EINVAL, "%s: num_threads %d is negative", fn, *threads);
-  return BX_OK;
+/* struct_size (first), num_threads, then the call is entered */
+static bx_status enter(bx_call *c, const char *fn, const bx_swiglu_opts *opts, int *threads) {
+  return bx_tc_enter(c, fn, opts, sizeof *opts, offsetof(bx_swiglu_opts, num_threads),
+                     "bx_swiglu_opts", "BX_SWIGLU_OPTS_DEFAULT", threads);
 }
 
 static void run(swiglu_job *j, int threads, bx_task_fn fn) {
   if (!j->rows || !j->f) return;
-  j->piece = bx_layer_piece_rows(j->f);
+  j->piece = bx_tc_piece_rows(j->f);
   size_t pieces = (j->rows + j->piece - 1) / j->piece;
-  bx_parallel_run(bx_layer_threads(threads, pieces), pieces, fn, j);
+  bx_parallel_run(bx_tc_threads(threads, pieces), pieces, fn, j);
 }
 
 /* the checks of count tensors: all fp32, 1-3 dimensions; shape of each
  * against tensor 0's rows and cols[i]; overlap rules */
 static bx_status check_all(const char *fn, const DLTensor *const *ts, const char *const *names,
                            size_t count, const size_t *cols_mult, const int *writable,
-                           const int *inplace, bx_layer_arg *a) {
+                           const int *inplace, bx_tc_tensor *a) {
   bx_status st = BX_OK;
-  for (size_t i = 0; st == BX_OK && i < count; i++)
-    st = bx_layer_check(fn, i, names[i], ts[i], BX_LAYER_F32, 1, 3, &a[i]);
+  memset(a, 0, count * sizeof *a);
+  for (size_t i = 0; st == BX_OK && i < count; i++) {
+    st = bx_tc_check(fn, i, names[i], ts[i], BX_TC_F32, 1, 3, NULL, writable[i], &a[i]);
+    a[i].inplace = inplace[i];
+  }
   if (st != BX_OK) return st;
   /* tensor 0 has cols_mult[0] * F columns */
   if (a[0].cols % cols_mult[0])
@@ -104,21 +104,20 @@ static bx_status check_all(const char *fn, const DLTensor *const *ts, const char
                       names[0], a[0].cols);
   size_t f = a[0].cols / cols_mult[0];
   for (size_t i = 1; st == BX_OK && i < count; i++)
-    st = bx_layer_shape(fn, &a[i], a[0].rows, f * cols_mult[i],
+    st = bx_tc_shape(fn, &a[i], a[0].rows, f * cols_mult[i],
                         cols_mult[i] == 2 ? "[T, 2F] =" : "[T, F] =");
   if (st != BX_OK) return st;
-  const size_t es[5] = {4, 4, 4, 4, 4};
-  return bx_layer_overlap(fn, a, es, count, writable, inplace);
+  const bx_tc_tensor *all[5];
+  for (size_t i = 0; i < count; i++) all[i] = &a[i];
+  return bx_tc_overlap(fn, all, count);
 }
 
 bx_status bx_swiglu_forward(const DLTensor *gate, const DLTensor *up, DLTensor *h,
                             const bx_swiglu_opts *opts) {
   static const char *fn = "bx_swiglu_forward";
-  int threads = 0;
-  bx_status st = opts_threads(fn, opts, &threads);
-  if (st != BX_OK) return st;
+  int threads;
   bx_call c;
-  st = bx_call_enter(&c, fn);
+  bx_status st = enter(&c, fn, opts, &threads);
   if (st != BX_OK) return st;
   const DLTensor *ts[3] = {gate, up, h};
   const char *names[3] = {"gate", "up", "h"};
@@ -126,7 +125,7 @@ bx_status bx_swiglu_forward(const DLTensor *gate, const DLTensor *up, DLTensor *
   const int writable[3] = {0, 0, 1};
   /* h may be gate or up exactly: checked as "h in place of gate", then up */
   int inplace[3] = {-1, -1, 0};
-  bx_layer_arg a[3];
+  bx_tc_tensor a[3];
   st = check_all(fn, ts, names, 3, mult, writable, inplace, a);
   if (st == BX_ELAYOUT && a[2].data == a[1].data && a[2].n == a[1].n) {
     inplace[2] = 1;
@@ -148,17 +147,15 @@ bx_status bx_swiglu_forward(const DLTensor *gate, const DLTensor *up, DLTensor *
 bx_status bx_swiglu_forward_fused(const DLTensor *gate_up, DLTensor *h,
                                   const bx_swiglu_opts *opts) {
   static const char *fn = "bx_swiglu_forward_fused";
-  int threads = 0;
-  bx_status st = opts_threads(fn, opts, &threads);
-  if (st != BX_OK) return st;
+  int threads;
   bx_call c;
-  st = bx_call_enter(&c, fn);
+  bx_status st = enter(&c, fn, opts, &threads);
   if (st != BX_OK) return st;
   const DLTensor *ts[2] = {gate_up, h};
   const char *names[2] = {"gate_up", "h"};
   const size_t mult[2] = {2, 1};
   const int writable[2] = {0, 1}, inplace[2] = {-1, -1};
-  bx_layer_arg a[2];
+  bx_tc_tensor a[2];
   st = check_all(fn, ts, names, 2, mult, writable, inplace, a);
   if (st == BX_OK) {
     swiglu_job j = {0};
@@ -178,17 +175,15 @@ bx_status bx_swiglu_forward_fused(const DLTensor *gate_up, DLTensor *h,
 bx_status bx_swiglu_backward(const DLTensor *gate, const DLTensor *up, const DLTensor *dh,
                              DLTensor *dgate, DLTensor *dup, const bx_swiglu_opts *opts) {
   static const char *fn = "bx_swiglu_backward";
-  int threads = 0;
-  bx_status st = opts_threads(fn, opts, &threads);
-  if (st != BX_OK) return st;
+  int threads;
   bx_call c;
-  st = bx_call_enter(&c, fn);
+  bx_status st = enter(&c, fn, opts, &threads);
   if (st != BX_OK) return st;
   const DLTensor *ts[5] = {gate, up, dh, dgate, dup};
   const char *names[5] = {"gate", "up", "dh", "dgate", "dup"};
   const size_t mult[5] = {1, 1, 1, 1, 1};
   const int writable[5] = {0, 0, 0, 1, 1}, inplace[5] = {-1, -1, -1, 0, 1};
-  bx_layer_arg a[5];
+  bx_tc_tensor a[5];
   st = check_all(fn, ts, names, 5, mult, writable, inplace, a);
   if (st == BX_OK) {
     swiglu_job j = {0};
@@ -208,17 +203,15 @@ bx_status bx_swiglu_backward(const DLTensor *gate, const DLTensor *up, const DLT
 bx_status bx_swiglu_backward_fused(const DLTensor *gate_up, const DLTensor *dh,
                                    DLTensor *dgate_up, const bx_swiglu_opts *opts) {
   static const char *fn = "bx_swiglu_backward_fused";
-  int threads = 0;
-  bx_status st = opts_threads(fn, opts, &threads);
-  if (st != BX_OK) return st;
+  int threads;
   bx_call c;
-  st = bx_call_enter(&c, fn);
+  bx_status st = enter(&c, fn, opts, &threads);
   if (st != BX_OK) return st;
   const DLTensor *ts[3] = {gate_up, dh, dgate_up};
   const char *names[3] = {"gate_up", "dh", "dgate_up"};
   const size_t mult[3] = {2, 1, 2};
   const int writable[3] = {0, 0, 1}, inplace[3] = {-1, -1, 0};
-  bx_layer_arg a[3];
+  bx_tc_tensor a[3];
   st = check_all(fn, ts, names, 3, mult, writable, inplace, a);
   if (st == BX_OK) {
     swiglu_job j = {0};

@@ -105,7 +105,9 @@ BX_VECTORIZE static void colsum(const gemm_operand *dy, size_t r0, size_t r1, si
   }
 }
 
-static bx_status check_opts(const char *fn, const bx_wgrad_opts *opts, int *threads) {
+/* struct_size (first), num_threads (0: the default, at most BX_MAX_THREADS),
+ * then the call is entered. */
+static bx_status enter(bx_call *call, const char *fn, const bx_wgrad_opts *opts, int *threads) {
   if (opts) {
     bx_status st = bx_check_struct_size(fn, "opts->struct_size", opts->struct_size, sizeof *opts,
                                         "bx_wgrad_opts", "BX_WGRAD_OPTS_DEFAULT");
@@ -115,7 +117,7 @@ static bx_status check_opts(const char *fn, const bx_wgrad_opts *opts, int *thre
   if (t < 0) return bx_fail(BX_EINVAL, "%s: num_threads %d is negative", fn, t);
   *threads = t > 0 ? t : bx_default_threads();
   if (*threads > BX_MAX_THREADS) *threads = BX_MAX_THREADS;
-  return BX_OK;
+  return bx_call_enter(call, fn);
 }
 
 /* ---- bias partials ------------------------------------------------------------ */
@@ -141,10 +143,8 @@ bx_status bx_bias_grad_partials(const DLTensor *dy, int64_t chunk_tokens, DLTens
                                 const bx_wgrad_opts *opts) {
   static const char *fn = "bx_bias_grad_partials";
   int threads;
-  bx_status st = check_opts(fn, opts, &threads);
-  if (st != BX_OK) return st;
   bx_call call;
-  st = bx_call_enter(&call, fn);
+  bx_status st = enter(&call, fn, opts, &threads);
   if (st != BX_OK) return st;
   gemm_operand D, P;
   st = bx_gemm_check_operand(fn, "dy", dy, 3, 0, &D);
@@ -271,10 +271,8 @@ bx_status bx_linear_wgrad_bound(bx_tokred *s, size_t wt, size_t bt, const DLTens
                                 const bx_wgrad_opts *opts) {
   static const char *fn = "bx_linear_wgrad_bound";
   wg_args g;
-  bx_status st = check_opts(fn, opts, &g.threads);
-  if (st != BX_OK) return st;
   bx_call call;
-  st = bx_call_enter(&call, fn);
+  bx_status st = enter(&call, fn, opts, &g.threads);
   if (st != BX_OK) return st;
   st = wg_checks(fn, s, wt, bt, dy, x, token_begin, &g);
   if (st == BX_OK && s->agreed)
@@ -482,10 +480,8 @@ bx_status bx_linear_wgrad(bx_tokred *s, size_t wt, size_t bt, const DLTensor *dy
                           const DLTensor *x, int64_t token_begin, const bx_wgrad_opts *opts) {
   static const char *fn = "bx_linear_wgrad";
   wg_args g;
-  bx_status st = check_opts(fn, opts, &g.threads);
-  if (st != BX_OK) return st;
   bx_call call;
-  st = bx_call_enter(&call, fn);
+  bx_status st = enter(&call, fn, opts, &g.threads);
   if (st != BX_OK) return st;
   st = wg_checks(fn, s, wt, bt, dy, x, token_begin, &g);
   if (st == BX_OK && !s->agreed)

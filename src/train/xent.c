@@ -16,99 +16,12 @@
 #include "error.h"
 #include "math_det.h"
 #include "pool.h"
+#include "train_check.h"
 #include "pow_det.h"
 
-/* ---- tensor checks (the same small checker as embedding.c) ------------ */
-
-enum { K_F32, K_INT, K_I64 }; /* fp32; int32 or int64; int64 only */
-
-typedef struct tv {
-  char *data;      /* first element */
-  int ndim;
-  int64_t dim[4];
-  int bits;        /* element bits */
-  size_t n;        /* elements */
-} tv;
-
-static int host_readable(DLDeviceType d) {
-  return d == kDLCPU || d == kDLCUDAHost || d == kDLCUDAManaged || d == kDLROCMHost;
-}
-
-static bx_status check_tv(const char *fn, size_t idx, const char *name, const DLTensor *t,
-                          int kind, int nd_lo, int nd_hi, tv *v) {
-  if (!t) return bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, idx, "%s: tensor %zu (%s) is NULL", fn,
-                            idx, name);
-  if (!host_readable(t->device.device_type))
-    return bx_fail_at(BX_EDEVICE, -1, BX_NO_INDEX, idx,
-                      "%s: tensor %zu (%s) is on device type %d, not host memory", fn, idx, name,
-                      (int)t->device.device_type);
-  DLDataType d = t->dtype;
-  int ok = d.lanes == 1 && (kind == K_F32   ? d.code == kDLFloat && d.bits == 32
-                            : kind == K_I64 ? d.code == kDLInt && d.bits == 64
-                                            : d.code == kDLInt && (d.bits == 32 || d.bits == 64));
-  if (!ok)
-    return bx_fail_at(BX_EDTYPE, -1, BX_NO_INDEX, idx,
-                      "%s: tensor %zu (%s) has dtype code %u bits %u lanes %u; want %s", fn, idx,
-                      name, (unsigned)d.code, (unsigned)d.bits, (unsigned)d.lanes,
-                      kind == K_F32 ? "float32" : kind == K_I64 ? "int64" : "int32 or int64");
-  if (t->ndim < nd_lo || t->ndim > nd_hi)
-    return bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, idx,
-                      "%s: tensor %zu (%s) has %d dimensions, want %d%s", fn, idx, name, t->ndim,
-                      nd_lo, nd_hi > nd_lo ? " or more (one more for [B, L, ...])" : "");
-  if (t->ndim > 0 && !t->shape)
-    return bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, idx, "%s: tensor %zu (%s) has no shape", fn,
-                      idx, name);
-  v->ndim = t->ndim;
-  v->bits = d.bits;
-  size_t n = 1;
-  for (int k = 0; k < t->ndim; k++) {
-    if (t->shape[k] < 0)
-      return bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, idx,
-                        "%s: tensor %zu (%s): shape[%d] = %lld is negative", fn, idx, name, k,
-                        (long long)t->shape[k]);
-    v->dim[k] = t->shape[k];
-    if (t->shape[k] && n > ((size_t)1 << 56) / (size_t)t->shape[k])
-      return bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, idx, "%s: tensor %zu (%s): too many elements",
-                        fn, idx, name);
-    n *= (size_t)t->shape[k];
-  }
-  if (t->strides) {
-    int64_t want = 1;
-    for (int k = t->ndim - 1; k >= 0; k--) {
-      if (t->shape[k] != 1 && t->strides[k] != want)
-        return bx_fail_at(BX_ELAYOUT, -1, BX_NO_INDEX, idx,
-                          "%s: tensor %zu (%s) is not row-major contiguous: strides[%d] = %lld, "
-                          "want %lld", fn, idx, name, k, (long long)t->strides[k],
-                          (long long)want);
-      want *= t->shape[k];
-    }
-  }
-  v->n = n;
-  if (n && !t->data)
-    return bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, idx, "%s: tensor %zu (%s): data is NULL", fn,
-                      idx, name);
-  v->data = (char *)t->data + t->byte_offset;
-  if (n && (uintptr_t)v->data % (size_t)(d.bits / 8))
-    return bx_fail_at(BX_ELAYOUT, -1, BX_NO_INDEX, idx,
-                      "%s: tensor %zu (%s): data + byte_offset is not aligned to %d bytes", fn,
-                      idx, name, d.bits / 8);
-  return BX_OK;
-}
-
-static int tv_overlap(const tv *a, const tv *b) {
-  if (!a->n || !b->n) return 0;
-  uintptr_t a0 = (uintptr_t)a->data, b0 = (uintptr_t)b->data;
-  return a0 < b0 + b->n * (size_t)(b->bits / 8) && b0 < a0 + a->n * (size_t)(a->bits / 8);
-}
-
-static int64_t target_at(const tv *y, size_t t) {
-  return y->bits == 32 ? (int64_t)((const int32_t *)(const void *)y->data)[t]
-                       : ((const int64_t *)(const void *)y->data)[t];
-}
-
 /* targets [T] or [B, L] and x [T, V] or [B, L, V]: the leading dimensions agree. */
-static bx_status check_token_major(const char *fn, size_t idx, const char *name, const tv *y,
-                                   const tv *x) {
+static bx_status check_token_major(const char *fn, size_t idx, const char *name, const bx_tc_tensor *y,
+                                   const bx_tc_tensor *x) {
   int ok = x->ndim == y->ndim + 1;
   for (int k = 0; ok && k < y->ndim; k++) ok = x->dim[k] == y->dim[k];
   if (!ok)
@@ -116,13 +29,6 @@ static bx_status check_token_major(const char *fn, size_t idx, const char *name,
                       "%s: tensor %zu (%s) must be the targets' shape followed by the vocabulary",
                       fn, idx, name);
   return BX_OK;
-}
-
-static int threads_for(int num_threads, size_t tasks) {
-  int t = num_threads > 0 ? num_threads : bx_default_threads();
-  if (t > BX_MAX_THREADS) t = BX_MAX_THREADS;
-  if ((size_t)t > tasks) t = tasks ? (int)tasks : 1;
-  return t;
 }
 
 /* ---- one token ------------------------------------------------------ */
@@ -185,7 +91,7 @@ typedef struct xent_job {
   const float *z;
   float *g;      /* NULL: forward only */
   float *loss;
-  const tv *y;
+  const bx_tc_tensor *y;
   int64_t ignore;
   size_t T, V, per;
   double c;
@@ -196,7 +102,7 @@ static void xent_task(void *ctx, size_t task, int worker) {
   const xent_job *j = ctx;
   size_t t0 = task * j->per, t1 = t0 + j->per < j->T ? t0 + j->per : j->T;
   for (size_t t = t0; t < t1; t++) {
-    int64_t y = target_at(j->y, t);
+    int64_t y = bx_tc_id(j->y, t);
     xent_row(j->z + t * j->V, j->g ? j->g + t * j->V : NULL, j->V, y == j->ignore ? -1 : y, j->c,
              j->loss ? &j->loss[t] : NULL);
   }
@@ -204,7 +110,7 @@ static void xent_task(void *ctx, size_t task, int worker) {
 
 /* ---- the calls ---------------------------------------------------------- */
 
-enum { DO_FWD = 1, DO_BWD = 2 };
+enum { DO_FWD = 1, DO_BWD = 2, DO_COUNT = 4 }; /* DO_COUNT: bx_xent_count alone */
 
 typedef struct xent_args {
   const DLTensor *logits, *targets;
@@ -227,8 +133,8 @@ static bx_status opts_in(const char *fn, const bx_xent_opts *opts, bx_xent_opts 
 
 /* [nchunks] 1-D output, or NULL. */
 static bx_status check_chunked(const char *fn, size_t idx, const char *name, const DLTensor *t,
-                               int kind, size_t nchunks, tv *v) {
-  bx_status st = check_tv(fn, idx, name, t, kind, 1, 1, v);
+                               unsigned dtype, size_t nchunks, bx_tc_tensor *v) {
+  bx_status st = bx_tc_check(fn, idx, name, t, dtype, 1, 1, NULL, 1, v);
   if (st == BX_OK && (size_t)v->dim[0] != nchunks)
     st = bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, idx,
                     "%s: tensor %zu (%s) has %lld entries; want nchunks = %zu", fn, idx, name,
@@ -248,65 +154,47 @@ static bx_status xent_impl(const char *fn, int what, const xent_args *a, const b
     return bx_fail(BX_EINVAL, "%s: grad_scale %g is not finite", fn, o->grad_scale);
   /* tensor numbers: logits 0, targets 1, then losses, loss_partials,
    * counts (forward) and dlogits (backward) in the order of the call */
-  tv Z, Y, L = {0}, P = {0}, N = {0}, G = {0};
+  bx_tc_tensor Z, Y, L = {0}, P = {0}, N = {0}, G = {0};
   size_t iL = 2, iP = 3, iN = 4, iG = what == DO_BWD ? 2 : 5;
-  bx_status st = check_tv(fn, 0, "logits", a->logits, K_F32, 2, 3, &Z);
-  if (st == BX_OK) st = check_tv(fn, 1, "targets", a->targets, K_INT, 1, 2, &Y);
+  bx_status st = bx_tc_check(fn, 0, "logits", a->logits, BX_TC_F32, 2, 3, NULL, 0, &Z);
+  if (st == BX_OK) st = bx_tc_check(fn, 1, "targets", a->targets, BX_TC_IDS, 1, 2, NULL, 0, &Y);
   if (st == BX_OK) st = check_token_major(fn, 0, "logits", &Y, &Z);
   if (st != BX_OK) return st;
   size_t T = Y.n, V = (size_t)Z.dim[Z.ndim - 1];
   size_t C = (what & DO_FWD) ? (size_t)a->chunk_tokens : 1;
   size_t nchunks = T / C + (T % C != 0);
-  const tv *all[6];
-  const char *names[6];
+  const bx_tc_tensor *all[6];
   size_t nall = 0;
-  all[nall] = &Z, names[nall++] = "logits";
-  all[nall] = &Y, names[nall++] = "targets";
+  all[nall++] = &Z;
+  all[nall++] = &Y;
   if (what & DO_FWD) {
-    st = check_tv(fn, iL, "losses", a->losses, K_F32, 1, 2, &L);
-    if (st == BX_OK) {
-      int same = L.ndim == Y.ndim;
-      for (int k = 0; same && k < Y.ndim; k++) same = L.dim[k] == Y.dim[k];
-      if (!same)
-        st = bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, iL,
-                        "%s: tensor %zu (losses) must have the targets' shape", fn, iL);
-    }
+    st = bx_tc_check(fn, iL, "losses", a->losses, BX_TC_F32, 1, 2, NULL, 1, &L);
+    if (st == BX_OK && !bx_tc_same_shape(&L, &Y))
+      st = bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, iL,
+                      "%s: tensor %zu (losses) must have the targets' shape", fn, iL);
     if (st == BX_OK && a->partials)
-      st = check_chunked(fn, iP, "loss_partials", a->partials, K_F32, nchunks, &P);
+      st = check_chunked(fn, iP, "loss_partials", a->partials, BX_TC_F32, nchunks, &P);
     if (st == BX_OK && a->counts)
-      st = check_chunked(fn, iN, "counts", a->counts, K_I64, nchunks, &N);
+      st = check_chunked(fn, iN, "counts", a->counts, BX_TC_I64, nchunks, &N);
     if (st != BX_OK) return st;
-    all[nall] = &L, names[nall++] = "losses";
-    all[nall] = &P, names[nall++] = "loss_partials"; /* empty when NULL */
-    all[nall] = &N, names[nall++] = "counts";
+    all[nall++] = &L;
+    all[nall++] = &P; /* empty when NULL */
+    all[nall++] = &N;
   }
   if (what & DO_BWD) {
-    st = check_tv(fn, iG, "dlogits", a->dlogits, K_F32, 2, 3, &G);
-    if (st == BX_OK) {
-      int same = G.ndim == Z.ndim;
-      for (int k = 0; same && k < Z.ndim; k++) same = G.dim[k] == Z.dim[k];
-      if (!same)
-        st = bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, iG,
-                        "%s: tensor %zu (dlogits) must have the logits' shape", fn, iG);
-    }
+    st = bx_tc_check(fn, iG, "dlogits", a->dlogits, BX_TC_F32, 2, 3, NULL, 1, &G);
+    if (st == BX_OK && !bx_tc_same_shape(&G, &Z))
+      st = bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, iG,
+                      "%s: tensor %zu (dlogits) must have the logits' shape", fn, iG);
     if (st != BX_OK) return st;
-    all[nall] = &G, names[nall++] = "dlogits";
+    all[nall++] = &G;
   }
   /* overlaps: every output against everything, dlogits == logits allowed */
-  for (size_t i = 2; i < nall; i++)
-    for (size_t j = 0; j < nall; j++) {
-      if (j == i || !tv_overlap(all[i], all[j])) continue;
-      if (all[i] == &G && all[j] == &Z && G.data == Z.data) continue; /* in place */
-      if (all[j] == &G && all[i] == &Z && G.data == Z.data) continue;
-      size_t ii = all[i] == &G ? iG : i, jj = all[j] == &G ? iG : j;
-      return bx_fail_at(BX_ELAYOUT, -1, BX_NO_INDEX, ii,
-                        "%s: tensor %zu (%s) overlaps tensor %zu (%s)%s", fn, ii, names[i], jj,
-                        names[j], all[i] == &G && all[j] == &Z
-                                      ? " (only exactly in place is allowed)" : "");
-    }
+  G.inplace = 0;
+  if ((st = bx_tc_overlap(fn, all, nall)) != BX_OK) return st;
   int64_t local = 0;
   for (size_t t = 0; t < T; t++) {
-    int64_t y = target_at(&Y, t);
+    int64_t y = bx_tc_id(&Y, t);
     if (y == o->ignore_index) continue;
     if (y < 0 || (uint64_t)y >= V)
       return bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, 1,
@@ -326,7 +214,7 @@ static bx_status xent_impl(const char *fn, int what, const xent_args *a, const b
   if (T && V) {
     j.per = V >= 16384 ? 1 : 16384 / V;
     size_t tasks = (T + j.per - 1) / j.per;
-    bx_parallel_run(threads_for(o->num_threads, tasks), tasks, xent_task, &j);
+    bx_parallel_run(bx_tc_threads(o->num_threads, tasks), tasks, xent_task, &j);
   } else if ((what & DO_FWD) && T) {
     for (size_t t = 0; t < T; t++) j.loss[t] = 0.0f; /* V = 0: every token is ignored */
   }
@@ -338,7 +226,7 @@ static bx_status xent_impl(const char *fn, int what, const xent_args *a, const b
       float acc = 0.0f;
       int64_t n = 0;
       for (size_t t = t0; t < t1; t++)
-        if (target_at(&Y, t) != o->ignore_index) {
+        if (bx_tc_id(&Y, t) != o->ignore_index) {
           acc = acc + j.loss[t];
           n++;
         }
@@ -349,35 +237,36 @@ static bx_status xent_impl(const char *fn, int what, const xent_args *a, const b
   return BX_OK;
 }
 
-bx_status bx_xent_forward(const DLTensor *logits, const DLTensor *targets, int64_t chunk_tokens,
-                          DLTensor *losses, DLTensor *loss_partials, DLTensor *counts,
-                          const bx_xent_opts *opts) {
-  static const char *fn = "bx_xent_forward";
+static bx_status count_impl(const char *fn, const DLTensor *targets, int64_t chunk_tokens,
+                            DLTensor *counts, const bx_xent_opts *o);
+
+/* One call: struct_size first, the call entered around the work. */
+static bx_status xent_call(const char *fn, int what, const xent_args *a, const bx_xent_opts *opts) {
   bx_xent_opts o;
   bx_status st = opts_in(fn, opts, &o);
   if (st != BX_OK) return st;
   bx_call c;
   st = bx_call_enter(&c, fn);
   if (st != BX_OK) return st;
-  xent_args a = {logits, targets, 0, chunk_tokens, losses, loss_partials, counts, NULL};
-  st = xent_impl(fn, DO_FWD, &a, &o);
+  st = what == DO_COUNT ? count_impl(fn, a->targets, a->chunk_tokens, a->counts, &o)
+                        : xent_impl(fn, what, a, &o);
   bx_call_leave(&c);
   return st;
+}
+
+bx_status bx_xent_forward(const DLTensor *logits, const DLTensor *targets, int64_t chunk_tokens,
+                          DLTensor *losses, DLTensor *loss_partials, DLTensor *counts,
+                          const bx_xent_opts *opts) {
+  static const char *fn = "bx_xent_forward";
+  xent_args a = {logits, targets, 0, chunk_tokens, losses, loss_partials, counts, NULL};
+  return xent_call(fn, DO_FWD, &a, opts);
 }
 
 bx_status bx_xent_backward(const DLTensor *logits, const DLTensor *targets, int64_t n_global,
                            DLTensor *dlogits, const bx_xent_opts *opts) {
   static const char *fn = "bx_xent_backward";
-  bx_xent_opts o;
-  bx_status st = opts_in(fn, opts, &o);
-  if (st != BX_OK) return st;
-  bx_call c;
-  st = bx_call_enter(&c, fn);
-  if (st != BX_OK) return st;
   xent_args a = {logits, targets, n_global, 0, NULL, NULL, NULL, dlogits};
-  st = xent_impl(fn, DO_BWD, &a, &o);
-  bx_call_leave(&c);
-  return st;
+  return xent_call(fn, DO_BWD, &a, opts);
 }
 
 bx_status bx_xent_forward_backward(const DLTensor *logits, const DLTensor *targets,
@@ -385,33 +274,24 @@ bx_status bx_xent_forward_backward(const DLTensor *logits, const DLTensor *targe
                                    DLTensor *loss_partials, DLTensor *counts, DLTensor *dlogits,
                                    const bx_xent_opts *opts) {
   static const char *fn = "bx_xent_forward_backward";
-  bx_xent_opts o;
-  bx_status st = opts_in(fn, opts, &o);
-  if (st != BX_OK) return st;
-  bx_call c;
-  st = bx_call_enter(&c, fn);
-  if (st != BX_OK) return st;
   xent_args a = {logits, targets, n_global, chunk_tokens, losses, loss_partials, counts, dlogits};
-  st = xent_impl(fn, DO_FWD | DO_BWD, &a, &o);
-  bx_call_leave(&c);
-  return st;
+  return xent_call(fn, DO_FWD | DO_BWD, &a, opts);
 }
 
 static bx_status count_impl(const char *fn, const DLTensor *targets, int64_t chunk_tokens,
                             DLTensor *counts, const bx_xent_opts *o) {
   if (chunk_tokens < 1)
     return bx_fail(BX_EINVAL, "%s: chunk_tokens %lld must be >= 1", fn, (long long)chunk_tokens);
-  tv Y, N;
-  bx_status st = check_tv(fn, 0, "targets", targets, K_INT, 1, 2, &Y);
+  bx_tc_tensor Y, N;
+  bx_status st = bx_tc_check(fn, 0, "targets", targets, BX_TC_IDS, 1, 2, NULL, 0, &Y);
   if (st != BX_OK) return st;
   size_t T = Y.n, C = (size_t)chunk_tokens, nchunks = T / C + (T % C != 0);
-  st = check_chunked(fn, 1, "counts", counts, K_I64, nchunks, &N);
-  if (st == BX_OK && tv_overlap(&Y, &N))
-    st = bx_fail_at(BX_ELAYOUT, -1, BX_NO_INDEX, 1, "%s: tensor 1 (counts) overlaps tensor 0 "
-                    "(targets)", fn);
+  st = check_chunked(fn, 1, "counts", counts, BX_TC_I64, nchunks, &N);
+  const bx_tc_tensor *all[2] = {&Y, &N};
+  if (st == BX_OK) st = bx_tc_overlap(fn, all, 2);
   if (st != BX_OK) return st;
   for (size_t t = 0; t < T; t++) {
-    int64_t y = target_at(&Y, t);
+    int64_t y = bx_tc_id(&Y, t);
     if (y != o->ignore_index && y < 0)
       return bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, 0,
                         "%s: tensor 0 (targets): token %zu has target %lld, negative and not "
@@ -422,7 +302,7 @@ static bx_status count_impl(const char *fn, const DLTensor *targets, int64_t chu
   for (size_t c = 0; c < nchunks; c++) {
     size_t t0 = c * C, t1 = t0 + C < T ? t0 + C : T;
     int64_t n = 0;
-    for (size_t t = t0; t < t1; t++) n += target_at(&Y, t) != o->ignore_index;
+    for (size_t t = t0; t < t1; t++) n += bx_tc_id(&Y, t) != o->ignore_index;
     cnt[c] = n;
   }
   return BX_OK;
@@ -431,13 +311,6 @@ static bx_status count_impl(const char *fn, const DLTensor *targets, int64_t chu
 bx_status bx_xent_count(const DLTensor *targets, int64_t chunk_tokens, DLTensor *counts,
                         const bx_xent_opts *opts) {
   static const char *fn = "bx_xent_count";
-  bx_xent_opts o;
-  bx_status st = opts_in(fn, opts, &o);
-  if (st != BX_OK) return st;
-  bx_call c;
-  st = bx_call_enter(&c, fn);
-  if (st != BX_OK) return st;
-  st = count_impl(fn, targets, chunk_tokens, counts, &o);
-  bx_call_leave(&c);
-  return st;
+  xent_args a = {NULL, targets, 0, chunk_tokens, NULL, NULL, counts, NULL};
+  return xent_call(fn, DO_COUNT, &a, opts);
 }

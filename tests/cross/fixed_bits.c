@@ -27,6 +27,8 @@
 #include <bitexact.h>
 #include <bitexact_train.h>
 
+#include "../dl_view.h" /* public API only */
+
 /* ---- the generator and the data --------------------------------------- */
 
 static uint64_t fb_hash(uint64_t seed, uint64_t index) {
@@ -478,19 +480,6 @@ static void fb_f32_fill(float *x, size_t n, uint64_t seed, int lo_exp, int nbina
   }
 }
 
-static DLTensor fb_dl_f32(float *data, int ndim, int64_t *shape) {
-  DLTensor t;
-  memset(&t, 0, sizeof t);
-  t.data = data;
-  t.device.device_type = kDLCPU;
-  t.ndim = ndim;
-  t.dtype.code = kDLFloat;
-  t.dtype.bits = 32;
-  t.dtype.lanes = 1;
-  t.shape = shape;
-  return t;
-}
-
 static void out_hash(const char *what, const void *p, size_t bytes) {
   printf("%s fnv1a 0x%016" PRIx64 "\n", what, fb_fnv(FB_FNV_INIT, p, bytes));
 }
@@ -506,8 +495,8 @@ static void fb_train(void) {
   for (int layout = 0; layout < 2; layout++) {
     int64_t sa[2] = {M, layout == 0 ? K : N}, sb[2] = {layout == 0 ? N : N, layout == 0 ? K : K},
             sc[2] = {M, layout == 0 ? N : K};
-    DLTensor ta = fb_dl_f32(a, 2, sa), tb = fb_dl_f32(layout == 0 ? bt : bn, 2, sb);
-    DLTensor tc = fb_dl_f32(c, 2, sc), tc3 = fb_dl_f32(c3, 2, sc);
+    DLTensor ta = bxt_f32_view(a, 2, sa), tb = bxt_f32_view(layout == 0 ? bt : bn, 2, sb);
+    DLTensor tc = bxt_f32_view(c, 2, sc), tc3 = bxt_f32_view(c3, 2, sc);
     bx_gemm_opts o = BX_GEMM_OPTS_DEFAULT;
     o.num_threads = 1;
     const char *name = layout == 0 ? "gemm NT 33x40 . (24x40)^T" : "gemm NN 33x24 . 24x40";
@@ -527,8 +516,8 @@ static void fb_train(void) {
    * tokens with the a-priori bound (weight [40,24] and bias [40]) */
   {
     int64_t sa[2] = {M, K}, sb[2] = {M, N}, sc[2] = {K, N};
-    DLTensor ta = fb_dl_f32(a, 2, sa), tb = fb_dl_f32(bt, 2, sb);
-    DLTensor tc = fb_dl_f32(c, 2, sc), tc3 = fb_dl_f32(c3, 2, sc);
+    DLTensor ta = bxt_f32_view(a, 2, sa), tb = bxt_f32_view(bt, 2, sb);
+    DLTensor tc = bxt_f32_view(c, 2, sc), tc3 = bxt_f32_view(c3, 2, sc);
     bx_gemm_opts o = BX_GEMM_OPTS_DEFAULT;
     o.num_threads = 1;
     const char *name = "gemm TN (33x40)^T . 33x24";
@@ -544,8 +533,8 @@ static void fb_train(void) {
     }
     int64_t sw[2] = {K, N}, sbias[1] = {K};
     static float wout[K * N], bout[K];
-    DLTensor grads[2] = {fb_dl_f32(NULL, 2, sw), fb_dl_f32(NULL, 1, sbias)};
-    DLTensor outs[2] = {fb_dl_f32(wout, 2, sw), fb_dl_f32(bout, 1, sbias)};
+    DLTensor grads[2] = {bxt_f32_view(NULL, 2, sw), bxt_f32_view(NULL, 1, sbias)};
+    DLTensor outs[2] = {bxt_f32_view(wout, 2, sw), bxt_f32_view(bout, 1, sbias)};
     bx_tokred *s = NULL;
     if (expect_ok("wgrad create", bx_tokred_create(grads, 2, 8, M, NULL, &s)) &&
         expect_ok("wgrad bound", bx_linear_wgrad_bound(s, 0, 1, &ta, &tb, 0, NULL)) &&
@@ -560,7 +549,7 @@ static void fb_train(void) {
   /* elementwise math */
   static float x[NE], y[NE];
   int64_t se[1] = {NE};
-  DLTensor tx = fb_dl_f32(x, 1, se), ty = fb_dl_f32(y, 1, se);
+  DLTensor tx = bxt_f32_view(x, 1, se), ty = bxt_f32_view(y, 1, se);
   typedef bx_status (*fn_t)(const DLTensor *, DLTensor *, const bx_math_opts *);
   static const fn_t fns[] = {bx_exp, bx_log, bx_sigmoid, bx_silu, bx_rsqrt, bx_sin, bx_cos};
   static const char *const names[] = {"exp", "log", "sigmoid", "silu", "rsqrt", "sin", "cos"};
@@ -578,8 +567,8 @@ static void fb_train(void) {
   memset(m, 0, sizeof m);
   memset(v, 0, sizeof v);
   int64_t sp[1] = {NP};
-  DLTensor tp = fb_dl_f32(pp, 1, sp), tg = fb_dl_f32(g, 1, sp), tm = fb_dl_f32(m, 1, sp),
-           tv = fb_dl_f32(v, 1, sp);
+  DLTensor tp = bxt_f32_view(pp, 1, sp), tg = bxt_f32_view(g, 1, sp), tm = bxt_f32_view(m, 1, sp),
+           tv = bxt_f32_view(v, 1, sp);
   bx_adamw_opts ao = BX_ADAMW_OPTS_DEFAULT;
   ao.lr = 1e-2;
   ao.weight_decay = 0.1;
@@ -597,19 +586,19 @@ static void fb_train(void) {
    * tensor of 8x8, sum and token mean */
   static float part[TC][TE], sum[TE], mean[TE];
   int64_t st8[2] = {8, 8};
-  DLTensor tgrad = fb_dl_f32(NULL, 2, st8), tsum = fb_dl_f32(sum, 2, st8),
-           tmean = fb_dl_f32(mean, 2, st8);
+  DLTensor tgrad = bxt_f32_view(NULL, 2, st8), tsum = bxt_f32_view(sum, 2, st8),
+           tmean = bxt_f32_view(mean, 2, st8);
   bx_tokred *s = NULL;
   if (!expect_ok("tokred create", bx_tokred_create(&tgrad, 1, 4, 20, NULL, &s))) return;
   ok = 1;
   for (int k = 0; k < TC && ok; k++) {
     fb_f32_fill(part[k], TE, 0x6d00 + (uint64_t)k, -12, 20);
-    DLTensor tk = fb_dl_f32(part[k], 2, st8);
+    DLTensor tk = bxt_f32_view(part[k], 2, st8);
     ok = expect_ok("tokred bound", bx_tokred_bound(s, 0, k, &tk));
   }
   if (ok) ok = expect_ok("tokred agree", bx_tokred_agree(s, NULL));
   for (int k = TC - 1; k >= 0 && ok; k--) { /* any order: integer words */
-    DLTensor tk = fb_dl_f32(part[k], 2, st8);
+    DLTensor tk = bxt_f32_view(part[k], 2, st8);
     ok = expect_ok("tokred add", bx_tokred_add(s, 0, k, &tk));
   }
   if (ok && expect_ok("tokred finish", bx_tokred_finish(s, &tsum, 1, 1)) &&

@@ -35,10 +35,7 @@ static void fb_f32_grad(float *x, size_t n, uint64_t seed, int lo_exp, int nbina
 }
 
 static DLTensor fb_dl_int(void *data, int bits, int ndim, int64_t *shape) {
-  DLTensor t = fb_dl_f32(data, ndim, shape);
-  t.dtype.code = kDLInt;
-  t.dtype.bits = (uint8_t)bits;
-  return t;
+  return bxt_view(data, kDLInt, bits, ndim, shape);
 }
 
 /* outputs start as 0xA5 bytes: a part a call leaves alone is the same
@@ -121,13 +118,13 @@ static void fb_moe_router(void) {
     snprintf(what, sizeof what, "moe router_forward T=%d E=%d k=%d groups=%d/%d norm=%d scale=%g int%d", MO_T,
              MO_E, MO_K, (int)o.topk_group, (int)o.n_group, o.norm_topk_prob, o.routed_scaling_factor,
              MO_V[v].bits);
-    DLTensor tl = fb_dl_f32(mo_logits, 2, sl), tb = fb_dl_f32(mo_bias, 1, sb);
+    DLTensor tl = bxt_f32_view(mo_logits, 2, sl), tb = bxt_f32_view(mo_bias, 1, sb);
     int ok = 1;
     for (int ti = 0; ti < 2 && ok; ti++) {
       fb_pattern(mo_ids[v][ti], sizeof mo_ids[v][ti]);
       fb_pattern(mo_w[v][ti], sizeof mo_w[v][ti]);
       fb_pattern(mo_cnt[v][ti], sizeof mo_cnt[v][ti]);
-      DLTensor tid = fb_dl_int(mo_ids[v][ti], MO_V[v].bits, 2, sk), tw = fb_dl_f32(mo_w[v][ti], 2, sk),
+      DLTensor tid = fb_dl_int(mo_ids[v][ti], MO_V[v].bits, 2, sk), tw = bxt_f32_view(mo_w[v][ti], 2, sk),
                tc = fb_dl_int(mo_cnt[v][ti], 64, 2, sc);
       o.num_threads = FB_LT[ti];
       ok = expect_ok(what, bx_moe_router_forward(&tl, &tb, &tid, &tw, MO_C, &tc, &o));
@@ -137,10 +134,10 @@ static void fb_moe_router(void) {
     out2(what, "topk_weights", mo_w[v][0], mo_w[v][1], sizeof mo_w[v][0]);
     out2(what, "counts", mo_cnt[v][0], mo_cnt[v][1], sizeof mo_cnt[v][0]);
     snprintf(what, sizeof what, "moe router_backward variant %d", v);
-    DLTensor tid = fb_dl_int(mo_ids[v][0], MO_V[v].bits, 2, sk), tdw = fb_dl_f32(dw, 2, sk);
+    DLTensor tid = fb_dl_int(mo_ids[v][0], MO_V[v].bits, 2, sk), tdw = bxt_f32_view(dw, 2, sk);
     for (int ti = 0; ti < 2 && ok; ti++) {
       fb_pattern(dlog[ti], sizeof dlog[ti]);
-      DLTensor td = fb_dl_f32(dlog[ti], 2, sl);
+      DLTensor td = bxt_f32_view(dlog[ti], 2, sl);
       o.num_threads = FB_LT[ti];
       ok = expect_ok(what, bx_moe_router_backward(&tl, &tid, &tdw, &td, &o));
     }
@@ -149,7 +146,7 @@ static void fb_moe_router(void) {
   /* the bias update: the chunk counts [38, 8] of variant 0, then one row */
   static float b[MO_E];
   memcpy(b, mo_bias, sizeof b);
-  DLTensor tb = fb_dl_f32(b, 1, sb), tc2 = fb_dl_int(mo_cnt[0][0], 64, 2, sc), tc1 = fb_dl_int(mo_cnt[1][0], 64, 1, sb);
+  DLTensor tb = bxt_f32_view(b, 1, sb), tc2 = fb_dl_int(mo_cnt[0][0], 64, 2, sc), tc1 = fb_dl_int(mo_cnt[1][0], 64, 1, sb);
   if (expect_ok("moe bias_update", bx_moe_bias_update(&tb, &tc2, 1e-3)) &&
       expect_ok("moe bias_update", bx_moe_bias_update(&tb, &tc1, 0x1.8p-3)))
     out_hash("moe bias_update [38,8] counts rate 1e-3, then [8] rate 0.1875", b, sizeof b);
@@ -232,8 +229,8 @@ static void fb_moe_permute(void) {
   fb_f32_grad(dout, MO_T * MO_H, 0x7a34, -12, 10, 0);
   int64_t sx[2] = {MO_T, MO_H}, sp[2] = {MO_R, MO_H}, sm[2] = {MO_R, 2}, sk[2] = {MO_T, MO_K};
   DLTensor tm = fb_dl_int(mo_map[0][0], 64, 2, sm), tpos = fb_dl_int(mo_pos[0][0], 64, 2, sk),
-           tw = fb_dl_f32(mo_w[0][0], 2, sk), tx = fb_dl_f32(x, 2, sx), tdxp = fb_dl_f32(dxp, 2, sp),
-           typ = fb_dl_f32(yp, 2, sp), tin = fb_dl_f32(init, 2, sx), tdo = fb_dl_f32(dout, 2, sx);
+           tw = bxt_f32_view(mo_w[0][0], 2, sk), tx = bxt_f32_view(x, 2, sx), tdxp = bxt_f32_view(dxp, 2, sp),
+           typ = bxt_f32_view(yp, 2, sp), tin = bxt_f32_view(init, 2, sx), tdo = bxt_f32_view(dout, 2, sx);
   const char *w1 = "moe permute x[150,13] plan 0", *w2 = "moe permute_backward", *w4 = "moe unpermute_backward";
   int ok1 = 1, ok2 = 1, ok3 = 1, ok4 = 1;
   for (int ti = 0; ti < 2; ti++) {
@@ -244,9 +241,9 @@ static void fb_moe_permute(void) {
     fb_pattern(out[ti], sizeof out[ti]);
     fb_pattern(dyp[ti], sizeof dyp[ti]);
     fb_pattern(dwt[ti], sizeof dwt[ti]);
-    DLTensor txp = fb_dl_f32(xp[ti], 2, sp), tdx = fb_dl_f32(dx[ti], 2, sx), to0 = fb_dl_f32(out[ti][0], 2, sx),
-             to1 = fb_dl_f32(out[ti][1], 2, sx), tdyp = fb_dl_f32(dyp[ti], 2, sp),
-             tdw = fb_dl_f32(dwt[ti], 2, sk);
+    DLTensor txp = bxt_f32_view(xp[ti], 2, sp), tdx = bxt_f32_view(dx[ti], 2, sx), to0 = bxt_f32_view(out[ti][0], 2, sx),
+             to1 = bxt_f32_view(out[ti][1], 2, sx), tdyp = bxt_f32_view(dyp[ti], 2, sp),
+             tdw = bxt_f32_view(dwt[ti], 2, sk);
     ok1 = ok1 && expect_ok(w1, bx_moe_permute(&tx, &tm, &txp, &o));
     ok2 = ok2 && expect_ok(w2, bx_moe_permute_backward(&tdxp, &tm, &tpos, &tdx, &o));
     ok3 = ok3 && expect_ok("moe unpermute", bx_moe_unpermute(&typ, &tw, &tm, &tpos, NULL, &to0, &o)) &&
@@ -265,7 +262,7 @@ static void fb_moe_permute(void) {
   }
   /* only one of the two gradients: the same bits */
   static float dwt_only[MO_T * MO_K];
-  DLTensor tdw = fb_dl_f32(dwt_only, 2, sk);
+  DLTensor tdw = bxt_f32_view(dwt_only, 2, sk);
   if (ok4 && expect_ok(w4, bx_moe_unpermute_backward(&tdo, &typ, &tw, &tm, &tpos, NULL, &tdw, NULL)))
     fb_same_bits("moe unpermute_backward dweights alone vs with dy_perm", dwt_only, dwt[0], sizeof dwt_only);
 }
