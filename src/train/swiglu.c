@@ -18,7 +18,6 @@
 #include "error.h"
 #include "kernels.h"
 #include "train_check.h"
-#include "math_det.h"
 #include "pool.h"
 
 /* Elements per call of the vector math kernels (a stack buffer). */
