@@ -306,9 +306,12 @@ int tr_moe_ep_backward(tr_ctx *c, int64_t layer) {
 
 /* The gradient state's words (bx_tokred_words: per tensor its elements
  * and one non-finite word, then one coverage word per (tensor, chunk)):
- * the element words of the routed experts' tensors are summed over the
- * replica ranks (only this rank's EP rank holds them: elsewhere they are
- * zero), every other word over all ranks. */
+ * the element words of the routed experts' tensors this rank holds are
+ * summed over the replica ranks (the ranks of the same EP rank: the only
+ * ones that add to them), those of the experts it does not hold stay zero
+ * (no rank of its replica set adds to them; finish writes zero gradients
+ * there), every other word (dense elements, every tensor's non-finite
+ * count and chunk coverage) over all ranks. */
 int tr_ep_allreduce(tr_ctx *c, const bx_comm *comm) {
   tr_model *m = c->m;
   tr_ep *ep = m->ep;
@@ -318,7 +321,8 @@ int tr_ep_allreduce(tr_ctx *c, const bx_comm *comm) {
   size_t at = 0, nx = 0, nw = 0;
   for (size_t t = 0; t < m->nparams; t++) {
     size_t ne = (size_t)m->p[t].numel;
-    if (m->p[t].group == TR_GROUP_EXPERT) nx += ne;
+    if (m->p[t].group == TR_GROUP_EXPERT) nx += tr_ep_holds(ep, m->c.n_routed_experts, m->p[t].expert) ? ne : 0;
+    else nw += ne;
     at += ne + 1;
   }
   if (at > count) {
@@ -326,7 +330,7 @@ int tr_ep_allreduce(tr_ctx *c, const bx_comm *comm) {
              "as bx_tokred_words documents");
     return -1;
   }
-  nw = count - nx;
+  nw += count - at + m->nparams; /* + the non-finite and coverage words */
   int64_t *bw = malloc((nw ? nw : 1) * sizeof *bw), *bx = malloc((nx ? nx : 1) * sizeof *bx);
   if (!bw || !bx) {
     free(bw), free(bx);
@@ -337,8 +341,10 @@ int tr_ep_allreduce(tr_ctx *c, const bx_comm *comm) {
   for (size_t t = 0; t < m->nparams; t++) {
     size_t ne = (size_t)m->p[t].numel;
     if (m->p[t].group == TR_GROUP_EXPERT) {
-      memcpy(bx + ix, words + at, ne * sizeof *bx);
-      ix += ne;
+      if (tr_ep_holds(ep, m->c.n_routed_experts, m->p[t].expert)) {
+        memcpy(bx + ix, words + at, ne * sizeof *bx);
+        ix += ne;
+      } /* else: zero on every replica rank, left as it is */
     } else {
       memcpy(bw + iw, words + at, ne * sizeof *bw);
       iw += ne;
@@ -357,8 +363,10 @@ int tr_ep_allreduce(tr_ctx *c, const bx_comm *comm) {
     for (size_t t = 0; t < m->nparams; t++) {
       size_t ne = (size_t)m->p[t].numel;
       if (m->p[t].group == TR_GROUP_EXPERT) {
-        memcpy(words + at, bx + ix, ne * sizeof *bx);
-        ix += ne;
+        if (tr_ep_holds(ep, m->c.n_routed_experts, m->p[t].expert)) {
+          memcpy(words + at, bx + ix, ne * sizeof *bx);
+          ix += ne;
+        }
       } else {
         memcpy(words + at, bw + iw, ne * sizeof *bw);
         iw += ne;
