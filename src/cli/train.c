@@ -13,11 +13,15 @@
  *      every rank);
  *   3. clipping, as bx_clip_grad_norm computes it: the exact L2 norm of
  *      the gradients of the dense and the expert group (bx_total_norm; each
- *      rank passes the parameters i with i mod P == r, so every element is
- *      counted once), coef = bx_clip_coef(norm, --clip) (torch's formula in
+ *      rank passes the dense parameters i with i mod P == r and, of the
+ *      experts it holds, those with i mod (P/E) == its EP group, so every
+ *      element is counted once), coef = bx_clip_coef(norm, --clip) (torch's formula in
  *      double), every gradient scaled by coef with bx_scale's torch
  *      rounding unless coef == 1;
- *   4. bx_adamw_step on every parameter, step count s + 1;
+ *   4. bx_adamw_step on every parameter the rank holds, step count s + 1;
+ * With --ep E (train_moe_ep.c, docs/train_cli.md): the routed experts
+ * live on EP groups of E consecutive ranks, rank 0 gathers the others'
+ * experts before writing a checkpoint or a gradient dump.
  *   5. the record line (rank 0).
  * Everything is checked before the first file is written: bad input gives
  * one line on stderr and exit status 2.

@@ -312,7 +312,7 @@ def train_synthetic_entropy():
 @test
 def train_layout_errors():
     expect_train_error("--global-batch", "6", "--micro-batches", "4", needles=("--micro-batches 4", "6"))
-    expect_train_error("--ep", "2", needles=("--ep", "not yet supported"))
+    expect_train_error("--ep", "2", needles=("--ep 2 does not divide the 1 rank",))
     expect_train_error("--mode", "fast", needles=("--mode", "fast"))
     expect_train_error("--steps", "-1", needles=("--steps",))
     expect_train_error("--lr", "nan", needles=("--lr",))
