@@ -76,7 +76,7 @@ endif()
 # gradients against an fp64 reference, layout invariance, the init.
 if(NOT BITEXACT_TESTS STREQUAL "OFF")
   set(BX_TRAIN_MODEL_SOURCES)
-  foreach(_f train_model train_layers train_moe_block train_wgrad train_step train_config_tiny)
+  foreach(_f train_model train_layers train_moe_block train_moe_ep train_wgrad train_step train_config_tiny)
     list(APPEND BX_TRAIN_MODEL_SOURCES "${PROJECT_SOURCE_DIR}/src/cli/${_f}.c")
   endforeach()
   bx_program(bx_test_model tests/train/test_model

@@ -13,11 +13,15 @@
  *      every rank);
  *   3. clipping, as bx_clip_grad_norm computes it: the exact L2 norm of
  *      the gradients of the dense and the expert group (bx_total_norm; each
- *      rank passes the parameters i with i mod P == r, so every element is
- *      counted once), coef = bx_clip_coef(norm, --clip) (torch's formula in
+ *      rank passes the dense parameters i with i mod P == r and, of the
+ *      experts it holds, those with i mod (P/E) == its EP group, so every
+ *      element is counted once), coef = bx_clip_coef(norm, --clip) (torch's formula in
  *      double), every gradient scaled by coef with bx_scale's torch
  *      rounding unless coef == 1;
- *   4. bx_adamw_step on every parameter, step count s + 1;
+ *   4. bx_adamw_step on every parameter the rank holds, step count s + 1;
+ * With --ep E (train_moe_ep.c, docs/train_cli.md): the routed experts
+ * live on EP groups of E consecutive ranks, rank 0 gathers the others'
+ * experts before writing a checkpoint or a gradient dump.
  *   5. the record line (rank 0).
  * Everything is checked before the first file is written: bad input gives
  * one line on stderr and exit status 2.
@@ -190,10 +194,25 @@ static int check_out_file(const char *flag, const char *path) {
   return 0;
 }
 
-/* The layout: B sequences over P ranks, each rank's over M micro-batches. */
-static int check_layout(const tr_args *a, int P) {
-  if (a->ep > 1) { /* then: E must divide P, the experts split over E ranks */
-    TERR("train: --ep %lld: expert parallelism is not yet supported (use --ep 1)", (long long)a->ep);
+/* The layout: B sequences over P ranks, each rank's over M micro-batches;
+ * the experts over EP groups of E ranks. Every rank decides alike (the
+ * same arguments and config; --ep itself is compared over the ranks). */
+static int check_layout(const tr_args *a, const tr_config *cfg, int P, const bx_comm *comm) {
+  if (comm) {
+    int64_t v[2] = {a->ep, -a->ep};
+    if (comm->allreduce_i64(v, 2, BX_OP_MAX, comm->ctx) != 0 || v[0] != -v[1]) {
+      TERR("train: --ep differs between the ranks (%lld .. %lld)", (long long)-v[1], (long long)v[0]);
+      return -1;
+    }
+  }
+  if (a->ep > 1 && P % a->ep != 0) {
+    TERR("train: --ep %lld does not divide the %d rank%s (expert-parallel groups of %lld "
+         "consecutive ranks)", (long long)a->ep, P, P > 1 ? "s" : "", (long long)a->ep);
+    return -1;
+  }
+  if (a->ep > 1 && cfg->n_routed_experts % a->ep != 0) {
+    TERR("train: --ep %lld does not divide n_routed_experts (%lld)", (long long)a->ep,
+         (long long)cfg->n_routed_experts);
     return -1;
   }
   if (a->global_batch % P != 0) {
@@ -341,7 +360,32 @@ typedef struct tr_run {
   size_t nowned[2];
   float first_loss, last_loss;
   double last_norm;
+  tr_ep ep;                       /* expert parallelism (size 1: none) */
 } tr_run;
+
+/* Whether this rank holds parameter q (every dense one; its experts). */
+static int holds(const tr_run *r, const tr_param *q) {
+  return q->group != TR_GROUP_EXPERT || tr_ep_holds(&r->ep, r->cfg.n_routed_experts, q->expert);
+}
+
+/* Rank 0 gets the experts it does not hold from EP group 0 (world rank d
+ * = EP rank d): field 0 grad, 1 data + AdamW state. Every rank calls it. */
+static int gather_experts(tr_run *r, int what) {
+  if (r->ep.size <= 1) return 0;
+  int bad = 0;
+  int64_t nl = r->cfg.n_routed_experts / r->ep.size;
+  for (size_t i = 0; i < r->nparams; i++) {
+    tr_param *q = &r->params[i];
+    if (q->group != TR_GROUP_EXPERT) continue;
+    int src = (int)(q->expert / nl);
+    size_t b = (size_t)q->numel * sizeof(float);
+    if (what == 0) bad |= trm_to_root(q->grad, b, src) != 0;
+    else
+      bad |= trm_to_root(q->data, b, src) != 0 || trm_to_root(q->exp_avg, b, src) != 0 ||
+             trm_to_root(q->exp_avg_sq, b, src) != 0;
+  }
+  return any_rank(r->comm, bad);
+}
 
 static int write_grads(tr_run *r, char *err, size_t errlen) {
   tc_tensor *t = calloc(r->nparams + 1, sizeof *t);
@@ -396,9 +440,12 @@ static int run_step(tr_run *r, int64_t s) {
     }
     all = r->all_loss;
   }
-  if (a->dump_grads && s == a->steps - 1 && r->rank == 0 && write_grads(r, err, sizeof err)) {
-    cli_error("train: --dump-grads %s", err);
-    return -1;
+  if (a->dump_grads && s == a->steps - 1) {
+    if (gather_experts(r, 0)) return cli_error("train: --dump-grads: gathering the experts failed"), -1;
+    if (r->rank == 0 && write_grads(r, err, sizeof err)) {
+      cli_error("train: --dump-grads %s", err);
+      return -1;
+    }
   }
   /* clipping (as bx_clip_grad_norm, with the group norms) */
   bx_group groups[2] = {{r->owned[0], r->nowned[0]}, {r->owned[1], r->nowned[1]}};
@@ -413,7 +460,8 @@ static int run_step(tr_run *r, int64_t s) {
     so.num_threads = ro.threads;
     size_t ng = 0;
     for (size_t i = 0; i < r->nparams; i++)
-      if (r->params[i].group >= 0) r->grads[ng++] = view(r->params[i].grad, &r->params[i]);
+      if (r->params[i].group >= 0 && holds(r, &r->params[i]))
+        r->grads[ng++] = view(r->params[i].grad, &r->params[i]);
     st = bx_scale(r->grads, ng, coef, &so);
   }
   if (st != BX_OK) {
@@ -427,7 +475,7 @@ static int run_step(tr_run *r, int64_t s) {
   ao.num_threads = ro.threads;
   for (size_t i = 0; i < r->nparams; i++) {
     tr_param *q = &r->params[i];
-    if (q->group < 0) continue;
+    if (q->group < 0 || !holds(r, q)) continue; /* another rank's expert */
     DLTensor p = view(q->data, q), g = view(q->grad, q), m = view(q->exp_avg, q),
              v = view(q->exp_avg_sq, q);
     st = bx_adamw_step(&p, &g, &m, &v, s + 1, &ao);
@@ -491,9 +539,11 @@ static void summary(tr_run *r) {
     fprintf(out,
             "{\"steps_run\": %lld, \"first_step\": %lld, \"first_loss\": \"%s\", \"last_loss\": "
             "\"%s\", \"last_grad_norm\": \"%s\", \"entropy_rate\": \"%s\", \"ranks\": %d, "
-            "\"params\": %lld}\n",
+            "\"params\": %lld, \"ep\": %d, \"alltoall_bytes_per_step\": %lld, "
+            "\"allreduce_bytes_per_step\": %lld, \"allreduce_replica_bytes_per_step\": %lld}\n",
             (long long)ran, (long long)r->start, fl, ll, gn, en, r->P,
-            (long long)tr_config_param_count(&r->cfg));
+            (long long)tr_config_param_count(&r->cfg), r->ep.size, (long long)r->ep.a2a_bytes,
+            (long long)(8 * r->ep.ar_world_words), (long long)(8 * r->ep.ar_replica_words));
     return;
   }
   fprintf(out, "train: %lld steps (%lld..%lld), %lld sequences of %lld tokens per step, %d rank%s, "
@@ -501,6 +551,12 @@ static void summary(tr_run *r) {
           (long long)ran, (long long)r->start, (long long)(a->steps - 1), (long long)a->global_batch,
           (long long)a->seq_len, r->P, r->P > 1 ? "s" : "", a->ordinary ? "ordinary" : "invariant",
           (long long)tr_config_param_count(&r->cfg));
+  if (ran > 0 && r->P > 1)
+    fprintf(out, "communication per step (rank 0): --ep %d, all-to-all %lld bytes sent, "
+            "token-reduction all-reduce %lld bytes over all ranks + %lld bytes over the expert "
+            "replicas\n",
+            r->ep.size, (long long)r->ep.a2a_bytes, (long long)(8 * r->ep.ar_world_words),
+            (long long)(8 * r->ep.ar_replica_words));
   if (ran > 0)
     fprintf(out, "loss: first %.6f (%s), last %.6f (%s); grad_norm %.6g\n", (double)r->first_loss,
             fl, (double)r->last_loss, ll, r->last_norm);
@@ -524,7 +580,7 @@ static int train_main(tr_run *r, int argc, char **argv) {
          (long long)r->cfg.max_position_embeddings);
     return CLI_ERROR;
   }
-  if (check_layout(a, r->P)) return CLI_ERROR;
+  if (check_layout(a, &r->cfg, r->P, r->comm)) return CLI_ERROR;
   if (td_open(&r->data, a->data, r->cfg.vocab_size, a->seq_len, a->seed, a->shuffle, err, sizeof err)) {
     TERR("train: %s: %s", a->data ? a->data : "the synthetic corpus", err);
     return CLI_ERROR;
@@ -544,6 +600,11 @@ static int train_main(tr_run *r, int argc, char **argv) {
     return CLI_ERROR;
   }
   r->nparams = tr_model_params(r->model, &r->params);
+  if (any_rank(r->comm, trm_ep_init((int)a->ep, &r->ep) != 0)) {
+    TERR("train: --ep %lld: cannot build the expert-parallel communicators", (long long)a->ep);
+    return CLI_ERROR;
+  }
+  tr_model_set_ep(r->model, &r->ep);
   if (a->resume) {
     tc_state st;
     if (tc_load(a->resume, r->params, r->nparams, &st, err, sizeof err)) {
@@ -579,7 +640,11 @@ static int train_main(tr_run *r, int argc, char **argv) {
   for (size_t i = 0; i < r->nparams; i++) {
     tr_param *q = &r->params[i];
     if (q->group != TR_GROUP_DENSE && q->group != TR_GROUP_EXPERT) continue;
-    if ((int64_t)(i % (size_t)r->P) == r->rank) r->owned[q->group][r->nowned[q->group]++] = view(q->grad, q);
+    /* each element counted once: a dense tensor by rank i mod P, an
+     * expert's by replica (i mod P/E) of the ranks that hold it */
+    int64_t E = r->ep.size, who = q->group == TR_GROUP_DENSE ? (int64_t)(i % (size_t)r->P)
+                                                             : (int64_t)(i % (size_t)(r->P / E)) * E + r->ep.rank;
+    if (holds(r, q) && who == r->rank) r->owned[q->group][r->nowned[q->group]++] = view(q->grad, q);
   }
   int bad = 0;
   if (a->record && r->rank == 0) {
@@ -603,6 +668,10 @@ static int train_main(tr_run *r, int argc, char **argv) {
       cli_error("train: --record %s: cannot write", a->record);
       return CLI_ERROR;
     }
+  }
+  if (a->save && gather_experts(r, 1)) {
+    TERR("train: --save: gathering the experts failed");
+    return CLI_ERROR;
   }
   if (a->save && r->rank == 0) {
     tc_state st;

@@ -308,6 +308,7 @@ static void *wal(tr_work *w, int64_t n, size_t elem) {
 
 void tr_work_free(tr_work *w) {
   if (!w) return;
+  tr_ep_work_free(w->epw);
   for (size_t i = 0; i < w->nallocs; i++) free(w->allocs[i]);
   free(w->allocs);
   free(w->act);

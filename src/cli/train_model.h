@@ -74,4 +74,36 @@ int tr_model_grad(tr_model *m, const tr_run_opts *o, const int32_t *tokens, int6
                   const bx_comm *comm, float *loss, float *token_losses, char *err,
                   size_t errlen);
 
+/* Expert parallelism (docs/train_cli.md "Expert parallelism"): the ranks
+ * form EP groups of `size` consecutive ranks; this rank is EP rank `rank`
+ * of its group and holds the routed experts [rank * n/size, (rank+1) *
+ * n/size) of every MoE layer (n = n_routed_experts). The MoE layers send
+ * each dispatched row to its expert's rank (alltoallv inside the group),
+ * the holders run the experts on the rows in (expert, global token)
+ * order and send the results back; the expert tensors' token-reduction
+ * words are summed over `replica` (the P/size ranks of this EP rank),
+ * the others over all ranks. size 1 (or no tr_ep): every rank holds
+ * every expert, the path of one process. The callbacks return 0 on
+ * success; the counters are the bytes this rank sent in the last step. */
+typedef struct tr_ep {
+  int size, rank;
+  const bx_comm *replica;   /* same-EP-rank ranks; NULL: this rank alone */
+  /* one int64 to every EP rank of the group, one from each */
+  int (*alltoall_i64)(const int64_t *send, int64_t *recv, void *ctx);
+  /* sbytes[i] bytes (consecutive in send) to EP rank i, rbytes[i] from it */
+  int (*alltoallv)(const void *send, const int64_t *sbytes, void *recv, const int64_t *rbytes,
+                   void *ctx);
+  void *ctx;
+  int64_t a2a_bytes;        /* all-to-all payload sent (rows + ids), both passes */
+  int64_t ar_world_words;   /* gradient words all-reduced over all ranks */
+  int64_t ar_replica_words; /* expert words all-reduced over the replica ranks */
+} tr_ep;
+
+/* The model's expert parallelism (NULL or size 1: none); ep is borrowed
+ * for the model's life. */
+void tr_model_set_ep(tr_model *m, tr_ep *ep);
+
+/* Whether this rank holds routed expert e (always under size 1). */
+int tr_ep_holds(const tr_ep *ep, int64_t n_experts, int64_t e);
+
 #endif /* BX_CLI_TRAIN_MODEL_H */

@@ -71,6 +71,7 @@ typedef struct tr_work {
   void **allocs;                    /* every buffer above, for freeing */
   size_t nallocs, cap;
   int oom;                          /* an allocation failed */
+  struct tr_ep_work *epw;           /* expert parallelism's buffers (train_moe_ep.c), lazily */
 } tr_work;
 
 struct tr_model {
@@ -84,6 +85,7 @@ struct tr_model {
   int64_t embed, final_norm, lm_head;
   int64_t max_expert_numel;
   tr_work *work;                    /* cached for the last micro-batch size */
+  tr_ep *ep;                        /* expert parallelism (NULL: none) */
 };
 
 /* The workspace of micro-batches of T tokens in chunks of C (NULL: out
@@ -114,6 +116,7 @@ typedef struct tr_ctx {
   int64_t tok0;                     /* global token id of row 0 of the micro-batch */
   int64_t chunk0;                   /* its chunk: tok0 / w->C */
   int64_t n_global;                 /* global token count */
+  int64_t local_tokens;             /* tokens of each rank (the same on every rank) */
   int pass;                         /* 0: bounds only (no weight TN GEMM), 1: add */
   bx_tokred *s;                     /* the gradients' state (tensor i = parameter i) */
   char *err;
@@ -149,7 +152,25 @@ int tr_attention_backward(tr_ctx *c, int64_t layer); /* s.dx holds dh1 in, dx_in
 int tr_dense_mlp_forward(tr_ctx *c, int64_t layer, float *out);
 int tr_dense_mlp_backward(tr_ctx *c, int64_t layer, const float *dout, float *dxn2);
 int tr_moe_forward(tr_ctx *c, int64_t layer, float *out);
+int tr_swiglu_fwd(tr_ctx *c, const float *g, const float *u, float *h, int64_t rows, int64_t n,
+                  const char *what);
+int tr_swiglu_bwd(tr_ctx *c, const float *g, const float *u, const float *dh, float *dg, float *du,
+                  int64_t rows, int64_t n, const char *what);
 int tr_moe_backward(tr_ctx *c, int64_t layer, const float *dout, float *dxn2);
+
+/* ---- expert parallelism (train_moe_ep.c) ------------------------------------ */
+
+/* Whether the model's MoE layers run expert-parallel (m->ep, size > 1). */
+int tr_ep_active(const tr_model *m);
+/* The routed experts of layer: a->xp (the local dispatched rows) in,
+ * a->yp out, through the EP group's all-to-alls. */
+int tr_moe_ep_forward(tr_ctx *c, int64_t layer);
+/* s.dyp in, s.dxp out; the held experts' weight gradients. */
+int tr_moe_ep_backward(tr_ctx *c, int64_t layer);
+/* The gradient state's words over the ranks: expert words over
+ * ep->replica, the others over comm (grid mode). */
+int tr_ep_allreduce(tr_ctx *c, const bx_comm *comm);
+void tr_ep_work_free(struct tr_ep_work *w);
 
 /* ---- init ------------------------------------------------------------------ */
 

@@ -34,7 +34,7 @@ static bx_moe_router_opts router_opts(const tr_ctx *c) {
   return ro;
 }
 
-static int swiglu_fwd(tr_ctx *c, const float *g, const float *u, float *h, int64_t rows,
+int tr_swiglu_fwd(tr_ctx *c, const float *g, const float *u, float *h, int64_t rows,
                       int64_t n, const char *what) {
   tr_view vg, vu, vh;
   bx_swiglu_opts so = BX_SWIGLU_OPTS_DEFAULT;
@@ -43,7 +43,7 @@ static int swiglu_fwd(tr_ctx *c, const float *g, const float *u, float *h, int64
                                     tr_f32(&vh, h, 2, rows, n, 0), &so), what);
 }
 
-static int swiglu_bwd(tr_ctx *c, const float *g, const float *u, const float *dh, float *dg,
+int tr_swiglu_bwd(tr_ctx *c, const float *g, const float *u, const float *dh, float *dg,
                       float *du, int64_t rows, int64_t n, const char *what) {
   tr_view v[5];
   bx_swiglu_opts so = BX_SWIGLU_OPTS_DEFAULT;
@@ -75,18 +75,20 @@ int tr_moe_forward(tr_ctx *c, int64_t layer, float *out) {
   if (tr_ck(c, bx_moe_permute(tr_f32(&v[0], a->xn2, 2, T, H, 0), tr_i64(&v[1], a->row_map, 2, R, 2),
                               tr_f32(&v[2], a->xp, 2, R, H, 0), &dop), "permute"))
     return -1;
-  for (int64_t e = 0; e < E; e++) {
+  int ep = tr_ep_active(m);
+  if (ep && tr_moe_ep_forward(c, layer)) return -1; /* the experts on their ranks */
+  for (int64_t e = 0; e < (ep ? 0 : E); e++) {
     int64_t r0 = a->offsets[e], n = a->offsets[e + 1] - r0, p0 = x->expert0 + 3 * e;
     if (n == 0) continue;
     if (tr_gemm_nt(c, a->xp + r0 * H, n, H, W(p0), I, a->gp + r0 * I, "expert gate_proj") ||
         tr_gemm_nt(c, a->xp + r0 * H, n, H, W(p0 + 1), I, a->upp + r0 * I, "expert up_proj") ||
-        swiglu_fwd(c, a->gp + r0 * I, a->upp + r0 * I, a->hp + r0 * I, n, I, "expert swiglu") ||
+        tr_swiglu_fwd(c, a->gp + r0 * I, a->upp + r0 * I, a->hp + r0 * I, n, I, "expert swiglu") ||
         tr_gemm_nt(c, a->hp + r0 * I, n, I, W(p0 + 2), H, a->yp + r0 * H, "expert down_proj"))
       return -1;
   }
   if (tr_gemm_nt(c, a->xn2, T, H, W(x->sh_gate), SI, a->sg, "shared gate_proj") ||
       tr_gemm_nt(c, a->xn2, T, H, W(x->sh_up), SI, a->su, "shared up_proj") ||
-      swiglu_fwd(c, a->sg, a->su, a->sa, T, SI, "shared swiglu") ||
+      tr_swiglu_fwd(c, a->sg, a->su, a->sa, T, SI, "shared swiglu") ||
       tr_gemm_nt(c, a->sa, T, SI, W(x->sh_down), H, a->so, "shared down_proj"))
     return -1;
   return tr_ck(c, bx_moe_unpermute(tr_f32(&v[0], a->yp, 2, R, H, 0), tr_f32(&v[1], a->w, 2, T, K, 0),
@@ -110,11 +112,13 @@ int tr_moe_backward(tr_ctx *c, int64_t layer, const float *dout, float *dxn2) {
                                          tr_i64(&v[4], a->pos, 2, T, K), tr_f32(&v[5], s->dyp, 2, R, H, 0),
                                          tr_f32(&v[6], s->dw, 2, T, K, 0), &dop), "unpermute backward"))
     return -1;
-  for (int64_t e = 0; e < E; e++) {
+  int ep = tr_ep_active(m);
+  if (ep && tr_moe_ep_backward(c, layer)) return -1; /* dxp and the held experts' wgrads */
+  for (int64_t e = 0; e < (ep ? 0 : E); e++) {
     int64_t r0 = a->offsets[e], n = a->offsets[e + 1] - r0, p0 = x->expert0 + 3 * e;
     if (n == 0) continue;
     if (tr_gemm_nn(c, s->dyp + r0 * H, n, H, W(p0 + 2), I, s->dhp + r0 * I, 0, "expert down backward") ||
-        swiglu_bwd(c, a->gp + r0 * I, a->upp + r0 * I, s->dhp + r0 * I, s->dgp + r0 * I, s->dup + r0 * I,
+        tr_swiglu_bwd(c, a->gp + r0 * I, a->upp + r0 * I, s->dhp + r0 * I, s->dgp + r0 * I, s->dup + r0 * I,
                    n, I, "expert swiglu backward") ||
         tr_gemm_nn(c, s->dgp + r0 * I, n, I, W(p0), H, s->dxp + r0 * H, 0, "expert gate backward") ||
         tr_gemm_nn(c, s->dup + r0 * I, n, I, W(p0 + 1), H, s->dxp + r0 * H, 1, "expert up backward"))
@@ -131,7 +135,7 @@ int tr_moe_backward(tr_ctx *c, int64_t layer, const float *dout, float *dxn2) {
     return -1;
   if (tr_gemm_nn(c, s->dlogits_r, T, E, W(x->router_w), H, dxn2, 1, "router dX") ||
       tr_gemm_nn(c, dout, T, H, W(x->sh_down), SI, s->dsa, 0, "shared down backward") ||
-      swiglu_bwd(c, a->sg, a->su, s->dsa, s->dsg, s->dsu, T, SI, "shared swiglu backward") ||
+      tr_swiglu_bwd(c, a->sg, a->su, s->dsa, s->dsg, s->dsu, T, SI, "shared swiglu backward") ||
       tr_gemm_nn(c, s->dsg, T, SI, W(x->sh_gate), H, dxn2, 1, "shared gate backward") ||
       tr_gemm_nn(c, s->dsu, T, SI, W(x->sh_up), H, dxn2, 1, "shared up backward"))
     return -1;
@@ -141,6 +145,7 @@ int tr_moe_backward(tr_ctx *c, int64_t layer, const float *dout, float *dxn2) {
       tr_wg_linear(c, x->sh_up, -1, s->dsu, SI, a->xn2, H, "shared up wgrad") ||
       tr_wg_linear(c, x->sh_down, -1, dout, H, a->sa, SI, "shared down wgrad"))
     return -1;
+  if (ep) return 0;
   for (int64_t r = 0; r < R; r++) s->tok[r] = c->tok0 + a->row_map[2 * r];
   for (int64_t e = 0; e < E; e++) {
     int64_t r0 = a->offsets[e], n = a->offsets[e + 1] - r0, p0 = x->expert0 + 3 * e;

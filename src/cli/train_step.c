@@ -123,7 +123,8 @@ int tr_model_grad(tr_model *m, const tr_run_opts *o, const int32_t *tokens, int6
     }
     tr_model_set_work(m, nw);
   }
-  tr_ctx c = {m, m->work, o->threads, o->mode, L, 0, 0, global_seqs * L, 0, NULL, err, errlen};
+  tr_ctx c = {m, m->work, o->threads, o->mode, L, 0, 0, global_seqs * L, local_seqs * L, 0, NULL, err, errlen};
+  if (m->ep) m->ep->a2a_bytes = m->ep->ar_world_words = m->ep->ar_replica_words = 0;
   tr_work *w = c.w;
   bx_tokred *sl = NULL;
   int rc = -1;
@@ -156,8 +157,16 @@ int tr_model_grad(tr_model *m, const tr_run_opts *o, const int32_t *tokens, int6
       if (micro_batch(&c, sl, token_losses ? token_losses + s0 * L : NULL)) goto done;
     }
   }
-  if (tr_ck(&c, bx_tokred_allreduce(c.s, comm), "tokred allreduce") ||
-      tr_ck(&c, bx_tokred_allreduce(sl, comm), "tokred allreduce (loss)"))
+  if (tr_ep_active(m) && o->mode == BX_TOKRED_GRID) {
+    if (tr_ep_allreduce(&c, comm)) goto done; /* expert words over their replicas only */
+  } else if (tr_ck(&c, bx_tokred_allreduce(c.s, comm), "tokred allreduce")) {
+    goto done;
+  } else if (m->ep && comm && o->mode == BX_TOKRED_GRID) {
+    int64_t *wd;
+    size_t nw = 0;
+    if (bx_tokred_words(c.s, &wd, &nw) == BX_OK) m->ep->ar_world_words += (int64_t)nw;
+  }
+  if (tr_ck(&c, bx_tokred_allreduce(sl, comm), "tokred allreduce (loss)"))
     goto done;
   if (tr_ck(&c, bx_tokred_finish(c.s, m->grad_t, m->nparams, 1), "tokred finish")) goto done;
   if (tr_ck(&c, bx_tokred_finish(sl, tl, 1, c.n_global), "tokred finish (loss)")) goto done;

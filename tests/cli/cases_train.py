@@ -312,7 +312,7 @@ def train_synthetic_entropy():
 @test
 def train_layout_errors():
     expect_train_error("--global-batch", "6", "--micro-batches", "4", needles=("--micro-batches 4", "6"))
-    expect_train_error("--ep", "2", needles=("--ep", "not yet supported"))
+    expect_train_error("--ep", "2", needles=("--ep 2 does not divide the 1 rank",))
     expect_train_error("--mode", "fast", needles=("--mode", "fast"))
     expect_train_error("--steps", "-1", needles=("--steps",))
     expect_train_error("--lr", "nan", needles=("--lr",))
@@ -514,3 +514,91 @@ def train_run_isas_identical():
         if base is None:
             base = rows
         assert rows == base, (isa, rows, base)
+
+
+def same_checkpoints(a, b):
+    for name in ("model.safetensors", "optimizer.safetensors"):
+        with open(os.path.join(a, name), "rb") as x, open(os.path.join(b, name), "rb") as y:
+            assert x.read() == y.read(), (a, b, name)
+
+
+def same_files(a, b):
+    with open(a, "rb") as x, open(b, "rb") as y:
+        assert x.read() == y.read(), (a, b)
+
+
+@test
+def train_run_expert_parallel_identical():
+    """--ep E under mpirun -np P: the records, the gradients and the
+    checkpoints of one process, for P = 2 (E = 1, 2) and P = 4 (E = 1, 2,
+    4; the tiny config's 8 experts), with micro-batches; the summary
+    counts the bytes of the collectives."""
+    args = ("--seq-len", "16", "--global-batch", "8", "--steps", "2")
+    one, ck1, g1 = tpath("ep_one.jsonl"), tpath("ep_ck1"), tpath("ep_g1.safetensors")
+    rc, out, err = run("train", *args, "--record", one, "--save", ck1, "--dump-grads", g1)
+    assert rc == 0, err
+    for P, E, mb in ((2, 1, 1), (2, 2, 2), (4, 1, 1), (4, 2, 2), (4, 4, 1)):
+        f, ck, g = (tpath("ep_%d_%d.jsonl" % (P, E)), tpath("ep_ck_%d_%d" % (P, E)),
+                    tpath("ep_g_%d_%d.safetensors" % (P, E)))
+        p = mpirun_train(P, *args, "--ep", E, "--micro-batches", mb, "--record", f, "--save", ck,
+                         "--dump-grads", g)
+        assert p.returncode == 0, (P, E, p.stderr.decode()[-2000:])
+        assert records(one) == records(f), (P, E)
+        same_checkpoints(ck1, ck)
+        same_files(g1, g)
+        text = p.stdout.decode()
+        assert "communication per step (rank 0): --ep %d" % E in text, text
+        if E > 1:
+            assert "all-to-all 0 bytes" not in text, text
+
+
+@test
+def train_run_expert_parallel_resume():
+    """Resumed under another --ep (and rank count) after k steps: the
+    steps and the checkpoint of the straight run."""
+    args = ("--seq-len", "16", "--global-batch", "8")
+    straight, cks = tpath("epr_straight.jsonl"), tpath("epr_cks")
+    p = mpirun_train(4, *args, "--steps", "3", "--ep", "4", "--record", straight, "--save", cks)
+    assert p.returncode == 0, p.stderr.decode()[-2000:]
+    ckk, rest, ckr = tpath("epr_ckk"), tpath("epr_rest.jsonl"), tpath("epr_ckr")
+    p = mpirun_train(4, *args, "--steps", "1", "--ep", "2", "--save", ckk)
+    assert p.returncode == 0, p.stderr.decode()[-2000:]
+    p = mpirun_train(2, *args, "--steps", "3", "--ep", "2", "--resume", ckk, "--record", rest,
+                     "--save", ckr)
+    assert p.returncode == 0, p.stderr.decode()[-2000:]
+    assert records(straight)[1:] == records(rest)
+    same_checkpoints(cks, ckr)
+
+
+@test
+def train_run_expert_parallel_bad():
+    """--ep that does not divide the ranks or the experts, or differs
+    between the ranks: one line, exit 2 on every rank, nothing written."""
+    expect_train_error(*FAST, "--ep", "2", needles=("--ep 2 does not divide the 1 rank",))
+    rec = tpath("epbad.jsonl")
+    cases = (
+        (2, ("--ep", "4"), "--ep 4 does not divide the 2 ranks"),
+        (3, ("--global-batch", "6", "--ep", "2"), "--ep 2 does not divide the 3 ranks"),
+        (4, ("--ep", "4", "--config", config_file("ep6", n_routed_experts=6, n_group=1, topk_group=1)),
+         "--ep 4 does not divide n_routed_experts (6)"),
+    )
+    for P, extra, needle in cases:
+        if os.path.exists(rec):
+            os.remove(rec)
+        p = mpirun_train(P, "--seq-len", "16", "--global-batch", "4", "--steps", "1", *extra,
+                         "--record", rec)
+        err = p.stderr.decode()
+        assert p.returncode != 0, err
+        mine = [l for l in err.splitlines() if l.startswith("bitexact: ")]
+        assert len(mine) == 1 and needle in mine[0], (extra, err)
+        assert not os.path.exists(rec)
+    # the ranks disagree on --ep (an MPMD launch): every rank stops
+    import shutil
+    import subprocess
+    mpirun = shutil.which("mpirun")
+    cmd = [mpirun, "--oversubscribe"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
+    base = [Ctx.bin, "train", "--seq-len", "16", "--global-batch", "4", "--steps", "1"]
+    cmd += ["-np", "1"] + base + ["--ep", "1", ":", "-np", "1"] + base + ["--ep", "2"]
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120)
+    err = p.stderr.decode()
+    assert p.returncode != 0 and "--ep differs between the ranks (1 .. 2)" in err, err
