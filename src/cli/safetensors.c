@@ -4,6 +4,7 @@
  * else is integer arithmetic with overflow checks, so any byte string gives
  * either a fully checked st_file or a one-line error.
  */
+#include "errbuf.h"
 #include "safetensors.h"
 
 #include <errno.h>
@@ -55,18 +56,6 @@ static int dtype_lookup(const char *name, st_dtype *out) {
   return -1;
 }
 
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t errlen, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, errlen, fmt, ap);
-  va_end(ap);
-  for (char *c = err; *c; c++) /* one line, whatever the JSON held */
-    if ((unsigned char)*c < 0x20) *c = '?';
-  return -1;
-}
-
 /* Non-negative JSON integer, else -1. */
 static int get_u64(const json_t *v, uint64_t *out) {
   if (!json_is_integer(v)) return -1;
@@ -95,25 +84,25 @@ static int check_entry(const char *name, const json_t *v, uint64_t buffer_size, 
                        char *err, size_t errlen) {
   char nb[256];
   const char *pn = printable(name, nb, sizeof nb);
-  if (!json_is_object(v)) return fail(err, errlen, "tensor '%s': entry is not a JSON object", pn);
+  if (!json_is_object(v)) return cli_errf(err, errlen, "tensor '%s': entry is not a JSON object", pn);
   const json_t *jd = json_object_get(v, "dtype"), *js = json_object_get(v, "shape");
   const json_t *jo = json_object_get(v, "data_offsets");
-  if (!json_is_string(jd)) return fail(err, errlen, "tensor '%s': missing or non-string \"dtype\"", pn);
+  if (!json_is_string(jd)) return cli_errf(err, errlen, "tensor '%s': missing or non-string \"dtype\"", pn);
   if (dtype_lookup(json_string_value(jd), dt) != 0) {
     char db[64];
-    return fail(err, errlen, "tensor '%s': unknown dtype \"%s\"", pn,
+    return cli_errf(err, errlen, "tensor '%s': unknown dtype \"%s\"", pn,
                 printable(json_string_value(jd), db, sizeof db));
   }
-  if (!json_is_array(js)) return fail(err, errlen, "tensor '%s': missing or non-array \"shape\"", pn);
+  if (!json_is_array(js)) return cli_errf(err, errlen, "tensor '%s': missing or non-array \"shape\"", pn);
   if (!json_is_array(jo) || json_array_size(jo) != 2)
-    return fail(err, errlen, "tensor '%s': \"data_offsets\" is not an array of two integers", pn);
+    return cli_errf(err, errlen, "tensor '%s': \"data_offsets\" is not an array of two integers", pn);
   if (get_u64(json_array_get(jo, 0), begin) || get_u64(json_array_get(jo, 1), end))
-    return fail(err, errlen, "tensor '%s': \"data_offsets\" must be non-negative integers", pn);
+    return cli_errf(err, errlen, "tensor '%s': \"data_offsets\" must be non-negative integers", pn);
   if (*begin > *end)
-    return fail(err, errlen, "tensor '%s': data_offsets [%llu, %llu] end before they begin", pn,
+    return cli_errf(err, errlen, "tensor '%s': data_offsets [%llu, %llu] end before they begin", pn,
                 (unsigned long long)*begin, (unsigned long long)*end);
   if (*end > buffer_size)
-    return fail(err, errlen,
+    return cli_errf(err, errlen,
                 "tensor '%s': data_offsets [%llu, %llu] reach beyond the data buffer of %llu "
                 "bytes (truncated file?)",
                 pn, (unsigned long long)*begin, (unsigned long long)*end,
@@ -124,16 +113,16 @@ static int check_entry(const char *name, const json_t *v, uint64_t buffer_size, 
   for (size_t i = 0; i < *ndim; i++) {
     uint64_t d;
     if (get_u64(json_array_get(js, i), &d))
-      return fail(err, errlen, "tensor '%s': shape[%zu] is not a non-negative integer", pn, i);
+      return cli_errf(err, errlen, "tensor '%s': shape[%zu] is not a non-negative integer", pn, i);
     if (d == 0) zero = 1;
     if (__builtin_mul_overflow(n, d, &n)) overflow = 1;
   }
   if (zero) n = 0, overflow = 0;
   uint64_t bits = dtype_table[*dt].bits, nbits;
   if (overflow || __builtin_mul_overflow(n, bits, &nbits))
-    return fail(err, errlen, "tensor '%s': shape is too large (element count overflows)", pn);
+    return cli_errf(err, errlen, "tensor '%s': shape is too large (element count overflows)", pn);
   if (nbits % 8 != 0 || nbits / 8 != *end - *begin)
-    return fail(err, errlen,
+    return cli_errf(err, errlen,
                 "tensor '%s': %llu bytes in data_offsets but dtype %s x shape needs %llu%s bytes",
                 pn, (unsigned long long)(*end - *begin), dtype_table[*dt].name,
                 (unsigned long long)(nbits / 8), nbits % 8 ? " and a fraction of" : "");
@@ -163,35 +152,35 @@ static const char *dup_key(const char *text) {
 
 int st_parse(const uint8_t *bytes, uint64_t size, st_file *f, char *err, size_t errlen) {
   memset(f, 0, sizeof *f);
-  if (size == 0) return fail(err, errlen, "empty file");
+  if (size == 0) return cli_errf(err, errlen, "empty file");
   if (size < 8)
-    return fail(err, errlen, "file of %llu bytes is too short for the 8-byte header length",
+    return cli_errf(err, errlen, "file of %llu bytes is too short for the 8-byte header length",
                 (unsigned long long)size);
   uint64_t n = 0;
   for (int i = 7; i >= 0; i--) n = n << 8 | bytes[i];
   if (n > size - 8)
-    return fail(err, errlen,
+    return cli_errf(err, errlen,
                 "header length %llu is beyond the end of the file (%llu bytes; truncated file?)",
                 (unsigned long long)n, (unsigned long long)size);
   if (n > ST_MAX_HEADER)
-    return fail(err, errlen, "header length %llu exceeds the format's limit of %u bytes",
+    return cli_errf(err, errlen, "header length %llu exceeds the format's limit of %u bytes",
                 (unsigned long long)n, ST_MAX_HEADER);
   if (n == 0 || bytes[8] != '{')
-    return fail(err, errlen, "the JSON header does not start with '{'");
+    return cli_errf(err, errlen, "the JSON header does not start with '{'");
 
   json_error_t je;
   json_t *root = json_loadb((const char *)bytes + 8, (size_t)n, JSON_REJECT_DUPLICATES, &je);
   if (!root) {
     if (strncmp(je.text, "duplicate object key", 20) == 0)
-      return fail(err, errlen, "duplicate name '%s in the JSON header (line %d, column %d)",
+      return cli_errf(err, errlen, "duplicate name '%s in the JSON header (line %d, column %d)",
                   dup_key(je.text), je.line, je.column);
-    return fail(err, errlen, "invalid JSON header: %s (line %d, column %d)", je.text, je.line,
+    return cli_errf(err, errlen, "invalid JSON header: %s (line %d, column %d)", je.text, je.line,
                 je.column);
   }
   int rc = -1;
   st_tensor **byrange = NULL;
   if (!json_is_object(root)) {
-    fail(err, errlen, "the JSON header is not an object");
+    cli_errf(err, errlen, "the JSON header is not an object");
     goto done;
   }
   uint64_t buffer_size = size - 8 - n;
@@ -205,13 +194,13 @@ int st_parse(const uint8_t *bytes, uint64_t size, st_file *f, char *err, size_t 
       const char *mk;
       json_t *mv;
       if (!json_is_object(v)) {
-        fail(err, errlen, "\"__metadata__\" is not an object");
+        cli_errf(err, errlen, "\"__metadata__\" is not an object");
         goto done;
       }
       json_object_foreach(v, mk, mv) {
         if (!json_is_string(mv)) {
           char nb[256];
-          fail(err, errlen, "\"__metadata__\" entry '%s' is not a string",
+          cli_errf(err, errlen, "\"__metadata__\" entry '%s' is not a string",
                printable(mk, nb, sizeof nb));
           goto done;
         }
@@ -233,7 +222,7 @@ int st_parse(const uint8_t *bytes, uint64_t size, st_file *f, char *err, size_t 
   head = (head + 7) & ~(size_t)7;
   char *mem = calloc(1, head + shape_words * sizeof(uint64_t) + name_bytes + 1);
   if (!mem) {
-    fail(err, errlen, "out of memory for %zu tensors", count);
+    cli_errf(err, errlen, "out of memory for %zu tensors", count);
     goto done;
   }
   f->arena = mem;
@@ -275,7 +264,7 @@ int st_parse(const uint8_t *bytes, uint64_t size, st_file *f, char *err, size_t 
   /* overlapping byte ranges (empty tensors cannot overlap anything) */
   byrange = malloc((count ? count : 1) * sizeof *byrange);
   if (!byrange) {
-    fail(err, errlen, "out of memory for %zu tensors", count);
+    cli_errf(err, errlen, "out of memory for %zu tensors", count);
     goto done;
   }
   size_t m = 0;
@@ -286,7 +275,7 @@ int st_parse(const uint8_t *bytes, uint64_t size, st_file *f, char *err, size_t 
     const st_tensor *a = byrange[i - 1], *b = byrange[i];
     if (b->begin < a->end) {
       char na[256], nb[256];
-      fail(err, errlen, "tensors '%s' [%llu, %llu) and '%s' [%llu, %llu) overlap",
+      cli_errf(err, errlen, "tensors '%s' [%llu, %llu) and '%s' [%llu, %llu) overlap",
            printable(a->name, na, sizeof na), (unsigned long long)a->begin,
            (unsigned long long)a->end, printable(b->name, nb, sizeof nb),
            (unsigned long long)b->begin, (unsigned long long)b->end);
@@ -305,26 +294,26 @@ done:
 int st_open(const char *path, st_file *f, char *err, size_t errlen) {
   memset(f, 0, sizeof *f);
   int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return fail(err, errlen, "cannot open: %s", strerror(errno));
+  if (fd < 0) return cli_errf(err, errlen, "cannot open: %s", strerror(errno));
   struct stat sb;
   if (fstat(fd, &sb) != 0) {
-    fail(err, errlen, "cannot stat: %s", strerror(errno));
+    cli_errf(err, errlen, "cannot stat: %s", strerror(errno));
     close(fd);
     return -1;
   }
   if (!S_ISREG(sb.st_mode)) {
     close(fd);
-    return fail(err, errlen, "not a regular file");
+    return cli_errf(err, errlen, "not a regular file");
   }
   uint64_t size = (uint64_t)sb.st_size;
   if (size == 0) {
     close(fd);
-    return fail(err, errlen, "empty file");
+    return cli_errf(err, errlen, "empty file");
   }
   void *map = mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, fd, 0);
   int saved = errno;
   close(fd);
-  if (map == MAP_FAILED) return fail(err, errlen, "cannot map: %s", strerror(saved));
+  if (map == MAP_FAILED) return cli_errf(err, errlen, "cannot map: %s", strerror(saved));
   madvise(map, (size_t)size, MADV_SEQUENTIAL);
   if (st_parse(map, size, f, err, errlen) != 0) {
     munmap(map, (size_t)size);

@@ -21,19 +21,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "errbuf.h"
 #include "safetensors.h"
-
-static int kfail(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int kfail(char *err, size_t errlen, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, errlen, fmt, ap);
-  va_end(ap);
-  for (char *c = err; *c; c++)
-    if ((unsigned char)*c < 0x20) *c = '?';
-  return -1;
-}
 
 static const char *const ckpt_files[] = {"config.json", "model.safetensors",
                                          "optimizer.safetensors", "trainer_state.json"};
@@ -55,7 +44,7 @@ int tc_write_safetensors(const char *path, const tc_tensor *t, size_t n, char *e
   FILE *fp = NULL;
   int rc = -1;
   if (!idx || !h) {
-    kfail(err, errlen, "out of memory");
+    cli_errf(err, errlen, "out of memory");
     goto done;
   }
   for (size_t i = 0; i < n; i++) idx[i] = i;
@@ -66,7 +55,7 @@ int tc_write_safetensors(const char *path, const tc_tensor *t, size_t n, char *e
   for (size_t k = 0; k < n; k++) {
     const tc_tensor *x = &t[idx[k]];
     if (k && strcmp(t[idx[k - 1]].name, x->name) == 0) {
-      kfail(err, errlen, "tensor '%s' twice", x->name);
+      cli_errf(err, errlen, "tensor '%s' twice", x->name);
       goto done;
     }
     json_t *shape = json_array();
@@ -79,13 +68,13 @@ int tc_write_safetensors(const char *path, const tc_tensor *t, size_t n, char *e
   }
   text = json_dumps(h, JSON_COMPACT | JSON_SORT_KEYS);
   if (!text) {
-    kfail(err, errlen, "out of memory");
+    cli_errf(err, errlen, "out of memory");
     goto done;
   }
   size_t len = strlen(text), padded = (len + 7) & ~(size_t)7;
   fp = fopen(path, "wb");
   if (!fp) {
-    kfail(err, errlen, "%s: cannot create: %s", path, strerror(errno));
+    cli_errf(err, errlen, "%s: cannot create: %s", path, strerror(errno));
     goto done;
   }
   uint8_t lenb[8];
@@ -103,7 +92,7 @@ int tc_write_safetensors(const char *path, const tc_tensor *t, size_t n, char *e
   if (fclose(fp) != 0) bad = 1;
   fp = NULL;
   if (bad) {
-    kfail(err, errlen, "%s: cannot write: %s", path, strerror(errno));
+    cli_errf(err, errlen, "%s: cannot write: %s", path, strerror(errno));
     goto done;
   }
   rc = 0;
@@ -124,11 +113,11 @@ static int is_ckpt_file(const char *name) {
 
 int tc_check_save_dir(const char *dir, char *err, size_t errlen) {
   struct stat sb;
-  if (strlen(dir) + 32 > PATH_MAX) return kfail(err, errlen, "%s: path too long", dir);
+  if (strlen(dir) + 32 > PATH_MAX) return cli_errf(err, errlen, "%s: path too long", dir);
   if (stat(dir, &sb) == 0) {
-    if (!S_ISDIR(sb.st_mode)) return kfail(err, errlen, "%s: exists and is not a directory", dir);
+    if (!S_ISDIR(sb.st_mode)) return cli_errf(err, errlen, "%s: exists and is not a directory", dir);
     DIR *d = opendir(dir);
-    if (!d) return kfail(err, errlen, "%s: cannot read: %s", dir, strerror(errno));
+    if (!d) return cli_errf(err, errlen, "%s: cannot read: %s", dir, strerror(errno));
     struct dirent *e;
     int other = 0;
     char name[64] = "";
@@ -141,13 +130,13 @@ int tc_check_save_dir(const char *dir, char *err, size_t errlen) {
     }
     closedir(d);
     if (other)
-      return kfail(err, errlen,
+      return cli_errf(err, errlen,
                    "%s: exists and holds '%s', which is not a checkpoint file (refusing to replace "
                    "the directory)",
                    dir, name);
-    if (access(dir, W_OK) != 0) return kfail(err, errlen, "%s: not writable", dir);
+    if (access(dir, W_OK) != 0) return cli_errf(err, errlen, "%s: not writable", dir);
   } else if (errno != ENOENT) {
-    return kfail(err, errlen, "%s: %s", dir, strerror(errno));
+    return cli_errf(err, errlen, "%s: %s", dir, strerror(errno));
   }
   char parent[PATH_MAX];
   snprintf(parent, sizeof parent, "%s", dir);
@@ -158,9 +147,9 @@ int tc_check_save_dir(const char *dir, char *err, size_t errlen) {
   else if (slash == parent) parent[1] = 0;
   else *slash = 0;
   if (stat(parent, &sb) != 0 || !S_ISDIR(sb.st_mode))
-    return kfail(err, errlen, "%s: the parent directory %s does not exist", dir, parent);
+    return cli_errf(err, errlen, "%s: the parent directory %s does not exist", dir, parent);
   if (access(parent, W_OK) != 0)
-    return kfail(err, errlen, "%s: the parent directory %s is not writable", dir, parent);
+    return cli_errf(err, errlen, "%s: the parent directory %s is not writable", dir, parent);
   return 0;
 }
 
@@ -216,7 +205,7 @@ int tc_save(const char *dir, const tr_config *c, const tr_param *params, size_t 
   char target[PATH_MAX];
   snprintf(target, sizeof target, "%s", tmp);
   snprintf(tmp + l, sizeof tmp - l, ".tmp-XXXXXX");
-  if (!mkdtemp(tmp)) return kfail(err, errlen, "%s: cannot create a temporary directory: %s", dir, strerror(errno));
+  if (!mkdtemp(tmp)) return cli_errf(err, errlen, "%s: cannot create a temporary directory: %s", dir, strerror(errno));
   mode_t mask = umask(0);
   umask(mask);
   chmod(tmp, 0777 & ~mask); /* mkdtemp's 0700 -> what mkdir would give */
@@ -224,7 +213,7 @@ int tc_save(const char *dir, const tr_config *c, const tr_param *params, size_t 
   char (*names)[112] = calloc(2 * n + 1, sizeof *names);
   int rc = -1;
   if (!t || !names) {
-    kfail(err, errlen, "out of memory");
+    cli_errf(err, errlen, "out of memory");
     goto done;
   }
   snprintf(p, sizeof p, "%s/config.json", tmp);
@@ -250,17 +239,17 @@ int tc_save(const char *dir, const tr_config *c, const tr_param *params, size_t 
   if (tc_write_safetensors(p, t, m, err, errlen)) goto done;
   snprintf(p, sizeof p, "%s/trainer_state.json", tmp);
   if (write_state(p, st)) {
-    kfail(err, errlen, "%s: cannot write", p);
+    cli_errf(err, errlen, "%s: cannot write", p);
     goto done;
   }
   /* into place: a plain rename, or an exchange with the old checkpoint */
   if (rename(tmp, target) != 0) {
     if (errno != ENOTEMPTY && errno != EEXIST) {
-      kfail(err, errlen, "%s: cannot rename the temporary directory: %s", dir, strerror(errno));
+      cli_errf(err, errlen, "%s: cannot rename the temporary directory: %s", dir, strerror(errno));
       goto done;
     }
     if (renameat2(AT_FDCWD, tmp, AT_FDCWD, target, RENAME_EXCHANGE) != 0) {
-      kfail(err, errlen, "%s: cannot replace the old checkpoint: %s", dir, strerror(errno));
+      cli_errf(err, errlen, "%s: cannot replace the old checkpoint: %s", dir, strerror(errno));
       goto done;
     }
     /* tmp now names the old checkpoint */
@@ -278,7 +267,7 @@ done:
 int tc_load_config(const char *dir, tr_config *c, char *err, size_t errlen) {
   char p[PATH_MAX], e[400];
   snprintf(p, sizeof p, "%s/config.json", dir);
-  if (tr_config_load(p, c, e, sizeof e)) return kfail(err, errlen, "%s: %s", p, e);
+  if (tr_config_load(p, c, e, sizeof e)) return cli_errf(err, errlen, "%s: %s", p, e);
   return 0;
 }
 
@@ -287,9 +276,9 @@ static int check_file(const st_file *f, const char *path, char (*names)[112], co
                       size_t n, char *err, size_t errlen) {
   for (size_t i = 0; i < n; i++) {
     const st_tensor *t = st_find(f, names[i], strlen(names[i]));
-    if (!t) return kfail(err, errlen, "%s: tensor '%s' is missing", path, names[i]);
+    if (!t) return cli_errf(err, errlen, "%s: tensor '%s' is missing", path, names[i]);
     if (t->dtype != ST_F32)
-      return kfail(err, errlen, "%s: tensor '%s' is %s, expected F32", path, names[i],
+      return cli_errf(err, errlen, "%s: tensor '%s' is %s, expected F32", path, names[i],
                    st_dtype_get(t->dtype)->name);
     int same = (int)t->ndim == of[i]->ndim;
     for (int d = 0; same && d < of[i]->ndim; d++) same = t->shape[d] == (uint64_t)of[i]->shape[d];
@@ -300,7 +289,7 @@ static int check_file(const st_file *f, const char *path, char (*names)[112], co
         snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", d ? ", " : "",
                  (long long)of[i]->shape[d]);
       strncat(want, "]", sizeof want - strlen(want) - 1);
-      return kfail(err, errlen, "%s: tensor '%s' has shape %s, the model's is %s", path,
+      return cli_errf(err, errlen, "%s: tensor '%s' has shape %s, the model's is %s", path,
                    names[i], got, want);
     }
   }
@@ -309,7 +298,7 @@ static int check_file(const st_file *f, const char *path, char (*names)[112], co
       size_t i = 0;
       while (i < n && strcmp(names[i], f->tensors[k].name) != 0) i++;
       if (i == n)
-        return kfail(err, errlen, "%s: tensor '%.200s' is not a tensor of this model", path,
+        return cli_errf(err, errlen, "%s: tensor '%.200s' is not a tensor of this model", path,
                      f->tensors[k].name);
     }
   }
@@ -327,13 +316,13 @@ static int hex_field(json_t *o, const char *key, double *out) {
 static int read_state(const char *path, tc_state *s, char *err, size_t errlen) {
   json_error_t je;
   json_t *r = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
-  if (!r) return kfail(err, errlen, "%s: %s", path, je.text);
+  if (!r) return cli_errf(err, errlen, "%s: %s", path, je.text);
   int rc = -1;
   json_t *d = json_object_get(r, "data"), *ad = json_object_get(r, "adamw");
   json_t *ls = json_object_get(r, "lr_schedule"), *v;
   memset(s, 0, sizeof *s);
   if (!json_is_object(r) || json_integer_value(json_object_get(r, "format_version")) != TC_FORMAT_VERSION) {
-    kfail(err, errlen, "%s: not a trainer state of format version %d", path, TC_FORMAT_VERSION);
+    cli_errf(err, errlen, "%s: not a trainer state of format version %d", path, TC_FORMAT_VERSION);
     goto done;
   }
   const char *bad = NULL;
@@ -368,7 +357,7 @@ static int read_state(const char *path, tc_state *s, char *err, size_t errlen) {
   if (!bad && !json_is_string(json_object_get(r, "mode"))) bad = "mode";
   if (!bad) snprintf(s->mode, sizeof s->mode, "%s", json_string_value(json_object_get(r, "mode")));
   if (bad) {
-    kfail(err, errlen, "%s: field '%s' is missing or invalid", path, bad);
+    cli_errf(err, errlen, "%s: field '%s' is missing or invalid", path, bad);
     goto done;
   }
   rc = 0;
@@ -389,15 +378,15 @@ int tc_load(const char *dir, tr_param *params, size_t n, tc_state *st, char *err
   const tr_param **of = calloc(2 * n + 1, sizeof *of);
   int rc = -1;
   if (!names || !of) {
-    kfail(err, errlen, "out of memory");
+    cli_errf(err, errlen, "out of memory");
     goto done;
   }
   if (st_open(pm, &fm, e, sizeof e)) {
-    kfail(err, errlen, "%s: %s", pm, e);
+    cli_errf(err, errlen, "%s: %s", pm, e);
     goto done;
   }
   if (st_open(po, &fo, e, sizeof e)) {
-    kfail(err, errlen, "%s: %s", po, e);
+    cli_errf(err, errlen, "%s: %s", po, e);
     goto done;
   }
   for (size_t i = 0; i < n; i++) {

@@ -18,6 +18,7 @@
  * keys that would change the model in a way not implemented
  * (attention_dropout != 0, a rope_scaling) are refused.
  */
+#include "errbuf.h"
 #include "train_config.h"
 
 #include <jansson.h>
@@ -26,18 +27,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int cfail(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int cfail(char *err, size_t errlen, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, errlen, fmt, ap);
-  va_end(ap);
-  for (char *c = err; *c; c++)
-    if ((unsigned char)*c < 0x20) *c = '?';
-  return -1;
-}
 
 /* Glm4MoeConfig's defaults (transformers 4.54+). head_dim 0 = derived. */
 static void config_defaults(tr_config *c) {
@@ -78,7 +67,7 @@ static int get_int(json_t *root, const char *key, int64_t *out, char *err, size_
     double d = json_real_value(v);
     if (d == floor(d) && fabs(d) < 9.0e15) return *out = (int64_t)d, 0;
   }
-  if (!json_is_integer(v)) return cfail(err, errlen, "%s: expected an integer", key);
+  if (!json_is_integer(v)) return cli_errf(err, errlen, "%s: expected an integer", key);
   *out = json_integer_value(v);
   return 0;
 }
@@ -86,7 +75,7 @@ static int get_int(json_t *root, const char *key, int64_t *out, char *err, size_
 static int get_real(json_t *root, const char *key, double *out, char *err, size_t errlen) {
   json_t *v = json_object_get(root, key);
   if (!v || json_is_null(v)) return 0;
-  if (!json_is_number(v)) return cfail(err, errlen, "%s: expected a number", key);
+  if (!json_is_number(v)) return cli_errf(err, errlen, "%s: expected a number", key);
   *out = json_number_value(v);
   return 0;
 }
@@ -94,7 +83,7 @@ static int get_real(json_t *root, const char *key, double *out, char *err, size_
 static int get_bool(json_t *root, const char *key, int *out, char *err, size_t errlen) {
   json_t *v = json_object_get(root, key);
   if (!v || json_is_null(v)) return 0;
-  if (!json_is_boolean(v)) return cfail(err, errlen, "%s: expected true or false", key);
+  if (!json_is_boolean(v)) return cli_errf(err, errlen, "%s: expected true or false", key);
   *out = json_is_true(v);
   return 0;
 }
@@ -107,10 +96,10 @@ static int get_rope(json_t *root, json_t *rp, const char *key, double *out, char
   if (get_real(root, key, &a, err, errlen)) return -1;
   if (rp && json_object_get(rp, key) && !json_is_null(json_object_get(rp, key))) {
     json_t *v = json_object_get(rp, key);
-    if (!json_is_number(v)) return cfail(err, errlen, "rope_parameters.%s: expected a number", key);
+    if (!json_is_number(v)) return cli_errf(err, errlen, "rope_parameters.%s: expected a number", key);
     b = json_number_value(v);
     if (top && a != b)
-      return cfail(err, errlen, "%s: %.17g at top level but %.17g in rope_parameters", key, a, b);
+      return cli_errf(err, errlen, "%s: %.17g at top level but %.17g in rope_parameters", key, a, b);
     *out = b;
     return 0;
   }
@@ -122,17 +111,17 @@ static int check_rope_type(json_t *obj, const char *what, char *err, size_t errl
   json_t *t = json_object_get(obj, "rope_type");
   if (!t) t = json_object_get(obj, "type");
   if (t && !json_is_null(t) && !(json_is_string(t) && strcmp(json_string_value(t), "default") == 0))
-    return cfail(err, errlen, "%s: only the default RoPE is supported (rope_type \"default\")", what);
+    return cli_errf(err, errlen, "%s: only the default RoPE is supported (rope_type \"default\")", what);
   if (!t && strcmp(what, "rope_scaling") == 0)
-    return cfail(err, errlen, "rope_scaling: only null or {\"rope_type\": \"default\"} is supported");
+    return cli_errf(err, errlen, "rope_scaling: only null or {\"rope_type\": \"default\"} is supported");
   return 0;
 }
 
 static int parse_root(json_t *root, tr_config *c, char *err, size_t errlen) {
-  if (!json_is_object(root)) return cfail(err, errlen, "config.json is not a JSON object");
+  if (!json_is_object(root)) return cli_errf(err, errlen, "config.json is not a JSON object");
   json_t *mt = json_object_get(root, "model_type");
   if (mt && !(json_is_string(mt) && strcmp(json_string_value(mt), "glm4_moe") == 0))
-    return cfail(err, errlen, "model_type: expected \"glm4_moe\" (the GLM-4.5 MoE model)");
+    return cli_errf(err, errlen, "model_type: expected \"glm4_moe\" (the GLM-4.5 MoE model)");
   static const struct {
     const char *key;
     size_t off;
@@ -165,27 +154,27 @@ static int parse_root(json_t *root, tr_config *c, char *err, size_t errlen) {
     return -1;
   json_t *act = json_object_get(root, "hidden_act");
   if (act && !json_is_null(act)) {
-    if (!json_is_string(act)) return cfail(err, errlen, "hidden_act: expected a string");
+    if (!json_is_string(act)) return cli_errf(err, errlen, "hidden_act: expected a string");
     const char *s = json_string_value(act);
     if (strcmp(s, "silu") != 0) {
       char b[40];
       snprintf(b, sizeof b, "%.32s", s);
-      return cfail(err, errlen, "hidden_act: \"%s\" is not supported (only \"silu\")", b);
+      return cli_errf(err, errlen, "hidden_act: \"%s\" is not supported (only \"silu\")", b);
     }
   }
   double drop = 0;
   if (get_real(root, "attention_dropout", &drop, err, errlen)) return -1;
   if (drop != 0)
-    return cfail(err, errlen, "attention_dropout: %g is not supported (only 0)", drop);
+    return cli_errf(err, errlen, "attention_dropout: %g is not supported (only 0)", drop);
   json_t *rs = json_object_get(root, "rope_scaling");
   if (rs && !json_is_null(rs)) {
-    if (!json_is_object(rs)) return cfail(err, errlen, "rope_scaling: expected null or an object");
+    if (!json_is_object(rs)) return cli_errf(err, errlen, "rope_scaling: expected null or an object");
     if (check_rope_type(rs, "rope_scaling", err, errlen)) return -1;
   }
   json_t *rp = json_object_get(root, "rope_parameters");
   if (rp && json_is_null(rp)) rp = NULL;
   if (rp) {
-    if (!json_is_object(rp)) return cfail(err, errlen, "rope_parameters: expected an object");
+    if (!json_is_object(rp)) return cli_errf(err, errlen, "rope_parameters: expected an object");
     if (check_rope_type(rp, "rope_parameters", err, errlen)) return -1;
   }
   if (get_rope(root, rp, "rope_theta", &c->rope_theta, err, errlen) ||
@@ -200,8 +189,8 @@ int tr_config_load(const char *path, tr_config *c, char *err, size_t errlen) {
   json_error_t je;
   json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
   if (!root) {
-    if (strncmp(je.text, "unable to open", 14) == 0) return cfail(err, errlen, "%s", je.text);
-    return cfail(err, errlen, "invalid JSON: %s (line %d, column %d)", je.text, je.line, je.column);
+    if (strncmp(je.text, "unable to open", 14) == 0) return cli_errf(err, errlen, "%s", je.text);
+    return cli_errf(err, errlen, "invalid JSON: %s (line %d, column %d)", je.text, je.line, je.column);
   }
   tr_config t;
   config_defaults(&t);
@@ -216,7 +205,7 @@ int tr_config_parse(const char *text, size_t len, tr_config *c, char *err, size_
   json_error_t je;
   json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
   if (!root)
-    return cfail(err, errlen, "invalid JSON: %s (line %d, column %d)", je.text, je.line, je.column);
+    return cli_errf(err, errlen, "invalid JSON: %s (line %d, column %d)", je.text, je.line, je.column);
   tr_config t;
   config_defaults(&t);
   int rc = parse_root(root, &t, err, errlen);
@@ -232,7 +221,7 @@ int tr_config_parse(const char *text, size_t len, tr_config *c, char *err, size_
 
 static int range(const char *key, int64_t v, int64_t lo, int64_t hi, char *err, size_t errlen) {
   if (v < lo || v > hi)
-    return cfail(err, errlen, "%s: %lld is out of range [%lld, %lld]", key, (long long)v,
+    return cli_errf(err, errlen, "%s: %lld is out of range [%lld, %lld]", key, (long long)v,
                  (long long)lo, (long long)hi);
   return 0;
 }
@@ -285,50 +274,50 @@ int tr_config_check(const tr_config *c, char *err, size_t errlen) {
       range("topk_group", c->topk_group, 1, c->n_group, err, errlen))
     return -1;
   if (c->num_attention_heads % c->num_key_value_heads != 0)
-    return cfail(err, errlen,
+    return cli_errf(err, errlen,
                  "num_attention_heads: %lld is not a multiple of num_key_value_heads (%lld)",
                  (long long)c->num_attention_heads, (long long)c->num_key_value_heads);
   if (c->n_routed_experts % c->n_group != 0)
-    return cfail(err, errlen, "n_routed_experts: %lld is not a multiple of n_group (%lld)",
+    return cli_errf(err, errlen, "n_routed_experts: %lld is not a multiple of n_group (%lld)",
                  (long long)c->n_routed_experts, (long long)c->n_group);
   int64_t per_group = c->n_routed_experts / c->n_group;
   if (c->num_experts_per_tok > c->topk_group * per_group)
-    return cfail(err, errlen,
+    return cli_errf(err, errlen,
                  "num_experts_per_tok: %lld exceeds topk_group (%lld) x experts per group (%lld)",
                  (long long)c->num_experts_per_tok, (long long)c->topk_group,
                  (long long)per_group);
   if (c->n_group > 1 && per_group < 2)
-    return cfail(err, errlen,
+    return cli_errf(err, errlen,
                  "n_group: %lld groups of %lld expert leave no top-2 score per group (transformers "
                  "scores a group by its top-2 experts)",
                  (long long)c->n_group, (long long)per_group);
   if (!(c->partial_rotary_factor > 0 && c->partial_rotary_factor <= 1))
-    return cfail(err, errlen, "partial_rotary_factor: %.17g is out of range (0, 1]",
+    return cli_errf(err, errlen, "partial_rotary_factor: %.17g is out of range (0, 1]",
                  c->partial_rotary_factor);
   int64_t rot = (int64_t)((double)c->head_dim * c->partial_rotary_factor);
   if (rot < 2 || rot % 2 != 0)
-    return cfail(err, errlen,
+    return cli_errf(err, errlen,
                  "partial_rotary_factor: %.17g gives a rotary dimension int(head_dim %lld x "
                  "factor) = %lld, which must be even and >= 2",
                  c->partial_rotary_factor, (long long)c->head_dim, (long long)rot);
   if (!(c->rope_theta > 1 && isfinite(c->rope_theta)))
-    return cfail(err, errlen, "rope_theta: %.17g must be finite and > 1", c->rope_theta);
+    return cli_errf(err, errlen, "rope_theta: %.17g must be finite and > 1", c->rope_theta);
   if (!(c->rms_norm_eps > 0 && c->rms_norm_eps < 1))
-    return cfail(err, errlen, "rms_norm_eps: %.17g is out of range (0, 1)", c->rms_norm_eps);
+    return cli_errf(err, errlen, "rms_norm_eps: %.17g is out of range (0, 1)", c->rms_norm_eps);
   if (!(c->routed_scaling_factor > 0 && c->routed_scaling_factor <= 1e6))
-    return cfail(err, errlen, "routed_scaling_factor: %.17g is out of range (0, 1e6]",
+    return cli_errf(err, errlen, "routed_scaling_factor: %.17g is out of range (0, 1e6]",
                  c->routed_scaling_factor);
   if (!(c->initializer_range >= 0 && c->initializer_range <= 10))
-    return cfail(err, errlen, "initializer_range: %.17g is out of range [0, 10]",
+    return cli_errf(err, errlen, "initializer_range: %.17g is out of range [0, 10]",
                  c->initializer_range);
   if (c->tie_word_embeddings)
-    return cfail(err, errlen, "tie_word_embeddings: true is not supported (the LM head is untied)");
+    return cli_errf(err, errlen, "tie_word_embeddings: true is not supported (the LM head is untied)");
   if (strcmp(c->hidden_act, "silu") != 0)
-    return cfail(err, errlen, "hidden_act: \"%.15s\" is not supported (only \"silu\")",
+    return cli_errf(err, errlen, "hidden_act: \"%.15s\" is not supported (only \"silu\")",
                  c->hidden_act);
   int64_t n = tr_config_param_count(c);
   if (n > TR_MAX_PARAMS)
-    return cfail(err, errlen,
+    return cli_errf(err, errlen,
                  "the model has %lld parameters, beyond this trainer's limit of %lld (absent "
                  "fields take Glm4MoeConfig's full-size defaults)",
                  (long long)n, (long long)TR_MAX_PARAMS);
@@ -397,7 +386,7 @@ int tr_config_save(const tr_config *c, const char *path, char *err, size_t errle
   if (!r || !rp) {
     json_decref(r);
     json_decref(rp);
-    return cfail(err, errlen, "out of memory");
+    return cli_errf(err, errlen, "out of memory");
   }
   json_object_set_new(r, "architectures", json_pack("[s]", "Glm4MoeForCausalLM"));
   json_object_set_new(r, "model_type", json_string("glm4_moe"));
@@ -436,6 +425,6 @@ int tr_config_save(const tr_config *c, const char *path, char *err, size_t errle
   json_object_set_new(r, "use_cache", json_true());
   int rc = write_sorted(r, path);
   json_decref(r);
-  if (rc != 0) return cfail(err, errlen, "%s: cannot write", path);
+  if (rc != 0) return cli_errf(err, errlen, "%s: cannot write", path);
   return 0;
 }

@@ -2,6 +2,7 @@
  * train_data.c — token data of `bitexact train`: the .npy and .bin
  * readers, the synthetic corpus and the data order (train_data.h).
  */
+#include "errbuf.h"
 #include "train_data.h"
 
 #include <errno.h>
@@ -14,18 +15,6 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-static int dfail(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int dfail(char *err, size_t errlen, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, errlen, fmt, ap);
-  va_end(ap);
-  for (char *c = err; *c; c++)
-    if ((unsigned char)*c < 0x20 || (unsigned char)*c >= 0x7f) *c = '?';
-  return -1;
-}
 
 /* ---- the counter-based generator ------------------------------------- */
 
@@ -123,53 +112,53 @@ static int lex_shape(npy_lex *l, int *ndim, uint64_t *dim0) {
 int td_npy_parse(const uint8_t *bytes, uint64_t size, td_npy *out, char *err, size_t errlen) {
   static const uint8_t magic[6] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
   if (size < 10 || memcmp(bytes, magic, 6) != 0)
-    return dfail(err, errlen, "not a .npy file (no \\x93NUMPY magic)");
+    return cli_errf_ascii(err, errlen, "not a .npy file (no \\x93NUMPY magic)");
   int major = bytes[6], minor = bytes[7];
   if (major < 1 || major > 3)
-    return dfail(err, errlen, ".npy format version %d.%d is not supported (1, 2 or 3)", major,
+    return cli_errf_ascii(err, errlen, ".npy format version %d.%d is not supported (1, 2 or 3)", major,
                  minor);
   uint64_t hlen, start;
   if (major == 1) {
     hlen = (uint64_t)bytes[8] | (uint64_t)bytes[9] << 8;
     start = 10;
   } else {
-    if (size < 12) return dfail(err, errlen, ".npy header is truncated");
+    if (size < 12) return cli_errf_ascii(err, errlen, ".npy header is truncated");
     hlen = (uint64_t)bytes[8] | (uint64_t)bytes[9] << 8 | (uint64_t)bytes[10] << 16 |
            (uint64_t)bytes[11] << 24;
     start = 12;
   }
   if (hlen > size - start)
-    return dfail(err, errlen, ".npy header length %llu is beyond the end of the file",
+    return cli_errf_ascii(err, errlen, ".npy header length %llu is beyond the end of the file",
                  (unsigned long long)hlen);
   npy_lex l = {(const char *)bytes + start, (const char *)bytes + start + hlen};
   char key[32], descr[32] = "";
   int have_descr = 0, have_order = 0, have_shape = 0, fortran = 0, ndim = 0;
   uint64_t dim0 = 0;
   skip_ws(&l);
-  if (l.p >= l.end || *l.p != '{') return dfail(err, errlen, ".npy header is not a dict");
+  if (l.p >= l.end || *l.p != '{') return cli_errf_ascii(err, errlen, ".npy header is not a dict");
   l.p++;
   for (;;) {
     skip_ws(&l);
     if (l.p < l.end && *l.p == '}') break;
-    if (lex_string(&l, key, sizeof key)) return dfail(err, errlen, ".npy header: bad key");
+    if (lex_string(&l, key, sizeof key)) return cli_errf_ascii(err, errlen, ".npy header: bad key");
     skip_ws(&l);
-    if (l.p >= l.end || *l.p != ':') return dfail(err, errlen, ".npy header: ':' expected");
+    if (l.p >= l.end || *l.p != ':') return cli_errf_ascii(err, errlen, ".npy header: ':' expected");
     l.p++;
     skip_ws(&l);
     if (strcmp(key, "descr") == 0) {
       if (lex_string(&l, descr, sizeof descr))
-        return dfail(err, errlen, ".npy header: descr is not a simple type string");
+        return cli_errf_ascii(err, errlen, ".npy header: descr is not a simple type string");
       have_descr = 1;
     } else if (strcmp(key, "fortran_order") == 0) {
       if (lex_word(&l, "False") == 0) fortran = 0;
       else if (lex_word(&l, "True") == 0) fortran = 1;
-      else return dfail(err, errlen, ".npy header: fortran_order is not True or False");
+      else return cli_errf_ascii(err, errlen, ".npy header: fortran_order is not True or False");
       have_order = 1;
     } else if (strcmp(key, "shape") == 0) {
-      if (lex_shape(&l, &ndim, &dim0)) return dfail(err, errlen, ".npy header: bad shape");
+      if (lex_shape(&l, &ndim, &dim0)) return cli_errf_ascii(err, errlen, ".npy header: bad shape");
       have_shape = 1;
     } else {
-      return dfail(err, errlen, ".npy header: unknown key '%s'", key);
+      return cli_errf_ascii(err, errlen, ".npy header: unknown key '%s'", key);
     }
     skip_ws(&l);
     if (l.p < l.end && *l.p == ',') {
@@ -177,10 +166,10 @@ int td_npy_parse(const uint8_t *bytes, uint64_t size, td_npy *out, char *err, si
       continue;
     }
     if (l.p < l.end && *l.p == '}') break;
-    return dfail(err, errlen, ".npy header: ',' or '}' expected");
+    return cli_errf_ascii(err, errlen, ".npy header: ',' or '}' expected");
   }
   if (!have_descr || !have_order || !have_shape)
-    return dfail(err, errlen, ".npy header lacks %s", !have_descr ? "descr"
+    return cli_errf_ascii(err, errlen, ".npy header lacks %s", !have_descr ? "descr"
                                                      : !have_order ? "fortran_order" : "shape");
   static const struct {
     const char *d;
@@ -192,20 +181,20 @@ int td_npy_parse(const uint8_t *bytes, uint64_t size, td_npy *out, char *err, si
   for (int i = 0; i < 5; i++)
     if (strcmp(descr, types[i].d) == 0) t = i;
   if (t < 0)
-    return dfail(err, errlen,
+    return cli_errf_ascii(err, errlen,
                  ".npy dtype '%s' is not supported (token ids: '<i2', '<u2', '<i4', '<u4', "
                  "'<i8')",
                  descr);
-  if (fortran) return dfail(err, errlen, ".npy fortran_order True is not supported");
+  if (fortran) return cli_errf_ascii(err, errlen, ".npy fortran_order True is not supported");
   if (ndim != 1)
-    return dfail(err, errlen, ".npy array has %d dimensions; token ids must be a 1-D array", ndim);
+    return cli_errf_ascii(err, errlen, ".npy array has %d dimensions; token ids must be a 1-D array", ndim);
   uint64_t data = start + hlen, nbytes;
   if (__builtin_mul_overflow(dim0, (uint64_t)types[t].size, &nbytes) || nbytes > size - data)
-    return dfail(err, errlen, ".npy file is truncated: shape (%llu,) needs %llu more bytes than it holds",
+    return cli_errf_ascii(err, errlen, ".npy file is truncated: shape (%llu,) needs %llu more bytes than it holds",
                  (unsigned long long)dim0,
                  (unsigned long long)(nbytes > size - data ? nbytes - (size - data) : 0));
   if (nbytes != size - data)
-    return dfail(err, errlen, ".npy file has %llu bytes after its array",
+    return cli_errf_ascii(err, errlen, ".npy file has %llu bytes after its array",
                  (unsigned long long)(size - data - nbytes));
   out->major = major;
   out->minor = minor;
@@ -239,7 +228,7 @@ static int ends_with(const char *s, const char *suf) {
 static int synth_make(td_data *d, int64_t V, char *err, size_t errlen) {
   int64_t N = TD_SYNTH_TOKENS;
   d->synth = malloc((size_t)N * sizeof *d->synth);
-  if (!d->synth) return dfail(err, errlen, "out of memory for the synthetic corpus");
+  if (!d->synth) return cli_errf_ascii(err, errlen, "out of memory for the synthetic corpus");
   int K = V - 1 < 8 ? (int)(V - 1) : 8;
   int64_t off[8];
   int n = 0;
@@ -281,26 +270,26 @@ int td_open(td_data *d, const char *path, int64_t vocab, int64_t seq_len, uint64
   } else {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-      dfail(err, errlen, "cannot open: %s", strerror(errno));
+      cli_errf_ascii(err, errlen, "cannot open: %s", strerror(errno));
       goto done;
     }
     struct stat sb;
     if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
       close(fd);
-      dfail(err, errlen, "not a regular file");
+      cli_errf_ascii(err, errlen, "not a regular file");
       goto done;
     }
     uint64_t size = (uint64_t)sb.st_size;
     if (size == 0) {
       close(fd);
-      dfail(err, errlen, "empty file");
+      cli_errf_ascii(err, errlen, "empty file");
       goto done;
     }
     void *map = mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, fd, 0);
     int saved = errno;
     close(fd);
     if (map == MAP_FAILED) {
-      dfail(err, errlen, "cannot map: %s", strerror(saved));
+      cli_errf_ascii(err, errlen, "cannot map: %s", strerror(saved));
       goto done;
     }
     d->map = map;
@@ -316,7 +305,7 @@ int td_open(td_data *d, const char *path, int64_t vocab, int64_t seq_len, uint64
       d->ntokens = (int64_t)h.count;
     } else if (ends_with(path, ".bin")) {
       if (size % 2) {
-        dfail(err, errlen, "a .bin token file (raw little-endian uint16) has an odd size, %llu bytes",
+        cli_errf_ascii(err, errlen, "a .bin token file (raw little-endian uint16) has an odd size, %llu bytes",
               (unsigned long long)size);
         goto done;
       }
@@ -326,21 +315,21 @@ int td_open(td_data *d, const char *path, int64_t vocab, int64_t seq_len, uint64
       d->elems = b;
       d->ntokens = (int64_t)(size / 2);
     } else {
-      dfail(err, errlen, "neither a .npy file (no \\x93NUMPY magic) nor a raw uint16 file named *.bin");
+      cli_errf_ascii(err, errlen, "neither a .npy file (no \\x93NUMPY magic) nor a raw uint16 file named *.bin");
       goto done;
     }
     madvise(map, (size_t)size, MADV_SEQUENTIAL);
     for (int64_t k = 0; k < d->ntokens; k++) {
       int64_t v = elem_at(d, k);
       if (v < 0 || v >= vocab) {
-        dfail(err, errlen, "token id %lld at index %lld is out of range [0, vocab_size %lld)",
+        cli_errf_ascii(err, errlen, "token id %lld at index %lld is out of range [0, vocab_size %lld)",
               (long long)v, (long long)k, (long long)vocab);
         goto done;
       }
     }
   }
   if (d->ntokens < seq_len + 1) {
-    dfail(err, errlen, "%lld tokens are fewer than one sequence of seq_len + 1 = %lld",
+    cli_errf_ascii(err, errlen, "%lld tokens are fewer than one sequence of seq_len + 1 = %lld",
           (long long)d->ntokens, (long long)(seq_len + 1));
     goto done;
   }
