@@ -43,8 +43,8 @@ LAYOUTS=(
   "2 1 2 1"
   "4 1 1 1"
   "4 1 2 1"
-  # ---- expert parallelism (--ep E): rows skipped with a note while
-  # `bitexact train --ep` answers "not yet supported"
+  # ---- expert parallelism (--ep E): experts over E ranks, tokens exchanged
+  # with MPI all-to-all (a build without it skips these rows with a note)
   "2 1 1 2"
   "4 1 1 2"
   "4 1 1 4"
