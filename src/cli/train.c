@@ -49,7 +49,7 @@ typedef struct tr_args {
   int64_t steps, seq_len, global_batch, micro_batches, ep;
   uint64_t seed;
   double lr, weight_decay, clip;
-  int ordinary, shuffle, dry_run;
+  int ordinary, shuffle, dry_run, bf16;
   int have_seq_len;
   cli_opts common;
 } tr_args;
@@ -65,7 +65,8 @@ static int g_rank;
 static const char usage[] =
     "usage: bitexact train [--config FILE.json] [--data FILE] [--steps N] [--seed S] "
     "[--seq-len L] [--global-batch B] [--micro-batches M] [--ep E] [--threads T] [--lr X] "
-    "[--weight-decay X] [--clip X] [--mode invariant|ordinary] [--record FILE.jsonl] "
+    "[--weight-decay X] [--clip X] [--mode invariant|ordinary] [--compute-dtype fp32|bf16] "
+    "[--record FILE.jsonl] "
     "[--save DIR] [--resume DIR] [--shuffle] [--dump-grads FILE] [--dry-run] [--json]";
 
 static int parse_i64(const char *flag, const char *s, int64_t lo, int64_t *out) {
@@ -117,7 +118,7 @@ static int parse_args(int argc, char **argv, tr_args *a) {
     }
     static const char *const valued[] = {
         "--config", "--data", "--steps", "--seed", "--seq-len", "--global-batch",
-        "--micro-batches", "--ep", "--lr", "--weight-decay", "--clip", "--mode", "--record",
+        "--micro-batches", "--ep", "--lr", "--weight-decay", "--clip", "--mode", "--compute-dtype", "--record",
         "--save", "--resume", "--dump-grads"};
     int known = 0;
     for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++) known |= strcmp(f, valued[k]) == 0;
@@ -167,6 +168,13 @@ static int parse_args(int argc, char **argv, tr_args *a) {
       else if (strcmp(v, "ordinary") == 0) a->ordinary = 1;
       else {
         TERR("train: --mode: '%s' is not invariant or ordinary", v);
+        return -1;
+      }
+    } else if (strcmp(f, "--compute-dtype") == 0) {
+      if (strcmp(v, "fp32") == 0) a->bf16 = 0;
+      else if (strcmp(v, "bf16") == 0) a->bf16 = 1;
+      else {
+        TERR("train: --compute-dtype: '%s' is not fp32 or bf16", v);
         return -1;
       }
     }
@@ -298,6 +306,9 @@ static int check_resume(const tr_args *a, const tc_state *st, const td_data *d) 
   else if (strcmp(st->data_kind, kind_name(d->kind)) != 0 || st->data_tokens != d->ntokens)
     what = "--data", snprintf(got, 64, "%s of %lld tokens", kind_name(d->kind), (long long)d->ntokens),
     snprintf(want, 64, "%s of %lld tokens", st->data_kind, (long long)st->data_tokens);
+  else if (strcmp(st->compute_dtype, a->bf16 ? "bf16" : "fp32") != 0)
+    what = "--compute-dtype", snprintf(got, 64, "%s", a->bf16 ? "bf16" : "fp32"),
+    snprintf(want, 64, "%s", st->compute_dtype);
   else if (st->data_position != st->step * st->global_batch)
     what = "data position", snprintf(got, 64, "%lld", (long long)st->data_position),
     snprintf(want, 64, "%lld", (long long)(st->step * st->global_batch));
@@ -416,7 +427,7 @@ static int run_step(tr_run *r, int64_t s) {
     if (i < 0) return cli_error("train: out of memory for the data permutation"), -1;
     td_tokens(&r->data, i, r->tokens + b * (L + 1));
   }
-  tr_run_opts ro = {cli_threads(&a->common), a->ordinary ? BX_TOKRED_ORDINARY : BX_TOKRED_GRID, L};
+  tr_run_opts ro = {cli_threads(&a->common), a->ordinary ? BX_TOKRED_ORDINARY : BX_TOKRED_GRID, L, a->bf16};
   float loss = NAN;
   if (tr_model_grad(r->model, &ro, r->tokens, local, first, B, a->micro_batches, r->comm, &loss,
                     r->tok_loss, err, sizeof err)) {
@@ -489,7 +500,7 @@ static int run_step(tr_run *r, int64_t s) {
   r->last_loss = loss;
   r->last_norm = total;
   trec_step rec = {s, loss, total, gn[0], gn[1], coef, a->lr, B * L,
-                   trec_loss_hash(all, (size_t)(B * L)), r->data.entropy_nats};
+                   trec_loss_hash(all, (size_t)(B * L)), r->data.entropy_nats, a->bf16 ? "bf16" : "fp32"};
   if (r->record && trec_write(r->record, &rec) != 0) {
     cli_error("train: --record %s: cannot write", a->record);
     return -1;
@@ -693,6 +704,7 @@ static int train_main(tr_run *r, int argc, char **argv) {
     st.weight_decay = a->weight_decay;
     st.clip = a->clip;
     snprintf(st.mode, sizeof st.mode, "%s", a->ordinary ? "ordinary" : "invariant");
+    snprintf(st.compute_dtype, sizeof st.compute_dtype, "%s", a->bf16 ? "bf16" : "fp32");
     bad = tc_save(a->save, &r->cfg, r->params, r->nparams, &st, err, sizeof err) != 0;
     if (bad) cli_error("train: --save %s", err);
   }

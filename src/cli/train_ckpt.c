@@ -185,6 +185,7 @@ static int write_state(const char *path, const tc_state *s) {
   char seed[32];
   snprintf(seed, sizeof seed, "%llu", (unsigned long long)s->seed);
   json_object_set_new(r, "seed", json_string(seed));
+  json_object_set_new(r, "compute_dtype", json_string(s->compute_dtype[0] ? s->compute_dtype : "fp32"));
   FILE *fp = fopen(path, "wb");
   int rc = fp ? 0 : -1;
   if (fp) {
@@ -356,6 +357,11 @@ static int read_state(const char *path, tc_state *s, char *err, size_t errlen) {
   if (!bad && hex_field(r, "clip", &s->clip)) bad = "clip";
   if (!bad && !json_is_string(json_object_get(r, "mode"))) bad = "mode";
   if (!bad) snprintf(s->mode, sizeof s->mode, "%s", json_string_value(json_object_get(r, "mode")));
+  json_t *cd = json_object_get(r, "compute_dtype");
+  if (!bad && cd && (!json_is_string(cd) || (strcmp(json_string_value(cd), "fp32") != 0 &&
+                                             strcmp(json_string_value(cd), "bf16") != 0)))
+    bad = "compute_dtype";
+  if (!bad) snprintf(s->compute_dtype, sizeof s->compute_dtype, "%s", cd ? json_string_value(cd) : "fp32");
   if (bad) {
     cli_errf(err, errlen, "%s: field '%s' is missing or invalid", path, bad);
     goto done;

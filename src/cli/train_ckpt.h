@@ -43,6 +43,7 @@ typedef struct tc_state {
   int64_t data_position; /* the next global sequence: step * global_batch */
   double lr, beta1, beta2, eps, weight_decay, clip;
   char mode[16];         /* "invariant", "ordinary" */
+  char compute_dtype[8]; /* "fp32", "bf16" (absent in older checkpoints: "fp32") */
 } tc_state;
 
 /* One tensor to write (F32). */

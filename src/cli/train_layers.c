@@ -16,6 +16,8 @@
  * Backward in the reverse order; the residual's gradient is added after
  * the branch's: dx = fl(dh + dbranch).
  */
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "train_model_internal.h"
@@ -27,25 +29,104 @@ static void add_bias(float *y, const float *b, int64_t T, int64_t n) {
 
 #define W(idx) (c->m->p[(idx)].data)
 
-/* C[T,n] = A[T,k] · W[n,k]ᵀ (accumulate: C +=) */
-int tr_gemm_nt(tr_ctx *c, const float *a, int64_t T, int64_t k, const float *wt, int64_t n,
-               float *out, const char *what) {
-  tr_view va, vb, vc;
-  bx_gemm_opts go = BX_GEMM_OPTS_DEFAULT;
-  go.num_threads = c->threads;
-  return tr_ck(c, bx_gemm(tr_f32(&va, a, 2, T, k, 0), tr_f32(&vb, wt, 2, n, k, 0), BX_GEMM_NT,
-                          tr_f32(&vc, out, 2, T, n, 0), &go), what);
+/* ---- bf16 compute (--compute-dtype bf16) -------------------------------------
+ * fp32 -> bf16 keeps the top 16 bits of the fp32 word after rounding the
+ * dropped 16 to nearest, ties to even: u + 0x7fff + ((u >> 16) & 1), then
+ * >> 16 (an exact integer rule; a carry into the exponent gives the next
+ * binade or Inf, as IEEE rounding does). NaN stays NaN (quiet bit set).
+ * bf16 -> fp32 is exact (the 16 bits shifted up). */
+uint16_t tr_bf16_round(float x) {
+  uint32_t u;
+  memcpy(&u, &x, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
 }
 
-/* dX[T,k] (+)= dY[T,n] · W[n,k] */
-int tr_gemm_nn(tr_ctx *c, const float *dy, int64_t T, int64_t n, const float *wt, int64_t k,
-               float *dx, int accumulate, const char *what) {
+float tr_bf16_widen(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float x;
+  memcpy(&x, &u, 4);
+  return x;
+}
+
+void tr_bf16_convert(const float *x, uint16_t *y, int64_t n) {
+  for (int64_t i = 0; i < n; i++) y[i] = tr_bf16_round(x[i]);
+}
+
+static int is_router(const tr_model *m, int64_t idx) {
+  for (int64_t l = 0; l < m->c.num_hidden_layers; l++)
+    if (m->lx[l].moe && m->lx[l].router_w == idx) return 1;
+  return 0;
+}
+
+int tr_bf16_weights(tr_model *m) {
+  for (size_t i = 0; i < m->nparams; i++) {
+    tr_param *p = &m->p[i];
+    if (p->ndim != 2 || (int64_t)i == m->embed || is_router(m, (int64_t)i)) continue;
+    if (!p->bf && !(p->bf = malloc((size_t)p->numel * sizeof *p->bf))) return -1;
+    tr_bf16_convert(p->data, p->bf, p->numel);
+  }
+  return 0;
+}
+
+uint16_t *tr_bf16_ws(tr_model *m, int slot, int64_t n) {
+  if (n > m->cvtcap[slot]) {
+    uint16_t *q = realloc(m->cvt[slot], (size_t)(n > 0 ? n : 1) * sizeof *q);
+    if (!q) return NULL;
+    m->cvt[slot] = q;
+    m->cvtcap[slot] = n;
+  }
+  return m->cvt[slot];
+}
+
+int tr_bf16_on(const tr_ctx *c, int64_t idx) {
+  return c->bf16 && idx >= 0 && c->m->p[idx].bf != NULL;
+}
+
+int tr_gemm_op(tr_ctx *c, int bf, bx_gemm_layout layout, const float *a, int64_t ar, int64_t ac,
+               const float *b, const uint16_t *bbf, int64_t br, int64_t bc, float *out,
+               int64_t orow, int64_t ocol, int accumulate, const char *what) {
   tr_view va, vb, vc;
   bx_gemm_opts go = BX_GEMM_OPTS_DEFAULT;
   go.num_threads = c->threads;
   go.accumulate = accumulate;
-  return tr_ck(c, bx_gemm(tr_f32(&va, dy, 2, T, n, 0), tr_f32(&vb, wt, 2, n, k, 0), BX_GEMM_NN,
-                          tr_f32(&vc, dx, 2, T, k, 0), &go), what);
+  const DLTensor *ta, *tb;
+  if (bf) {
+    uint16_t *wa = tr_bf16_ws(c->m, 0, ar * ac);
+    uint16_t *wb = bf == 2 ? tr_bf16_ws(c->m, 1, br * bc) : NULL;
+    if (!wa || (bf == 2 && !wb)) {
+      snprintf(c->err, c->errlen, "%s: out of memory (bf16 operand)", what);
+      return -1;
+    }
+    tr_bf16_convert(a, wa, ar * ac);
+    ta = tr_bf16(&va, wa, 2, ar, ac);
+    if (bf == 2) {
+      tr_bf16_convert(b, wb, br * bc);
+      bbf = wb;
+    }
+    tb = tr_bf16(&vb, bbf, 2, br, bc);
+  } else {
+    ta = tr_f32(&va, a, 2, ar, ac, 0);
+    tb = tr_f32(&vb, b, 2, br, bc, 0);
+  }
+  return tr_ck(c, bx_gemm(ta, tb, layout, tr_f32(&vc, out, 2, orow, ocol, 0), &go), what);
+}
+
+/* C[T,n] = A[T,k] · W[n,k]ᵀ (accumulate: C +=) */
+int tr_gemm_nt(tr_ctx *c, const float *a, int64_t T, int64_t k, int64_t w, int64_t n,
+               float *out, const char *what) {
+  const tr_param *p = &c->m->p[w];
+  return tr_gemm_op(c, tr_bf16_on(c, w), BX_GEMM_NT, a, T, k, p->data, p->bf, n, k, out, T, n, 0,
+                    what);
+}
+
+/* dX[T,k] (+)= dY[T,n] · W[n,k] */
+int tr_gemm_nn(tr_ctx *c, const float *dy, int64_t T, int64_t n, int64_t w, int64_t k,
+               float *dx, int accumulate, const char *what) {
+  const tr_param *p = &c->m->p[w];
+  return tr_gemm_op(c, tr_bf16_on(c, w), BX_GEMM_NN, dy, T, n, p->data, p->bf, n, k, dx, T, k,
+                    accumulate, what);
 }
 
 static int norm_fwd(tr_ctx *c, const float *x, int64_t rows, int64_t h, const float *wt, float *y,
@@ -97,9 +178,9 @@ int tr_attention_forward(tr_ctx *c, int64_t layer) {
   int qkn = m->c.use_qk_norm;
   float *qd = qkn ? a->q_raw : a->q, *kd = qkn ? a->k_raw : a->k;
   if (norm_fwd(c, a->x_in, T, H, W(x->in_norm), a->xn1, a->rstd1, "input_layernorm")) return -1;
-  if (tr_gemm_nt(c, a->xn1, T, H, W(x->q_w), Q, qd, "q_proj") ||
-      tr_gemm_nt(c, a->xn1, T, H, W(x->k_w), KV, kd, "k_proj") ||
-      tr_gemm_nt(c, a->xn1, T, H, W(x->v_w), KV, a->v, "v_proj"))
+  if (tr_gemm_nt(c, a->xn1, T, H, x->q_w, Q, qd, "q_proj") ||
+      tr_gemm_nt(c, a->xn1, T, H, x->k_w, KV, kd, "k_proj") ||
+      tr_gemm_nt(c, a->xn1, T, H, x->v_w, KV, a->v, "v_proj"))
     return -1;
   if (x->q_b >= 0) {
     add_bias(qd, W(x->q_b), T, Q);
@@ -118,7 +199,7 @@ int tr_attention_forward(tr_ctx *c, int64_t layer) {
                                       tr_f32(&vo, a->o, 2, T, Q, 0),
                                       tr_f32(&vs, a->stats, 3, T, Hq, 2), &ao);
   if (tr_ck(c, st, "attention")) return -1;
-  if (tr_gemm_nt(c, a->o, T, Q, W(x->o_w), H, a->h1, "o_proj")) return -1;
+  if (tr_gemm_nt(c, a->o, T, Q, x->o_w, H, a->h1, "o_proj")) return -1;
   for (int64_t i = 0; i < T * H; i++) a->h1[i] = a->x_in[i] + a->h1[i];
   return norm_fwd(c, a->h1, T, H, W(x->post_norm), a->xn2, a->rstd2, "post_attention_layernorm");
 }
@@ -132,7 +213,7 @@ int tr_attention_backward(tr_ctx *c, int64_t layer) {
   tr_scratch *s = &c->w->s;
   int64_t T = c->w->T, H = m->c.hidden_size, Q = m->qdim, KV = m->kvdim, D = m->c.head_dim;
   int64_t Hq = m->c.num_attention_heads, Hkv = m->c.num_key_value_heads, C = c->w->C;
-  if (tr_gemm_nn(c, s->dx, T, H, W(x->o_w), Q, s->dattn, 0, "o_proj backward")) return -1;
+  if (tr_gemm_nn(c, s->dx, T, H, x->o_w, Q, s->dattn, 0, "o_proj backward")) return -1;
   if (tr_wg_linear(c, x->o_w, -1, s->dx, H, a->o, Q, "o_proj wgrad")) return -1;
   tr_view v[8];
   bx_attention_opts ao = BX_ATTENTION_OPTS_DEFAULT;
@@ -148,9 +229,9 @@ int tr_attention_backward(tr_ctx *c, int64_t layer) {
       (norm_bwd(c, a->q_raw, T * Hq, D, x->q_norm, s->dq, a->rstd_q, C * Hq, s->dq, "q_norm backward") ||
        norm_bwd(c, a->k_raw, T * Hkv, D, x->k_norm, s->dk, a->rstd_k, C * Hkv, s->dk, "k_norm backward")))
     return -1;
-  if (tr_gemm_nn(c, s->dq, T, Q, W(x->q_w), H, s->dtmp, 0, "q_proj backward") ||
-      tr_gemm_nn(c, s->dk, T, KV, W(x->k_w), H, s->dtmp, 1, "k_proj backward") ||
-      tr_gemm_nn(c, s->dv, T, KV, W(x->v_w), H, s->dtmp, 1, "v_proj backward"))
+  if (tr_gemm_nn(c, s->dq, T, Q, x->q_w, H, s->dtmp, 0, "q_proj backward") ||
+      tr_gemm_nn(c, s->dk, T, KV, x->k_w, H, s->dtmp, 1, "k_proj backward") ||
+      tr_gemm_nn(c, s->dv, T, KV, x->v_w, H, s->dtmp, 1, "v_proj backward"))
     return -1;
   if (tr_wg_linear(c, x->q_w, x->q_b, s->dq, Q, a->xn1, H, "q_proj wgrad") ||
       tr_wg_linear(c, x->k_w, x->k_b, s->dk, KV, a->xn1, H, "k_proj wgrad") ||
@@ -182,14 +263,14 @@ int tr_head_forward(tr_ctx *c) {
   tr_work *w = c->w;
   int64_t T = w->T, H = m->c.hidden_size;
   if (norm_fwd(c, w->x_final, w->T, H, W(m->final_norm), w->xf, w->rstdf, "model.norm")) return -1;
-  return tr_gemm_nt(c, w->xf, T, H, W(m->lm_head), m->c.vocab_size, w->logits, "lm_head");
+  return tr_gemm_nt(c, w->xf, T, H, m->lm_head, m->c.vocab_size, w->logits, "lm_head");
 }
 
 int tr_head_backward(tr_ctx *c) {
   const tr_model *m = c->m;
   tr_work *w = c->w;
   int64_t T = w->T, H = m->c.hidden_size, V = m->c.vocab_size;
-  if (tr_gemm_nn(c, w->logits, T, V, W(m->lm_head), H, w->s.dtmp, 0, "lm_head backward")) return -1;
+  if (tr_gemm_nn(c, w->logits, T, V, m->lm_head, H, w->s.dtmp, 0, "lm_head backward")) return -1;
   if (tr_wg_linear(c, m->lm_head, -1, w->logits, V, w->xf, H, "lm_head wgrad")) return -1;
   return norm_bwd(c, w->x_final, w->T, H, m->final_norm, w->s.dtmp, w->rstdf, w->C, w->s.dx,
                   "model.norm backward");
@@ -202,8 +283,8 @@ int tr_dense_mlp_forward(tr_ctx *c, int64_t layer, float *out) {
   const tr_layer_ix *x = &m->lx[layer];
   tr_layer_act *a = &c->w->act[layer];
   int64_t T = c->w->T, H = m->c.hidden_size, I = m->c.intermediate_size;
-  if (tr_gemm_nt(c, a->xn2, T, H, W(x->gate_w), I, a->g, "mlp.gate_proj") ||
-      tr_gemm_nt(c, a->xn2, T, H, W(x->up_w), I, a->u, "mlp.up_proj"))
+  if (tr_gemm_nt(c, a->xn2, T, H, x->gate_w, I, a->g, "mlp.gate_proj") ||
+      tr_gemm_nt(c, a->xn2, T, H, x->up_w, I, a->u, "mlp.up_proj"))
     return -1;
   tr_view vg, vu, vh;
   bx_swiglu_opts so = BX_SWIGLU_OPTS_DEFAULT;
@@ -211,7 +292,7 @@ int tr_dense_mlp_forward(tr_ctx *c, int64_t layer, float *out) {
   if (tr_ck(c, bx_swiglu_forward(tr_f32(&vg, a->g, 2, T, I, 0), tr_f32(&vu, a->u, 2, T, I, 0),
                                  tr_f32(&vh, a->a, 2, T, I, 0), &so), "mlp swiglu"))
     return -1;
-  return tr_gemm_nt(c, a->a, T, I, W(x->down_w), H, out, "mlp.down_proj");
+  return tr_gemm_nt(c, a->a, T, I, x->down_w, H, out, "mlp.down_proj");
 }
 
 int tr_dense_mlp_backward(tr_ctx *c, int64_t layer, const float *dout, float *dxn2) {
@@ -220,7 +301,7 @@ int tr_dense_mlp_backward(tr_ctx *c, int64_t layer, const float *dout, float *dx
   tr_layer_act *a = &c->w->act[layer];
   tr_scratch *s = &c->w->s;
   int64_t T = c->w->T, H = m->c.hidden_size, I = m->c.intermediate_size;
-  if (tr_gemm_nn(c, dout, T, H, W(x->down_w), I, s->da, 0, "mlp.down_proj backward")) return -1;
+  if (tr_gemm_nn(c, dout, T, H, x->down_w, I, s->da, 0, "mlp.down_proj backward")) return -1;
   if (tr_wg_linear(c, x->down_w, -1, dout, H, a->a, I, "mlp.down_proj wgrad")) return -1;
   tr_view v[5];
   bx_swiglu_opts so = BX_SWIGLU_OPTS_DEFAULT;
@@ -229,8 +310,8 @@ int tr_dense_mlp_backward(tr_ctx *c, int64_t layer, const float *dout, float *dx
                                   tr_f32(&v[2], s->da, 2, T, I, 0), tr_f32(&v[3], s->dg, 2, T, I, 0),
                                   tr_f32(&v[4], s->du, 2, T, I, 0), &so), "mlp swiglu backward"))
     return -1;
-  if (tr_gemm_nn(c, s->dg, T, I, W(x->gate_w), H, dxn2, 0, "mlp.gate_proj backward") ||
-      tr_gemm_nn(c, s->du, T, I, W(x->up_w), H, dxn2, 1, "mlp.up_proj backward"))
+  if (tr_gemm_nn(c, s->dg, T, I, x->gate_w, H, dxn2, 0, "mlp.gate_proj backward") ||
+      tr_gemm_nn(c, s->du, T, I, x->up_w, H, dxn2, 1, "mlp.up_proj backward"))
     return -1;
   if (tr_wg_linear(c, x->gate_w, -1, s->dg, I, a->xn2, H, "mlp.gate_proj wgrad") ||
       tr_wg_linear(c, x->up_w, -1, s->du, I, a->xn2, H, "mlp.up_proj wgrad"))

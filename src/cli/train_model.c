@@ -43,6 +43,10 @@ DLTensor *tr_f32(tr_view *v, const float *p, int ndim, int64_t d0, int64_t d1, i
   return tr_view_init(v, p, kDLFloat, 32, ndim, d0, d1, d2);
 }
 
+DLTensor *tr_bf16(tr_view *v, const uint16_t *p, int ndim, int64_t d0, int64_t d1) {
+  return tr_view_init(v, p, kDLBfloat, 16, ndim, d0, d1, 0);
+}
+
 DLTensor *tr_i64(tr_view *v, const int64_t *p, int ndim, int64_t d0, int64_t d1) {
   return tr_view_init(v, p, kDLInt, 64, ndim, d0, d1, 0);
 }
@@ -274,7 +278,10 @@ void tr_model_destroy(tr_model *m) {
     free(m->p[i].grad);
     free(m->p[i].exp_avg);
     free(m->p[i].exp_avg_sq);
+    free(m->p[i].bf);
   }
+  free(m->cvt[0]);
+  free(m->cvt[1]);
   free(m->p);
   free(m->grad_t);
   free(m->lx);

@@ -34,6 +34,7 @@ typedef struct tr_param {
   float *data;          /* fp32 master weight (owned by the model) */
   float *grad;          /* fp32 gradient of the last step (owned) */
   float *exp_avg, *exp_avg_sq; /* AdamW state (owned) */
+  uint16_t *bf;         /* bf16 compute copy of data (--compute-dtype bf16; NULL: fp32) */
 } tr_param;
 
 typedef struct tr_model tr_model;
@@ -44,6 +45,7 @@ typedef struct tr_run_opts {
   int threads;          /* kernels' num_threads */
   bx_tokred_mode mode;
   int64_t seq_len;      /* L */
+  int bf16;             /* 1: the GEMMs take bf16 operands (fp32 accumulation) */
 } tr_run_opts;
 
 /* Builds the model of c with every parameter initialised from (seed,

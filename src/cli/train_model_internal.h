@@ -76,6 +76,8 @@ typedef struct tr_work {
 
 struct tr_model {
   tr_config c;
+  uint16_t *cvt[2];                 /* bf16 operand workspaces (tr_gemm_op) */
+  int64_t cvtcap[2];
   int64_t rotary_dim, qdim, kvdim, shared_inter;
   size_t nparams;                   /* trainable */
   size_t nall;                      /* + the buffers */
@@ -121,6 +123,7 @@ typedef struct tr_ctx {
   bx_tokred *s;                     /* the gradients' state (tensor i = parameter i) */
   char *err;
   size_t errlen;
+  int bf16;                         /* tr_run_opts.bf16 */
 } tr_ctx;
 
 /* 0 on BX_OK; else -1 with "what: status: detail" in c->err. */
@@ -129,6 +132,8 @@ int tr_ck(tr_ctx *c, bx_status st, const char *what);
 /* Weight gradients through the token reduction (pass 0: bound, pass 1: add). */
 int tr_wg_linear(tr_ctx *c, int64_t w_idx, int64_t b_idx, const float *dy, int64_t n,
                  const float *x, int64_t k, const char *what);
+/* The a-priori bound exponent of a TN partial (bf: of bf16-rounded operands). */
+int tr_wg_bound_exp(int bf, int64_t rows, const float *dy, int64_t n, const float *x, int64_t k);
 int tr_wg_partials(tr_ctx *c, int64_t idx, const float *partials, const char *what);
 int tr_wg_expert(tr_ctx *c, int64_t idx, const float *dy, int64_t n, const float *x, int64_t k,
                  int64_t r0, int64_t rows, const char *what);
@@ -138,11 +143,36 @@ void tr_add_inplace(float *y, const float *x, int64_t n);
 
 /* ---- layers (train_layers.c, train_moe_block.c) ------------------------------ */
 
-/* C[T,n] = A[T,k] · W[n,k]ᵀ;  dX[T,k] (accumulate: +=) dY[T,n] · W[n,k] */
-int tr_gemm_nt(tr_ctx *c, const float *a, int64_t T, int64_t k, const float *wt, int64_t n,
+/* C[T,n] = A[T,k] · W[n,k]ᵀ;  dX[T,k] (accumulate: +=) dY[T,n] · W[n,k];
+ * w = the weight's parameter index. With c->bf16 and a weight that has a
+ * bf16 copy (every GEMM weight but the router's), both operands are bf16:
+ * the weight's copy (tr_bf16_weights) and the activation rounded into a
+ * workspace; fp32 accumulation and output either way. */
+int tr_gemm_nt(tr_ctx *c, const float *a, int64_t T, int64_t k, int64_t w, int64_t n,
                float *out, const char *what);
-int tr_gemm_nn(tr_ctx *c, const float *dy, int64_t T, int64_t n, const float *wt, int64_t k,
+int tr_gemm_nn(tr_ctx *c, const float *dy, int64_t T, int64_t n, int64_t w, int64_t k,
                float *dx, int accumulate, const char *what);
+/* The one place every GEMM of the model goes through: C (+)= A · op(B)
+ * (layout BX_GEMM_NT / NN / TN), a [ar, ac], b [br, bc], out [orow, ocol].
+ * bf: 0 fp32 operands; 1 a rounded to bf16 in a workspace, b's bf16 given
+ * in bbf (NT/NN: the weight copy); 2 both a and b rounded (TN). */
+int tr_gemm_op(tr_ctx *c, int bf, bx_gemm_layout layout, const float *a, int64_t ar, int64_t ac,
+               const float *b, const uint16_t *bbf, int64_t br, int64_t bc, float *out,
+               int64_t orow, int64_t ocol, int accumulate, const char *what);
+/* fp32 -> bf16, round to nearest even (NaN kept quiet NaN) */
+uint16_t tr_bf16_round(float x);
+float tr_bf16_widen(uint16_t h);
+/* Rounds n floats into bf16. */
+void tr_bf16_convert(const float *x, uint16_t *y, int64_t n);
+/* The bf16 copies of the GEMM weights from the fp32 masters (once per
+ * step, before its first GEMM): every 2-D parameter but the embedding and
+ * the routers. 0 / -1 (out of memory). */
+int tr_bf16_weights(tr_model *m);
+/* A bf16 workspace of n elements (slot 0 or 1), NULL: out of memory. */
+uint16_t *tr_bf16_ws(tr_model *m, int slot, int64_t n);
+DLTensor *tr_bf16(tr_view *v, const uint16_t *p, int ndim, int64_t d0, int64_t d1);
+/* Whether parameter idx's GEMMs run in bf16 in this context. */
+int tr_bf16_on(const tr_ctx *c, int64_t idx);
 
 int tr_head_forward(tr_ctx *c);       /* final norm, LM head: logits */
 int tr_head_backward(tr_ctx *c);      /* logits = dlogits in; s.dx = d x_final out */

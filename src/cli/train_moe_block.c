@@ -60,7 +60,7 @@ int tr_moe_forward(tr_ctx *c, int64_t layer, float *out) {
   int64_t T = c->w->T, H = m->c.hidden_size, E = m->c.n_routed_experts;
   int64_t K = m->c.num_experts_per_tok, R = T * K, I = m->c.moe_intermediate_size, SI = m->shared_inter;
   tr_view v[8];
-  if (tr_gemm_nt(c, a->xn2, T, H, W(x->router_w), E, a->logits, "mlp.gate (router)")) return -1;
+  if (tr_gemm_nt(c, a->xn2, T, H, x->router_w, E, a->logits, "mlp.gate (router)")) return -1;
   bx_moe_router_opts ro = router_opts(c);
   bx_moe_dispatch_opts dop = BX_MOE_DISPATCH_OPTS_DEFAULT;
   dop.num_threads = c->threads;
@@ -80,16 +80,16 @@ int tr_moe_forward(tr_ctx *c, int64_t layer, float *out) {
   for (int64_t e = 0; e < (ep ? 0 : E); e++) {
     int64_t r0 = a->offsets[e], n = a->offsets[e + 1] - r0, p0 = x->expert0 + 3 * e;
     if (n == 0) continue;
-    if (tr_gemm_nt(c, a->xp + r0 * H, n, H, W(p0), I, a->gp + r0 * I, "expert gate_proj") ||
-        tr_gemm_nt(c, a->xp + r0 * H, n, H, W(p0 + 1), I, a->upp + r0 * I, "expert up_proj") ||
+    if (tr_gemm_nt(c, a->xp + r0 * H, n, H, p0, I, a->gp + r0 * I, "expert gate_proj") ||
+        tr_gemm_nt(c, a->xp + r0 * H, n, H, p0 + 1, I, a->upp + r0 * I, "expert up_proj") ||
         tr_swiglu_fwd(c, a->gp + r0 * I, a->upp + r0 * I, a->hp + r0 * I, n, I, "expert swiglu") ||
-        tr_gemm_nt(c, a->hp + r0 * I, n, I, W(p0 + 2), H, a->yp + r0 * H, "expert down_proj"))
+        tr_gemm_nt(c, a->hp + r0 * I, n, I, p0 + 2, H, a->yp + r0 * H, "expert down_proj"))
       return -1;
   }
-  if (tr_gemm_nt(c, a->xn2, T, H, W(x->sh_gate), SI, a->sg, "shared gate_proj") ||
-      tr_gemm_nt(c, a->xn2, T, H, W(x->sh_up), SI, a->su, "shared up_proj") ||
+  if (tr_gemm_nt(c, a->xn2, T, H, x->sh_gate, SI, a->sg, "shared gate_proj") ||
+      tr_gemm_nt(c, a->xn2, T, H, x->sh_up, SI, a->su, "shared up_proj") ||
       tr_swiglu_fwd(c, a->sg, a->su, a->sa, T, SI, "shared swiglu") ||
-      tr_gemm_nt(c, a->sa, T, SI, W(x->sh_down), H, a->so, "shared down_proj"))
+      tr_gemm_nt(c, a->sa, T, SI, x->sh_down, H, a->so, "shared down_proj"))
     return -1;
   return tr_ck(c, bx_moe_unpermute(tr_f32(&v[0], a->yp, 2, R, H, 0), tr_f32(&v[1], a->w, 2, T, K, 0),
                                    tr_i64(&v[2], a->row_map, 2, R, 2), tr_i64(&v[3], a->pos, 2, T, K),
@@ -117,11 +117,11 @@ int tr_moe_backward(tr_ctx *c, int64_t layer, const float *dout, float *dxn2) {
   for (int64_t e = 0; e < (ep ? 0 : E); e++) {
     int64_t r0 = a->offsets[e], n = a->offsets[e + 1] - r0, p0 = x->expert0 + 3 * e;
     if (n == 0) continue;
-    if (tr_gemm_nn(c, s->dyp + r0 * H, n, H, W(p0 + 2), I, s->dhp + r0 * I, 0, "expert down backward") ||
+    if (tr_gemm_nn(c, s->dyp + r0 * H, n, H, p0 + 2, I, s->dhp + r0 * I, 0, "expert down backward") ||
         tr_swiglu_bwd(c, a->gp + r0 * I, a->upp + r0 * I, s->dhp + r0 * I, s->dgp + r0 * I, s->dup + r0 * I,
                    n, I, "expert swiglu backward") ||
-        tr_gemm_nn(c, s->dgp + r0 * I, n, I, W(p0), H, s->dxp + r0 * H, 0, "expert gate backward") ||
-        tr_gemm_nn(c, s->dup + r0 * I, n, I, W(p0 + 1), H, s->dxp + r0 * H, 1, "expert up backward"))
+        tr_gemm_nn(c, s->dgp + r0 * I, n, I, p0, H, s->dxp + r0 * H, 0, "expert gate backward") ||
+        tr_gemm_nn(c, s->dup + r0 * I, n, I, p0 + 1, H, s->dxp + r0 * H, 1, "expert up backward"))
       return -1;
   }
   if (tr_ck(c, bx_moe_permute_backward(tr_f32(&v[0], s->dxp, 2, R, H, 0), tr_i64(&v[1], a->row_map, 2, R, 2),
@@ -133,11 +133,11 @@ int tr_moe_backward(tr_ctx *c, int64_t layer, const float *dout, float *dxn2) {
                                       tr_f32(&v[2], s->dw, 2, T, K, 0), tr_f32(&v[3], s->dlogits_r, 2, T, E, 0),
                                       &ro), "router backward"))
     return -1;
-  if (tr_gemm_nn(c, s->dlogits_r, T, E, W(x->router_w), H, dxn2, 1, "router dX") ||
-      tr_gemm_nn(c, dout, T, H, W(x->sh_down), SI, s->dsa, 0, "shared down backward") ||
+  if (tr_gemm_nn(c, s->dlogits_r, T, E, x->router_w, H, dxn2, 1, "router dX") ||
+      tr_gemm_nn(c, dout, T, H, x->sh_down, SI, s->dsa, 0, "shared down backward") ||
       tr_swiglu_bwd(c, a->sg, a->su, s->dsa, s->dsg, s->dsu, T, SI, "shared swiglu backward") ||
-      tr_gemm_nn(c, s->dsg, T, SI, W(x->sh_gate), H, dxn2, 1, "shared gate backward") ||
-      tr_gemm_nn(c, s->dsu, T, SI, W(x->sh_up), H, dxn2, 1, "shared up backward"))
+      tr_gemm_nn(c, s->dsg, T, SI, x->sh_gate, H, dxn2, 1, "shared gate backward") ||
+      tr_gemm_nn(c, s->dsu, T, SI, x->sh_up, H, dxn2, 1, "shared up backward"))
     return -1;
   /* weight gradients */
   if (tr_wg_linear(c, x->router_w, -1, s->dlogits_r, E, a->xn2, H, "router wgrad") ||

@@ -25,7 +25,6 @@
 
 #include "train_model_internal.h"
 
-#define W(idx) (c->m->p[(idx)].data)
 
 typedef struct tr_ep_layer {
   int64_t n, cap;              /* received rows, capacity */
@@ -201,23 +200,14 @@ int tr_moe_ep_forward(tr_ctx *c, int64_t layer) {
   for (int64_t le = 0; le < nl; le++) {
     int64_t r0 = l->off[le], k = l->off[le + 1] - r0, p0 = x->expert0 + 3 * (first + le);
     if (k == 0) continue;
-    if (tr_gemm_nt(c, l->xr + r0 * H, k, H, W(p0), I, l->gr + r0 * I, "expert gate_proj") ||
-        tr_gemm_nt(c, l->xr + r0 * H, k, H, W(p0 + 1), I, l->ur + r0 * I, "expert up_proj") ||
+    if (tr_gemm_nt(c, l->xr + r0 * H, k, H, p0, I, l->gr + r0 * I, "expert gate_proj") ||
+        tr_gemm_nt(c, l->xr + r0 * H, k, H, p0 + 1, I, l->ur + r0 * I, "expert up_proj") ||
         tr_swiglu_fwd(c, l->gr + r0 * I, l->ur + r0 * I, l->hr + r0 * I, k, I, "expert swiglu") ||
-        tr_gemm_nt(c, l->hr + r0 * I, k, I, W(p0 + 2), H, e->dr + r0 * H, "expert down_proj"))
+        tr_gemm_nt(c, l->hr + r0 * I, k, I, p0 + 2, H, e->dr + r0 * H, "expert down_proj"))
       return -1;
   }
   for (int64_t i = 0; i < n; i++) memcpy(e->sbuf + l->order[i] * H, e->dr + i * H, (size_t)H * 4);
   return exchange(c, e, e->sbuf, l->rc, a->yp, l->sc, H, "expert outputs");
-}
-
-static float max_abs(const float *p, int64_t n) {
-  float m = 0;
-  for (int64_t i = 0; i < n; i++) {
-    float a = p[i] < 0 ? -p[i] : p[i];
-    if (a > m && a <= 3.402823466e38f) m = a;
-  }
-  return m;
 }
 
 /* A held expert's weight [n, k] from dY rows dy[r0 ..) and X rows x[r0 ..)
@@ -245,8 +235,6 @@ static int wg_expert(tr_ctx *c, struct tr_ep_work *e, int64_t idx, const float *
   } else {
     memset(bd, 0, (size_t)(span + 1) * sizeof *bd);
   }
-  bx_gemm_opts go = BX_GEMM_OPTS_DEFAULT;
-  go.num_threads = c->threads;
   for (int64_t i = 0; i < e->E; i++)
     for (int64_t j = 0; j < nch; j++) {
       int64_t b = i * lc + j, ch = cb0 + b, s0 = bd[b], mrows = bd[b + 1] - bd[b];
@@ -255,16 +243,15 @@ static int wg_expert(tr_ctx *c, struct tr_ep_work *e, int64_t idx, const float *
       tr_view vp;
       if (c->pass == 0) {
         if (mrows == 0) continue;
-        int ex = bx_wgrad_bound_exp(mrows, max_abs(pa, mrows * n), max_abs(pb, mrows * k));
+        int ex = tr_wg_bound_exp(tr_bf16_on(c, idx), mrows, pa, n, pb, k);
         st = bx_tokred_bound_exp(c->s, (size_t)idx, ex);
       } else if (mrows == 0) {
         st = bx_tokred_add(c->s, (size_t)idx, ch, tr_f32(&vp, w->s.zeros, 2, p->shape[0], p->shape[1], 0));
       } else {
-        tr_view va, vb2;
-        st = bx_gemm(tr_f32(&va, pa, 2, mrows, n, 0), tr_f32(&vb2, pb, 2, mrows, k, 0), BX_GEMM_TN,
-                     tr_f32(&vp, w->s.ep, 2, n, k, 0), &go);
-        if (st == BX_OK)
-          st = bx_tokred_add(c->s, (size_t)idx, ch, tr_f32(&vp, w->s.ep, 2, p->shape[0], p->shape[1], 0));
+        if (tr_gemm_op(c, tr_bf16_on(c, idx) ? 2 : 0, BX_GEMM_TN, pa, mrows, n, pb, NULL, mrows, k,
+                       w->s.ep, n, k, 0, what))
+          return -1;
+        st = bx_tokred_add(c->s, (size_t)idx, ch, tr_f32(&vp, w->s.ep, 2, p->shape[0], p->shape[1], 0));
       }
       if (tr_ck(c, st, what)) return -1;
     }
@@ -285,11 +272,11 @@ int tr_moe_ep_backward(tr_ctx *c, int64_t layer) {
   for (int64_t le = 0; le < nl; le++) {
     int64_t r0 = l->off[le], k = l->off[le + 1] - r0, p0 = x->expert0 + 3 * (first + le);
     if (k == 0) continue;
-    if (tr_gemm_nn(c, e->dyr + r0 * H, k, H, W(p0 + 2), I, e->dhr + r0 * I, 0, "expert down backward") ||
+    if (tr_gemm_nn(c, e->dyr + r0 * H, k, H, p0 + 2, I, e->dhr + r0 * I, 0, "expert down backward") ||
         tr_swiglu_bwd(c, l->gr + r0 * I, l->ur + r0 * I, e->dhr + r0 * I, e->dgr + r0 * I, e->dur + r0 * I, k,
                       I, "expert swiglu backward") ||
-        tr_gemm_nn(c, e->dgr + r0 * I, k, I, W(p0), H, e->dr + r0 * H, 0, "expert gate backward") ||
-        tr_gemm_nn(c, e->dur + r0 * I, k, I, W(p0 + 1), H, e->dr + r0 * H, 1, "expert up backward"))
+        tr_gemm_nn(c, e->dgr + r0 * I, k, I, p0, H, e->dr + r0 * H, 0, "expert gate backward") ||
+        tr_gemm_nn(c, e->dur + r0 * I, k, I, p0 + 1, H, e->dr + r0 * H, 1, "expert up backward"))
       return -1;
   }
   for (int64_t i = 0; i < n; i++) memcpy(e->sbuf + l->order[i] * H, e->dr + i * H, (size_t)H * 4);

@@ -15,6 +15,8 @@
  *   loss_hash         "xxh3:" + 16 hex digits: XXH3-64 (seed 0) of the B*L
  *                     per-token losses as fp32 little-endian bytes, in
  *                     global token order (sequence s*B+b, position t)
+ *   compute_dtype     "fp32" or "bf16": the GEMMs' operand dtype
+ *                     (--compute-dtype; fp32 accumulation either way)
  *   entropy_rate      (synthetic corpus only) the source's entropy rate in
  *                     nats: the loss a perfect model reaches
  */
@@ -31,6 +33,7 @@ typedef struct trec_step {
   int64_t tokens;
   uint64_t loss_hash;
   double entropy_rate; /* NaN: not written */
+  const char *compute_dtype; /* "fp32" / "bf16" */
 } trec_step;
 
 /* XXH3-64 of n fp32 values as little-endian bytes. */

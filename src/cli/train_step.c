@@ -123,7 +123,12 @@ int tr_model_grad(tr_model *m, const tr_run_opts *o, const int32_t *tokens, int6
     }
     tr_model_set_work(m, nw);
   }
-  tr_ctx c = {m, m->work, o->threads, o->mode, L, 0, 0, global_seqs * L, local_seqs * L, 0, NULL, err, errlen};
+  tr_ctx c = {m, m->work, o->threads, o->mode, L, 0, 0, global_seqs * L, local_seqs * L, 0, NULL, err, errlen,
+              o->bf16};
+  if (o->bf16 && tr_bf16_weights(m)) {
+    snprintf(err, errlen, "tr_model_grad: out of memory (bf16 weight copies)");
+    return -1;
+  }
   if (m->ep) m->ep->a2a_bytes = m->ep->ar_world_words = m->ep->ar_replica_words = 0;
   tr_work *w = c.w;
   bx_tokred *sl = NULL;

@@ -13,10 +13,16 @@
  * every layout.
  */
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "train_model_internal.h"
 
+/* With bf16 compute (tr_bf16_on) the weight's TN partials take dY and X
+ * rounded to bf16 (the same rounding as the forward's operands), while the
+ * bias partial (a plain sum, not a GEMM) keeps fp32 dY: two calls, one per
+ * tensor of the state. The a-priori bound reads the bf16 operands it
+ * bounds. */
 int tr_wg_linear(tr_ctx *c, int64_t w_idx, int64_t b_idx, const float *dy, int64_t n,
                  const float *x, int64_t k, const char *what) {
   tr_view vd, vx;
@@ -24,8 +30,25 @@ int tr_wg_linear(tr_ctx *c, int64_t w_idx, int64_t b_idx, const float *dy, int64
   wo.num_threads = c->threads;
   size_t wi = w_idx >= 0 ? (size_t)w_idx : BX_WGRAD_NONE;
   size_t bi = b_idx >= 0 ? (size_t)b_idx : BX_WGRAD_NONE;
-  const DLTensor *td = tr_f32(&vd, dy, 2, c->w->T, n, 0);
-  const DLTensor *tx = x ? tr_f32(&vx, x, 2, c->w->T, k, 0) : NULL;
+  int64_t T = c->w->T;
+  if (wi != BX_WGRAD_NONE && x && tr_bf16_on(c, w_idx)) {
+    uint16_t *bd = tr_bf16_ws(c->m, 0, T * n), *bx = tr_bf16_ws(c->m, 1, T * k);
+    if (!bd || !bx) {
+      snprintf(c->err, c->errlen, "%s: out of memory (bf16 operand)", what);
+      return -1;
+    }
+    tr_bf16_convert(dy, bd, T * n);
+    tr_bf16_convert(x, bx, T * k);
+    const DLTensor *td = tr_bf16(&vd, bd, 2, T, n), *tx = tr_bf16(&vx, bx, 2, T, k);
+    bx_status st = c->pass == 0 ? bx_linear_wgrad_bound(c->s, wi, BX_WGRAD_NONE, td, tx, c->tok0, &wo)
+                                : bx_linear_wgrad(c->s, wi, BX_WGRAD_NONE, td, tx, c->tok0, &wo);
+    if (tr_ck(c, st, what)) return -1;
+    if (bi == BX_WGRAD_NONE) return 0;
+    wi = BX_WGRAD_NONE;
+    x = NULL;
+  }
+  const DLTensor *td = tr_f32(&vd, dy, 2, T, n, 0);
+  const DLTensor *tx = x ? tr_f32(&vx, x, 2, T, k, 0) : NULL;
   bx_status st = c->pass == 0 ? bx_linear_wgrad_bound(c->s, wi, bi, td, tx, c->tok0, &wo)
                               : bx_linear_wgrad(c->s, wi, bi, td, tx, c->tok0, &wo);
   return tr_ck(c, st, what);
@@ -43,6 +66,21 @@ int tr_wg_partials(tr_ctx *c, int64_t idx, const float *partials, const char *wh
     if (tr_ck(c, st, what)) return -1;
   }
   return 0;
+}
+
+static float max_abs(const float *p, int64_t n);
+
+/* The a-priori exponent bound of a TN partial over rows of dY [rows, n]
+ * and X [rows, k]; with bf (bf16 operands) the bound of the rounded
+ * operands: rounding is monotone and odd, so max |bf16(v)| =
+ * bf16(max |v|). */
+int tr_wg_bound_exp(int bf, int64_t rows, const float *dy, int64_t n, const float *x, int64_t k) {
+  float ma = max_abs(dy, rows * n), mb = max_abs(x, rows * k);
+  if (bf) {
+    ma = tr_bf16_widen(tr_bf16_round(ma));
+    mb = tr_bf16_widen(tr_bf16_round(mb));
+  }
+  return bx_wgrad_bound_exp(rows, ma, mb);
 }
 
 static float max_abs(const float *p, int64_t n) {
@@ -74,8 +112,6 @@ int tr_wg_expert(tr_ctx *c, int64_t idx, const float *dy, int64_t n, const float
   } else {
     for (int64_t j = 0; j <= nch; j++) bd[j] = 0;
   }
-  bx_gemm_opts go = BX_GEMM_OPTS_DEFAULT;
-  go.num_threads = c->threads;
   for (int64_t ch = 0; ch < nch; ch++) {
     int64_t a = bd[ch], mrows = bd[ch + 1] - bd[ch];
     const float *pa = dy + (r0 + a) * n, *pb = x + (r0 + a) * k;
@@ -83,18 +119,17 @@ int tr_wg_expert(tr_ctx *c, int64_t idx, const float *dy, int64_t n, const float
     tr_view vp;
     if (c->pass == 0) {
       if (mrows == 0) continue; /* a zero partial: bound -149, nothing to raise */
-      int ex = bx_wgrad_bound_exp(mrows, max_abs(pa, mrows * n), max_abs(pb, mrows * k));
+      int ex = tr_wg_bound_exp(tr_bf16_on(c, idx), mrows, pa, n, pb, k);
       st = bx_tokred_bound_exp(c->s, (size_t)idx, ex);
     } else if (mrows == 0) {
       st = bx_tokred_add(c->s, (size_t)idx, c->chunk0 + ch,
                          tr_f32(&vp, w->s.zeros, 2, p->shape[0], p->shape[1], 0));
     } else {
-      tr_view va, vb2;
-      st = bx_gemm(tr_f32(&va, pa, 2, mrows, n, 0), tr_f32(&vb2, pb, 2, mrows, k, 0), BX_GEMM_TN,
-                   tr_f32(&vp, w->s.ep, 2, n, k, 0), &go);
-      if (st == BX_OK)
-        st = bx_tokred_add(c->s, (size_t)idx, c->chunk0 + ch,
-                           tr_f32(&vp, w->s.ep, 2, p->shape[0], p->shape[1], 0));
+      if (tr_gemm_op(c, tr_bf16_on(c, idx) ? 2 : 0, BX_GEMM_TN, pa, mrows, n, pb, NULL, mrows, k,
+                     w->s.ep, n, k, 0, what))
+        return -1;
+      st = bx_tokred_add(c->s, (size_t)idx, c->chunk0 + ch,
+                         tr_f32(&vp, w->s.ep, 2, p->shape[0], p->shape[1], 0));
     }
     if (tr_ck(c, st, what)) return -1;
   }
