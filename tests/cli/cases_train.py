@@ -602,3 +602,66 @@ def train_run_expert_parallel_bad():
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120)
     err = p.stderr.decode()
     assert p.returncode != 0 and "--ep differs between the ranks (1 .. 2)" in err, err
+
+
+# ------------------------------------------------------------- --compute-dtype bf16
+
+
+@test
+def train_run_bf16_layouts_identical():
+    """--compute-dtype bf16: bf16 GEMM operands, fp32 accumulation. The
+    records and checkpoints are the same bits over threads x micro-batches;
+    they differ from fp32's, the step-0 loss within 2% of it; the dtype is
+    in every record line and in trainer_state.json."""
+    base = ck0 = None
+    for k, args in enumerate((("--threads", "1"), ("--threads", "2"), ("--micro-batches", "2"),
+                              ("--threads", "2", "--micro-batches", "2"))):
+        f, ck = tpath("bf16_%d.jsonl" % k), tpath("bf16_ck%d" % k)
+        train_run("--steps", "2", "--compute-dtype", "bf16", "--record", f, "--save", ck, *args)
+        rows = records(f)
+        assert all(r["compute_dtype"] == "bf16" for r in rows), rows
+        if base is None:
+            base, ck0 = rows, ck
+        assert rows == base, (args, rows, base)
+        for name in ("model.safetensors", "optimizer.safetensors", "trainer_state.json"):
+            same_files(os.path.join(ck0, name), os.path.join(ck, name))
+    with open(os.path.join(ck0, "trainer_state.json")) as fh:
+        assert json.load(fh)["compute_dtype"] == "bf16"
+    f32 = tpath("bf16_fp32.jsonl")
+    train_run("--steps", "2", "--record", f32)
+    ref = records(f32)
+    assert all(r["compute_dtype"] == "fp32" for r in ref), ref
+    assert ref[0]["loss_hash"] != base[0]["loss_hash"], "bf16 gave fp32's bits"
+    l32, l16 = float.fromhex(ref[0]["loss"]), float.fromhex(base[0]["loss"])
+    assert abs(l16 - l32) <= 0.02 * abs(l32), (l16, l32)
+
+
+@test
+def train_run_bf16_under_mpi_identical():
+    """bf16 under mpirun -np 2 with --ep 1 and --ep 2: one process's bits."""
+    args = ("--seq-len", "16", "--global-batch", "8", "--steps", "2", "--compute-dtype", "bf16")
+    one, ck1 = tpath("bf16_mpi_one.jsonl"), tpath("bf16_mpi_ck1")
+    rc, out, err = run("train", *args, "--record", one, "--save", ck1)
+    assert rc == 0, err
+    for E, mb in ((1, 1), (2, 2)):
+        f, ck = tpath("bf16_mpi_%d.jsonl" % E), tpath("bf16_mpi_ck_%d" % E)
+        p = mpirun_train(2, *args, "--ep", E, "--micro-batches", mb, "--record", f, "--save", ck)
+        assert p.returncode == 0, (E, p.stderr.decode()[-2000:])
+        assert records(one) == records(f), (E, records(one), records(f))
+        same_checkpoints(ck1, ck)
+
+
+@test
+def train_run_bf16_bad_and_resume():
+    for v in ("fp16", "BF16", "", "float32"):
+        expect_train_error(*FAST, "--steps", "1", "--compute-dtype", v, needles=("--compute-dtype",))
+    ck = tpath("bf16_res_ck")
+    train_run("--steps", "1", "--save", ck, "--compute-dtype", "bf16")
+    expect_train_error(*FAST, "--steps", "2", "--resume", ck, needles=("--compute-dtype", "bf16"))
+    expect_train_error(*FAST, "--steps", "2", "--resume", ck, "--compute-dtype", "fp32",
+                       needles=("--compute-dtype",))
+    # the same dtype resumes, bit for bit with the straight run
+    straight, rest = tpath("bf16_straight.jsonl"), tpath("bf16_rest.jsonl")
+    train_run("--steps", "2", "--record", straight, "--compute-dtype", "bf16")
+    train_run("--steps", "2", "--resume", ck, "--record", rest, "--compute-dtype", "bf16")
+    assert records(rest) == records(straight)[1:], (records(rest), records(straight))
