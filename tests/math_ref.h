@@ -23,6 +23,7 @@
 
 #include <mpfr.h>
 
+#include "math_det.h"
 #include "mpfr_ref.h"
 
 enum { MREF_EXP, MREF_LOG, MREF_SIGMOID, MREF_SILU, MREF_RSQRT, MREF_SIN, MREF_COS, MREF_NFUNC };
@@ -31,6 +32,20 @@ static const char *const MREF_NAMES[MREF_NFUNC] = {"exp",   "log", "sigmoid", "s
                                                    "rsqrt", "sin", "cos"};
 
 #define MREF_TRIG_MAX 268435456.0f /* 2^28 */
+
+/* The function under test by number: bitexact's scalar definition
+ * (src/common/math_det.h), which the vector kernels must equal. */
+static inline float mref_det(int f, float x) {
+  switch (f) {
+  case MREF_EXP: return bx_expf_det(x);
+  case MREF_LOG: return bx_logf_det(x);
+  case MREF_SIGMOID: return bx_sigmoidf_det(x);
+  case MREF_SILU: return bx_siluf_det(x);
+  case MREF_RSQRT: return bx_rsqrtf_det(x);
+  case MREF_SIN: return bx_sinf_det(x);
+  default: return bx_cosf_det(x);
+  }
+}
 
 static inline uint32_t mref_bits(float f) {
   uint32_t u;
