@@ -187,6 +187,19 @@ def scenario_dtensor(rank, ws):
             "megatron_inf": meg_norm(dts, float("inf"), selves[rank])}
 
 
+def scenario_errors(rank, ws):
+    """Bad input on the last rank only: every rank raises (no hang), the
+    last rank's message names its tensor."""
+    grads = dense_grads()[:3]
+    if rank == ws - 1:
+        grads[1] = torch.ones(3, dtype=torch.int32)
+    try:
+        bm.get_grad_norm_fp32(grads, 2, dist.group.WORLD)
+    except Exception as e:  # noqa: BLE001 (recorded for the test)
+        return {"type": type(e).__name__, "msg": str(e), "rank": getattr(e, "rank", None)}
+    return {"type": None}
+
+
 def main(rank, ws, outdir):
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
@@ -196,7 +209,8 @@ def main(rank, ws, outdir):
     for name, fn in (("shards", lambda: scenario_shards(rank, ws)),
                      ("ep", lambda: scenario_chained(rank, ws, "ep")),
                      ("tp", lambda: scenario_chained(rank, ws, "tp")),
-                     ("dtensor", lambda: scenario_dtensor(rank, ws))):
+                     ("dtensor", lambda: scenario_dtensor(rank, ws)),
+                     ("errors", lambda: scenario_errors(rank, ws))):
         try:
             res[name] = fn()
         except Exception:

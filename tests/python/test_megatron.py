@@ -400,3 +400,9 @@ def test_two_ranks_dtensor_grads(runs):
             assert o["exact"] == exact_norm(dense), (ws, r)
             assert o["exactinf"] == exact_norm(dense, "float64", INF) == o["megatron_inf"]
             assert _close(o["megatron"], o["exact"])
+
+
+def test_two_ranks_bad_input_raises_everywhere(runs):
+    out = _get(runs[2], "errors")
+    assert out[1]["type"] == "DTypeError" and "grads_for_norm[1]" in out[1]["msg"]
+    assert out[0]["type"] is not None and out[0]["rank"] == 1, out[0]  # the rank at fault
