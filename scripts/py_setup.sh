@@ -29,6 +29,12 @@ SKBUILD_PIN="0.11.5"  # the build backend (pyproject.toml's build-system.require
 # (5.0.0 masked the non-kept groups' experts with 0.0, 5.12.0 and 5.24.0
 # with -inf), so it is pinned exactly.
 TRANSFORMERS_PIN="5.24.0"
+# The framework bitexact.megatron replaces functions of (tests/python/
+# test_megatron.py runs its code on CPU): the newest release on PyPI. Its
+# dependencies (torch >= 2.6, numpy, packaging >= 24.2) are met by the pins
+# above, so installing it replaces neither; it reports its version as
+# megatron.core.__version__.
+MEGATRON_CORE_PIN="0.16.1"
 PINS_ONLY=0
 [ "${1:-}" = "--pins-only" ] && PINS_ONLY=1
 
@@ -51,11 +57,12 @@ have numpy "$NUMPY_PIN" || missing+=("numpy==$NUMPY_PIN")
 have pytest "$PYTEST_PIN" || missing+=("pytest==$PYTEST_PIN")
 have scikit_build_core "$SKBUILD_PIN" || missing+=("scikit-build-core==$SKBUILD_PIN")
 have transformers "$TRANSFORMERS_PIN" || missing+=("transformers==$TRANSFORMERS_PIN")
+have megatron.core "$MEGATRON_CORE_PIN" || missing+=("megatron-core==$MEGATRON_CORE_PIN")
 if [ ${#missing[@]} -gt 0 ]; then
   echo "py_setup.sh: installing ${missing[*]}"
   "$PY" -m pip install "${missing[@]}"
 else
-  echo "py_setup.sh: torch $TORCH_PIN, numpy $NUMPY_PIN, pytest $PYTEST_PIN, scikit-build-core $SKBUILD_PIN, transformers $TRANSFORMERS_PIN present"
+  echo "py_setup.sh: torch $TORCH_PIN, numpy $NUMPY_PIN, pytest $PYTEST_PIN, scikit-build-core $SKBUILD_PIN, transformers $TRANSFORMERS_PIN, megatron-core $MEGATRON_CORE_PIN present"
 fi
 [ "$PINS_ONLY" = 1 ] && exit 0
 
