@@ -20,7 +20,9 @@ place (no copies)::
 
 PyTorch drop-ins (``torch.nn.utils`` signatures, plus process_group= /
 owned= / use_main_grad= / FSDP2 and DTensor shards) live in
-:mod:`bitexact.torch`.
+:mod:`bitexact.torch`; Paddle's ``ClipGradByGlobalNorm`` in
+:mod:`bitexact.paddle`. Paddle tensors with ``stop_gradient=False`` (which
+refuse ``__dlpack__``) are read through their DenseTensor's DLPack export.
 
 Errors are subclasses of :class:`bitexact.Error` (a RuntimeError) that are
 also the builtin a Python user expects: :class:`InvalidArgumentError`,

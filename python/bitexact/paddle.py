@@ -87,8 +87,8 @@ __all__ = ["ClipGradByGlobalNorm"]
 
 _paddle_fast_export()
 
-# Views.dtypes bits
-_F16, _BF16, _F32, _F64 = 1, 2, 4, 8
+# Views.dtypes: the bit of float64
+_F64 = 8
 _FORMULAS = ("paddle", "exact")
 # bx_norm_dtype codes (Views.norm) and the numpy types of their bits
 _ND_F64, _ND_F32 = 0, 2
