@@ -35,6 +35,12 @@ TRANSFORMERS_PIN="5.24.0"
 # above, so installing it replaces neither; it reports its version as
 # megatron.core.__version__.
 MEGATRON_CORE_PIN="0.16.1"
+# bitexact.paddle's tests (tests/python/test_paddle.py): the CPU build from
+# PyPI, the newest release for Python 3.11 (a ~195 MB wheel, ~720 MB
+# installed; it adds protobuf, Pillow, httpx, opt_einsum and keeps the
+# numpy and torch pins). It imports and runs next to torch in one process,
+# in either import order.
+PADDLE_PIN="3.3.1"
 PINS_ONLY=0
 [ "${1:-}" = "--pins-only" ] && PINS_ONLY=1
 
@@ -58,11 +64,12 @@ have pytest "$PYTEST_PIN" || missing+=("pytest==$PYTEST_PIN")
 have scikit_build_core "$SKBUILD_PIN" || missing+=("scikit-build-core==$SKBUILD_PIN")
 have transformers "$TRANSFORMERS_PIN" || missing+=("transformers==$TRANSFORMERS_PIN")
 have megatron.core "$MEGATRON_CORE_PIN" || missing+=("megatron-core==$MEGATRON_CORE_PIN")
+have paddle "$PADDLE_PIN" || missing+=("paddlepaddle==$PADDLE_PIN")
 if [ ${#missing[@]} -gt 0 ]; then
   echo "py_setup.sh: installing ${missing[*]}"
   "$PY" -m pip install "${missing[@]}"
 else
-  echo "py_setup.sh: torch $TORCH_PIN, numpy $NUMPY_PIN, pytest $PYTEST_PIN, scikit-build-core $SKBUILD_PIN, transformers $TRANSFORMERS_PIN, megatron-core $MEGATRON_CORE_PIN present"
+  echo "py_setup.sh: torch $TORCH_PIN, numpy $NUMPY_PIN, pytest $PYTEST_PIN, scikit-build-core $SKBUILD_PIN, transformers $TRANSFORMERS_PIN, megatron-core $MEGATRON_CORE_PIN, paddlepaddle $PADDLE_PIN present"
 fi
 [ "$PINS_ONLY" = 1 ] && exit 0
 

@@ -20,7 +20,9 @@ place (no copies)::
 
 PyTorch drop-ins (``torch.nn.utils`` signatures, plus process_group= /
 owned= / use_main_grad= / FSDP2 and DTensor shards) live in
-:mod:`bitexact.torch`.
+:mod:`bitexact.torch`; Paddle's ``ClipGradByGlobalNorm`` in
+:mod:`bitexact.paddle`. Paddle tensors with ``stop_gradient=False`` (which
+refuse ``__dlpack__``) are read through their DenseTensor's DLPack export.
 
 Errors are subclasses of :class:`bitexact.Error` (a RuntimeError) that are
 also the builtin a Python user expects: :class:`InvalidArgumentError`,
@@ -189,6 +191,31 @@ def _torch_fast_export():
         _core.register_exporter(torch.nn.Parameter, fn)
 
 
+_paddle_fast = False
+
+
+def _paddle_export(t):
+    return t.get_tensor()._to_dlpack_versioned()
+
+
+def _paddle_fast_export():
+    """Once paddle is imported: export Paddle tensors through their
+    DenseTensor's DLPack export (the same memory, no copy). Tensor.__dlpack__
+    refuses tensors with stop_gradient=False, which every parameter and
+    gradient is; the DenseTensor's export does not ask."""
+    global _paddle_fast
+    paddle = _sys.modules["paddle"]
+    tensor = getattr(paddle, "Tensor", None)
+    param = getattr(getattr(getattr(paddle, "base", None), "framework", None), "EagerParamBase",
+                    None)
+    if tensor is None or not hasattr(tensor, "get_tensor"):
+        return  # paddle is still being imported
+    _paddle_fast = True
+    _core.register_exporter(tensor, _paddle_export)
+    if isinstance(param, type):
+        _core.register_exporter(param, _paddle_export)
+
+
 def _join_legacy_stream(views):
     """Before a blocking call on CUDA tensors (run on the legacy default
     stream): make that stream wait for torch's current stream, as
@@ -210,6 +237,8 @@ def _join_legacy_stream(views):
 def _as_list(tensors):
     if not _torch_fast and "torch" in _sys.modules:
         _torch_fast_export()
+    if not _paddle_fast and "paddle" in _sys.modules:
+        _paddle_fast_export()
     if hasattr(tensors, "__dlpack__") or type(tensors).__name__ == "PyCapsule":
         return [tensors]
     return list(tensors)
