@@ -527,35 +527,30 @@ def _scale_locals(tensors, coef, num_threads, mode, label):
 
 
 def _scale_dense(tensors, coef, num_threads, mode, name):
+    """tensors *= coef by the library (raises _HasSpecial, before any write,
+    when some are sparse or complex); name(i): the caller's name of tensors[i]."""
     if not tensors:
         return
-    if tensors[0].device.type == "cuda":
-        try:
-            with _core.Views([tensors]) as views:
-                if views.dtypes & _OTHER and any(map(_is_special, tensors)):
-                    raise _HasSpecial
-                kind, dev = views.device
-                if kind != "cuda" or not _core.HAVE_CUDA:
-                    views.check_device()
-                _cuda_scale(views, coef, mode, None, torch.device("cuda", dev))
-        except Error as e:
-            if any(map(_is_special, tensors)):
-                raise _HasSpecial from None
-            raise _rename(e, lambda g, i: name(i), None, lambda k: (0, k))
-        _bump_versions(tensors)
-        return
-    c = float(coef)
-    if c != c:
-        with torch.no_grad():
-            torch._foreach_mul_(tensors, coef.to(tensors[0].device))
-        return
-    if c == 1.0:
-        return
+    cuda = tensors[0].device.type == "cuda"
+    if not cuda:
+        c = float(coef)
+        if c != c:  # NaN: torch's own multiply (NaN everywhere)
+            with torch.no_grad():
+                torch._foreach_mul_(tensors, coef.to(tensors[0].device))
+            return
+        if c == 1.0:
+            return
     try:
         with _core.Views([tensors]) as views:
             if views.dtypes & _OTHER and any(map(_is_special, tensors)):
                 raise _HasSpecial
-            views.scale(c, mode, int(num_threads))
+            if cuda:
+                kind, dev = views.device
+                if kind != "cuda" or not _core.HAVE_CUDA:
+                    views.check_device()
+                _cuda_scale(views, coef, mode, None, torch.device("cuda", dev))
+            else:
+                views.scale(c, mode, int(num_threads))
     except Error as e:
         if any(map(_is_special, tensors)):
             raise _HasSpecial from None
