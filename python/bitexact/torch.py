@@ -36,7 +36,7 @@ call torch custom ops (:mod:`bitexact._torch_ops`, namespace ``bitexact``)
 whose implementation is the eager code below, so compiled and eager runs
 give the same bits; in eager mode they do not go through the ops (the
 dispatcher would add its overhead to every call). ``process_group=``,
-``owned=`` and DTensor gradients are eager only: under compile they are a
+``owned=``, DTensor and sparse gradients are eager only: under compile a
 graph break (an error with ``fullgraph=True``).
 
 CUDA gradients (when the package has the CUDA backend) follow torch's
