@@ -10,6 +10,12 @@ Workloads
               bitexact skips the write). Also the norm alone (get_total_norm).
   tiny        10,000 tensors of 4 fp32 elements: per-tensor overhead
               (Python + binding + C bookkeeping), reported per tensor.
+Methods: bitexact's drop-in (eager: it does not go through the custom
+ops), the custom op called directly (torch.ops.bitexact.clip_grad_norm_ /
+total_norm: the dispatcher's cost on top), and, unless --no-compile, the
+drop-in inside a torch.compile(fullgraph=True) function (which calls the
+op) next to torch's clip_grad_norm_ compiled the same way (inductor);
+the compile happens in the warm-up call, outside the timings.
 Every method is warmed up once; the repetitions interleave the methods and
 the median is kept. Gradients are restored from a copy before every timed
 clipping call (outside the timing), so every call sees the same data.
@@ -18,6 +24,7 @@ torch's and bitexact's thread counts are both torch.get_num_threads()
 every repetition and within 1e-5 of torch's.
 
   python3 bench/python/bench_clip.py [--reps 11] [--threads T] [--json FILE] [--quick]
+                                     [--no-compile]
 """
 import argparse
 import json
@@ -30,6 +37,18 @@ import torch
 
 import bitexact
 import bitexact.torch as bt
+
+
+def cpu_model():
+    """The CPU model name (what `lscpu | grep 'Model name'` prints)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
 
 
 def gpt2_small_shapes(n_layer=12, d=768, vocab=50257, ctx=1024):
@@ -80,6 +99,7 @@ def main():
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--json", default=None)
     ap.add_argument("--quick", action="store_true", help="GPT-2 with 2 layers, 3 reps")
+    ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile methods")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -105,31 +125,64 @@ def main():
     def theirs(max_norm, foreach):
         return lambda: torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=foreach)
 
+    grads = [p.grad for p in params]
+    positions = list(range(len(params)))
+
+    def op(max_norm):
+        def f():
+            norms.add(float(torch.ops.bitexact.clip_grad_norm_(
+                grads, positions, max_norm, 2.0, False, "torch", "exact", threads)))
+        return f
+
+    def compiled(fn):
+        # one compiled function per case (the compile runs in the warm-up)
+        return torch.compile(fn, fullgraph=True)
+
+    def ours_compiled(max_norm):
+        cf = compiled(lambda: bt.clip_grad_norm_(params, max_norm, num_threads=threads))
+        return lambda: norms.add(float(cf()))
+
+    def theirs_compiled(max_norm):
+        return compiled(lambda: torch.nn.utils.clip_grad_norm_(params, max_norm))
+
     results = {"threads": threads, "torch": torch.__version__, "isa": bitexact.isa(),
+               "cpu": cpu_model(),
                "tensors": len(params), "parameters": nparam, "reps": reps, "cases": {},
                "loadavg_start": os.getloadavg()}
     print(f"bench_clip: {len(params)} fp32 tensors, {nparam:,} parameters, "
           f"{threads} threads (torch and bitexact), torch {torch.__version__}, "
-          f"bitexact {bitexact.isa()} kernels, median of {reps}")
+          f"bitexact {bitexact.isa()} kernels, median of {reps}; CPU {results['cpu']}")
 
-    grads = [p.grad for p in params]
     torch_norm = float(torch.nn.utils.get_total_norm(grads))
     fp64_norm = float(torch.stack([(g.double() ** 2).sum() for g in grads]).sum().sqrt())
     exact64 = bitexact.total_norm(grads)  # the correctly rounded fp64 norm
     cases = {
         "clip (active, max_norm=1)": {
             "bitexact": ours(1.0),
+            "bitexact op": op(1.0),
             "torch foreach=True": theirs(1.0, True),
             "torch foreach=False": theirs(1.0, False)},
         "clip (inactive, max_norm=1e9)": {
             "bitexact": ours(1e9),
+            "bitexact op": op(1e9),
             "torch foreach=True": theirs(1e9, True),
             "torch foreach=False": theirs(1e9, False)},
         "norm only (get_total_norm)": {
             "bitexact": lambda: norms.add(float(bt.get_total_norm(grads, num_threads=threads))),
+            "bitexact op": lambda: norms.add(float(torch.ops.bitexact.total_norm(
+                grads, 2.0, False, "exact", threads))),
             "torch foreach=True": lambda: torch.nn.utils.get_total_norm(grads, foreach=True),
             "torch foreach=False": lambda: torch.nn.utils.get_total_norm(grads, foreach=False)},
     }
+    if not args.no_compile:
+        for case, mn in (("clip (active, max_norm=1)", 1.0),
+                         ("clip (inactive, max_norm=1e9)", 1e9)):
+            cases[case]["bitexact compiled"] = ours_compiled(mn)
+            cases[case]["torch compiled"] = theirs_compiled(mn)
+        cn = compiled(lambda: bt.get_total_norm(grads, num_threads=threads))
+        cases["norm only (get_total_norm)"]["bitexact compiled"] = lambda: norms.add(float(cn()))
+        cases["norm only (get_total_norm)"]["torch compiled"] = compiled(
+            lambda: torch.nn.utils.get_total_norm(grads))
     for case, methods in cases.items():
         times = run_suite(methods, restore if case.startswith("clip") else (lambda: None), reps)
         med = {k: statistics.median(v) for k, v in times.items()}
@@ -141,6 +194,10 @@ def main():
         results["cases"][case] = {k: {"median_s": v, "all_s": times[k]} for k, v in med.items()}
         results["cases"][case]["speedup_vs_foreach"] = med["torch foreach=True"] / med["bitexact"]
         results["cases"][case]["speedup_vs_loop"] = med["torch foreach=False"] / med["bitexact"]
+        results["cases"][case]["op_vs_foreach"] = med["torch foreach=True"] / med["bitexact op"]
+        if "bitexact compiled" in med:
+            results["cases"][case]["compiled_vs_torch_compiled"] = (
+                med["torch compiled"] / med["bitexact compiled"])
 
     # ---- per-tensor overhead ----
     n_tiny = 10000
@@ -153,6 +210,8 @@ def main():
         "bitexact.torch.clip_grad_norm_ (inactive)": lambda: bt.clip_grad_norm_(tiny, 1e9),
         "bitexact.torch.clip_grad_norm_ (active)": lambda: bt.clip_grad_norm_(tiny, 1e-30),
         "bitexact.torch.get_total_norm": lambda: bt.get_total_norm(tiny_grads),
+        "torch.ops.bitexact.total_norm (the custom op)": lambda: torch.ops.bitexact.total_norm(
+            tiny_grads, 2.0, False, "exact", 0),
         "bitexact.total_norm (NumPy arrays)": lambda: bitexact.total_norm(tiny_np),
         "torch clip_grad_norm_ foreach=True": lambda: torch.nn.utils.clip_grad_norm_(
             tiny, 1e9, foreach=True),
@@ -178,7 +237,7 @@ def main():
     # fp64 accumulation of 1e8 positive terms is good to ~1e-13 relative
     ok = (len(norms) == 1 and abs(exact64 - fp64_norm) <= 1e-12 * fp64_norm
           and ours_norm == float(torch.tensor(exact64, dtype=torch.float32)))
-    print(f"\nnorm: bitexact fp32 {ours_norm!r} (identical in all {reps * 3 + 3} calls: "
+    print(f"\nnorm: bitexact fp32 {ours_norm!r} (identical in all calls: "
           f"{'yes' if len(norms) == 1 else 'NO'}), bitexact fp64 {exact64!r}, "
           f"fp64-accumulated {fp64_norm!r}, torch fp32 {torch_norm!r} "
           f"(relative error {abs(torch_norm - exact64) / exact64:.2e})")
@@ -190,11 +249,17 @@ def main():
     print(f"load average at start {results['loadavg_start'][0]:.2f}, at end "
           f"{results['loadavg_end'][0]:.2f} (on {os.cpu_count()} CPUs; other load skews timings)")
     a = results["cases"]["clip (active, max_norm=1)"]
-    print(f"summary: clip active {a['speedup_vs_foreach']:.2f}x vs foreach, "
-          f"{a['speedup_vs_loop']:.2f}x vs loop; inactive "
-          f"{results['cases']['clip (inactive, max_norm=1e9)']['speedup_vs_foreach']:.2f}x vs "
-          f"foreach; overhead "
+    i = results["cases"]["clip (inactive, max_norm=1e9)"]
+    n = results["cases"]["norm only (get_total_norm)"]
+    print(f"summary (vs torch foreach=True): clip active {a['speedup_vs_foreach']:.2f}x "
+          f"(op {a['op_vs_foreach']:.2f}x), inactive {i['speedup_vs_foreach']:.2f}x "
+          f"(op {i['op_vs_foreach']:.2f}x), norm {n['speedup_vs_foreach']:.2f}x "
+          f"(op {n['op_vs_foreach']:.2f}x); overhead "
           f"{results['per_tensor_us']['bitexact.torch.clip_grad_norm_ (active)']:.2f} us/tensor")
+    if not args.no_compile:
+        print("compiled vs torch compiled: " + ", ".join(
+            f"{k}: {v['compiled_vs_torch_compiled']:.2f}x"
+            for k, v in results["cases"].items()))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -4,71 +4,63 @@
 
 Same signatures and results as torch (>= 2.6): a 0-dim norm tensor on the
 gradients' device, of the dtype torch would return (fp32 for fp32 or mixed
-fp16/bf16/fp32 grads, bf16 for all-bf16 grads, ...); an empty list gives
-``tensor(0.)``; parameters whose ``grad is None`` are skipped. Differences:
+fp16/bf16/fp32 grads, bf16 for all-bf16 grads, the real dtype for complex
+grads, ...); an empty list gives ``tensor(0.)``; parameters whose ``grad
+is None`` are skipped; with DTensor gradients (FSDP2, tensor parallel) a
+``Replicate`` DTensor on their mesh. docs/python.md lists, in one section,
+what differs from torch on purpose. In short:
 
 - the norm is exact: the correctly rounded norm of the exact sum, in the
-  dtype torch returns, independent of order, threads and ranks (torch's is
-  within its own rounding of it). With the same ``total_norm``,
-  ``clip_grads_with_norm_`` produces bitwise torch's gradients: the
-  coefficient is computed with torch's own tensor ops
-  (``clamp(max_norm / (total_norm + 1e-6), max=1)``) and applied with
-  torch's arithmetic (``scale_mode="torch"``: fp32 coefficient, fp32
-  product, rounded to the grad dtype); multiplying by exactly 1 is skipped;
-- negative or NaN ``max_norm`` raises ValueError (torch would flip or NaN
-  the gradients); ``norm_type`` < 0 other than -inf raises ValueError;
-- ``norm_type=0`` counts the non-zero elements of all gradients, NaN and
-  Inf included (torch's total counts the gradients with a non-zero
-  element); like torch's, it is finite, so ``error_if_nonfinite`` never
-  raises for it (nor for ``-inf`` unless the smallest |x| is NaN or Inf);
-- the norm is the library's, rounded once into torch's dtype in C
-  (bx_norm_opts.norm_dtype), whatever floating-point environment torch set
-  (``torch.set_flush_denormal(True)`` does not change it);
-- ``foreach`` is accepted and ignored (one multi-threaded path);
-- integer, complex, sparse or strided-with-gaps gradients raise (TypeError /
-  ValueError) instead of being summed; all gradients of one call must be on
-  one device (the CPU, or one GPU): torch would accept a mix.
+  dtype torch returns, rounded once by the library (bx_norm_opts.norm_dtype),
+  independent of order, threads, ranks and of the floating-point
+  environment torch set; torch's is within its own rounding of it. With
+  the same ``total_norm``, ``clip_grads_with_norm_`` produces bitwise
+  torch's gradients: the coefficient is torch's own tensor ops
+  (``clamp(max_norm / (total_norm + 1e-6), max=1)``), applied with torch's
+  arithmetic (``scale_mode="torch"``); multiplying by exactly 1 is skipped;
+- ``norm_type=0`` counts the non-zero elements (NaN and Inf count: the
+  count is finite, ``error_if_nonfinite`` never fires for it); torch's
+  total counts tensors;
+- sparse COO gradients: the norm of the coalesced values (as torch), scaled
+  by torch's own ``mul``; complex gradients: the norm of |z| (p = 2 exact
+  from re and im; other p from |z| computed one format wider where one
+  exists), scaled by torch's own complex ``mul``;
+- the non-finite error is a :class:`bitexact.NonFiniteError` (a
+  RuntimeError) whose message starts with torch's and goes on with the
+  tensor and rank at fault;
+- negative or NaN ``max_norm`` raises; the same memory passed twice to a
+  clip raises LayoutError; ``foreach`` is accepted and ignored.
 
-CUDA gradients (when the package has the CUDA backend,
-:func:`bitexact.cuda_available`) follow torch's stream semantics: the work
-is enqueued on ``torch.cuda.current_stream()`` and the host never waits, so
-``clip_grad_norm_`` can be captured in a CUDA graph (``torch.cuda.graph``)
-after one eager warm-up call. The first call with a given set of gradient
-buffers builds a plan (bitexact_cuda.h: it allocates and synchronises);
-later calls with the same buffers and options reuse it from a small cache
-(:func:`bitexact.cuda_plan_cache`). The norm is computed on the GPU with
-the CPU path's bits, in torch's dtype: the library rounds it once into
-that dtype on the device (``bx_cuda_norm_async_dtype``, the code the CPU
-path runs): for ``norm_type`` 2 and 1 from the exact sum (rounding the
-fp64 norm again could be off by one unit in the last place at a tie), for
-the other norms from their value. Gradients that
-share memory (the same tensor twice, overlapping views) are counted twice
-by the norm, as on the CPU; scaling them raises LayoutError naming both,
-before anything is enqueued. The coefficient is
-torch's (its own tensor ops on the device); each dtype's gradients are
-scaled by it converted to their dtype, as torch's CUDA ``_foreach_mul_``
-does, so the gradients get torch's bits (NaN results are NaN, whatever
-their payload). Like torch, ``error_if_nonfinite=True`` synchronises (to
-raise). With ``process_group`` or DTensor gradients the norm is computed
-by the blocking path (the legacy default stream, joined to the current
-one; the int64 words travel through host memory to the collective) and
-the scaling is stream-ordered as above.
+Under ``torch.compile`` (``fullgraph=True`` included) the three drop-ins
+call torch custom ops (:mod:`bitexact._torch_ops`, namespace ``bitexact``)
+whose implementation is the eager code below, so compiled and eager runs
+give the same bits; in eager mode they do not go through the ops (the
+dispatcher would add its overhead to every call). ``process_group=``,
+``owned=``, DTensor and sparse gradients are eager only: under compile a
+graph break (an error with ``fullgraph=True``).
+
+CUDA gradients (when the package has the CUDA backend) follow torch's
+stream semantics: the work is enqueued on ``torch.cuda.current_stream()``
+with no host synchronisation (unless ``error_if_nonfinite``), so
+``clip_grad_norm_`` can be captured in a CUDA graph after one eager
+warm-up call; plans per set of buffers are cached
+(:func:`bitexact.cuda_plan_cache`); the norm has the CPU path's bits and
+the scaled gradients torch's CUDA ``_foreach_mul_`` bits. With
+``process_group`` or DTensor gradients the norm is computed by the
+blocking path.
 
 Extensions (keyword-only):
 
 - ``process_group``: a torch.distributed group; every rank passes the
   gradients it holds and gets the same bits as one process holding the
-  whole model. The accumulator travels as an int64 tensor through
-  ``all_reduce(SUM)`` (plus a tiny ``all_reduce(MAX)`` agreement step):
-  two collectives per call. The norm's dtype is torch's promotion of the
-  dtypes this rank passes; ranks that would promote to different dtypes
-  raise :class:`bitexact.MismatchError` on every rank (norm_dtype).
+  whole model (an int64 ``all_reduce(SUM)`` plus a tiny ``all_reduce(MAX)``
+  agreement step). Ranks whose dtypes promote differently raise
+  :class:`bitexact.MismatchError` on every rank.
 - ``owned``: which plain (non-DTensor) tensors this rank owns, so that a
   replicated tensor is counted once: None (all), a bool, a predicate
   ``owned(param_or_tensor) -> bool``, or a collection of the owned
   parameters/tensors. Unowned gradients are still scaled.
-- DTensor gradients (FSDP2 ``fully_shard``, tensor parallel) are handled
-  automatically: each rank counts its local shard; a ``Replicate`` mesh
+- DTensor gradients: each rank counts its local shard; a ``Replicate`` mesh
   dimension is counted by the rank with coordinate 0 on it; ``Partial``
   gradients are refused. Without ``process_group`` the reduction runs over
   the DTensors' mesh.
@@ -76,6 +68,7 @@ Extensions (keyword-only):
   instead of ``param.grad`` where present; any dtype mix in one call.
 - ``scale_mode="exact"``: the exact product rounded once to the grad dtype.
 """
+import sys as _sys
 import types as _types
 import warnings as _warnings
 
@@ -86,6 +79,7 @@ from . import (
     Comm,
     Error,
     InvalidArgumentError,
+    NonFiniteError,
     _FLAVORS,
     _SCALE_MODES,
     _core,
@@ -93,6 +87,10 @@ from . import (
     _rename,
     _torch_fast_export,
 )
+
+from . import _torch_ops as _ops
+from ._torch_ops import (_BF16, _BIT, _F16, _F32, _F64, _OTHER, _dtype_mask, _is_special,
+                         _result_dtype, _surrogate, _torch_nonfinite, _torch_scale)
 
 try:
     from torch.distributed.tensor import DTensor as _DTensor
@@ -107,27 +105,12 @@ __all__ = ["clip_grad_norm_", "get_total_norm", "clip_grads_with_norm_", "comm"]
 _torch_fast_export()
 
 _Tensor = torch.Tensor
-# Views.dtypes bit mask -> the dtype torch's get_total_norm returns
-# (torch.stack promotes the per-tensor norms).
-_F16, _BF16, _F32, _F64 = 1, 2, 4, 8
 # torch dtype -> bx_norm_dtype: the format the library rounds the norm into
 _NORM_DTYPE = {torch.float64: 0, torch.float32: 2, torch.bfloat16: 3, torch.float16: 4}
 # ... and the integer dtype its bits come in (Views.norm's third result)
 _INT_OF = {torch.float64: torch.int64, torch.float32: torch.int32, torch.bfloat16: torch.int16,
            torch.float16: torch.int16}
-_BIT = {torch.float16: _F16, torch.bfloat16: _BF16, torch.float32: _F32, torch.float64: _F64}
-
-
-def _result_dtype(mask):
-    if mask & _F64:
-        return torch.float64
-    if mask & _F32 or (mask & (_F16 | _BF16)) == (_F16 | _BF16):
-        return torch.float32
-    if mask & _BF16:
-        return torch.bfloat16
-    if mask & _F16:
-        return torch.float16
-    return torch.get_default_dtype()
+_compiling = torch.compiler.is_compiling
 
 
 def comm(process_group=None):
@@ -234,11 +217,12 @@ class _Plan:
     error messages (name_of(k): the caller's name of tensors[k])."""
 
     __slots__ = ("views", "dtype", "device", "fn", "rank", "pos", "name_of", "tensors", "cuda",
-                 "nplan")
+                 "nplan", "meshes", "special")
 
-    def __init__(self, tensors, items, owned, process_group, name_of):
+    def __init__(self, tensors, items, owned, process_group, name_of, norm_type=2.0):
         self.name_of = name_of
         self.device = tensors[0].device if tensors else torch.device("cpu")
+        self.special = None  # sparse/complex gradients: (dense locals, special locals)
         meshes = None
         if owned is None and all(type(t) is _Tensor for t in tensors):
             mine, others, self.pos = tensors, [], None
@@ -254,17 +238,45 @@ class _Plan:
         else:
             c = None
         self.fn, self.rank = (c.allreduce, c.rank) if c is not None else (None, 0)
+        self.meshes = meshes
         self.tensors = (mine, others)
+        self.views = None
         try:
-            self.views = _core.Views([mine, others])
+            try:
+                self.views = _core.Views([mine, others])
+            except Error:
+                if not any(map(_is_special, mine + others)):
+                    raise
+            # sparse gradients fail the export, complex ones are "other"
+            if self.views is None or self.views.dtypes & _OTHER:
+                if any(map(_is_special, mine + others)):
+                    self._special_views(mine, others, norm_type)
             kind = self.views.device[0]
             if kind == "mixed" or (kind == "cuda" and not _core.HAVE_CUDA):
                 self.views.check_device()  # raises, naming the tensors
         except Error as e:
             raise self.renamed(e)
-        self.cuda = kind == "cuda"
+        self.cuda = kind == "cuda" and self.special is None
         self.nplan = None  # the CUDA norm plan, once used
-        self.dtype = _result_dtype(self.views.dtypes)
+        self.dtype = _result_dtype(self.views.dtypes if self.special is None
+                                   else _dtype_mask(mine + others))
+
+    def _special_views(self, mine, others, norm_type):
+        """Views over the counted gradients with each sparse/complex one
+        replaced by its _surrogate (and without the uncounted special ones,
+        which only torch scales); self.special keeps what clipping scales."""
+        if self.views is not None:
+            self.views.release()
+            self.views = None
+        pos = self.pos or (list(range(len(mine))), [])
+        counted = [_surrogate(t, norm_type, self.name_of(pos[0][i]))
+                   if _is_special(t) else t for i, t in enumerate(mine)]
+        keep = [i for i, t in enumerate(others) if not _is_special(t)]
+        self.pos = (pos[0], [pos[1][i] for i in keep])
+        every = mine + others
+        self.special = ([t for t in every if not _is_special(t)],
+                        [t for t in every if _is_special(t)])
+        self.views = _core.Views([counted, [others[i] for i in keep]])
 
     def renamed(self, e):
         pos = self.pos
@@ -293,6 +305,8 @@ class _Plan:
                 _join_legacy_stream(self.device)
             _, _, bits = self.views.norm(norm_type, error_if_nonfinite, num_threads, flavor,
                                          self.fn, self.rank, 1, False, _NORM_DTYPE[self.dtype])
+        except NonFiniteError as e:
+            raise _torch_nonfinite(self.renamed(e), norm_type)
         except Error as e:
             raise self.renamed(e)
         # rounded once into self.dtype by the library, which gives its bits:
@@ -324,8 +338,9 @@ class _Plan:
                 # the blocking call names the first NaN/Inf tensor
                 self.views.norm(norm_type, True, num_threads, flavor, None, 0, 1, False, 0)
                 raise _core.NonFiniteError(
-                    f"the total norm of order {norm_type} is non-finite (status "
-                    f"{int(status.item())})")
+                    f"the total norm is non-finite (status {int(status.item())})")
+        except NonFiniteError as e:
+            raise _torch_nonfinite(self.renamed(e), norm_type)
         except Error as e:
             raise self.renamed(e)
         return total
@@ -350,7 +365,22 @@ class _Plan:
         _bump_versions(self.tensors[1])
 
     def release(self):
-        self.views.release()
+        if self.views is not None:
+            self.views.release()
+
+    def result(self, total):
+        """The norm as torch returns it: with DTensor gradients on one mesh,
+        a DTensor replicated over that mesh (torch: Replicate for p = 2,
+        Partial(max) for inf, which full_tensor() also resolves), holding
+        the exact norm every rank computed; otherwise total itself."""
+        if not self.meshes:
+            return total
+        meshes = list(self.meshes.values())
+        if any(m != meshes[0] for m in meshes[1:]):
+            return total
+        from torch.distributed.tensor import Replicate
+        return _DTensor.from_local(total, meshes[0], [Replicate()] * meshes[0].ndim,
+                                   run_check=False)
 
 
 def _join_legacy_stream(device):
@@ -432,12 +462,22 @@ def get_total_norm(tensors, norm_type=2.0, error_if_nonfinite=False, foreach=Non
         tensors = [tensors]
     else:
         tensors = list(tensors)
+    if _compiling():
+        return _ops.get_total_norm(tensors, norm_type, error_if_nonfinite, process_group, owned,
+                                   num_threads, flavor)
     fl = _option(_FLAVORS, flavor, "flavor")
     if not tensors and process_group is None:
         return torch.tensor(0.0)
-    plan = _Plan(tensors, tensors, owned, process_group, lambda k: f"tensors[{k}]")
+    return _total_norm_impl(tensors, lambda k: f"tensors[{k}]", float(norm_type),
+                            bool(error_if_nonfinite), process_group, owned, int(num_threads), fl)
+
+
+def _total_norm_impl(tensors, name_of, norm_type, error_if_nonfinite, process_group, owned,
+                     num_threads, fl):
+    """get_total_norm's eager body (also the custom op's): options checked."""
+    plan = _Plan(tensors, tensors, owned, process_group, name_of, norm_type)
     try:
-        return plan.norm(float(norm_type), bool(error_if_nonfinite), int(num_threads), fl)
+        return plan.result(plan.norm(norm_type, error_if_nonfinite, num_threads, fl))
     finally:
         plan.release()
 
@@ -446,14 +486,21 @@ def clip_grads_with_norm_(parameters, max_norm, total_norm, foreach=None, *,
                           use_main_grad=False, scale_mode="torch", num_threads=0):
     """torch.nn.utils.clip_grads_with_norm_: scale the gradients in place by
     ``clamp(max_norm / (total_norm + 1e-6), max=1)``, bitwise as torch does
-    (scale_mode="torch"). DTensor gradients: the local shards are scaled."""
+    (scale_mode="torch"). DTensor gradients: the local shards are scaled;
+    a DTensor total_norm is resolved with full_tensor()."""
     if isinstance(parameters, torch.Tensor):
         parameters = [parameters]
     _, grads = _grads_of(parameters, use_main_grad)
     max_norm = _validate_max_norm(max_norm)
+    if _compiling():
+        return _ops.clip_grads_with_norm_(grads, max_norm, total_norm, scale_mode, num_threads)
     mode = _option(_SCALE_MODES, scale_mode, "scale_mode")
     if not grads:
         return
+    _clip_with_norm_impl(grads, max_norm, total_norm, mode, int(num_threads))
+
+
+def _clip_with_norm_impl(grads, max_norm, total_norm, mode, num_threads):
     if _DTensor is not None and isinstance(total_norm, _DTensor):
         total_norm = total_norm.full_tensor()
     if not isinstance(total_norm, torch.Tensor):
@@ -462,30 +509,52 @@ def clip_grads_with_norm_(parameters, max_norm, total_norm, foreach=None, *,
     _scale_locals([_local(g) for g in grads], coef, num_threads, mode, "parameters")
 
 
+class _HasSpecial(Exception):
+    pass
+
+
 def _scale_locals(tensors, coef, num_threads, mode, label):
-    if tensors[0].device.type == "cuda":
-        try:
-            with _core.Views([tensors]) as views:
+    """tensors *= coef (torch's clamped coefficient, a 0-dim tensor): dense
+    real ones by the library (torch's arithmetic), sparse and complex ones
+    by torch's own _foreach_mul_ (torch's bits); all checks before any write."""
+    try:
+        _scale_dense(tensors, coef, num_threads, mode, lambda i: f"{label}[{i}]")
+    except _HasSpecial:
+        dense = [i for i, t in enumerate(tensors) if not _is_special(t)]
+        _scale_dense([tensors[i] for i in dense], coef, num_threads, mode,
+                     lambda i: f"{label}[{dense[i]}]")
+        _torch_scale([t for t in tensors if _is_special(t)], coef)
+
+
+def _scale_dense(tensors, coef, num_threads, mode, name):
+    """tensors *= coef by the library (raises _HasSpecial, before any write,
+    when some are sparse or complex); name(i): the caller's name of tensors[i]."""
+    if not tensors:
+        return
+    cuda = tensors[0].device.type == "cuda"
+    if not cuda:
+        c = float(coef)
+        if c != c:  # NaN: torch's own multiply (NaN everywhere)
+            with torch.no_grad():
+                torch._foreach_mul_(tensors, coef.to(tensors[0].device))
+            return
+        if c == 1.0:
+            return
+    try:
+        with _core.Views([tensors]) as views:
+            if views.dtypes & _OTHER and any(map(_is_special, tensors)):
+                raise _HasSpecial
+            if cuda:
                 kind, dev = views.device
                 if kind != "cuda" or not _core.HAVE_CUDA:
                     views.check_device()
                 _cuda_scale(views, coef, mode, None, torch.device("cuda", dev))
-        except Error as e:
-            raise _rename(e, lambda g, i: f"{label}[{i}]", None, lambda k: (0, k))
-        _bump_versions(tensors)
-        return
-    c = float(coef)
-    if c != c:
-        with torch.no_grad():
-            torch._foreach_mul_(tensors, coef.to(tensors[0].device))
-        return
-    if c == 1.0:
-        return
-    try:
-        with _core.Views([tensors]) as views:
-            views.scale(c, mode, int(num_threads))
+            else:
+                views.scale(c, mode, int(num_threads))
     except Error as e:
-        raise _rename(e, lambda g, i: f"{label}[{i}]", None, lambda k: (0, k))
+        if any(map(_is_special, tensors)):
+            raise _HasSpecial from None
+        raise _rename(e, lambda g, i: name(i), None, lambda k: (0, k))
     _bump_versions(tensors)
 
 
@@ -506,8 +575,8 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
                     foreach=None, *, use_main_grad=False, process_group=None, owned=None,
                     scale_mode="torch", num_threads=0, flavor="exact"):
     """torch.nn.utils.clip_grad_norm_, exact and layout-invariant. Returns
-    the total norm (0-dim tensor). See the module docstring for the
-    keyword-only extensions."""
+    the total norm (0-dim tensor; a Replicate DTensor for DTensor
+    gradients). See the module docstring for the keyword-only extensions."""
     if isinstance(parameters, torch.Tensor):
         parameters = [parameters]
     else:
@@ -517,25 +586,41 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
             _warnings.warn("`parameters` is an empty generator, no gradient clipping will occur.",
                            stacklevel=2)
     max_norm = _validate_max_norm(max_norm)
+    params, grads = _grads_of(parameters, use_main_grad)
+    if _compiling():
+        return _ops.clip_grad_norm_(parameters, grads, max_norm, norm_type, error_if_nonfinite,
+                                    use_main_grad, process_group, owned, scale_mode,
+                                    num_threads, flavor)
     mode = _option(_SCALE_MODES, scale_mode, "scale_mode")
     fl = _option(_FLAVORS, flavor, "flavor")
-    params, grads = _grads_of(parameters, use_main_grad)
     if not grads and process_group is None:
         return torch.tensor(0.0)
-    plan = _Plan(grads, params, owned, process_group, _param_namer(parameters, params))
+    return _clip_impl(grads, params, _param_namer(parameters, params), max_norm,
+                      float(norm_type), bool(error_if_nonfinite), process_group, owned, mode,
+                      int(num_threads), fl)
+
+
+def _clip_impl(grads, params, name_of, max_norm, norm_type, error_if_nonfinite, process_group,
+               owned, mode, num_threads, fl):
+    """clip_grad_norm_'s eager body (also the custom op's): options checked,
+    grads non-empty or a process_group given."""
+    plan = _Plan(grads, params, owned, process_group, name_of, norm_type)
     try:
-        total = plan.norm(float(norm_type), bool(error_if_nonfinite), int(num_threads), fl, mode)
+        total = plan.norm(norm_type, error_if_nonfinite, num_threads, fl, mode)
         if grads and plan.cuda:  # stream-ordered: no host synchronisation
             plan.cuda_scale(_coef(max_norm, total), mode)
         elif grads:
             coef = _coef(max_norm, total)
             c = float(coef)
-            if c != c:  # NaN norm: torch's own multiply (NaN everywhere)
+            if c != c or plan.special is not None:
+                # NaN norm: torch's own multiply (NaN everywhere); sparse or
+                # complex gradients: the dense ones by the library, the
+                # others by torch (both after every check)
                 plan.release()
                 _scale_locals([_local(g) for g in grads], coef, num_threads, mode, "parameters")
             elif c != 1.0:  # x * 1 == x bitwise for every non-NaN x: skipped
-                plan.scale(c, int(num_threads), mode)
-        return total
+                plan.scale(c, num_threads, mode)
+        return plan.result(total)
     finally:
         plan.release()
 
@@ -554,3 +639,6 @@ def _param_namer(parameters, params):
                 return f"parameters[{j}]"
         return f"parameters[?{k}]"
     return name_of
+
+
+_ops._BT = _sys.modules[__name__]  # the custom ops' implementation

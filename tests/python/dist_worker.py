@@ -91,8 +91,53 @@ def _fsdp(rank, ws, hsdp):
     placements = [tuple(str(pl) for pl in p.grad.placements) for p in params]
     total = bt.clip_grad_norm_(params, MAX_NORM)  # DTensors: automatic
     clipped_full = [p.grad.full_tensor() for p in params]
-    return {"total": total, "full": full, "clipped_full": clipped_full,
-            "placements": placements}
+    return {"total": total.full_tensor(), "full": full, "clipped_full": clipped_full,
+            "placements": placements, "result": _describe(total)}
+
+
+def _describe(t):
+    """What a returned norm is (DTensors do not travel through torch.save
+    to the test's process): its type, placements, mesh, local bits."""
+    out = {"type": type(t).__name__}
+    if hasattr(t, "device_mesh"):
+        out.update(placements=tuple(str(pl) for pl in t.placements),
+                   mesh=t.device_mesh.mesh.tolist(), local=t.to_local().clone(),
+                   full=t.full_tensor(), same_mesh=None)
+    return out
+
+
+def scenario_fsdp2_result(rank, ws):
+    """torch's return types on FSDP2 gradients: get_total_norm and
+    clip_grad_norm_ give a Replicate DTensor on the gradients' mesh,
+    .full_tensor() works, clip_grads_with_norm_ takes it."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    mesh = init_device_mesh("cpu", (ws,))
+    model = fsdp_model()
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    torch.manual_seed(2)
+    model(torch.randn(16, 24)).pow(2).sum().backward()
+    params = list(model.parameters())
+    grads = [p.grad for p in params]
+    saved = [g.to_local().clone() for g in grads]
+    out = {"full": [g.full_tensor() for g in grads]}
+    norm = bt.get_total_norm(grads)
+    out["norm"] = _describe(norm)
+    out["norm"]["same_mesh"] = norm.device_mesh == grads[0].device_mesh
+    out["norm_inf"] = _describe(bt.get_total_norm(grads, float("inf")))
+    out["torch_norm"] = _describe(torch.nn.utils.get_total_norm(grads))
+    bt.clip_grads_with_norm_(params, MAX_NORM, norm)  # a DTensor total_norm
+    out["two_step"] = [p.grad.full_tensor() for p in params]
+    for g, s in zip(grads, saved):
+        g.to_local().copy_(s)
+    total = bt.clip_grad_norm_(params, MAX_NORM)
+    out["clip"] = _describe(total)
+    out["clipped"] = [p.grad.full_tensor() for p in params]
+    out["clipped_local"] = [p.grad.to_local().clone() for p in params]
+    return out
 
 
 def scenario_fsdp2(rank, ws):
@@ -164,8 +209,8 @@ def scenario_mismatch(rank, ws):
         return {"error": str(e)}
 
 
-SCENARIOS = ["ddp", "sharded", "tp", "fsdp2", "hsdp", "midpoint", "nonfinite", "mismatch",
-             "local_failure", "dtype_mismatch"]
+SCENARIOS = ["ddp", "sharded", "tp", "fsdp2", "hsdp", "fsdp2_result", "midpoint", "nonfinite",
+             "mismatch", "local_failure", "dtype_mismatch"]
 
 
 def main(rank, ws, outdir):

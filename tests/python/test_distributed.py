@@ -92,6 +92,46 @@ def test_fsdp2(ranks, name):
     assert any(p.startswith("S(") for p in placements)  # str(Shard(0)) == "S(0)"
     if name == "hsdp":
         assert "R" in placements  # str(Replicate()) == "R"
+    for r, o in enumerate(out):  # torch's return type: a Replicate DTensor on the mesh
+        res = o["result"]
+        assert res["type"] == "DTensor", f"rank {r}: {res['type']}"
+        assert res["placements"] == ("R",) * (2 if name == "hsdp" else 1), res["placements"]
+        assert sorted(_flat(res["mesh"])) == list(range(ws))
+        assert same_bits(res["local"], total) and same_bits(res["full"], total), f"rank {r}"
+
+
+def _flat(x):
+    return [y for row in x for y in _flat(row)] if isinstance(x, list) else [x]
+
+
+def test_fsdp2_returns_torchs_dtensor(ranks):
+    """get_total_norm / clip_grad_norm_ on FSDP2 gradients: a Replicate
+    DTensor on the gradients' mesh (torch's type: torch's p = 2 norm is one
+    too), holding the exact single-process norm; .full_tensor() works;
+    clip_grads_with_norm_ takes the DTensor; the clipped shards are the
+    single-process clipped gradients."""
+    ws, res = ranks
+    out = _get(res, "fsdp2_result")
+    full = out[0]["full"]
+    total, clipped = _single_clip(full)
+    inf_norm = bt.get_total_norm(full, float("inf"))
+    assert float(inf_norm) == exact_norm(full, "float32", float("inf"))
+    for r, o in enumerate(out):
+        assert all(same_bits(a, b) for a, b in zip(o["full"], full)), f"rank {r}"
+        assert o["torch_norm"]["type"] == "DTensor" and o["torch_norm"]["placements"] == ("R",)
+        for key, want in (("norm", total), ("clip", total), ("norm_inf", inf_norm)):
+            d = o[key]
+            assert d["type"] == "DTensor", (r, key, d["type"])
+            assert d["placements"] == ("R",) and d["mesh"] == list(range(ws)), (r, key, d)
+            assert same_bits(d["local"], want) and same_bits(d["full"], want), (r, key)
+        assert o["norm"]["same_mesh"] is True
+        assert all(same_bits(a, b) for a, b in zip(o["clipped"], clipped)), f"rank {r}"
+        assert all(same_bits(a, b) for a, b in zip(o["two_step"], clipped)), f"rank {r}"
+        # each rank's shard is its piece of the clipped gradient (dim 0)
+        for k, (loc, c) in enumerate(zip(o["clipped_local"], clipped)):
+            want = torch.tensor_split(c, ws, dim=0)[r] if c.shape[0] % ws == 0 else None
+            if want is not None:
+                assert same_bits(loc, want), f"rank {r}, tensor {k}"
 
 
 def test_midpoint_resolved_across_ranks(ranks):
