@@ -205,10 +205,10 @@ static void agree_items(int64_t *it, const bx_norm_opts *o, size_t ngroups, cons
 
 /* ---- NaN/Inf: the first offending tensor (error path only) --------------- */
 
-static int span_nonfinite(const void *x, bx_dtype dt, size_t n, int *is_nan) {
+static int span_nonfinite(const void *x, bx_dtype dt, size_t n, int nan_only, int *is_nan) {
   for (size_t i = 0; i < n; i++) {
     double v = bx_load_as_double(x, dt, i);
-    if (v != v || v == INFINITY || v == -INFINITY) {
+    if (v != v || (!nan_only && (v == INFINITY || v == -INFINITY))) {
       *is_nan = v != v;
       return 1;
     }
@@ -216,26 +216,28 @@ static int span_nonfinite(const void *x, bx_dtype dt, size_t n, int *is_nan) {
   return 0;
 }
 
-static int layout_nonfinite(const bx_layout *l, int *is_nan) {
-  if (l->ndims == 0) return span_nonfinite(l->base, l->dtype, l->n, is_nan);
+static int layout_nonfinite(const bx_layout *l, int nan_only, int *is_nan) {
+  if (l->ndims == 0) return span_nonfinite(l->base, l->dtype, l->n, nan_only, is_nan);
   bx_layout_cursor c;
   uint64_t buf[BX_GATHER];
   bx_layout_seek(&c, l, 0);
   for (size_t done = 0, k; done < l->n; done += k) {
     k = l->n - done < BX_GATHER ? l->n - done : BX_GATHER;
     bx_layout_copy(&c, k, buf, 0);
-    if (span_nonfinite(buf, l->dtype, k, is_nan)) return 1;
+    if (span_nonfinite(buf, l->dtype, k, nan_only, is_nan)) return 1;
   }
   return 0;
 }
 
-static int64_t first_nonfinite(const bx_group *groups, size_t ngroups, int rank) {
+/* The first tensor holding a NaN or Inf (nan_only: a NaN; for p < 0,
+ * where an Inf element does not make the norm NaN). */
+static int64_t first_nonfinite(const bx_group *groups, size_t ngroups, int rank, int nan_only) {
   for (size_t g = 0; g < ngroups; g++)
     for (size_t i = 0; i < groups[g].count; i++) {
       bx_layout l;
       int is_nan = 0;
       if (bx_tensor_layout(&groups[g].tensors[i], "", g, i, &l) == BX_OK &&
-          layout_nonfinite(&l, &is_nan))
+          layout_nonfinite(&l, nan_only, &is_nan))
         return bx_offender_key(rank, g, i, is_nan);
     }
   return -1;
@@ -438,13 +440,18 @@ bx_status bx_norm_run(const char *fn, const bx_group *groups, size_t ngroups, co
                      &npieces, &dtmask, &extra);
     fin = extra;
   }
-  int64_t bad = 0;
+  int64_t bad = 0, nans = 0;
   if (st == BX_OK)
-    for (size_t g = 0; g < ngroups; g++)
+    for (size_t g = 0; g < ngroups; g++) {
       bad += m == BX_M_EXT ? parts[g].nan + (parts[g].maxabs == INFINITY)
                            : parts[g].acc.nan_count + parts[g].acc.inf_count;
+      nans += m == BX_M_EXT ? parts[g].nan : parts[g].acc.nan_count;
+    }
+  /* p < 0: the +Inf terms come from zeros and a NaN makes the norm NaN:
+   * with a NaN here, name the first NaN, not an earlier Inf */
+  int nan_only = m == BX_M_POW && o.norm_type < 0 && nans > 0;
   if (st == BX_OK && o.error_if_nonfinite && bad > 0 && where == BX_ON_HOST)
-    offender = first_nonfinite(groups, ngroups, rank < 0 ? 0 : rank);
+    offender = first_nonfinite(groups, ngroups, rank < 0 ? 0 : rank, nan_only);
   if (st != BX_OK && rank >= 0) bx_error_set_rank(rank);
 
   /* ---- the agreement step (every rank, failed or not, so none hangs) */
