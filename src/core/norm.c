@@ -92,14 +92,11 @@ static void run_span(const job *j, const void *x, bx_dtype dt, size_t n, bx_part
   }
 }
 
-/* A piece: a dense one in place; a strided one run by run (long runs) or
- * gathered (short ones) into the same kernels: the sums are exact, so
- * the words cannot depend on how the elements were cut. */
-static void run_piece(const job *j, const bx_piece *it, bx_partial *q) {
-  if (!it->lay) {
-    run_span(j, it->data, it->dt, it->n, q);
-    return;
-  }
+/* A strided piece run by run (long runs) or gathered (short ones) into the
+ * same kernels: the sums are exact, so the words cannot depend on how the
+ * elements were cut. Not inlined: the dense path keeps its small frame. */
+static __attribute__((noinline)) void run_strided(const job *j, const bx_piece *it,
+                                                  bx_partial *q) {
   bx_layout_cursor c;
   bx_layout_seek(&c, it->lay, it->first);
   if (it->lay->inner >= BX_DIRECT) {
@@ -115,6 +112,13 @@ static void run_piece(const job *j, const bx_piece *it, bx_partial *q) {
     bx_layout_copy(&c, k, buf, 0);
     run_span(j, buf, it->dt, k, q);
   }
+}
+
+/* A piece: a dense one in place (the fast path), a strided one through
+ * its layout. */
+static void run_piece(const job *j, const bx_piece *it, bx_partial *q) {
+  if (!it->lay) run_span(j, it->data, it->dt, it->n, q);
+  else run_strided(j, it, q);
 }
 
 static void run_task(void *ctx, size_t t, int worker) {

@@ -30,26 +30,20 @@ typedef struct scale_job {
   const bx_scale_kernels *k;
 } scale_job;
 
-/* A piece: a dense one in place; a strided one run by run (long runs)
- * or gathered, scaled by the same kernel and scattered back (the kernels
- * are elementwise: the bits are those of scaling a dense copy). The
- * layout's logical elements are distinct (bx_check_writable), so each is
- * written once and the bytes between them are not touched. */
-static void run_scale(void *ctx, size_t t, int worker) {
-  (void)worker;
-  const scale_job *j = ctx;
-  const bx_piece *it = &j->pieces[t];
-  bx_scale_fn f = j->mode == BX_SCALE_EXACT ? j->k->exact[it->dt] : j->k->torch[it->dt];
-  if (!it->lay) {
-    f(it->data, it->n, j->coef);
-    return;
-  }
+/* A strided piece run by run (long runs) or gathered, scaled by the same
+ * kernel and scattered back (the kernels are elementwise: the bits are
+ * those of scaling a dense copy). The layout's logical elements are
+ * distinct (bx_check_writable), so each is written once and the bytes
+ * between them are not touched. Not inlined: the dense path keeps its
+ * small frame. */
+static __attribute__((noinline)) void scale_strided(const bx_piece *it, bx_scale_fn f,
+                                                    double coef) {
   bx_layout_cursor c, back;
   bx_layout_seek(&c, it->lay, it->first);
   if (it->lay->inner >= BX_DIRECT) {
     for (size_t done = 0, k; done < it->n; done += k) {
       char *at = bx_layout_run(&c, it->n - done, &k);
-      f(at, k, j->coef);
+      f(at, k, coef);
     }
     return;
   }
@@ -58,9 +52,18 @@ static void run_scale(void *ctx, size_t t, int worker) {
     k = it->n - done < BX_GATHER ? it->n - done : BX_GATHER;
     back = c;
     bx_layout_copy(&c, k, buf, 0);
-    f(buf, k, j->coef);
+    f(buf, k, coef);
     bx_layout_copy(&back, k, buf, 1);
   }
+}
+
+static void run_scale(void *ctx, size_t t, int worker) {
+  (void)worker;
+  const scale_job *j = ctx;
+  const bx_piece *it = &j->pieces[t];
+  bx_scale_fn f = j->mode == BX_SCALE_EXACT ? j->k->exact[it->dt] : j->k->torch[it->dt];
+  if (!it->lay) f(it->data, it->n, j->coef);
+  else scale_strided(it, f, j->coef);
 }
 
 bx_status bx_scale_pieces(const bx_piece *pieces, size_t npieces, double coef,
