@@ -40,6 +40,13 @@ make_seeds() {
     seed "$name" f16_sub '\000\001\000\377\003\001\200\000\174\000\176' 0
     seed "$name" tiled '\163' 64
     ;;
+  fuzz_strided)
+    # dtype/p/threads, ndim/mode, 4 x (size, int8 stride), elements
+    seed "$name" cols_f32 '\002\001\010\020\004\002\000\000\000\000' 512
+    seed "$name" expand_bf16 '\001\001\004\000\006\001\000\000\000\000' 256
+    seed "$name" neg_f16_pm1 '\034\002\005\377\003\373\002\036\000\000' 512
+    seed "$name" overlap_f64 '\003\005\004\001\004\001\000\000\000\000' 256
+    ;;
   fuzz_scale)
     # byte 0 (dtype, mode, threads, misalignment), 8 bytes coef, elements
     seed "$name" half_torch_f32 '\002\000\000\000\000\000\000\340\077' 256

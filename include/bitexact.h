@@ -110,8 +110,11 @@ typedef enum bx_status {
   BX_EINVAL = 1,      /* invalid argument: NULL pointer, bad p, bad max_norm */
   BX_EDTYPE = 2,      /* dtype is not fp16/bf16/fp32/fp64 with lanes == 1 */
   BX_EDEVICE = 3,     /* tensor lives on a device this build cannot read */
-  BX_ELAYOUT = 4,     /* strided with gaps, self-overlapping, or overlapping
-                         another tensor in a bx_scale call */
+  BX_ELAYOUT = 4,     /* misaligned; a tensor written in place (bx_scale,
+                         bx_clip_grad_norm) whose logical elements overlap,
+                         or that shares a byte with another; a strided
+                         tensor where only dense ones are accepted (CUDA
+                         tensors, the training kernels) */
   BX_ENONFINITE = 5,  /* NaN/Inf found with error_if_nonfinite set */
   BX_ENOMEM = 6,      /* allocation failed */
   BX_ECOMM = 7,       /* the communicator's all-reduce failed */
@@ -207,15 +210,19 @@ typedef enum bx_norm_dtype {
 typedef struct bx_norm_opts {
   size_t struct_size; /* sizeof(bx_norm_opts): see "Struct sizes" above */
   /* 2.0 (default), 1.0, 0.0 (count of non-zeros), INFINITY (max |x|),
-   * -INFINITY (min |x|), or any other p > 0 (|x|^p rounded to fp64, then
-   * an exact sum, then the p-th root: not exact, but the same bits on every
-   * CPU and GPU — the power function is built from IEEE basic operations
-   * only). NaN and other p < 0 are rejected with BX_EINVAL. */
+   * -INFINITY (min |x|), or any other p, negative included (|x|^p rounded
+   * to fp64, then an exact sum rounded to fp64, then its 1/p-th power: not
+   * exact, but the same bits on every CPU and GPU — the power function is
+   * built from IEEE basic operations only). For p < 0 (torch's values): a
+   * zero element makes its term +Inf and the norm 0; an Inf element adds
+   * 0; every element Inf (or every term underflowing) gives +Inf; no
+   * element gives 0; NaN gives NaN. NaN is rejected with BX_EINVAL. */
   double norm_type;
   /* non-zero: the call fails with BX_ENONFINITE exactly when the total
-   * norm is NaN or ±Inf (torch's rule, DESIGN §2: p = 0 and p = -inf can
-   * stay finite with Inf elements), naming the first tensor that holds a
-   * NaN/Inf (lowest rank, then group, then index) — or, when none does,
+   * norm is NaN or ±Inf (torch's rule, DESIGN §2: p = 0, p < 0 and p =
+   * -inf can stay finite with Inf elements), naming the first tensor that
+   * holds a NaN/Inf (lowest rank, then group, then index; for p < 0 with a
+   * NaN on a rank, that rank's first NaN) — or, when none does,
    * saying that the finite sum overflows the norm's format (norm_dtype);
    * nothing is written. Zero: NaN anywhere gives a NaN norm; otherwise any
    * ±Inf gives +Inf (for p > 0; p = 0 counts Inf as non-zero and p = -inf
@@ -278,13 +285,26 @@ typedef struct bx_clip_opts {
  *
  * Accepted tensors: dtype fp16 (kDLFloat,16), bf16 (kDLBfloat,16), fp32
  * (kDLFloat,32), fp64 (kDLFloat,64), lanes == 1; device kDLCPU,
- * kDLCUDAHost, kDLCUDAManaged or kDLROCMHost (host-readable memory); any
- * layout whose elements occupy one dense block of memory: strides == NULL,
- * row-major, or any permutation of a dense layout (a transposed gradient is
- * fine: a norm does not depend on element order). Strides of size-1
- * dimensions are ignored. Layouts with gaps or with two indices on one
- * element (stride 0) are refused with BX_ELAYOUT, never summed wrongly.
- * Zero-element tensors are allowed and contribute nothing.
+ * kDLCUDAHost, kDLCUDAManaged or kDLROCMHost (host-readable memory), with
+ * data + byte_offset aligned to the element size.
+ * Layouts. bx_total_norm, bx_clip_grad_norm and bx_scale take host tensors
+ * of any DLPack strides: strides == NULL (row-major), any permutation,
+ * gaps (g[:, ::2], a column of a buffer), negative strides, stride 0 (an
+ * expanded tensor). A norm reads every logical element: a stride-0 dim of
+ * size k counts its memory k times, as torch's norm of an expanded tensor
+ * does (the order of elements never matters). Scaling writes each logical
+ * element once and no other byte; so a tensor written in place must not
+ * have two logical elements in one place (a stride-0 dim of size > 1, or
+ * overlapping strides: BX_ELAYOUT naming it, as torch's mul_ refuses an
+ * expanded tensor) and two tensors must not share a byte (BX_ELAYOUT
+ * naming both; interleaved but disjoint views, the even and the odd
+ * columns of one buffer, are fine). Dense layouts (one block of memory,
+ * any order of dims) run the fast path; strided ones are gathered in small
+ * pieces into the same kernels, so the bits are those of a dense copy.
+ * CUDA tensors (bitexact_cuda.h and the calls below) must be dense:
+ * BX_ELAYOUT "non-dense CUDA tensors are not supported: pass
+ * .contiguous()". Strides of size-1 dimensions are ignored. Zero-element
+ * tensors are allowed and contribute nothing.
  * ---------------------------------------------------------------------- */
 
 /* A set of tensors this rank owns (DESIGN §5): each gradient element of the
@@ -380,7 +400,9 @@ BX_API bx_status bx_total_norm(const bx_group *groups, size_t ngroups,
 
 /* Multiply every element of every tensor by coef, in place, with the
  * rounding of opts->mode (see bx_scale_mode). Tensors must be writable,
- * must not overlap each other or themselves (BX_ELAYOUT otherwise).
+ * any strides (see Layouts above: each logical element written once, the
+ * bytes between them untouched); their logical elements must not overlap
+ * each other's or their own (BX_ELAYOUT otherwise, naming them).
  * coef must not be NaN (BX_EINVAL). opts: NULL = BX_SCALE_OPTS_DEFAULT;
  * else opts->struct_size must be sizeof(bx_scale_opts) (BX_EINVAL). Any
  * dtype mix in one call. All checks happen before any write: on error

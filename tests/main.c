@@ -241,6 +241,18 @@ static const test_entry TESTS[] = {
     {"wgrad_grid_kernels", test_wgrad_grid_kernels},
     /* the vector kernels of the elementwise math (test_math.c; section owner: math) */
     {"math_vector_kernels", test_math_vector_kernels},
+    /* any strides in norms and scaling, negative norm_type (test_strided.c,
+     * test_negative_p.c; section owner: issue 15, strided) */
+    {"strided_norms_random", test_strided_norms_random},
+    {"strided_norms_large", test_strided_norms_large},
+    {"strided_scale_random", test_strided_scale_random},
+    {"strided_scale_large", test_strided_scale_large},
+    {"strided_overlaps", test_strided_overlaps},
+    {"strided_cuda_dense_only", test_strided_cuda_dense_only},
+    {"negative_p_vs_mpfr", test_negative_p_vs_mpfr},
+    {"negative_p_special_values", test_negative_p_special_values},
+    {"negative_p_invariance", test_negative_p_invariance},
+    {"negative_p_ranks", test_negative_p_ranks},
 };
 #define NTESTS (sizeof TESTS / sizeof TESTS[0])
 

@@ -302,8 +302,9 @@ void test_clip_threads(void) {
 }
 
 /* Any error leaves every gradient as it was: a bad tensor in the last
- * group, a gapped layout, the same tensor twice (it would be scaled twice),
- * NULL outputs. */
+ * group, an expanded (stride-0) layout (its elements would be scaled more
+ * than once), the same tensor twice (it would be scaled twice), NULL
+ * outputs. */
 void test_clip_all_or_nothing(void) {
   bxt_rng r;
   bxt_rng_init(&r);
@@ -312,7 +313,7 @@ void test_clip_all_or_nothing(void) {
     bxt_tensor_alloc(&xs[k], k % REF_NDT, 2000);
     bxt_fill_gradient(&r, &xs[k], 1.0);
   }
-  int64_t sh[2] = {10, 10}, st[2] = {20, 1};
+  int64_t sh[2] = {10, 10}, st[2] = {0, 1};
   for (int c = 0; c < 5; c++) {
     bxt_layout l;
     bxt_layout_single(&l, xs, 6);
@@ -333,7 +334,7 @@ void test_clip_all_or_nothing(void) {
       l.dl[5].shape = sh;
       l.dl[5].strides = st;
       want = BX_ELAYOUT;
-      what = "strided tensor with gaps in group 1";
+      what = "expanded (stride-0) tensor in group 1";
       break;
     case 2:
       l.dl[5] = l.dl[1]; /* the same gradient twice: it would be scaled twice */

@@ -238,4 +238,17 @@ void test_wgrad_grid_kernels(void);
 /* test_math.c: the vector kernels of the elementwise math (section owner: math) */
 void test_math_vector_kernels(void);
 
+/* test_strided.c, test_negative_p.c: any strides in norms and scaling;
+ * negative norm_type (issue 15) */
+void test_strided_norms_random(void);
+void test_strided_norms_large(void);
+void test_strided_scale_random(void);
+void test_strided_scale_large(void);
+void test_strided_overlaps(void);
+void test_strided_cuda_dense_only(void);
+void test_negative_p_vs_mpfr(void);
+void test_negative_p_special_values(void);
+void test_negative_p_invariance(void);
+void test_negative_p_ranks(void);
+
 #endif /* BX_TEST_TESTS_H */

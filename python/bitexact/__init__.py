@@ -345,16 +345,23 @@ def total_norm(tensors, norm_type=2.0, error_if_nonfinite=False, groups=None, *,
                norm_dtype="float64"):
     """The exact p-norm of all elements of all ``tensors``.
 
-    tensors: an iterable of DLPack tensors (or one tensor); read in place.
+    tensors: an iterable of DLPack tensors (or one tensor); read in place,
+        with any strides (gaps, transposed, expanded stride-0 dims: every
+        logical element counts, a stride-0 dim of size k k times, as in
+        torch).
     norm_type: 2 (default; correctly rounded sqrt of the exact sum of
         squares), 1, inf, -inf, 0 (number of non-zeros: NaN and Inf count
-        as non-zero, so it stays finite) are exact; any other p > 0 is
-        deterministic but not exact.
+        as non-zero, so it stays finite) are exact; any other p, negative
+        included, is deterministic but not exact ((sum |x|^p)^(1/p), each
+        |x|^p in fp64 by bitexact's own power function, the sum exact). For
+        p < 0, as torch: a zero element gives 0 (|0|^p = inf), an Inf
+        element adds nothing, every element Inf gives inf, NaN gives NaN.
     error_if_nonfinite: raise :class:`NonFiniteError` naming the first
         tensor holding NaN/Inf when the total norm is NaN or infinite
-        (torch's rule: so p = 0 never raises, and p = -inf only when the
-        smallest |x| is NaN or Inf); otherwise NaN anywhere gives NaN, else
-        any Inf gives inf (p > 0).
+        (torch's rule: so p = 0 never raises, p = -inf only when the
+        smallest |x| is NaN or Inf, p < 0 only for NaN or an infinite
+        total); otherwise NaN anywhere gives NaN, else any Inf gives inf
+        (p > 0).
     groups: None, or one label per tensor; then the result is
         ``(total, {label: group norm})``. ``group_names`` fixes the groups
         and their order (give it in multi-rank calls: all ranks must have
@@ -405,7 +412,12 @@ def clip_grad_norm(tensors, max_norm, norm_type=2.0, error_if_nonfinite=False, g
     negative or NaN ``max_norm`` raises :class:`InvalidArgumentError`.
     scale_mode "torch": coef rounded to fp32, fp32 product, rounded to the
     grad dtype (torch's arithmetic); "exact": the exact product rounded
-    once. All-or-nothing: on any error no tensor is modified.
+    once. Any strides: each logical element is scaled once, the bytes
+    between them untouched; a tensor whose logical elements overlap in
+    memory (an expanded stride-0 view, overlapping strides) or two tensors
+    sharing a byte raise :class:`LayoutError` (interleaved but disjoint
+    views, e.g. the even and odd columns of one buffer, are fine).
+    All-or-nothing: on any error no tensor is modified.
 
     Returns the total norm (a float), or ``(total, {label: norm})`` when
     ``groups`` is given.

@@ -88,12 +88,13 @@ static inline BX_HD int bx_wire_version_ok(const int64_t *w) {
 typedef struct bx_norm_part {
   double maxabs, minabs; /* p = +-inf: over non-NaN elements */
   int64_t nan, inf, nonzero;
+  int64_t count; /* elements (the sums' words; 0 for p = 0, +-inf) */
 } bx_norm_part;
 
 static inline BX_HD void bx_norm_part_empty(bx_norm_part *q) {
   q->maxabs = 0.0;
   q->minabs = bx_f64_from_bits(BX_F64_INF_BITS);
-  q->nan = q->inf = q->nonzero = 0;
+  q->nan = q->inf = q->nonzero = q->count = 0;
 }
 
 static inline BX_HD void bx_norm_part_of(int mode, double p, const int64_t *w, bx_norm_part *q) {
@@ -101,6 +102,7 @@ static inline BX_HD void bx_norm_part_of(int mode, double p, const int64_t *w, b
   if (mode != BX_M_EXT) {
     q->nan = w[BX_ACC_DIGITS];
     q->inf = w[BX_ACC_DIGITS + 1];
+    q->count = w[BX_ACC_DIGITS + 2];
   } else {
     bx_ext e;
     bx_ext_from_wire(p, w, &e);
@@ -117,6 +119,7 @@ static inline BX_HD void bx_norm_part_add(bx_norm_part *into, const bx_norm_part
   into->nan += q->nan;
   into->inf += q->inf;
   into->nonzero += q->nonzero;
+  into->count += q->count;
 }
 
 /* DESIGN §2's rule for the sums of p > 0: 1 and *v = NaN if a NaN was
@@ -133,12 +136,32 @@ static inline BX_HD int bx_nonfinite_rule(int64_t nan, int64_t inf, double *v) {
   return 0;
 }
 
+/* DESIGN §2's rule for the sums of |x|^p with p < 0 (torch's values):
+ * 1 and *v = NaN if a NaN was counted; else 1 and *v = 0 if a term was
+ * +Inf (a zero element: |0|^p = +Inf; or a term that overflowed fp64),
+ * the sum being +Inf and +Inf^(1/p) = 0; else 1 and *v = 0 for no element
+ * at all (as p = -inf: nothing gives 0); else 0 (the sum decides: an
+ * Inf element added the term 0, and a sum of 0, every element infinite or
+ * every term underflowed, gives 0^(1/p) = +Inf). */
+static inline BX_HD int bx_negative_p_rule(int64_t nan, int64_t inf, int64_t count, double *v) {
+  if (nan > 0) {
+    *v = bx_f64_from_bits(BX_F64_NAN_BITS);
+    return 1;
+  }
+  if (inf > 0 || count == 0) {
+    *v = 0.0;
+    return 1;
+  }
+  return 0;
+}
+
 /* The norm of one set of digits (a group's, or the total's; normalized:
  * they are bx_digits_normalize's output, else any int64 words) and what
  * its words say, in fmt: p = 2 and 1 rounded once from the exact sum;
  * p = 0 (the count: NaN and Inf are non-zero), +-inf and the Megatron
  * flavour their exact value rounded once; other p bx_pow_det's fp64
- * result rounded again. scratch: working memory. */
+ * result rounded again (p < 0: bx_negative_p_rule first). scratch:
+ * working memory. */
 static inline BX_HD double bx_norm_value_of(int mode, double p, const int64_t *digits,
                                             int normalized, const bx_norm_part *q, bx_fmt fmt,
                                             bx_mag *scratch) {
@@ -153,7 +176,11 @@ static inline BX_HD double bx_norm_value_of(int mode, double p, const int64_t *d
       return 0.0;
     return bx_round_double_to(q->minabs, fmt);
   }
-  if (bx_nonfinite_rule(q->nan, q->inf, &v)) return v;
+  if (mode == BX_M_POW && p < 0) {
+    if (bx_negative_p_rule(q->nan, q->inf, q->count, &v)) return v;
+  } else if (bx_nonfinite_rule(q->nan, q->inf, &v)) {
+    return v;
+  }
   if (normalized) bx_mag_from_normalized(digits, scratch);
   else bx_mag_from_digits(digits, scratch);
   if (scratch->negative) return bx_f64_from_bits(BX_F64_NAN_BITS); /* never, for sums of squares */

@@ -74,21 +74,51 @@ static void partial_merge(bx_partial *into, const bx_partial *from) {
   into->nonzero += from->nonzero;
 }
 
-static void run_piece(const job *j, const bx_piece *it, bx_partial *q) {
+/* The kernel of j's mode over the contiguous x[0..n), into q. */
+static void run_span(const job *j, const void *x, bx_dtype dt, size_t n, bx_partial *q) {
   switch (j->m) {
-    case BX_M_SQ: j->k->sumsq[it->dt](it->data, it->n, &q->acc); break;
-    case BX_M_ABS: j->k->sumabs[it->dt](it->data, it->n, &q->acc); break;
-    case BX_M_POW: bx_sum_pow(it->data, it->dt, it->n, j->p, &q->acc); break;
-    case BX_M_MEGATRON: bx_sum_megatron_sq(it->data, it->dt, it->n, &q->acc); break;
+    case BX_M_SQ: j->k->sumsq[dt](x, n, &q->acc); break;
+    case BX_M_ABS: j->k->sumabs[dt](x, n, &q->acc); break;
+    case BX_M_POW: bx_sum_pow(x, dt, n, j->p, &q->acc); break;
+    case BX_M_MEGATRON: bx_sum_megatron_sq(x, dt, n, &q->acc); break;
     case BX_M_EXT:
-      bx_extreme_abs(it->data, it->dt, it->n, &q->maxabs, &q->minabs, &q->nan, &q->nonzero);
+      bx_extreme_abs(x, dt, n, &q->maxabs, &q->minabs, &q->nan, &q->nonzero);
       return;
   }
-  q->pending += it->n < (1u << 25) ? (int64_t)(2 * it->n + 1024) : (int64_t)BX_MAX_DEPOSITS;
+  q->pending += n < (1u << 25) ? (int64_t)(2 * n + 1024) : (int64_t)BX_MAX_DEPOSITS;
   if (q->pending >= DEPOSIT_BUDGET) {
     bx_acc_normalize(&q->acc);
     q->pending = 0;
   }
+}
+
+/* A strided piece run by run (long runs) or gathered (short ones) into the
+ * same kernels: the sums are exact, so the words cannot depend on how the
+ * elements were cut. Not inlined: the dense path keeps its small frame. */
+static __attribute__((noinline)) void run_strided(const job *j, const bx_piece *it,
+                                                  bx_partial *q) {
+  bx_layout_cursor c;
+  bx_layout_seek(&c, it->lay, it->first);
+  if (it->lay->inner >= BX_DIRECT) {
+    for (size_t done = 0, k; done < it->n; done += k) {
+      const char *at = bx_layout_run(&c, it->n - done, &k);
+      run_span(j, at, it->dt, k, q);
+    }
+    return;
+  }
+  uint64_t buf[BX_GATHER];
+  for (size_t done = 0, k; done < it->n; done += k) {
+    k = it->n - done < BX_GATHER ? it->n - done : BX_GATHER;
+    bx_layout_copy(&c, k, buf, 0);
+    run_span(j, buf, it->dt, k, q);
+  }
+}
+
+/* A piece: a dense one in place (the fast path), a strided one through
+ * its layout. */
+static void run_piece(const job *j, const bx_piece *it, bx_partial *q) {
+  if (!it->lay) run_span(j, it->data, it->dt, it->n, q);
+  else run_strided(j, it, q);
 }
 
 static void run_task(void *ctx, size_t t, int worker) {
@@ -118,8 +148,6 @@ static void run_task(void *ctx, size_t t, int worker) {
 bx_status bx_check_norm_opts(const char *fn, const bx_norm_opts *o, bx_mode *m) {
   double p = o->norm_type;
   if (p != p) return bx_fail(BX_EINVAL, "%s: norm_type is NaN", fn);
-  if (p < 0 && p != -INFINITY)
-    return bx_fail(BX_EINVAL, "%s: norm_type %g is negative (only -inf is allowed)", fn, p);
   if (o->num_threads < 0)
     return bx_fail(BX_EINVAL, "%s: num_threads %d is negative", fn, o->num_threads);
   if ((int)o->norm_dtype < (int)BX_NORM_F64 || (int)o->norm_dtype > (int)BX_NORM_F16)
@@ -181,10 +209,10 @@ static void agree_items(int64_t *it, const bx_norm_opts *o, size_t ngroups, cons
 
 /* ---- NaN/Inf: the first offending tensor (error path only) --------------- */
 
-static int span_nonfinite(const bx_span *s, int *is_nan) {
-  for (size_t i = 0; i < s->n; i++) {
-    double v = bx_load_as_double(s->data, s->dtype, i);
-    if (v != v || v == INFINITY || v == -INFINITY) {
+static int span_nonfinite(const void *x, bx_dtype dt, size_t n, int nan_only, int *is_nan) {
+  for (size_t i = 0; i < n; i++) {
+    double v = bx_load_as_double(x, dt, i);
+    if (v != v || (!nan_only && (v == INFINITY || v == -INFINITY))) {
       *is_nan = v != v;
       return 1;
     }
@@ -192,12 +220,28 @@ static int span_nonfinite(const bx_span *s, int *is_nan) {
   return 0;
 }
 
-static int64_t first_nonfinite(const bx_group *groups, size_t ngroups, int rank) {
+static int layout_nonfinite(const bx_layout *l, int nan_only, int *is_nan) {
+  if (l->ndims == 0) return span_nonfinite(l->base, l->dtype, l->n, nan_only, is_nan);
+  bx_layout_cursor c;
+  uint64_t buf[BX_GATHER];
+  bx_layout_seek(&c, l, 0);
+  for (size_t done = 0, k; done < l->n; done += k) {
+    k = l->n - done < BX_GATHER ? l->n - done : BX_GATHER;
+    bx_layout_copy(&c, k, buf, 0);
+    if (span_nonfinite(buf, l->dtype, k, nan_only, is_nan)) return 1;
+  }
+  return 0;
+}
+
+/* The first tensor holding a NaN or Inf (nan_only: a NaN; for p < 0,
+ * where an Inf element does not make the norm NaN). */
+static int64_t first_nonfinite(const bx_group *groups, size_t ngroups, int rank, int nan_only) {
   for (size_t g = 0; g < ngroups; g++)
     for (size_t i = 0; i < groups[g].count; i++) {
-      bx_span s;
+      bx_layout l;
       int is_nan = 0;
-      if (bx_tensor_span(&groups[g].tensors[i], "", g, i, &s) == BX_OK && span_nonfinite(&s, &is_nan))
+      if (bx_tensor_layout(&groups[g].tensors[i], "", g, i, &l) == BX_OK &&
+          layout_nonfinite(&l, nan_only, &is_nan))
         return bx_offender_key(rank, g, i, is_nan);
     }
   return -1;
@@ -228,22 +272,24 @@ static bx_status report_nonfinite(const char *fn, int64_t key, const bx_comm *co
 /* Validate every tensor, cut the pieces and run them: parts[0..ngroups)
  * filled. *pieces_out, *npieces_out: the pieces (for a clip's scaling).
  * The workspace holds, in order: parts, pieces, gbegin, gend, tasks,
- * slots, then `extra` bytes for the caller (*extra_out). */
+ * slots, the layouts of the strided tensors (their pieces point there),
+ * then `extra` bytes for the caller (*extra_out). */
 static bx_status host_reduce(const char *fn, const bx_group *groups, size_t ngroups,
                              const bx_norm_opts *o, bx_mode m, size_t extra,
                              bx_partial **parts_out, bx_piece **pieces_out, size_t *npieces_out,
                              unsigned *dtmask, void **extra_out) {
-  size_t npieces = 0, total = 0;
+  size_t npieces = 0, total = 0, nlays = 0;
   for (size_t g = 0; g < ngroups; g++) {
     if (groups[g].count > 0 && !groups[g].tensors)
       return bx_fail_at(BX_EINVAL, -1, g, BX_NO_INDEX,
                         "%s: group %zu: tensors is NULL with count %zu", fn, g, groups[g].count);
     for (size_t i = 0; i < groups[g].count; i++) {
-      bx_span s;
-      bx_status st = bx_tensor_span(&groups[g].tensors[i], fn, g, i, &s);
+      bx_layout s;
+      bx_status st = bx_tensor_layout(&groups[g].tensors[i], fn, g, i, &s);
       if (st != BX_OK) return st;
       npieces += (s.n + PIECE - 1) / PIECE;
       total += s.n;
+      nlays += s.ndims > 0;
       *dtmask |= 1u << s.dtype;
     }
   }
@@ -252,8 +298,8 @@ static bx_status host_reduce(const char *fn, const bx_group *groups, size_t ngro
   size_t ng = ngroups ? ngroups : 1, ntasks_max = npieces ? npieces : 1;
   size_t b_parts = ng * sizeof(bx_partial), b_pieces = npieces * sizeof(bx_piece);
   size_t b_gidx = 2 * ng * sizeof(size_t), b_tasks = ntasks_max * sizeof(task);
-  size_t b_slots = 2 * ntasks_max * sizeof(bx_partial);
-  size_t off_extra = b_parts + b_pieces + b_gidx + b_tasks + b_slots;
+  size_t b_slots = 2 * ntasks_max * sizeof(bx_partial), b_lays = nlays * sizeof(bx_layout);
+  size_t off_extra = b_parts + b_pieces + b_gidx + b_tasks + b_slots + b_lays;
   off_extra = (off_extra + 63) & ~(size_t)63;
   char *ws = bx_workspace(off_extra + extra);
   if (!ws)
@@ -263,18 +309,26 @@ static bx_status host_reduce(const char *fn, const bx_group *groups, size_t ngro
   size_t *gbegin = (size_t *)(ws + b_parts + b_pieces), *gend = gbegin + ng;
   task *tasks = (task *)(ws + b_parts + b_pieces + b_gidx);
   bx_partial *slots = (bx_partial *)(ws + b_parts + b_pieces + b_gidx + b_tasks);
-  size_t k = 0;
+  bx_layout *lays = (bx_layout *)(ws + b_parts + b_pieces + b_gidx + b_tasks + b_slots);
+  size_t k = 0, nl = 0;
   for (size_t g = 0; g < ngroups; g++) {
     gbegin[g] = k;
     for (size_t i = 0; i < groups[g].count; i++) {
-      bx_span s;
-      bx_tensor_span(&groups[g].tensors[i], fn, g, i, &s);
+      bx_layout s;
+      bx_tensor_layout(&groups[g].tensors[i], fn, g, i, &s);
       size_t es = bx_dtype_size(s.dtype);
+      const bx_layout *lay = NULL;
+      if (s.ndims > 0) { /* strided: its pieces read it through the layout */
+        lays[nl] = s;
+        lay = &lays[nl++];
+      }
       for (size_t off = 0; off < s.n; off += PIECE, k++) {
-        pieces[k].data = (char *)s.data + off * es;
+        pieces[k].data = lay ? NULL : s.base + off * es;
         pieces[k].n = s.n - off < PIECE ? s.n - off : PIECE;
         pieces[k].dt = s.dtype;
         pieces[k].group = g;
+        pieces[k].lay = lay;
+        pieces[k].first = off;
       }
     }
     gend[g] = k;
@@ -390,13 +444,18 @@ bx_status bx_norm_run(const char *fn, const bx_group *groups, size_t ngroups, co
                      &npieces, &dtmask, &extra);
     fin = extra;
   }
-  int64_t bad = 0;
+  int64_t bad = 0, nans = 0;
   if (st == BX_OK)
-    for (size_t g = 0; g < ngroups; g++)
+    for (size_t g = 0; g < ngroups; g++) {
       bad += m == BX_M_EXT ? parts[g].nan + (parts[g].maxabs == INFINITY)
                            : parts[g].acc.nan_count + parts[g].acc.inf_count;
+      nans += m == BX_M_EXT ? parts[g].nan : parts[g].acc.nan_count;
+    }
+  /* p < 0: the +Inf terms come from zeros and a NaN makes the norm NaN:
+   * with a NaN here, name the first NaN, not an earlier Inf */
+  int nan_only = m == BX_M_POW && o.norm_type < 0 && nans > 0;
   if (st == BX_OK && o.error_if_nonfinite && bad > 0 && where == BX_ON_HOST)
-    offender = first_nonfinite(groups, ngroups, rank < 0 ? 0 : rank);
+    offender = first_nonfinite(groups, ngroups, rank < 0 ? 0 : rank, nan_only);
   if (st != BX_OK && rank >= 0) bx_error_set_rank(rank);
 
   /* ---- the agreement step (every rank, failed or not, so none hangs) */

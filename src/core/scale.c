@@ -30,12 +30,40 @@ typedef struct scale_job {
   const bx_scale_kernels *k;
 } scale_job;
 
+/* A strided piece run by run (long runs) or gathered, scaled by the same
+ * kernel and scattered back (the kernels are elementwise: the bits are
+ * those of scaling a dense copy). The layout's logical elements are
+ * distinct (bx_check_writable), so each is written once and the bytes
+ * between them are not touched. Not inlined: the dense path keeps its
+ * small frame. */
+static __attribute__((noinline)) void scale_strided(const bx_piece *it, bx_scale_fn f,
+                                                    double coef) {
+  bx_layout_cursor c, back;
+  bx_layout_seek(&c, it->lay, it->first);
+  if (it->lay->inner >= BX_DIRECT) {
+    for (size_t done = 0, k; done < it->n; done += k) {
+      char *at = bx_layout_run(&c, it->n - done, &k);
+      f(at, k, coef);
+    }
+    return;
+  }
+  uint64_t buf[BX_GATHER];
+  for (size_t done = 0, k; done < it->n; done += k) {
+    k = it->n - done < BX_GATHER ? it->n - done : BX_GATHER;
+    back = c;
+    bx_layout_copy(&c, k, buf, 0);
+    f(buf, k, coef);
+    bx_layout_copy(&back, k, buf, 1);
+  }
+}
+
 static void run_scale(void *ctx, size_t t, int worker) {
   (void)worker;
   const scale_job *j = ctx;
   const bx_piece *it = &j->pieces[t];
   bx_scale_fn f = j->mode == BX_SCALE_EXACT ? j->k->exact[it->dt] : j->k->torch[it->dt];
-  f(it->data, it->n, j->coef);
+  if (!it->lay) f(it->data, it->n, j->coef);
+  else scale_strided(it, f, j->coef);
 }
 
 bx_status bx_scale_pieces(const bx_piece *pieces, size_t npieces, double coef,
@@ -57,27 +85,38 @@ static bx_status check_scale_opts(const char *fn, const bx_scale_opts *o) {
   return BX_OK;
 }
 
-/* The pieces of flat[0..count) (validated) in the workspace. */
+/* The pieces of flat[0..count) (validated) in the workspace, followed by
+ * the layouts of the strided tensors (their pieces point there). */
 static bx_status flat_pieces(const char *fn, DLTensor *tensors, size_t count, bx_piece **out,
                              size_t *nout) {
-  size_t n = 0;
+  size_t n = 0, nlays = 0;
   for (size_t i = 0; i < count; i++) {
-    bx_span s;
-    bx_tensor_span(&tensors[i], fn, BX_NO_GROUP, i, &s);
+    bx_layout s;
+    bx_tensor_layout(&tensors[i], fn, BX_NO_GROUP, i, &s);
     n += (s.n + PIECE - 1) / PIECE;
+    nlays += s.ndims > 0;
   }
-  bx_piece *p = bx_workspace((n ? n : 1) * sizeof *p);
+  size_t b_pieces = (n ? n : 1) * sizeof(bx_piece);
+  bx_piece *p = bx_workspace(b_pieces + nlays * sizeof(bx_layout));
   if (!p) return bx_fail(BX_ENOMEM, "%s: cannot allocate workspace for %zu pieces", fn, n);
-  size_t k = 0;
+  bx_layout *lays = (bx_layout *)((char *)p + b_pieces);
+  size_t k = 0, nl = 0;
   for (size_t i = 0; i < count; i++) {
-    bx_span s;
-    bx_tensor_span(&tensors[i], fn, BX_NO_GROUP, i, &s);
+    bx_layout s;
+    bx_tensor_layout(&tensors[i], fn, BX_NO_GROUP, i, &s);
     size_t es = bx_dtype_size(s.dtype);
+    const bx_layout *lay = NULL;
+    if (s.ndims > 0) {
+      lays[nl] = s;
+      lay = &lays[nl++];
+    }
     for (size_t off = 0; off < s.n; off += PIECE, k++) {
-      p[k].data = (char *)s.data + off * es;
+      p[k].data = lay ? NULL : s.base + off * es;
       p[k].n = s.n - off < PIECE ? s.n - off : PIECE;
       p[k].dt = s.dtype;
       p[k].group = 0;
+      p[k].lay = lay;
+      p[k].first = off;
     }
   }
   *out = p;

@@ -35,10 +35,9 @@ def _bad_cases():
     add("int32", lambda: torch.ones(4, dtype=torch.int32), TypeError, "int32")
     add("int64", lambda: torch.ones(4, dtype=torch.int64), bitexact.DTypeError, "int64")
     add("bool", lambda: torch.ones(4, dtype=torch.bool), TypeError, "not supported")
-    add("strided-gaps", lambda: torch.ones(4, 6)[:, ::2], ValueError, "gaps")
-    add("column-slice", lambda: torch.ones(4, 6)[:, 1:3], bitexact.LayoutError, "contiguous")
-    add("expanded", lambda: torch.ones(1, 5).expand(4, 5), ValueError, "stride")
-    # complex and sparse COO gradients are accepted (test_torch_compat.py);
+    # strided views with gaps and expanded ones are read by norms (issue 15:
+    # test_strided.py); an expanded one cannot be scaled in place (there).
+    # Complex and sparse COO gradients are accepted (test_torch_compat.py);
     # the compressed sparse layouts are refused there
     return ps
 
@@ -87,7 +86,7 @@ def test_bad_max_norm(max_norm):
     assert _unchanged(params, snap)
 
 
-@pytest.mark.parametrize("norm_type", [-1.0, math.nan, -0.5])
+@pytest.mark.parametrize("norm_type", [math.nan])  # p < 0: test_strided.py
 def test_bad_norm_type(norm_type):
     params = _model_params()
     snap = _snapshot(params)
@@ -169,8 +168,8 @@ def test_error_location_attributes():
     assert "tensors[2]" in str(e) and _no_position_left(str(e))
     # groups: the position is the group's, the name the caller's
     labels = ["a", "b", "a", "b"]
-    ts = [torch.ones(2), torch.ones(2), torch.ones(2), torch.ones(4, 6)[:, ::2]]
-    with pytest.raises(bitexact.LayoutError) as info:
+    ts = [torch.ones(2), torch.ones(2), torch.ones(2), torch.ones(2, dtype=torch.int64)]
+    with pytest.raises(bitexact.DTypeError) as info:
         bitexact.total_norm(ts, groups=labels)
     assert (info.value.group, info.value.tensor) == (1, 1)
     assert "tensors[3]" in str(info.value) and _no_position_left(str(info.value))
