@@ -356,6 +356,16 @@ class _Plan:
         _bump_versions(self.tensors[0])
         _bump_versions(self.tensors[1])
 
+    def check_targets(self):
+        """Before the norm of a clip: every gradient can be scaled in place
+        (writable, its own elements disjoint, no two sharing memory), as
+        torch's mul_ requires even when the coefficient is 1 (then skipped
+        here). A LayoutError names the gradient; nothing was modified."""
+        try:
+            self.views.check_scale_targets()
+        except Error as e:
+            raise self.renamed(e)
+
     def scale(self, coef, num_threads, mode):
         try:
             self.views.scale(coef, mode, num_threads)
@@ -606,6 +616,8 @@ def _clip_impl(grads, params, name_of, max_norm, norm_type, error_if_nonfinite, 
     grads non-empty or a process_group given."""
     plan = _Plan(grads, params, owned, process_group, name_of, norm_type)
     try:
+        if grads and not plan.cuda:
+            plan.check_targets()
         total = plan.norm(norm_type, error_if_nonfinite, num_threads, fl, mode)
         if grads and plan.cuda:  # stream-ordered: no host synchronisation
             plan.cuda_scale(_coef(max_norm, total), mode)

@@ -91,8 +91,6 @@ def test_clip_grad_norm_1d(ranks2, norm_type):
     _check(ranks2, ("1d", norm_type), W.ITERS)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 15 item 1: a Replicate DTensor norm for DTensor "
-                   "gradients (pending on its helper's branch)")
 @pytest.mark.parametrize("norm_type", W.NORMS_1D)
 def test_clip_grad_norm_1d_returns_dtensor(ranks2, norm_type):
     _check_dtensor(ranks2, ("1d", norm_type))
@@ -105,8 +103,6 @@ def test_clip_grad_norm_2d(ranks4, norm_type):
     assert all(len(pl) == 2 for pl in per_rank[0][0]["placements"])
 
 
-@pytest.mark.xfail(strict=True, reason="issue 15 item 1: a Replicate DTensor norm for DTensor "
-                   "gradients (pending on its helper's branch)")
 @pytest.mark.parametrize("norm_type", W.NORMS_2D)
 def test_clip_grad_norm_2d_returns_dtensor(ranks4, norm_type):
     _check_dtensor(ranks4, ("2d", norm_type))

@@ -7,9 +7,8 @@ CPU. Where upstream compares with a float computation under a tolerance
 the comparison is kept, and bitexact's own guarantee is added: the bits of
 the exact norm (exact_ref.exact_norm) where a reference exists (p = 1, 2,
 inf, 0), the same bits whatever the order or split of the gradients for
-the other p. Cases that need features still being built are xfail(strict)
-naming the issue-15 item; cases where bitexact differs on purpose assert
-bitexact's documented behaviour. The case-by-case table: docs/torch_port.md.
+the other p. Cases where bitexact differs on purpose assert bitexact's
+documented behaviour. The case-by-case table: docs/torch_port.md.
 """
 import math
 import warnings
@@ -26,13 +25,6 @@ from helpers import FMT, same_bits
 inf, nan = math.inf, math.nan
 
 
-def _pending(item, what):
-    return pytest.mark.xfail(strict=True, reason=f"issue 15 item {item}: {what} (pending on "
-                             "its helper's branch)")
-
-
-NEG_NORMS = _pending(2, "negative norm_type")
-TORCH_MESSAGE = _pending(4, "the non-finite message starting with torch's text")
 
 
 def _close(a, b):
@@ -217,13 +209,11 @@ NONFINITE_TABLE = [
 
 def _nonfinite_cases():
     """One pytest case per (table row, norm_type); the scalars,
-    error_if_nonfinite and foreach loop inside (bitexact ignores foreach).
-    Negative orders are pending (item 2)."""
+    error_if_nonfinite and foreach loop inside (bitexact ignores foreach)."""
     out = []
     for row, (one_elem, prefix, scalars, bad, good) in enumerate(NONFINITE_TABLE):
         for norm_type, torch_nonfinite in [(n, True) for n in bad] + [(n, False) for n in good]:
-            marks = [NEG_NORMS] if norm_type < 0 else []
-            out.append(pytest.param(row, norm_type, torch_nonfinite, marks=marks,
+            out.append(pytest.param(row, norm_type, torch_nonfinite,
                                     id=f"row{row}-p{norm_type:g}"))
     return out
 
@@ -282,7 +272,6 @@ def _check_nonfinite_case(scalar, one_elem, prefix, norm_type, eif, foreach, non
         assert not math.isfinite(float(total)), what
 
 
-@TORCH_MESSAGE
 @pytest.mark.parametrize("norm_type", [0.1, 1, 2, 3.5, inf])
 def test_clip_grad_norm_error_if_nonfinite_message(norm_type):
     """upstream matches torch's message; bitexact puts its detail after it."""
