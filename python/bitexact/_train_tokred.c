@@ -307,8 +307,13 @@ static PyObject *TokRed_finish(TokRed *t, PyObject *args, PyObject *kw) {
     if (bxpy_export_tensor(PySequence_Fast_GET_ITEM(seq, i), &dl[i], &own[i], -1, i) < 0) {
       PyObject *exc = bxpy_take_exception();
       PyObject *txt = exc ? PyObject_Str(exc) : NULL;
+      PyObject *sto = exc ? PyObject_GetAttrString(exc, "status") : NULL;
+      long stv = sto && PyLong_Check(sto) ? PyLong_AsLong(sto) : BX_EINVAL;
+      Py_XDECREF(sto);
+      PyErr_Clear();
       bxpy_where w = {-1, -1, i, -1, -1};
-      bxpy_raise_fmt(BX_EINVAL, &w, "TokRed.finish: argument 'outs[%zd]': %s", i,
+      bxpy_raise_fmt(stv > 0 ? (bx_status)stv : BX_EINVAL, &w,
+                     "TokRed.finish: argument 'outs[%zd]': %s", i,
                      txt ? PyUnicode_AsUTF8(txt) : "?");
       Py_XDECREF(txt);
       Py_XDECREF(exc);
