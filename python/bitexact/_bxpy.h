@@ -138,4 +138,67 @@ PyObject *bxpy_views_cuda_plan(Views *v, PyObject *args, PyObject *kwds);
 extern PyMethodDef bxpy_cuda_methods[];
 int bxpy_cuda_init(PyObject *module);
 
+/* ---- _train*.c: the training kernels of bitexact_train.h ---------------
+ * One Python function per kernel (the arguments in the C order, opts
+ * fields as keyword-only arguments with the C defaults). A call's tensors
+ * are exported into a bxk_call (at most BXK_MAX), the kernel runs with the
+ * GIL released, then the capsules are released. Errors name the argument:
+ * "fn: argument 'name': <text>" (attributes tensor = the slot, argument =
+ * the name). */
+#define BXK_MAX 10
+typedef struct bxk_call {
+  const char *fn;           /* the Python name, for messages */
+  int n;                    /* tensor slots */
+  const char *const *names; /* their names (the C parameter names) */
+  const signed char *loc;   /* the library's tensor index of each slot; NULL: the slot */
+  DLTensor dl[BXK_MAX];
+  bxpy_owner own[BXK_MAX];
+  DLTensor *p[BXK_MAX]; /* &dl[i], or NULL for None */
+} bxk_call;
+/* Export objs[0..k->n) (bit i of out: an output, refused when read-only or
+ * a copy; bit i of opt: None allowed, giving NULL); -1 with the error
+ * raised (and everything released) on failure. */
+int bxk_export(bxk_call *k, PyObject *const *objs, unsigned out, unsigned opt);
+/* Call every deleter (idempotent). */
+void bxk_release(bxk_call *k);
+/* Raise st with "fn: argument 'name': text" (slot < 0: "fn: text"); cause
+ * stolen (may be NULL). Returns NULL. */
+PyObject *bxk_raise(const bxk_call *k, bx_status st, int slot, PyObject *cause,
+                    const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+/* After the C call: release; None when st is BX_OK, else the library's
+ * error raised, naming the slot it locates. */
+PyObject *bxk_done(bxk_call *k, bx_status st);
+/* A Python communicator (as Views.norm's comm) as a bx_comm. */
+typedef struct bxk_pycomm {
+  PyObject *fn;
+  PyObject *error; /* the callback's exception, kept for __cause__ */
+} bxk_pycomm;
+int bxk_pycomm_allreduce(int64_t *buf, size_t n, bx_op op, void *ctx);
+
+#define BXK_N(a) ((int)(sizeof(a) / sizeof((a)[0])))
+/* Declare the call k of Python name fn over the names nm, export objs. */
+#define BXK_BEGIN(K_, NAME_, NM_, OBJS_, OUT_, OPT_) \
+  bxk_call K_;                                        \
+  K_.fn = NAME_;                                      \
+  K_.n = BXK_N(NM_);                                  \
+  K_.names = NM_;                                     \
+  K_.loc = NULL;                                      \
+  if (bxk_export(&K_, OBJS_, OUT_, OPT_) < 0) return NULL
+/* Run the C call with the GIL released and finish. */
+#define BXK_RUN(k, call)            \
+  do {                              \
+    bx_status st_;                  \
+    Py_BEGIN_ALLOW_THREADS st_ = (call); \
+    Py_END_ALLOW_THREADS return bxk_done(&(k), st_); \
+  } while (0)
+#define BXK_ARGS (PyObject * self, PyObject * args, PyObject * kw)
+#define BXK_METH(name, fn, doc) {name, (PyCFunction)(void (*)(void))fn, METH_VARARGS | METH_KEYWORDS, doc}
+
+extern PyMethodDef bxpy_train_methods[];    /* _train.c */
+extern PyMethodDef bxpy_train_moe_methods[]; /* _train_moe.c */
+extern PyMethodDef bxpy_tokred_methods[];   /* _train_tokred.c */
+/* Adds the three tables and the TokRed type to the module; -1 on failure. */
+int bxpy_train_init(PyObject *module);
+int bxpy_tokred_init(PyObject *module);
+
 #endif /* BXPY_H */

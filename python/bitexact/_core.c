@@ -778,6 +778,7 @@ PyMODINIT_FUNC PyInit__core(void) {
   }
   if (bxpy_dlpack_init() < 0) goto fail;
   if (PyModule_AddFunctions(m, bxpy_cuda_methods) < 0 || bxpy_cuda_init(m) < 0) goto fail;
+  if (bxpy_train_init(m) < 0) goto fail; /* the training kernels (_train*.c) */
   if (PyModule_AddIntConstant(m, "ACC_WORDS", BX_ACC_WORDS) < 0) goto fail;
   /* bx_version() of the library compiled in, and the version of the
    * headers it was compiled with (equal in a sound build) */
