@@ -616,7 +616,11 @@ def _clip_impl(grads, params, name_of, max_norm, norm_type, error_if_nonfinite, 
     grads non-empty or a process_group given."""
     plan = _Plan(grads, params, owned, process_group, name_of, norm_type)
     try:
-        if grads and not plan.cuda:
+        if grads and not plan.cuda and plan.fn is None:
+            # one process: refuse what cannot be scaled even when the clip
+            # turns out inactive. With a communicator the norm's agreement
+            # step must run first (a local failure fails every rank there);
+            # the scaling's own check follows it.
             plan.check_targets()
         total = plan.norm(norm_type, error_if_nonfinite, num_threads, fl, mode)
         if grads and plan.cuda:  # stream-ordered: no host synchronisation

@@ -137,8 +137,9 @@ def test_check_scale_targets():
     per-dtype plans only see their own tensors), the library's one check
     (bx_check_writable): any two tensors sharing memory, LayoutError naming
     both in the text and as integers (group/tensor, other_group/
-    other_tensor); disjoint pieces of one buffer pass; every tensor must be
-    valid for writing (dtype, dense layout), overlapping or not."""
+    other_tensor); disjoint pieces of one buffer pass, interleaved ones
+    too; every tensor must be valid for writing (dtype; its own elements
+    disjoint), overlapping another or not."""
     from bitexact import _core
     t = torch.zeros(12)
     with _core.Views([[t[:6], t[6:]], [torch.zeros(3), t[:0]]]) as v:
@@ -155,15 +156,23 @@ def test_check_scale_targets():
                 v.check_scale_targets()
         where = {(e.value.group, e.value.tensor), (e.value.other_group, e.value.other_tensor)}
         assert where == {a, b}, (names, where)
-    # one tensor's own dtype or layout: refused alone, no second tensor
+    # host tensors may have any strides (bitexact.h "Layouts"): a view
+    # with gaps, and negative strides disjoint from another tensor, pass
+    with _core.Views([[torch.ones(1), t[::2]], [t[1::2]]]) as v:
+        v.check_scale_targets()
+    with _core.Views([[t[6:], Producer(_Raw(t, 5, [6], [-1]))]]) as v:
+        v.check_scale_targets()
+    # negative strides (t[5], t[4], ..., t[0]) sharing t[5] with t[5:]: both named
+    with _core.Views([[t[5:], Producer(_Raw(t, 5, [6], [-1]))]]) as v:
+        with pytest.raises(bitexact.LayoutError, match="share memory") as e:
+            v.check_scale_targets()
+    assert {(e.value.group, e.value.tensor), (e.value.other_group, e.value.other_tensor)} == {
+        (0, 0), (0, 1)}
+    # one tensor's own dtype, or its own elements overlapping (expanded):
+    # refused alone, no second tensor
     for groups, exc, at, text in [
             ([[t.view(torch.int32)[2:3], torch.ones(1)]], bitexact.DTypeError, (0, 0), "int32"),
-            ([[torch.ones(1), t[::2]]], bitexact.LayoutError, (0, 1), "gaps"),
-            # negative strides (t[5], t[4], ..., t[0]), disjoint from t[6:] or not
-            ([[t[6:], Producer(_Raw(t, 5, [6], [-1]))]], bitexact.LayoutError, (0, 1),
-             "negative"),
-            ([[t[5:], Producer(_Raw(t, 5, [6], [-1]))]], bitexact.LayoutError, (0, 1),
-             "negative")]:
+            ([[torch.ones(1), t[:3].expand(2, 3)]], bitexact.LayoutError, (0, 1), "expanded view")]:
         with _core.Views(groups) as v:
             with pytest.raises(exc, match=f"group {at[0]}, tensor {at[1]}: .*{text}") as e:
                 v.check_scale_targets()
