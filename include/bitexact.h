@@ -330,6 +330,14 @@ typedef enum bx_op { BX_OP_SUM = 0, BX_OP_MAX = 1 } bx_op;
  * means this process alone. rank is this process's index, used only in
  * error messages (0 if unknown).
  *
+ * The norm's collective (the second call) holds one block of words per
+ * group of the call, in group order, all blocks of equal size (n divided
+ * by the number of groups; a call without groups is one group). This
+ * layout is part of the contract: a communicator may reduce each block
+ * over a different set of ranks (bitexact.megatron sums the dense and the
+ * expert parameters' blocks over their own process groups), and the
+ * finish then combines the reduced blocks exactly.
+ *
  * A comm whose struct_size is wrong fails the call with BX_EINVAL at once,
  * before any collective: its function pointers cannot be trusted, so it
  * is never called, and this rank does not take part in the call's

@@ -138,6 +138,10 @@ class Comm:
     deep. ``rank`` is used in error messages and exceptions (``e.rank``).
     Every rank passes only the tensors it owns (each element of the model
     exactly once over all ranks) and gets the same bits.
+    The norm's reduction holds one block of words per group, in group
+    order, all of equal size (bx_comm in bitexact.h): ``allreduce`` may
+    reduce each block over a different set of ranks (bitexact.megatron's
+    dense and expert groups); the total combines the reduced blocks exactly.
     See :func:`bitexact.torch.comm` for torch.distributed.
     """
 
