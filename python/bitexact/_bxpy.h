@@ -168,12 +168,15 @@ PyObject *bxk_raise(const bxk_call *k, bx_status st, int slot, PyObject *cause,
 /* After the C call: release; None when st is BX_OK, else the library's
  * error raised, naming the slot it locates. */
 PyObject *bxk_done(bxk_call *k, bx_status st);
-/* A Python communicator (as Views.norm's comm) as a bx_comm. */
-typedef struct bxk_pycomm {
+/* A Python communicator fn(buf, op) (bitexact.Comm's allreduce) as a
+ * bx_comm's allreduce_i64, ctx a bxpy_pycomm (_core.c: Views.norm/clip,
+ * _train_tokred.c: TokRed). It takes the GIL; a Python exception is kept
+ * in error (a new reference, for __cause__) and fails the collective. */
+typedef struct bxpy_pycomm {
   PyObject *fn;
-  PyObject *error; /* the callback's exception, kept for __cause__ */
-} bxk_pycomm;
-int bxk_pycomm_allreduce(int64_t *buf, size_t n, bx_op op, void *ctx);
+  PyObject *error;
+} bxpy_pycomm;
+int bxpy_pycomm_allreduce(int64_t *buf, size_t n, bx_op op, void *ctx);
 
 #define BXK_N(a) ((int)(sizeof(a) / sizeof((a)[0])))
 /* Declare the call k of Python name fn over the names nm, export objs. */

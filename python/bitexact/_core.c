@@ -142,13 +142,8 @@ PyObject *bxpy_take_exception(void) {
 /* ------------------------------------------------------------------------
  * Python communicator trampoline
  * ---------------------------------------------------------------------- */
-typedef struct pycomm {
-  PyObject *fn;
-  PyObject *error; /* the callback's exception, kept for __cause__ */
-} pycomm;
-
-static int pycomm_allreduce(int64_t *buf, size_t n, bx_op op, void *ctx) {
-  pycomm *c = ctx;
+int bxpy_pycomm_allreduce(int64_t *buf, size_t n, bx_op op, void *ctx) {
+  bxpy_pycomm *c = ctx;
   int rc = 1;
   PyGILState_STATE gil = PyGILState_Ensure();
   Py_ssize_t bytes = (Py_ssize_t)(n * sizeof(int64_t));
@@ -370,7 +365,7 @@ static void find_partner(const Views *v, bxpy_where *w) {
  * the second tensor of an overlap), the callback's exception as cause.
  * rank: this rank (-1 without a communicator): locations on other ranks
  * are not in v. */
-static PyObject *raise_call(Views *v, bx_status st, pycomm *pc, int rank) {
+static PyObject *raise_call(Views *v, bx_status st, bxpy_pycomm *pc, int rank) {
   PyObject *cause = pc ? pc->error : NULL;
   if (pc) pc->error = NULL;
   bxpy_where w = last_where();
@@ -477,9 +472,9 @@ static PyObject *Views_norm(Views *v, PyObject *args, PyObject *kwds) {
   if (ng < 0 || ng > v->ngroups) ng = v->ngroups;
   o.flavor = (bx_norm_flavor)flavor;
   o.norm_dtype = (bx_norm_dtype)norm_dtype; /* checked by the library */
-  pycomm pc = {comm_fn, NULL};
+  bxpy_pycomm pc = {comm_fn, NULL};
   bx_comm comm = BX_COMM_DEFAULT;
-  comm.allreduce_i64 = pycomm_allreduce;
+  comm.allreduce_i64 = bxpy_pycomm_allreduce;
   comm.ctx = &pc;
   comm.rank = rank;
   const bx_comm *cp = comm_fn == Py_None ? NULL : &comm;
@@ -567,9 +562,9 @@ static PyObject *Views_clip(Views *v, PyObject *args, PyObject *kwds) {
   o.scale.mode = (bx_scale_mode)mode;
   o.scale.num_threads = o.norm.num_threads;
   o.formula = (bx_coef_formula)formula;
-  pycomm pc = {comm_fn, NULL};
+  bxpy_pycomm pc = {comm_fn, NULL};
   bx_comm comm = BX_COMM_DEFAULT;
-  comm.allreduce_i64 = pycomm_allreduce;
+  comm.allreduce_i64 = bxpy_pycomm_allreduce;
   comm.ctx = &pc;
   comm.rank = rank;
   const bx_comm *cp = comm_fn == Py_None ? NULL : &comm;

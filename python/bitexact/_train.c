@@ -165,43 +165,6 @@ PyObject *bxk_done(bxk_call *k, bx_status st) {
   Py_RETURN_NONE;
 }
 
-/* The Python communicator comm(buf, op) of _core.c, for TokRed. */
-int bxk_pycomm_allreduce(int64_t *buf, size_t n, bx_op op, void *ctx) {
-  bxk_pycomm *c = ctx;
-  int rc = 1;
-  PyGILState_STATE gil = PyGILState_Ensure();
-  Py_ssize_t bytes = (Py_ssize_t)(n * sizeof(int64_t));
-  PyObject *ba = PyByteArray_FromStringAndSize((const char *)buf, bytes);
-  PyObject *res =
-      ba ? PyObject_CallFunction(c->fn, "Os", ba, op == BX_OP_SUM ? "sum" : "max") : NULL;
-  if (res && res != Py_None) {
-    Py_buffer view;
-    if (PyObject_GetBuffer(res, &view, PyBUF_SIMPLE) == 0) {
-      if (view.len == bytes) {
-        memcpy(buf, view.buf, (size_t)bytes);
-        rc = 0;
-      } else {
-        PyErr_Format(PyExc_ValueError, "comm returned %zd bytes, expected %zd", view.len, bytes);
-      }
-      PyBuffer_Release(&view);
-    }
-  } else if (res) {
-    if (PyByteArray_GET_SIZE(ba) == bytes) {
-      memcpy(buf, PyByteArray_AS_STRING(ba), (size_t)bytes);
-      rc = 0;
-    } else {
-      PyErr_SetString(PyExc_ValueError, "comm changed the size of its buffer");
-    }
-  }
-  if (rc != 0 && !c->error) c->error = bxpy_take_exception();
-  PyErr_Clear();
-  Py_XDECREF(res);
-  Py_XDECREF(ba);
-  PyGILState_Release(gil);
-  return rc;
-}
-
-
 /* ------------------------------------------------------------------------
  * Elementwise math
  * ---------------------------------------------------------------------- */

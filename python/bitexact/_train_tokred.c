@@ -238,9 +238,9 @@ static PyObject *tr_collective(TokRed *t, PyObject *args, PyObject *kw, int all)
                                    &rank) ||
       tr_check(t, fn) < 0)
     return NULL;
-  bxk_pycomm pc = {cfn, NULL};
+  bxpy_pycomm pc = {cfn, NULL};
   bx_comm comm = BX_COMM_DEFAULT;
-  comm.allreduce_i64 = bxk_pycomm_allreduce;
+  comm.allreduce_i64 = bxpy_pycomm_allreduce;
   comm.ctx = &pc;
   comm.rank = rank;
   const bx_comm *cp = cfn == Py_None ? NULL : &comm;

@@ -10,7 +10,6 @@ Results (small dicts) are saved to <dir>/rank<r>.pt; the test asserts."""
 import itertools
 import os
 import sys
-import traceback
 import warnings
 
 import torch
@@ -25,6 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import bitexact.torch as bt  # noqa: E402
 from port_models import SharedTransformer, gather_pieces, init_group, nested_linears  # noqa: E402
+from port_models import guard, save_and_close  # noqa: E402
 
 CPU = torch.device("cpu")
 INF = float("inf")
@@ -178,24 +178,15 @@ def scenario_non_uniform(rank):
     return {"grad_dtypes": dtypes, "total": total, "exact": _exact(pieces, total.dtype, 2.0)}
 
 
-def _guard(fn, *args):
-    try:
-        return fn(*args)
-    except Exception:
-        return {"exception": traceback.format_exc()}
-
-
 def main(rank, ws, port, out_dir):
     init_group(rank, ws, port)
     torch.set_num_threads(1)
     res = {}
     for case in PARITY:
-        res[("parity", parity_id(case))] = _guard(scenario_parity, rank, case)
+        res[("parity", parity_id(case))] = guard(scenario_parity, rank, case)
     for case in LOW_PRECISION:
-        res[("low_precision", parity_id(case))] = _guard(scenario_low_precision, rank, case)
+        res[("low_precision", parity_id(case))] = guard(scenario_low_precision, rank, case)
     for orig in (False, True):
-        res[("no_gradients", orig)] = _guard(scenario_no_gradients, rank, orig)
-    res[("non_uniform", None)] = _guard(scenario_non_uniform, rank)
-    torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
-    dist.barrier()
-    dist.destroy_process_group()
+        res[("no_gradients", orig)] = guard(scenario_no_gradients, rank, orig)
+    res[("non_uniform", None)] = guard(scenario_non_uniform, rank)
+    save_and_close(res, rank, out_dir)

@@ -9,7 +9,6 @@ MLP stack with colwise/rowwise tensor parallelism, fully_shard on dp."""
 import copy
 import os
 import sys
-import traceback
 
 import torch
 import torch.distributed as dist
@@ -26,6 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import bitexact.torch as bt  # noqa: E402
 from port_models import Block, TokenTransformer, init_group  # noqa: E402
+from port_models import guard, save_and_close  # noqa: E402
 
 INF = float("inf")
 NORMS_1D = (2, 1, INF)
@@ -123,23 +123,14 @@ def scenario_2d(rank, ws, norm_type):
     return _run(0.5, norm_type, ref_model, model, inp, ITERS_2D)
 
 
-def _guard(fn, *args):
-    try:
-        return fn(*args)
-    except Exception:
-        return {"exception": traceback.format_exc()}
-
-
 def main(rank, ws, port, out_dir):
     init_group(rank, ws, port)
     torch.set_num_threads(1)
     res = {}
     if ws == 2:
         for p in NORMS_1D:
-            res[("1d", p)] = _guard(scenario_1d, rank, ws, p)
+            res[("1d", p)] = guard(scenario_1d, rank, ws, p)
     else:
         for p in NORMS_2D:
-            res[("2d", p)] = _guard(scenario_2d, rank, ws, p)
-    torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
-    dist.barrier()
-    dist.destroy_process_group()
+            res[("2d", p)] = guard(scenario_2d, rank, ws, p)
+    save_and_close(res, rank, out_dir)

@@ -3,6 +3,7 @@ torch port (written for these tests, modelled on the shapes upstream's
 test helpers use: a transformer with a shared embedding/output weight, a
 nested stack of linears, a token transformer, an MLP stack)."""
 import os
+import traceback
 
 import torch
 import torch.distributed as dist
@@ -98,6 +99,22 @@ def init_group(rank, ws, port):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=rank, world_size=ws)
+
+
+def guard(fn, *args):
+    """A worker scenario's result, or its traceback (the test reports it)."""
+    try:
+        return fn(*args)
+    except Exception:  # noqa: BLE001
+        return {"exception": traceback.format_exc()}
+
+
+def save_and_close(res, rank, out_dir):
+    """A worker's last steps: its results to <out_dir>/rank<r>.pt, then
+    leave the group together."""
+    torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 def free_port():
