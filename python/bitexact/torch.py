@@ -658,3 +658,13 @@ def _param_namer(parameters, params):
 
 
 _ops._BT = _sys.modules[__name__]  # the custom ops' implementation
+
+# The training kernels as autograd Functions / nn.Modules with layout-
+# invariant weight gradients (docs/torch_layers.md).
+from ._torch_layers import (  # noqa: E402,F401
+    CausalAttention, CrossEntropyLoss, Embedding, GradReduction, Linear, RMSNorm,
+    RotaryEmbedding, SwiGLUMLP, causal_attention, cross_entropy, embedding, linear, rms_norm,
+    rope, swiglu, swiglu_mlp)
+from ._torch_layers import __all__ as _layers_all  # noqa: E402
+
+__all__ += _layers_all

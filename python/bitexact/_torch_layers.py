@@ -1,0 +1,856 @@
+"""bitexact.torch layers: the training kernels (bitexact.kernels) as torch
+autograd Functions and nn.Modules, with weight gradients that are token
+reductions (docs/torch_layers.md).
+
+Every forward and backward value is computed by a bitexact kernel (torch
+only allocates and reshapes); the bits are those of `bitexact train`'s
+kernels. Weight gradients never go through torch's accumulation into
+``.grad``: each module adds its per-chunk partials (one chunk = one
+sequence of ``seq_len`` tokens) to the :class:`GradReduction` of the step,
+which owns one ``bitexact.kernels.TokRed`` over the parameters and writes
+every ``.grad`` at :meth:`GradReduction.finish`. A step is two passes of the
+same forward + backward (pass 0 bounds the partials, the grid is agreed over
+ranks, pass 1 adds them), so gradients and the loss are bitwise the same for
+any micro-batching, thread count and data-parallel rank count.
+
+Threading: a GradReduction is used by one thread at a time (the one running
+the step); the kernels release the GIL and their own worker threads
+(``num_threads``) never change a bit. Not covered here: the MoE router,
+dispatch and experts, bias terms, bf16 compute, CUDA tensors.
+"""
+import contextlib as _contextlib
+import re as _re
+import threading as _threading
+
+import torch
+
+from . import (DeviceError, DTypeError, Error, InvalidArgumentError, LayoutError, _comm_args)
+from . import kernels as _k
+
+__all__ = ["GradReduction", "Linear", "RMSNorm", "SwiGLUMLP", "Embedding", "CrossEntropyLoss",
+           "RotaryEmbedding", "CausalAttention", "linear", "rms_norm", "swiglu", "swiglu_mlp",
+           "embedding", "cross_entropy", "rope", "causal_attention"]
+
+_F32 = torch.float32
+_tls = _threading.local()  # the GradReduction whose micro_batch() this thread runs
+
+
+def _active():
+    return getattr(_tls, "red", None)
+
+
+def _err(cls, fn, name, text):
+    e = cls(f"{fn}: argument '{name}': {text}")
+    e.argument = name
+    return e
+
+
+def _check(fn, name, t, dtypes=(_F32,), ndim=None, min_ndim=1):
+    """The checks every argument gets before any kernel runs (the kernels
+    check again; these name the module's own argument)."""
+    if not isinstance(t, torch.Tensor):
+        raise _err(InvalidArgumentError, fn, name, f"is a {type(t).__name__}, not a torch.Tensor")
+    if t.device.type != "cpu":
+        raise _err(DeviceError, fn, name, f"is on device '{t.device}'; bitexact's training kernels "
+                   "run on CPU tensors")
+    if t.layout != torch.strided:
+        raise _err(LayoutError, fn, name, f"has layout {t.layout}; a dense (strided) tensor is needed")
+    if t.dtype not in dtypes:
+        want = " or ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise _err(DTypeError, fn, name, f"dtype must be {want}, not {str(t.dtype).replace('torch.', '')}")
+    if (ndim is not None and t.dim() not in ndim) or t.dim() < min_ndim:
+        raise _err(InvalidArgumentError, fn, name, f"has shape {tuple(t.shape)}: "
+                   f"{'/'.join(map(str, ndim)) if ndim else f'at least {min_ndim}'} dimensions expected")
+    return t.contiguous()
+
+
+def _renamed(e, names):
+    """A TokRed error with 'tensor i' followed by the parameter's name."""
+    msg = _re.sub(r"tensor (\d+)", lambda m: f"tensor {m.group(1)} ({names[int(m.group(1))]})"
+                  if int(m.group(1)) < len(names) else m.group(0), str(e))
+    n = type(e)(msg)
+    n.__dict__.update(getattr(e, "__dict__", {}))
+    return n
+
+
+def _threads(mod_threads):
+    if mod_threads is not None:
+        return mod_threads
+    red = _active()
+    return red.num_threads if red is not None else 0
+
+
+# ---- the step's gradient reduction ---------------------------------------
+
+class GradReduction:
+    """The gradients of one training step as layout-invariant token
+    reductions (``bitexact_train.h`` "Token reduction").
+
+    ``GradReduction(parameters, seq_len, total_tokens, *, num_threads=0)``:
+    ``parameters`` the trained fp32 CPU parameters (Parameters or
+    ``named_parameters()`` pairs, names used in messages), each used by
+    exactly one bitexact module call per micro-batch; ``seq_len`` = the
+    chunk: a micro-batch holds whole sequences; ``total_tokens`` the global
+    batch's tokens (all micro-batches of all ranks). ``num_threads`` bounds
+    the kernels' worker threads (bits never depend on it).
+
+    The protocol, on every rank, per step (:meth:`run_two_pass` does it)::
+
+        red.begin()                          # pass 0: bound
+        for b, n, batch in my_micro_batches: # global first token, token count
+            with red.micro_batch(b, n):
+                model(batch).backward()      # bitexact modules bound their partials
+        red.agree(comm)                      # MAX all-reduce: the grids; pass 1: add
+        for b, n, batch in my_micro_batches: # the same micro-batches, same order
+            with red.micro_batch(b, n):
+                loss = model(batch); loss.backward()  # the same bits; partials added
+        red.finish(comm)                     # SUM all-reduce of int64 words; .grad written
+
+    ``comm``: None (one process), a :class:`bitexact.Comm`
+    (``bitexact.torch.comm(group)``) or a torch.distributed process group.
+    After :meth:`finish`, ``red.loss`` is the step's cross-entropy loss (the
+    exact global sum / n_targets, rounded once) when the model used
+    :class:`CrossEntropyLoss`. Misuse (a micro-batch outside a pass, pass 1
+    with other micro-batches than pass 0, a backward of a previous pass, a
+    parameter used twice in a micro-batch, finish before agree or twice)
+    raises :class:`bitexact.InvalidArgumentError`; a failing call leaves every
+    ``.grad`` unchanged (then :meth:`begin` a new step).
+    """
+
+    def __init__(self, parameters, seq_len, total_tokens, *, num_threads=0):
+        items = list(parameters)
+        names, params = [], []
+        for i, it in enumerate(items):
+            name, p = it if isinstance(it, tuple) else (f"parameters[{i}]", it)
+            _check("GradReduction", name, p, min_ndim=0)
+            if not p.is_contiguous():
+                raise _err(LayoutError, "GradReduction", name, "must be contiguous")
+            if not p.requires_grad:
+                raise _err(InvalidArgumentError, "GradReduction", name, "does not require grad")
+            names.append(name)
+            params.append(p)
+        index = {}
+        for i, p in enumerate(params):
+            if id(p) in index:
+                raise _err(InvalidArgumentError, "GradReduction", names[i],
+                           f"is {names[index[id(p)]]} again")
+            index[id(p)] = i
+        if int(seq_len) < 1 or int(total_tokens) < 1 or int(num_threads) < 0:
+            raise InvalidArgumentError(f"GradReduction: seq_len {seq_len} and total_tokens "
+                                       f"{total_tokens} must be >= 1, num_threads {num_threads} >= 0")
+        self.names, self.params, self._index = names, params, index
+        self.seq_len, self.total_tokens, self.num_threads = int(seq_len), int(total_tokens), int(num_threads)
+        self.phase = "idle"  # idle -> bound -> add -> done (or failed)
+        self.loss = None
+        self.n_targets = self.total_tokens
+        self._gen = 0
+        self._state = self._loss_state = None
+        self._mb = None
+
+    # -- the passes --
+    def begin(self, n_targets=None):
+        """Start a step (pass 0, bound). ``n_targets``: the global count of
+        targets that are not ``ignore_index`` (the loss divisor; default
+        ``total_tokens``, every target valid; :meth:`count_targets`)."""
+        n = self.total_tokens if n_targets is None else int(n_targets)
+        if n < 1:
+            raise InvalidArgumentError(f"GradReduction.begin: n_targets {n} must be >= 1")
+        self._state = _k.TokRed(self.params, self.seq_len, self.total_tokens)
+        self._loss_state = _k.TokRed([()], self.seq_len, self.total_tokens)
+        self.n_targets, self.loss, self.phase = n, None, "bound"
+        self._gen += 1
+        self._ranges, self._added = [], 0
+
+    def agree(self, comm=None):
+        """End pass 0: agree the grids (one small MAX all-reduce per state);
+        pass 1 (add) follows."""
+        self._require("bound", "agree")
+        if not self._ranges:
+            raise InvalidArgumentError("GradReduction.agree: pass 0 ran no micro-batch")
+        fn, rank = _comm_of(comm)
+        try:
+            self._state.agree(fn, rank=rank)
+            self._loss_state.agree(fn, rank=rank)
+        except Error as e:
+            self.phase = "failed"
+            raise _renamed(e, self.names) from e
+        self.phase = "add"
+        self._gen += 1
+
+    def finish(self, comm=None):
+        """End pass 1: SUM all-reduce of the int64 words (with an agreement
+        step), then every parameter's ``.grad`` = its gradient (replaced, not
+        accumulated), and ``self.loss``. Nothing is written on error."""
+        self._require("add", "finish")
+        if self._added != len(self._ranges):
+            raise InvalidArgumentError(
+                f"GradReduction.finish: pass 1 ran {self._added} of pass 0's "
+                f"{len(self._ranges)} micro-batches")
+        fn, rank = _comm_of(comm)
+        self.phase = "failed"  # until everything below succeeded
+        try:
+            self._state.allreduce(fn, rank=rank)
+            self._loss_state.allreduce(fn, rank=rank)
+            outs = [torch.empty(p.shape, dtype=_F32) for p in self.params]
+            self._state.finish(outs, 1)
+            loss = None
+            if any(_k.words(self._loss_state)[2:]):  # any chunk of the loss added (globally)
+                loss = torch.empty((), dtype=_F32)
+                self._loss_state.finish([loss], self.n_targets)
+        except Error as e:
+            raise _renamed(e, self.names + ["loss"]) from e
+        for p, g in zip(self.params, outs):
+            p.grad = g
+        self.loss, self.phase = loss, "done"
+        self._gen += 1
+        return loss
+
+    def run_two_pass(self, closure, micro_batches, comm=None, n_targets=None):
+        """One step: ``micro_batches`` a list of (first_token, num_tokens)
+        (global token ids, whole sequences), ``closure(i)`` runs the forward
+        and backward of micro-batch i; run for pass 0, agree, run again,
+        finish. Returns the closure's pass-1 results."""
+        self.begin(n_targets)
+        for i, (b, n) in enumerate(micro_batches):
+            with self.micro_batch(b, n):
+                closure(i)
+        self.agree(comm)
+        out = []
+        for i, (b, n) in enumerate(micro_batches):
+            with self.micro_batch(b, n):
+                out.append(closure(i))
+        self.finish(comm)
+        return out
+
+    @_contextlib.contextmanager
+    def micro_batch(self, first_token, num_tokens):
+        """The bitexact modules called inside hold the micro-batch of global
+        tokens [first_token, first_token + num_tokens) (whole sequences)."""
+        if self.phase not in ("bound", "add"):
+            raise InvalidArgumentError(f"GradReduction.micro_batch: no pass is running (phase "
+                                       f"'{self.phase}'): begin() first")
+        if _active() is not None:
+            raise InvalidArgumentError("GradReduction.micro_batch: already inside a micro_batch")
+        b, n = int(first_token), int(num_tokens)
+        if n < 1:
+            raise InvalidArgumentError(f"GradReduction.micro_batch: num_tokens {n} must be >= 1")
+        c0, _ = self._state.chunks(b, b + n)  # LayoutError: not whole chunks
+        if self.phase == "bound":
+            self._ranges.append((b, n))
+        else:
+            if self._added >= len(self._ranges) or self._ranges[self._added] != (b, n):
+                want = self._ranges[self._added] if self._added < len(self._ranges) else "none"
+                raise InvalidArgumentError(
+                    f"GradReduction.micro_batch: pass 1 must repeat pass 0's micro-batches in "
+                    f"order; got tokens ({b}, {n}), expected {want}")
+            self._added += 1
+        self._mb = _MicroBatch(self, b, n, c0)
+        _tls.red = self
+        try:
+            yield self._mb
+        finally:
+            _tls.red = None
+            self._mb = None
+
+    def count_targets(self, targets, ignore_index=-100, comm=None):
+        """The global count of targets != ignore_index (int64, order-free):
+        the local count (bx_xent_count) summed over ranks through comm."""
+        t = _check("GradReduction.count_targets", "targets", targets, (torch.int32, torch.int64))
+        counts = torch.empty(1, dtype=torch.int64)
+        _k.xent_count(t.reshape(-1), t.numel() or 1, counts, ignore_index=ignore_index)
+        buf = bytearray(counts.numpy().tobytes())
+        fn, _ = _comm_of(comm)
+        if fn is not None:
+            r = fn(buf, "sum")
+            if r is not None:
+                buf = bytearray(r)
+        return int.from_bytes(bytes(buf), "little", signed=True)
+
+    def _require(self, phase, what):
+        if self.phase != phase:
+            raise InvalidArgumentError(f"GradReduction.{what}: called in phase '{self.phase}', "
+                                       f"expected '{phase}' (begin, micro-batches, agree, the same "
+                                       "micro-batches, finish)")
+
+
+class _MicroBatch:
+    """What a module's forward captures: the reduction, its generation (the
+    pass), the micro-batch's tokens and first global chunk, and the
+    parameters already used in it."""
+
+    def __init__(self, red, first_token, num_tokens, first_chunk):
+        self.red, self.gen = red, red._gen
+        self.tok0, self.T, self.chunk0 = first_token, num_tokens, first_chunk
+        self.used = set()
+        self.loss_used = False
+
+    def take(self, fn, param, name, rows, exact):
+        """The state index of param, checked: rows of its input = the
+        micro-batch's tokens (exact) or a multiple (rows per token),
+        registered, used once."""
+        red = self.red
+        if (rows != self.T) if exact else (rows % self.T):
+            raise _err(InvalidArgumentError, fn, "input", f"has {rows} token rows, the "
+                       f"micro-batch holds {self.T} tokens{'' if exact else ' (or a multiple)'}")
+        i = red._index.get(id(param))
+        if i is None:
+            raise _err(InvalidArgumentError, fn, name, "requires grad but is not a parameter of "
+                       "the active GradReduction")
+        if i in self.used:
+            raise _err(InvalidArgumentError, fn, name, f"({red.names[i]}) is used twice in one "
+                       "micro-batch: its chunk partials would be added twice (not supported)")
+        self.used.add(i)
+        return i
+
+    def check(self, what):
+        red = self.red
+        if red._gen != self.gen:
+            raise InvalidArgumentError(f"{what}: this backward belongs to a finished pass of the "
+                                       f"GradReduction (now in phase '{red.phase}'): run the "
+                                       "backward inside its own pass")
+        return red.phase == "bound"
+
+
+def _comm_of(comm):
+    dist = torch.distributed
+    if dist.is_available() and isinstance(comm, dist.ProcessGroup):
+        from .torch import comm as _tcomm  # a torch.distributed ProcessGroup
+        comm = _tcomm(comm)
+    return _comm_args(comm)
+
+
+def _capture(fn, weights, exact=True):
+    """At forward: the micro-batch and the state indices of the weights
+    that will need a gradient (None where none). No reduction active and a
+    trainable weight with grad mode on: an error (gradients of bitexact
+    modules go through a GradReduction)."""
+    want = [(w, n) for w, n, rows in weights if torch.is_grad_enabled() and w.requires_grad]
+    if not want:
+        return None, [None] * len(weights)
+    red = _active()
+    if red is None:
+        raise _err(InvalidArgumentError, fn, want[0][1], "requires grad, but no GradReduction "
+                   "micro_batch is active (bitexact modules add weight gradients to it; "
+                   "docs/torch_layers.md)")
+    mb = red._mb
+    idx = [mb.take(fn, w, n, rows, exact) if (torch.is_grad_enabled() and w.requires_grad) else None
+           for w, n, rows in weights]
+    return mb, idx
+
+
+def _wgrad(mb, idx, dy, x, what):
+    """A linear weight's gradient dY^T X over the micro-batch's rows, as
+    chunk partials: bounded a priori (pass 0) or computed and added (pass 1)."""
+    bound = mb.check(what)
+    s, red = mb.red._state, mb.red
+    f = _k.linear_wgrad_bound if bound else _k.linear_wgrad
+    try:
+        f(s, w_tensor=idx, b_tensor=None, dy=dy, x=x, token_begin=mb.tok0, num_threads=red.num_threads)
+    except Error as e:
+        raise _renamed(e, red.names) from e
+
+
+def _partials(mb, idx, partials, what):
+    """Per-chunk partials [nchunks, ...] of tensor idx: bound or add."""
+    bound = mb.check(what)
+    s = mb.red._state
+    try:
+        for j in range(partials.shape[0]):
+            (s.bound if bound else s.add)(idx, mb.chunk0 + j, partials[j])
+    except Error as e:
+        raise _renamed(e, mb.red.names) from e
+
+
+def _rows(t, last):
+    return t.reshape(-1, last)
+
+
+# ---- Linear ---------------------------------------------------------------
+
+class _LinearFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, num_threads, mb, widx):
+        K = weight.shape[1]
+        x2 = _rows(x, K)
+        y = torch.empty(x2.shape[0], weight.shape[0], dtype=_F32)
+        _k.gemm(x2, weight, "nt", y, num_threads=num_threads)
+        ctx.save_for_backward(x2, weight)
+        ctx.meta = (x.shape, num_threads, mb, widx)
+        return y.view(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, dy):
+        shape, nt, mb, widx = ctx.meta
+        if widx is not None:
+            mb.check("Linear backward")  # first: a stale pass computes nothing
+        x2, weight = ctx.saved_tensors
+        dy2 = _rows(dy.contiguous(), weight.shape[0])
+        dx = None
+        if ctx.needs_input_grad[0]:
+            dx = torch.empty(x2.shape, dtype=_F32)
+            _k.gemm(dy2, weight, "nn", dx, num_threads=nt)
+            dx = dx.view(shape)
+        if widx is not None:
+            _wgrad(mb, widx, dy2, x2, "Linear backward")
+        return dx, None, None, None, None
+
+
+def linear(x, weight, num_threads=None):
+    """y = x W^T (bx_gemm NT, one fmaf chain per element over k); dx = dy W
+    (NN); dW as chunk partials into the active GradReduction."""
+    fn = "bitexact.torch.linear"
+    weight = _check(fn, "weight", weight, ndim=(2,))
+    x = _check(fn, "input", x)
+    if x.shape[-1] != weight.shape[1]:
+        raise _err(InvalidArgumentError, fn, "input", f"has {x.shape[-1]} features, weight "
+                   f"{tuple(weight.shape)} wants {weight.shape[1]}")
+    rows = x.numel() // max(1, x.shape[-1])
+    mb, (wi,) = _capture(fn, [(weight, "weight", rows)])
+    return _LinearFn.apply(x, weight, _threads(num_threads), mb, wi)
+
+
+class Linear(torch.nn.Module):
+    """torch.nn.Linear without bias (GLM-4.5's projections), through the
+    bitexact kernels. weight [out_features, in_features], torch's init."""
+
+    def __init__(self, in_features, out_features, bias=False, device=None, dtype=None):
+        super().__init__()
+        if bias:
+            raise InvalidArgumentError("bitexact.torch.Linear: bias is not supported yet")
+        ref = torch.nn.Linear(in_features, out_features, bias=False, device=device, dtype=dtype)
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = ref.weight
+        self.num_threads = None
+
+    def forward(self, x):
+        return linear(x, self.weight, self.num_threads)
+
+
+# ---- RMSNorm --------------------------------------------------------------
+
+class _RMSNormFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, eps, num_threads, mb, widx):
+        H = weight.shape[0]
+        x2 = _rows(x, H)
+        y = torch.empty(x2.shape, dtype=_F32)
+        rstd = torch.empty(x2.shape[0], dtype=_F32)
+        _k.rmsnorm_forward(x2, weight, eps, y, rstd, num_threads=num_threads)
+        ctx.save_for_backward(x2, weight, rstd)
+        ctx.meta = (x.shape, num_threads, mb, widx)
+        return y.view(x.shape)
+
+    @staticmethod
+    def backward(ctx, dy):
+        shape, nt, mb, widx = ctx.meta
+        if widx is not None:
+            mb.check("RMSNorm backward")
+        x2, weight, rstd = ctx.saved_tensors
+        dy2 = _rows(dy.contiguous(), weight.shape[0])
+        dx = torch.empty(x2.shape, dtype=_F32)
+        parts, per_chunk = None, x2.shape[0]
+        if widx is not None:
+            per_chunk = x2.shape[0] // mb.T * mb.red.seq_len  # rows per token * tokens per chunk
+            parts = torch.empty(-(-x2.shape[0] // per_chunk), weight.shape[0], dtype=_F32)
+        _k.rmsnorm_backward(x2, weight, dy2, rstd, per_chunk, dx, parts, num_threads=nt)
+        if widx is not None:
+            _partials(mb, widx, parts, "RMSNorm backward")
+        return (dx.view(shape) if ctx.needs_input_grad[0] else None), None, None, None, None, None
+
+
+def rms_norm(x, weight, eps=1e-6, num_threads=None):
+    """Glm4MoeRMSNorm over the last dimension (bx_rmsnorm_*: sequential
+    sum of squares, correctly rounded rsqrt); x [..., H] whose rows are
+    tokens or a whole number of rows per token (QK-norm [T, heads, D])."""
+    fn = "bitexact.torch.rms_norm"
+    weight = _check(fn, "weight", weight, ndim=(1,))
+    x = _check(fn, "input", x)
+    if x.shape[-1] != weight.shape[0]:
+        raise _err(InvalidArgumentError, fn, "input", f"last dimension {x.shape[-1]} != "
+                   f"weight's {weight.shape[0]}")
+    mb, (wi,) = _capture(fn, [(weight, "weight", x.numel() // max(1, x.shape[-1]))], exact=False)
+    return _RMSNormFn.apply(x, weight, float(eps), _threads(num_threads), mb, wi)
+
+
+class RMSNorm(torch.nn.Module):
+    """Glm4MoeRMSNorm(hidden_size, eps) through bx_rmsnorm_forward/backward;
+    the gain's gradient as per-chunk partials (bounded on the partials)."""
+
+    def __init__(self, hidden_size, eps=1e-6):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(hidden_size, dtype=_F32))
+        self.eps, self.num_threads = eps, None
+
+    def forward(self, x):
+        return rms_norm(x, self.weight, self.eps, self.num_threads)
+
+
+# ---- SwiGLU -----------------------------------------------------------------
+
+class _SwiGLUFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, gate, up, num_threads):
+        h = torch.empty(gate.shape, dtype=_F32)
+        _k.swiglu_forward(gate, up, h, num_threads=num_threads)
+        ctx.save_for_backward(gate, up)
+        ctx.nt = num_threads
+        return h
+
+    @staticmethod
+    def backward(ctx, dh):
+        gate, up = ctx.saved_tensors
+        dg, du = torch.empty(gate.shape, dtype=_F32), torch.empty(gate.shape, dtype=_F32)
+        _k.swiglu_backward(gate, up, dh.contiguous(), dg, du, num_threads=ctx.nt)
+        return dg, du, None
+
+
+def swiglu(gate, up, num_threads=None):
+    """h = SiLU(gate) * up (bx_swiglu_forward: SiLU correctly rounded, one
+    product); the backward is torch's silu_backward formula with its FMA."""
+    fn = "bitexact.torch.swiglu"
+    gate, up = _check(fn, "gate", gate), _check(fn, "up", up)
+    if gate.shape != up.shape:
+        raise _err(InvalidArgumentError, fn, "up", f"has shape {tuple(up.shape)}, gate "
+                   f"{tuple(gate.shape)}")
+    return _SwiGLUFn.apply(gate, up, _threads(num_threads))
+
+
+class _MLPFn(torch.autograd.Function):
+    """Glm4MoeMLP as train_layers.c computes it: g = x Wg^T, u = x Wu^T,
+    a = swiglu(g, u), y = a Wd^T; backward da = dy Wd, (dg, du), then
+    dx = dg Wg + du Wu as ONE fmaf chain per element (the second NN GEMM
+    accumulates onto the first), so the bits equal `bitexact train`'s
+    (two autograd branches would add two rounded products instead)."""
+
+    @staticmethod
+    def forward(ctx, x, wg, wu, wd, num_threads, mb, idx):
+        H, I = wg.shape[1], wg.shape[0]
+        x2 = _rows(x, H)
+        T = x2.shape[0]
+        g, u, a = (torch.empty(T, I, dtype=_F32) for _ in range(3))
+        _k.gemm(x2, wg, "nt", g, num_threads=num_threads)
+        _k.gemm(x2, wu, "nt", u, num_threads=num_threads)
+        _k.swiglu_forward(g, u, a, num_threads=num_threads)
+        y = torch.empty(T, wd.shape[0], dtype=_F32)
+        _k.gemm(a, wd, "nt", y, num_threads=num_threads)
+        ctx.save_for_backward(x2, wg, wu, wd, g, u, a)
+        ctx.meta = (x.shape, num_threads, mb, idx)
+        return y.view(*x.shape[:-1], wd.shape[0])
+
+    @staticmethod
+    def backward(ctx, dy):
+        shape, nt, mb, (ig, iu, idd) = ctx.meta
+        if mb is not None:
+            mb.check("SwiGLUMLP backward")
+        x2, wg, wu, wd, g, u, a = ctx.saved_tensors
+        dy2 = _rows(dy.contiguous(), wd.shape[0])
+        da = torch.empty(a.shape, dtype=_F32)
+        _k.gemm(dy2, wd, "nn", da, num_threads=nt)
+        if idd is not None:
+            _wgrad(mb, idd, dy2, a, "SwiGLUMLP backward (down_proj)")
+        dg, du = torch.empty(g.shape, dtype=_F32), torch.empty(u.shape, dtype=_F32)
+        _k.swiglu_backward(g, u, da, dg, du, num_threads=nt)
+        dx = None
+        if ctx.needs_input_grad[0]:
+            dx = torch.empty(x2.shape, dtype=_F32)
+            _k.gemm(dg, wg, "nn", dx, num_threads=nt)
+            _k.gemm(du, wu, "nn", dx, accumulate=True, num_threads=nt)
+            dx = dx.view(shape)
+        if ig is not None:
+            _wgrad(mb, ig, dg, x2, "SwiGLUMLP backward (gate_proj)")
+        if iu is not None:
+            _wgrad(mb, iu, du, x2, "SwiGLUMLP backward (up_proj)")
+        return dx, None, None, None, None, None, None
+
+
+def swiglu_mlp(x, gate_weight, up_weight, down_weight, num_threads=None):
+    """down(SiLU(gate(x)) * up(x)) with bias-free projections (Glm4MoeMLP):
+    gate_weight, up_weight [I, H], down_weight [H, I]."""
+    fn = "bitexact.torch.swiglu_mlp"
+    wg = _check(fn, "gate_weight", gate_weight, ndim=(2,))
+    wu = _check(fn, "up_weight", up_weight, ndim=(2,))
+    wd = _check(fn, "down_weight", down_weight, ndim=(2,))
+    x = _check(fn, "input", x)
+    H, I = wg.shape[1], wg.shape[0]
+    if wu.shape != wg.shape or wd.shape != (H, I):
+        raise _err(InvalidArgumentError, fn, "up_weight" if wu.shape != wg.shape else "down_weight",
+                   f"shapes gate {tuple(wg.shape)}, up {tuple(wu.shape)}, down {tuple(wd.shape)} "
+                   f"do not fit ([I, H], [I, H], [H, I])")
+    if x.shape[-1] != H:
+        raise _err(InvalidArgumentError, fn, "input", f"has {x.shape[-1]} features, not {H}")
+    rows = x.numel() // max(1, H)
+    mb, idx = _capture(fn, [(wg, "gate_weight", rows), (wu, "up_weight", rows),
+                            (wd, "down_weight", rows)])
+    return _MLPFn.apply(x, wg, wu, wd, _threads(num_threads), mb, tuple(idx))
+
+
+class SwiGLUMLP(torch.nn.Module):
+    """Glm4MoeMLP(hidden_size, intermediate_size): gate_proj, up_proj,
+    down_proj (bias-free Linear weights, torch's init), one autograd node."""
+
+    def __init__(self, hidden_size, intermediate_size):
+        super().__init__()
+        self.gate_proj = Linear(hidden_size, intermediate_size)
+        self.up_proj = Linear(hidden_size, intermediate_size)
+        self.down_proj = Linear(intermediate_size, hidden_size)
+        self.num_threads = None
+
+    def forward(self, x):
+        return swiglu_mlp(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight,
+                          self.num_threads)
+
+
+# ---- Embedding ----------------------------------------------------------------
+
+class _EmbeddingFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, weight, ids, padding_idx, num_threads, mb, widx):
+        y = torch.empty(*ids.shape, weight.shape[1], dtype=_F32)
+        _k.embedding_forward(weight, ids, y, padding_idx=padding_idx, num_threads=num_threads)
+        ctx.save_for_backward(ids)
+        ctx.meta = (weight.shape, padding_idx, num_threads, mb, widx)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        (ids,) = ctx.saved_tensors
+        (V, H), pad, nt, mb, widx = ctx.meta
+        if widx is None:
+            return None, None, None, None, None, None
+        bound = mb.check("Embedding backward")
+        T, C = ids.numel(), mb.red.seq_len
+        nch = -(-T // C)
+        row_ids = torch.empty(T, dtype=torch.int64)
+        rows = torch.empty(T, H, dtype=_F32)
+        offsets = torch.empty(nch + 1, dtype=torch.int64)
+        ids1 = ids.reshape(-1)
+        _k.embedding_backward(ids1, _rows(dy.contiguous(), H), V, C, row_ids, rows, offsets,
+                              padding_idx=pad, num_threads=nt)
+        s = mb.red._state
+        try:
+            if bound:
+                _k.embedding_grad_bound(s, widx, rows, offsets)
+            else:
+                _k.embedding_grad_add(s, widx, mb.chunk0, row_ids, rows, offsets)
+        except Error as e:
+            raise _renamed(e, mb.red.names) from e
+        return None, None, None, None, None, None
+
+
+def embedding(ids, weight, padding_idx=None, num_threads=None):
+    """y = weight[ids] (bits copied); the gradient as compact per-chunk rows
+    (bx_embedding_backward), bounded and added to the GradReduction."""
+    fn = "bitexact.torch.embedding"
+    weight = _check(fn, "weight", weight, ndim=(2,))
+    ids = _check(fn, "input", ids, (torch.int32, torch.int64))
+    V = weight.shape[0]
+    pad = -1 if padding_idx is None else (padding_idx + V if padding_idx < 0 else padding_idx)
+    mb, (wi,) = _capture(fn, [(weight, "weight", ids.numel())])
+    return _EmbeddingFn.apply(weight, ids, pad, _threads(num_threads), mb, wi)
+
+
+class Embedding(torch.nn.Module):
+    """torch.nn.Embedding(num_embeddings, embedding_dim, padding_idx) lookup
+    (normal(0, 1) init as torch's) through bx_embedding_*."""
+
+    def __init__(self, num_embeddings, embedding_dim, padding_idx=None):
+        super().__init__()
+        ref = torch.nn.Embedding(num_embeddings, embedding_dim, padding_idx=padding_idx)
+        self.weight, self.padding_idx, self.num_threads = ref.weight, padding_idx, None
+
+    def forward(self, ids):
+        return embedding(ids, self.weight, self.padding_idx, self.num_threads)
+
+
+# ---- cross-entropy --------------------------------------------------------------
+
+def _exact_mean(partials, chunk, total, divisor):
+    """sum(partials) / divisor, the exact sum rounded once (a TokRed of its
+    own over these chunks)."""
+    s = _k.TokRed([()], chunk, total)
+    for j in range(partials.shape[0]):
+        s.bound(0, j, partials[j])
+    s.agree()
+    for j in range(partials.shape[0]):
+        s.add(0, j, partials[j])
+    out = torch.empty((), dtype=_F32)
+    s.finish([out], divisor)
+    return out
+
+
+class _XentFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, targets, ignore_index, num_threads, mb, n_global):
+        V = logits.shape[-1]
+        z = _rows(logits, V)
+        T = z.shape[0]
+        t1 = targets.reshape(-1)
+        C = mb.red.seq_len if mb is not None else max(T, 1)
+        nch = -(-T // C)
+        losses = torch.empty(T, dtype=_F32)
+        parts = torch.empty(nch, dtype=_F32)
+        dz = torch.empty(z.shape, dtype=_F32)
+        _k.xent_forward_backward(z, t1, n_global, C, losses, parts, None, dz,
+                                 ignore_index=ignore_index, num_threads=num_threads)
+        if mb is not None:  # the step's loss: the partials into the loss reduction
+            bound = mb.check("cross_entropy")
+            s = mb.red._loss_state
+            for j in range(nch):
+                (s.bound if bound else s.add)(0, mb.chunk0 + j, parts[j:j + 1].view(()))
+        ctx.save_for_backward(z, t1, dz)
+        ctx.meta = (logits.shape, ignore_index, num_threads, n_global, mb)
+        return _exact_mean(parts, C, T, n_global)
+
+    @staticmethod
+    def backward(ctx, dloss):
+        shape, ign, nt, n_global, mb = ctx.meta
+        if mb is not None:
+            mb.check("cross_entropy backward")
+        z, t1, dz = ctx.saved_tensors
+        scale = float(dloss)
+        if scale != 1.0:  # the kernels' grad_scale (1.0: the forward's dlogits)
+            dz = torch.empty(z.shape, dtype=_F32)
+            _k.xent_backward(z, t1, n_global, dz, ignore_index=ign, grad_scale=scale, num_threads=nt)
+        return dz.view(shape), None, None, None, None, None
+
+
+def cross_entropy(logits, targets, ignore_index=-100, num_threads=None):
+    """The global-token-mean cross-entropy (bx_xent_forward_backward).
+    Inside a GradReduction micro-batch: returns this micro-batch's sum over
+    its valid targets / the step's n_targets (exact sum, rounded once); its
+    gradient is that of the global mean; ``red.loss`` after finish is the
+    step's loss. Without one: the mean over this call's valid targets (as
+    F.cross_entropy's reduction='mean')."""
+    fn = "bitexact.torch.cross_entropy"
+    logits = _check(fn, "input", logits, ndim=(2, 3))
+    targets = _check(fn, "target", targets, (torch.int32, torch.int64), ndim=(1, 2))
+    if tuple(targets.shape) != tuple(logits.shape[:-1]):
+        raise _err(InvalidArgumentError, fn, "target", f"has shape {tuple(targets.shape)}, the "
+                   f"logits {tuple(logits.shape)} want {tuple(logits.shape[:-1])}")
+    red = _active()
+    mb = red._mb if red is not None else None
+    if mb is not None:
+        if mb.loss_used:
+            raise InvalidArgumentError(f"{fn}: called twice in one micro-batch (the loss's chunk "
+                                       "partials would be added twice)")
+        if targets.numel() != mb.T:
+            raise _err(InvalidArgumentError, fn, "target", f"has {targets.numel()} tokens, the "
+                       f"micro-batch holds {mb.T}")
+        mb.loss_used = True
+        n_global = red.n_targets
+    else:
+        counts = torch.empty(1, dtype=torch.int64)
+        _k.xent_count(targets.reshape(-1), max(targets.numel(), 1), counts, ignore_index=ignore_index)
+        n_global = max(int(counts[0]), 1)
+    return _XentFn.apply(logits, targets, int(ignore_index), _threads(num_threads), mb, n_global)
+
+
+class CrossEntropyLoss(torch.nn.Module):
+    """torch.nn.CrossEntropyLoss(ignore_index=-100) over [T, V] / [B, L, V]
+    logits and [T] / [B, L] targets; see :func:`cross_entropy`."""
+
+    def __init__(self, ignore_index=-100):
+        super().__init__()
+        self.ignore_index, self.num_threads = ignore_index, None
+
+    def forward(self, logits, targets):
+        return cross_entropy(logits, targets, self.ignore_index, self.num_threads)
+
+
+# ---- RoPE and causal GQA attention (no weights) ----------------------------------
+
+class _RopeFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, positions, head_dim, rotary_dim, theta, num_threads):
+        y = torch.empty(x.shape, dtype=_F32)
+        _k.rope_forward(x, positions, head_dim, rotary_dim, theta, y, num_threads=num_threads)
+        ctx.save_for_backward(positions)
+        ctx.meta = (head_dim, rotary_dim, theta, num_threads)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        (positions,) = ctx.saved_tensors
+        hd, rd, theta, nt = ctx.meta
+        dx = torch.empty(dy.shape, dtype=_F32)
+        _k.rope_backward(dy.contiguous(), positions, hd, rd, theta, dx, num_threads=nt)
+        return dx, None, None, None, None, None
+
+
+def rope(x, positions, head_dim, rotary_dim=None, theta=10000.0, num_threads=None):
+    """transformers' apply_rotary_pos_emb (rotate_half, partial rotary: the
+    first rotary_dim features of each head) on x [T, heads*head_dim] (or
+    [T, heads, head_dim], [B, L, heads*head_dim]); positions int64, T
+    elements. cos/sin correctly rounded (bx_rope_*)."""
+    fn = "bitexact.torch.rope"
+    x = _check(fn, "input", x, min_ndim=2)
+    positions = _check(fn, "positions", positions, (torch.int64,))
+    rd = head_dim if rotary_dim is None else rotary_dim
+    return _RopeFn.apply(x, positions, int(head_dim), int(rd), float(theta), _threads(num_threads))
+
+
+class RotaryEmbedding(torch.nn.Module):
+    """RoPE of head_dim with rotary_dim = int(head_dim * partial_rotary_factor)."""
+
+    def __init__(self, head_dim, partial_rotary_factor=1.0, theta=10000.0):
+        super().__init__()
+        self.head_dim, self.rotary_dim = head_dim, int(head_dim * partial_rotary_factor)
+        self.theta, self.num_threads = theta, None
+
+    def forward(self, x, positions):
+        return rope(x, positions, self.head_dim, self.rotary_dim, self.theta, self.num_threads)
+
+
+class _AttnFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, dims, num_threads):
+        L, Hq, Hkv, D = dims
+        T = q.numel() // (Hq * D)
+        o = torch.empty(q.shape, dtype=_F32)
+        stats = torch.empty(T, Hq, 2, dtype=_F32)
+        _k.attention_forward(q, k, v, L, Hq, Hkv, D, o, stats, num_threads=num_threads)
+        ctx.save_for_backward(q, k, v, stats)
+        ctx.meta = (dims, num_threads)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, stats = ctx.saved_tensors
+        (L, Hq, Hkv, D), nt = ctx.meta
+        dq, dk, dv = (torch.empty(t.shape, dtype=_F32) for t in (q, k, v))
+        _k.attention_backward(do.contiguous(), q, k, v, stats, L, Hq, Hkv, D, dq, dk, dv,
+                              num_threads=nt)
+        return dq, dk, dv, None, None
+
+
+def causal_attention(q, k, v, seq_len, num_heads, num_kv_heads, head_dim, num_threads=None):
+    """Causal GQA eager attention (transformers' eager_attention_forward, no
+    dropout) on projected, normed, rotated q [T, Hq*D], k, v [T, Hkv*D]
+    (or [B, L, F]), sequences of seq_len tokens never mixed
+    (bx_attention_forward / backward)."""
+    fn = "bitexact.torch.causal_attention"
+    q, k, v = (_check(fn, n, t, min_ndim=2) for n, t in (("query", q), ("key", k), ("value", v)))
+    dims = (int(seq_len), int(num_heads), int(num_kv_heads), int(head_dim))
+    return _AttnFn.apply(q, k, v, dims, _threads(num_threads))
+
+
+class CausalAttention(torch.nn.Module):
+    """Glm4MoeAttention without biases and QK-norm: q/k/v/o projections
+    (bitexact Linear), RoPE on q and k, causal GQA attention per sequence
+    of seq_len tokens. forward(x [B, L, H] or [T, H], positions [T])."""
+
+    def __init__(self, hidden_size, num_heads, num_kv_heads, head_dim, seq_len,
+                 partial_rotary_factor=1.0, theta=10000.0):
+        super().__init__()
+        self.q_proj = Linear(hidden_size, num_heads * head_dim)
+        self.k_proj = Linear(hidden_size, num_kv_heads * head_dim)
+        self.v_proj = Linear(hidden_size, num_kv_heads * head_dim)
+        self.o_proj = Linear(num_heads * head_dim, hidden_size)
+        self.rope = RotaryEmbedding(head_dim, partial_rotary_factor, theta)
+        self.dims = (seq_len, num_heads, num_kv_heads, head_dim)
+
+    def forward(self, x, positions):
+        L, Hq, Hkv, D = self.dims
+        q = self.rope(self.q_proj(x), positions)
+        k = self.rope(self.k_proj(x), positions)
+        return self.o_proj(causal_attention(q, k, self.v_proj(x), L, Hq, Hkv, D))
