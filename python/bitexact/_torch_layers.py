@@ -19,14 +19,15 @@ CUDA tensors, torch.compile custom ops.
 """
 import torch
 
-from . import Error, InvalidArgumentError
+from . import InvalidArgumentError
+from . import _gradred as _g
 from . import kernels as _k
 from ._torch_gradred import (GradReduction, _F32, _active, _capture, _check, _err, _partials,
-                             _renamed, _rows, _threads, _wgrad)
+                             _rows, _threads, _wgrad)
 
 __all__ = ["GradReduction", "Linear", "RMSNorm", "SwiGLUMLP", "Embedding", "CrossEntropyLoss",
            "RotaryEmbedding", "CausalAttention", "linear", "rms_norm", "swiglu", "swiglu_mlp",
-           "embedding", "cross_entropy", "rope", "causal_attention"]
+           "embedding", "cross_entropy", "rope", "causal_attention", "qkv_projection"]
 
 
 # ---- Linear ---------------------------------------------------------------
@@ -281,7 +282,7 @@ class _EmbeddingFn(torch.autograd.Function):
         (V, H), pad, nt, mb, widx = ctx.meta
         if widx is None:
             return None, None, None, None, None, None
-        bound = mb.check("Embedding backward")
+        mb.check("Embedding backward")  # first: a stale pass computes nothing
         T, C = ids.numel(), mb.red.seq_len
         nch = -(-T // C)
         row_ids = torch.empty(T, dtype=torch.int64)
@@ -290,14 +291,7 @@ class _EmbeddingFn(torch.autograd.Function):
         ids1 = ids.reshape(-1)
         _k.embedding_backward(ids1, _rows(dy.contiguous(), H), V, C, row_ids, rows, offsets,
                               padding_idx=pad, num_threads=nt)
-        s = mb.red._state
-        try:
-            if bound:
-                _k.embedding_grad_bound(s, widx, rows, offsets)
-            else:
-                _k.embedding_grad_add(s, widx, mb.chunk0, row_ids, rows, offsets)
-        except Error as e:
-            raise _renamed(e, mb.red.names) from e
+        _g.embedding_grad(mb, widx, row_ids, rows, offsets)
         return None, None, None, None, None, None
 
 
@@ -329,17 +323,9 @@ class Embedding(torch.nn.Module):
 # ---- cross-entropy --------------------------------------------------------------
 
 def _exact_mean(partials, chunk, total, divisor):
-    """sum(partials) / divisor, the exact sum rounded once (a TokRed of its
-    own over these chunks)."""
-    s = _k.TokRed([()], chunk, total)
-    for j in range(partials.shape[0]):
-        s.bound(0, j, partials[j])
-    s.agree()
-    for j in range(partials.shape[0]):
-        s.add(0, j, partials[j])
-    out = torch.empty((), dtype=_F32)
-    s.finish([out], divisor)
-    return out
+    """sum(partials) / divisor, the exact sum rounded once."""
+    return _g.exact_mean(lambda j: partials[j], partials.shape[0], chunk, total, divisor,
+                         torch.empty((), dtype=_F32))
 
 
 class _XentFn(torch.autograd.Function):
@@ -357,10 +343,7 @@ class _XentFn(torch.autograd.Function):
         _k.xent_forward_backward(z, t1, n_global, C, losses, parts, None, dz,
                                  ignore_index=ignore_index, num_threads=num_threads)
         if mb is not None:  # the step's loss: the partials into the loss reduction
-            bound = mb.check("cross_entropy")
-            s = mb.red._loss_state
-            for j in range(nch):
-                (s.bound if bound else s.add)(0, mb.chunk0 + j, parts[j:j + 1].view(()))
+            _g.loss_partials(mb, lambda j: parts[j], nch, "cross_entropy")
         ctx.save_for_backward(z, t1, dz)
         ctx.meta = (logits.shape, ignore_index, num_threads, n_global, mb)
         return _exact_mean(parts, C, T, n_global)
@@ -498,9 +481,63 @@ def causal_attention(q, k, v, seq_len, num_heads, num_kv_heads, head_dim, num_th
     return _AttnFn.apply(q, k, v, dims, _threads(num_threads))
 
 
+class _QKVFn(torch.autograd.Function):
+    """q, k, v = x Wq^T, x Wk^T, x Wv^T as one node: backward dx = dq Wq +
+    dk Wk + dv Wv as ONE fmaf chain (the k and v NN GEMMs accumulate onto
+    q's), as train_layers.c; three autograd branches would leave the order
+    of the two rounded additions to the framework's engine."""
+
+    @staticmethod
+    def forward(ctx, x, wq, wk, wv, num_threads, mb, idx):
+        K = wq.shape[1]
+        x2 = _rows(x, K)
+        outs = []
+        for w in (wq, wk, wv):
+            y = torch.empty(x2.shape[0], w.shape[0], dtype=_F32)
+            _k.gemm(x2, w, "nt", y, num_threads=num_threads)
+            outs.append(y.view(*x.shape[:-1], w.shape[0]))
+        ctx.save_for_backward(x2, wq, wk, wv)
+        ctx.meta = (x.shape, num_threads, mb, idx)
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx, dq, dk, dv):
+        shape, nt, mb, idx = ctx.meta
+        if mb is not None:
+            mb.check("qkv_projection backward")
+        x2, *ws = ctx.saved_tensors
+        ds = [_rows(d.contiguous(), w.shape[0]) for d, w in zip((dq, dk, dv), ws)]
+        dx = None
+        if ctx.needs_input_grad[0]:
+            dx = torch.empty(x2.shape, dtype=_F32)
+            for j, (d, w) in enumerate(zip(ds, ws)):
+                _k.gemm(d, w, "nn", dx, accumulate=j > 0, num_threads=nt)
+            dx = dx.view(shape)
+        for i, d, what in zip(idx, ds, ("q_proj", "k_proj", "v_proj")):
+            if i is not None:
+                _wgrad(mb, i, d, x2, f"qkv_projection backward ({what})")
+        return dx, None, None, None, None, None, None
+
+
+def qkv_projection(x, q_weight, k_weight, v_weight, num_threads=None):
+    """(x Wq^T, x Wk^T, x Wv^T), bias-free, as one autograd node (dx one
+    fmaf chain over the three, as `bitexact train`)."""
+    fn = "bitexact.torch.qkv_projection"
+    ws = [_check(fn, n, w, ndim=(2,)) for n, w in
+          (("q_weight", q_weight), ("k_weight", k_weight), ("v_weight", v_weight))]
+    x = _check(fn, "input", x)
+    for n, w in zip(("q_weight", "k_weight", "v_weight"), ws):
+        if w.shape[1] != x.shape[-1]:
+            raise _err(InvalidArgumentError, fn, n, f"has shape {tuple(w.shape)}, the input "
+                       f"{x.shape[-1]} features")
+    rows = x.numel() // max(1, x.shape[-1])
+    mb, idx = _capture(fn, [(w, n, rows) for n, w in zip(("q_weight", "k_weight", "v_weight"), ws)])
+    return _QKVFn.apply(x, *ws, _threads(num_threads), mb, tuple(idx))
+
+
 class CausalAttention(torch.nn.Module):
     """Glm4MoeAttention without biases and QK-norm: q/k/v/o projections
-    (bitexact Linear), RoPE on q and k, causal GQA attention per sequence
+    (bitexact Linear weights; q/k/v as one qkv_projection node), RoPE on q and k, causal GQA attention per sequence
     of seq_len tokens. forward(x [B, L, H] or [T, H], positions [T])."""
 
     def __init__(self, hidden_size, num_heads, num_kv_heads, head_dim, seq_len,
@@ -515,6 +552,7 @@ class CausalAttention(torch.nn.Module):
 
     def forward(self, x, positions):
         L, Hq, Hkv, D = self.dims
-        q = self.rope(self.q_proj(x), positions)
-        k = self.rope(self.k_proj(x), positions)
-        return self.o_proj(causal_attention(q, k, self.v_proj(x), L, Hq, Hkv, D))
+        q, k, v = qkv_projection(x, self.q_proj.weight, self.k_proj.weight, self.v_proj.weight,
+                                 self.q_proj.num_threads)
+        q, k = self.rope(q, positions), self.rope(k, positions)
+        return self.o_proj(causal_attention(q, k, v, L, Hq, Hkv, D))

@@ -66,6 +66,12 @@ all-reduced gradients, works as on one process.
 
 Thread safety: one call at a time per instance (it records
 ``last_global_norm``); the library call itself is thread-safe.
+
+Also exported here (imported at the end of this module): the training
+kernels as ``paddle.autograd.PyLayer`` ops and ``paddle.nn.Layer``
+modules with bitexact.torch's names, bits and two-pass
+:class:`GradReduction` (python/bitexact/_paddle_layers.py,
+docs/paddle_layers.md).
 """
 import numpy as _np
 import paddle
@@ -325,3 +331,14 @@ def _bump(tensors):
     as Paddle's multiply_ would."""
     for t in tensors:
         t._bump_inplace_version()
+
+
+# The training kernels as paddle.autograd.PyLayer ops / paddle.nn.Layer
+# modules with layout-invariant weight gradients (docs/paddle_layers.md).
+from ._paddle_layers import (  # noqa: E402,F401
+    CausalAttention, CrossEntropyLoss, Embedding, GradReduction, Linear, RMSNorm,
+    RotaryEmbedding, SwiGLUMLP, causal_attention, comm, cross_entropy, embedding, linear,
+    qkv_projection, rms_norm, rope, swiglu, swiglu_mlp)
+from ._paddle_layers import __all__ as _layers_all  # noqa: E402
+
+__all__ += _layers_all

@@ -664,7 +664,7 @@ _ops._BT = _sys.modules[__name__]  # the custom ops' implementation
 from ._torch_layers import (  # noqa: E402,F401
     CausalAttention, CrossEntropyLoss, Embedding, GradReduction, Linear, RMSNorm,
     RotaryEmbedding, SwiGLUMLP, causal_attention, cross_entropy, embedding, linear, rms_norm,
-    rope, swiglu, swiglu_mlp)
+    qkv_projection, rope, swiglu, swiglu_mlp)
 from ._torch_layers import __all__ as _layers_all  # noqa: E402
 
 __all__ += _layers_all

@@ -1,0 +1,346 @@
+"""The framework-neutral part of bitexact's layer bindings
+(bitexact.torch and bitexact.paddle layers, docs/torch_layers.md,
+docs/paddle_layers.md): the two-pass token-reduction protocol of a
+training step's weight gradients and the per-micro-batch bookkeeping the
+autograd functions of both frameworks share.
+
+:class:`GradReductionBase` owns one ``bitexact.kernels.TokRed`` over the
+trained parameters and one over the loss; a framework subclass supplies
+the few things that need the framework (argument checks, allocation,
+writing ``.grad``, its process groups as a communicator) through the
+``_fw_*`` hooks. Everything numeric is a kernel call (the TokRed methods,
+``linear_wgrad[_bound]``), so a torch and a Paddle step over the same
+data produce the same bits.
+
+Threading: the active micro-batch is thread-local (one per thread, shared
+by the frameworks: a module of one framework inside the other's
+micro-batch finds weights that are not that reduction's and raises); a
+reduction is used by one thread at a time.
+"""
+import contextlib as _contextlib
+import re as _re
+import threading as _threading
+
+from . import Error, InvalidArgumentError, _comm_args
+from . import kernels as _k
+
+_tls = _threading.local()  # the reduction whose micro_batch() this thread runs
+
+
+def _active():
+    return getattr(_tls, "red", None)
+
+
+def _err(cls, fn, name, text):
+    """cls("fn: argument 'name': text") with .argument = name."""
+    e = cls(f"{fn}: argument '{name}': {text}")
+    e.argument = name
+    return e
+
+
+def _renamed(e, names):
+    """A TokRed error with 'tensor i' followed by the parameter's name."""
+    msg = _re.sub(r"tensor (\d+)", lambda m: f"tensor {m.group(1)} ({names[int(m.group(1))]})"
+                  if int(m.group(1)) < len(names) else m.group(0), str(e))
+    n = type(e)(msg)
+    n.__dict__.update(getattr(e, "__dict__", {}))
+    return n
+
+
+def _threads(mod_threads):
+    """A module's num_threads, else the active reduction's, else 0 (the
+    library default)."""
+    if mod_threads is not None:
+        return mod_threads
+    red = _active()
+    return red.num_threads if red is not None else 0
+
+
+class GradReductionBase:
+    """The protocol of :class:`bitexact.torch.GradReduction` and
+    :class:`bitexact.paddle.GradReduction` (their docstrings; the
+    framework's subclass is the public class). Hooks:
+
+    - ``_fw_check_param(name, p)``: raise a named bitexact error for a
+      parameter that cannot be trained here (dtype, device, contiguity,
+      not requiring grad);
+    - ``_fw_empty_f32(shape)``: a new fp32 CPU tensor of the framework;
+    - ``_fw_set_grad(p, g)``: p's gradient := g (replaced);
+    - ``_fw_comm(comm)``: (allreduce function or None, rank) for comm
+      (None, a bitexact.Comm, or the framework's process group);
+    - ``_fw_targets(fn, targets)``: targets checked, as a flat integer
+      tensor; ``_fw_empty_i64(n)``, ``_fw_bytes(t)``: for count_targets.
+    """
+
+    def __init__(self, parameters, seq_len, total_tokens, *, num_threads=0):
+        names, params = [], []
+        for i, it in enumerate(list(parameters)):
+            name, p = it if isinstance(it, tuple) else (f"parameters[{i}]", it)
+            self._fw_check_param(name, p)
+            names.append(name)
+            params.append(p)
+        index = {}
+        for i, p in enumerate(params):
+            if id(p) in index:
+                raise _err(InvalidArgumentError, "GradReduction", names[i],
+                           f"is {names[index[id(p)]]} again")
+            index[id(p)] = i
+        if int(seq_len) < 1 or int(total_tokens) < 1 or int(num_threads) < 0:
+            raise InvalidArgumentError(f"GradReduction: seq_len {seq_len} and total_tokens "
+                                       f"{total_tokens} must be >= 1, num_threads {num_threads} >= 0")
+        self.names, self.params, self._index = names, params, index
+        self.seq_len, self.total_tokens, self.num_threads = int(seq_len), int(total_tokens), int(num_threads)
+        self.phase = "idle"  # idle -> bound -> add -> done (or failed)
+        self.loss = None
+        self.n_targets = self.total_tokens
+        self._gen = 0
+        self._state = self._loss_state = None
+        self._mb = None
+
+    # -- the passes --
+    def begin(self, n_targets=None):
+        """Start a step (pass 0, bound). ``n_targets``: the global count of
+        targets that are not ``ignore_index`` (the loss divisor; default
+        ``total_tokens``, every target valid; :meth:`count_targets`)."""
+        n = self.total_tokens if n_targets is None else int(n_targets)
+        if n < 1:
+            raise InvalidArgumentError(f"GradReduction.begin: n_targets {n} must be >= 1")
+        self._state = _k.TokRed(self.params, self.seq_len, self.total_tokens)
+        self._loss_state = _k.TokRed([()], self.seq_len, self.total_tokens)
+        self.n_targets, self.loss, self.phase = n, None, "bound"
+        self._gen += 1
+        self._ranges, self._added = [], 0
+
+    def agree(self, comm=None):
+        """End pass 0: agree the grids (one small MAX all-reduce per state);
+        pass 1 (add) follows."""
+        self._require("bound", "agree")
+        if not self._ranges:
+            raise InvalidArgumentError("GradReduction.agree: pass 0 ran no micro-batch")
+        fn, rank = self._fw_comm(comm)
+        try:
+            self._state.agree(fn, rank=rank)
+            self._loss_state.agree(fn, rank=rank)
+        except Error as e:
+            self.phase = "failed"
+            raise _renamed(e, self.names) from e
+        self.phase = "add"
+        self._gen += 1
+
+    def finish(self, comm=None):
+        """End pass 1: SUM all-reduce of the int64 words (with an agreement
+        step), then every parameter's gradient = its gradient (replaced, not
+        accumulated), and ``self.loss``. Nothing is written on error."""
+        self._require("add", "finish")
+        if self._added != len(self._ranges):
+            raise InvalidArgumentError(
+                f"GradReduction.finish: pass 1 ran {self._added} of pass 0's "
+                f"{len(self._ranges)} micro-batches")
+        fn, rank = self._fw_comm(comm)
+        self.phase = "failed"  # until everything below succeeded
+        try:
+            self._state.allreduce(fn, rank=rank)
+            self._loss_state.allreduce(fn, rank=rank)
+            outs = [self._fw_empty_f32(list(p.shape)) for p in self.params]
+            self._state.finish(outs, 1)
+            loss = None
+            if any(_k.words(self._loss_state)[2:]):  # any chunk of the loss added (globally)
+                loss = self._fw_empty_f32([])
+                self._loss_state.finish([loss], self.n_targets)
+        except Error as e:
+            raise _renamed(e, self.names + ["loss"]) from e
+        for p, g in zip(self.params, outs):
+            self._fw_set_grad(p, g)
+        self.loss, self.phase = loss, "done"
+        self._gen += 1
+        return loss
+
+    def run_two_pass(self, closure, micro_batches, comm=None, n_targets=None):
+        """One step: ``micro_batches`` a list of (first_token, num_tokens)
+        (global token ids, whole sequences), ``closure(i)`` runs the forward
+        and backward of micro-batch i; run for pass 0, agree, run again,
+        finish. Returns the closure's pass-1 results."""
+        self.begin(n_targets)
+        for i, (b, n) in enumerate(micro_batches):
+            with self.micro_batch(b, n):
+                closure(i)
+        self.agree(comm)
+        out = []
+        for i, (b, n) in enumerate(micro_batches):
+            with self.micro_batch(b, n):
+                out.append(closure(i))
+        self.finish(comm)
+        return out
+
+    @_contextlib.contextmanager
+    def micro_batch(self, first_token, num_tokens):
+        """The bitexact modules called inside hold the micro-batch of global
+        tokens [first_token, first_token + num_tokens) (whole sequences)."""
+        if self.phase not in ("bound", "add"):
+            raise InvalidArgumentError(f"GradReduction.micro_batch: no pass is running (phase "
+                                       f"'{self.phase}'): begin() first")
+        if _active() is not None:
+            raise InvalidArgumentError("GradReduction.micro_batch: already inside a micro_batch")
+        b, n = int(first_token), int(num_tokens)
+        if n < 1:
+            raise InvalidArgumentError(f"GradReduction.micro_batch: num_tokens {n} must be >= 1")
+        c0, _ = self._state.chunks(b, b + n)  # LayoutError: not whole chunks
+        if self.phase == "bound":
+            self._ranges.append((b, n))
+        else:
+            if self._added >= len(self._ranges) or self._ranges[self._added] != (b, n):
+                want = self._ranges[self._added] if self._added < len(self._ranges) else "none"
+                raise InvalidArgumentError(
+                    f"GradReduction.micro_batch: pass 1 must repeat pass 0's micro-batches in "
+                    f"order; got tokens ({b}, {n}), expected {want}")
+            self._added += 1
+        self._mb = MicroBatch(self, b, n, c0)
+        _tls.red = self
+        try:
+            yield self._mb
+        finally:
+            _tls.red = None
+            self._mb = None
+
+    def count_targets(self, targets, ignore_index=-100, comm=None):
+        """The global count of targets != ignore_index (int64, order-free):
+        the local count (bx_xent_count) summed over ranks through comm."""
+        t = self._fw_targets("GradReduction.count_targets", targets)
+        counts = self._fw_empty_i64(1)
+        _k.xent_count(t, max(int(t.shape[0]), 1), counts, ignore_index=ignore_index)
+        buf = bytearray(self._fw_bytes(counts))
+        fn, _ = self._fw_comm(comm)
+        if fn is not None:
+            r = fn(buf, "sum")
+            if r is not None:
+                buf = bytearray(r)
+        return int.from_bytes(bytes(buf), "little", signed=True)
+
+    def _require(self, phase, what):
+        if self.phase != phase:
+            raise InvalidArgumentError(f"GradReduction.{what}: called in phase '{self.phase}', "
+                                       f"expected '{phase}' (begin, micro-batches, agree, the same "
+                                       "micro-batches, finish)")
+
+    def _fw_comm(self, comm):
+        return _comm_args(comm)
+
+
+class MicroBatch:
+    """What a module's forward captures: the reduction, its generation (the
+    pass), the micro-batch's tokens and first global chunk, and the
+    parameters already used in it."""
+
+    def __init__(self, red, first_token, num_tokens, first_chunk):
+        self.red, self.gen = red, red._gen
+        self.tok0, self.T, self.chunk0 = first_token, num_tokens, first_chunk
+        self.used = set()
+        self.loss_used = False
+
+    def take(self, fn, param, name, rows, exact):
+        """The state index of param, checked: rows of its input = the
+        micro-batch's tokens (exact) or a multiple (rows per token),
+        registered, used once."""
+        red = self.red
+        if (rows != self.T) if exact else (rows % self.T):
+            raise _err(InvalidArgumentError, fn, "input", f"has {rows} token rows, the "
+                       f"micro-batch holds {self.T} tokens{'' if exact else ' (or a multiple)'}")
+        i = red._index.get(id(param))
+        if i is None:
+            raise _err(InvalidArgumentError, fn, name, "requires grad but is not a parameter of "
+                       "the active GradReduction")
+        if i in self.used:
+            raise _err(InvalidArgumentError, fn, name, f"({red.names[i]}) is used twice in one "
+                       "micro-batch: its chunk partials would be added twice (not supported)")
+        self.used.add(i)
+        return i
+
+    def check(self, what):
+        """Before a backward does any work: its pass must still run. True
+        in pass 0 (bound), False in pass 1 (add)."""
+        red = self.red
+        if red._gen != self.gen:
+            raise InvalidArgumentError(f"{what}: this backward belongs to a finished pass of the "
+                                       f"GradReduction (now in phase '{red.phase}'): run the "
+                                       "backward inside its own pass")
+        return red.phase == "bound"
+
+
+def capture(fn, weights, trainable, doc, exact=True):
+    """At forward: the micro-batch and the state indices of the weights
+    (w, name, rows) for which trainable(w) (None where not). No reduction
+    active and a trainable weight: an error (gradients of bitexact modules
+    go through a GradReduction; doc names the page)."""
+    flags = [bool(trainable(w)) for w, _, _ in weights]
+    if not any(flags):
+        return None, [None] * len(weights)
+    red = _active()
+    if red is None:
+        name = next(n for (w, n, _), f in zip(weights, flags) if f)
+        raise _err(InvalidArgumentError, fn, name, "requires grad, but no GradReduction "
+                   f"micro_batch is active (bitexact modules add weight gradients to it; {doc})")
+    mb = red._mb
+    return mb, [mb.take(fn, w, n, rows, exact) if f else None
+                for (w, n, rows), f in zip(weights, flags)]
+
+
+def wgrad(mb, idx, dy, x, what):
+    """A linear weight's gradient dY^T X over the micro-batch's rows, as
+    chunk partials: bounded a priori (pass 0) or computed and added (pass 1)."""
+    bound = mb.check(what)
+    s, red = mb.red._state, mb.red
+    f = _k.linear_wgrad_bound if bound else _k.linear_wgrad
+    try:
+        f(s, w_tensor=idx, b_tensor=None, dy=dy, x=x, token_begin=mb.tok0, num_threads=red.num_threads)
+    except Error as e:
+        raise _renamed(e, red.names) from e
+
+
+def partials(mb, idx, parts, what):
+    """Per-chunk partials [nchunks, ...] of tensor idx: bound or add."""
+    bound = mb.check(what)
+    s = mb.red._state
+    try:
+        for j in range(int(parts.shape[0])):
+            (s.bound if bound else s.add)(idx, mb.chunk0 + j, parts[j])
+    except Error as e:
+        raise _renamed(e, mb.red.names) from e
+
+
+def embedding_grad(mb, widx, row_ids, rows, offsets):
+    """The embedding's compact per-chunk rows: bound or add."""
+    bound = mb.check("Embedding backward")
+    s = mb.red._state
+    try:
+        if bound:
+            _k.embedding_grad_bound(s, widx, rows, offsets)
+        else:
+            _k.embedding_grad_add(s, widx, mb.chunk0, row_ids, rows, offsets)
+    except Error as e:
+        raise _renamed(e, mb.red.names) from e
+
+
+def loss_partials(mb, parts, n, what):
+    """The cross-entropy's n per-chunk loss partials (0-D tensors parts(j))
+    into the loss state."""
+    bound = mb.check(what)
+    s = mb.red._loss_state
+    for j in range(n):
+        (s.bound if bound else s.add)(0, mb.chunk0 + j, parts(j))
+
+
+def exact_mean(parts, n, chunk, total, divisor, out):
+    """out (0-D fp32) = sum of the n 0-D partials parts(j) / divisor, the
+    exact sum rounded once (a TokRed of its own over these chunks)."""
+    s = _k.TokRed([()], chunk, total)
+    for j in range(n):
+        s.bound(0, j, parts(j))
+    s.agree()
+    for j in range(n):
+        s.add(0, j, parts(j))
+    s.finish([out], divisor)
+    return out
+
+
+__all__ = ["GradReductionBase", "MicroBatch", "capture", "wgrad", "partials", "embedding_grad",
+           "loss_partials", "exact_mean"]

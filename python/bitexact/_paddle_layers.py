@@ -1,0 +1,557 @@
+"""bitexact.paddle layers: the training kernels (bitexact.kernels) as
+``paddle.autograd.PyLayer`` ops and ``paddle.nn.Layer`` modules, with the
+names and semantics of bitexact.torch's (docs/paddle_layers.md,
+docs/torch_layers.md).
+
+Every forward and backward value is computed by a bitexact kernel (Paddle
+only allocates with ``paddle.empty``, copies to contiguous and reshapes),
+so the bits are those of bitexact.torch's layers and of `bitexact train`'s
+kernels: a model built from these modules and one built from
+bitexact.torch's, from the same weights and data, train byte-identically
+(tests/python/test_paddle_layers.py). Weight gradients never go through
+Paddle's accumulation into ``.grad``: each PyLayer's backward returns None
+for its weight and adds the per-chunk partials to the active
+:class:`GradReduction` (the framework-neutral protocol of
+bitexact._gradred), which sets every ``.grad`` at ``finish``. Inputs that
+are plain Paddle leaves with ``stop_gradient=False`` get Paddle's gradient
+as usual, once per pass.
+
+Differs from Paddle's own layers: :class:`Linear`'s weight is
+``[out_features, in_features]`` (torch's and `bitexact train`'s layout;
+``paddle.nn.Linear`` stores ``[in, out]``) and bias-free; initial values
+follow torch's distributions (Linear U(+-1/sqrt(in)), Embedding N(0, 1),
+RMSNorm ones), not Paddle's Xavier. Paddle tensors with
+``stop_gradient=False`` are exported through the DenseTensor's DLPack
+export (bitexact.paddle registers it): the kernels read and write their
+memory without a copy; Paddle's inplace version counters are not bumped
+(only outputs Paddle has not seen yet are written).
+
+Threading: as bitexact.torch's (calling thread; ``num_threads`` workers:
+module attribute, else the active reduction's, else the library default;
+bits never depend on it). Not covered: MoE router/experts, biases,
+QK-norm inside CausalAttention, bf16, GPU tensors, static graph.
+"""
+import paddle
+
+from . import InvalidArgumentError
+from . import _gradred as _g
+from . import kernels as _k
+from ._gradred import _active, _err, _threads
+from ._paddle_gradred import (GradReduction, _F32, _INTS, _capture, _check, _empty, _numel,  # noqa: F401
+                              _rows, _wants_grad, comm)
+
+__all__ = ["GradReduction", "Linear", "RMSNorm", "SwiGLUMLP", "Embedding", "CrossEntropyLoss",
+           "RotaryEmbedding", "CausalAttention", "linear", "rms_norm", "swiglu", "swiglu_mlp",
+           "embedding", "cross_entropy", "rope", "causal_attention", "qkv_projection", "comm"]
+
+# ---- Linear and the fused q/k/v projection -----------------------------------
+
+class _LinearFn(paddle.autograd.PyLayer):
+    @staticmethod
+    def forward(ctx, x, weight, num_threads, mb, widx, need_dx):
+        K = weight.shape[1]
+        x2 = _rows(x, K)
+        y = _empty(x2.shape[0], weight.shape[0])
+        _k.gemm(x2, weight, "nt", y, num_threads=num_threads)
+        ctx.save_for_backward(x2, weight)
+        ctx.meta = (list(x.shape), num_threads, mb, widx, need_dx)
+        return y.reshape(list(x.shape[:-1]) + [weight.shape[0]])
+
+    @staticmethod
+    def backward(ctx, dy):
+        shape, nt, mb, widx, need_dx = ctx.meta
+        if widx is not None:
+            mb.check("Linear backward")  # first: a stale pass computes nothing
+        x2, weight = ctx.saved_tensor()
+        dy2 = _rows(dy.contiguous(), weight.shape[0])
+        dx = None
+        if need_dx:
+            dx = _empty(*x2.shape)
+            _k.gemm(dy2, weight, "nn", dx, num_threads=nt)
+            dx = dx.reshape(shape)
+        if widx is not None:
+            _g.wgrad(mb, widx, dy2, x2, "Linear backward")
+        return dx, None
+
+
+def linear(x, weight, num_threads=None):
+    """y = x W^T (bx_gemm NT), W [out, in]; dx = dy W (NN); dW as chunk
+    partials into the active GradReduction."""
+    fn = "bitexact.paddle.linear"
+    weight = _check(fn, "weight", weight, ndim=(2,))
+    x = _check(fn, "input", x)
+    if x.shape[-1] != weight.shape[1]:
+        raise _err(InvalidArgumentError, fn, "input", f"has {x.shape[-1]} features, weight "
+                   f"{list(weight.shape)} wants {weight.shape[1]}")
+    mb, (wi,) = _capture(fn, [(weight, "weight", _numel(x) // max(1, x.shape[-1]))])
+    return _LinearFn.apply(x, weight, _threads(num_threads), mb, wi, _wants_grad(x))
+
+
+def _uniform(bound):
+    return paddle.nn.initializer.Uniform(-bound, bound)
+
+
+class Linear(paddle.nn.Layer):
+    """A bias-free linear layer through the bitexact kernels; weight
+    [out_features, in_features] (torch's layout, not paddle.nn.Linear's),
+    initialised U(-1/sqrt(in), 1/sqrt(in)) as torch's distribution."""
+
+    def __init__(self, in_features, out_features, bias=False):
+        super().__init__()
+        if bias:
+            raise InvalidArgumentError("bitexact.paddle.Linear: bias is not supported yet")
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = self.create_parameter([out_features, in_features], dtype="float32",
+                                            default_initializer=_uniform(in_features ** -0.5))
+        self.num_threads = None
+
+    def forward(self, x):
+        return linear(x, self.weight, self.num_threads)
+
+
+class _QKVFn(paddle.autograd.PyLayer):
+    """As bitexact.torch's: q, k, v one node; dx = dq Wq + dk Wk + dv Wv as
+    one fmaf chain (train_layers.c)."""
+
+    @staticmethod
+    def forward(ctx, x, wq, wk, wv, num_threads, mb, idx, need_dx):
+        x2 = _rows(x, wq.shape[1])
+        outs = []
+        for w in (wq, wk, wv):
+            y = _empty(x2.shape[0], w.shape[0])
+            _k.gemm(x2, w, "nt", y, num_threads=num_threads)
+            outs.append(y.reshape(list(x.shape[:-1]) + [w.shape[0]]))
+        ctx.save_for_backward(x2, wq, wk, wv)
+        ctx.meta = (list(x.shape), num_threads, mb, idx, need_dx)
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx, dq, dk, dv):
+        shape, nt, mb, idx, need_dx = ctx.meta
+        if mb is not None:
+            mb.check("qkv_projection backward")
+        x2, *ws = ctx.saved_tensor()
+        ds = [_rows(d.contiguous(), w.shape[0]) for d, w in zip((dq, dk, dv), ws)]
+        dx = None
+        if need_dx:
+            dx = _empty(*x2.shape)
+            for j, (d, w) in enumerate(zip(ds, ws)):
+                _k.gemm(d, w, "nn", dx, accumulate=j > 0, num_threads=nt)
+            dx = dx.reshape(shape)
+        for i, d, what in zip(idx, ds, ("q_proj", "k_proj", "v_proj")):
+            if i is not None:
+                _g.wgrad(mb, i, d, x2, f"qkv_projection backward ({what})")
+        return dx, None, None, None
+
+
+def qkv_projection(x, q_weight, k_weight, v_weight, num_threads=None):
+    """(x Wq^T, x Wk^T, x Wv^T), bias-free, one PyLayer (dx one chain)."""
+    fn = "bitexact.paddle.qkv_projection"
+    names = ("q_weight", "k_weight", "v_weight")
+    ws = [_check(fn, n, w, ndim=(2,)) for n, w in zip(names, (q_weight, k_weight, v_weight))]
+    x = _check(fn, "input", x)
+    for n, w in zip(names, ws):
+        if w.shape[1] != x.shape[-1]:
+            raise _err(InvalidArgumentError, fn, n, f"has shape {list(w.shape)}, the input "
+                       f"{x.shape[-1]} features")
+    rows = _numel(x) // max(1, x.shape[-1])
+    mb, idx = _capture(fn, [(w, n, rows) for n, w in zip(names, ws)])
+    return _QKVFn.apply(x, *ws, _threads(num_threads), mb, tuple(idx), _wants_grad(x))
+
+
+# ---- RMSNorm --------------------------------------------------------------
+
+class _RMSNormFn(paddle.autograd.PyLayer):
+    @staticmethod
+    def forward(ctx, x, weight, eps, num_threads, mb, widx, need_dx):
+        x2 = _rows(x, weight.shape[0])
+        y = _empty(*x2.shape)
+        rstd = _empty(x2.shape[0])
+        _k.rmsnorm_forward(x2, weight, eps, y, rstd, num_threads=num_threads)
+        ctx.save_for_backward(x2, weight, rstd)
+        ctx.meta = (list(x.shape), num_threads, mb, widx, need_dx)
+        return y.reshape(list(x.shape))
+
+    @staticmethod
+    def backward(ctx, dy):
+        shape, nt, mb, widx, need_dx = ctx.meta
+        if widx is not None:
+            mb.check("RMSNorm backward")
+        x2, weight, rstd = ctx.saved_tensor()
+        dy2 = _rows(dy.contiguous(), weight.shape[0])
+        dx = _empty(*x2.shape)
+        parts, per_chunk = None, x2.shape[0]
+        if widx is not None:
+            per_chunk = x2.shape[0] // mb.T * mb.red.seq_len  # rows per token * tokens per chunk
+            parts = _empty(-(-x2.shape[0] // per_chunk), weight.shape[0])
+        _k.rmsnorm_backward(x2, weight, dy2, rstd, per_chunk, dx, parts, num_threads=nt)
+        if widx is not None:
+            _g.partials(mb, widx, parts, "RMSNorm backward")
+        return (dx.reshape(shape) if need_dx else None), None
+
+
+def rms_norm(x, weight, eps=1e-6, num_threads=None):
+    """Glm4MoeRMSNorm over the last dimension (bx_rmsnorm_*); x [..., H]
+    whose rows are tokens or a whole number of rows per token."""
+    fn = "bitexact.paddle.rms_norm"
+    weight = _check(fn, "weight", weight, ndim=(1,))
+    x = _check(fn, "input", x)
+    if x.shape[-1] != weight.shape[0]:
+        raise _err(InvalidArgumentError, fn, "input", f"last dimension {x.shape[-1]} != "
+                   f"weight's {weight.shape[0]}")
+    mb, (wi,) = _capture(fn, [(weight, "weight", _numel(x) // max(1, x.shape[-1]))], exact=False)
+    return _RMSNormFn.apply(x, weight, float(eps), _threads(num_threads), mb, wi, _wants_grad(x))
+
+
+class RMSNorm(paddle.nn.Layer):
+    """Glm4MoeRMSNorm(hidden_size, eps): gain initialised to ones."""
+
+    def __init__(self, hidden_size, eps=1e-6):
+        super().__init__()
+        self.weight = self.create_parameter([hidden_size], dtype="float32",
+                                            default_initializer=paddle.nn.initializer.Constant(1.0))
+        self.eps, self.num_threads = eps, None
+
+    def forward(self, x):
+        return rms_norm(x, self.weight, self.eps, self.num_threads)
+
+
+# ---- SwiGLU -----------------------------------------------------------------
+
+class _SwiGLUFn(paddle.autograd.PyLayer):
+    @staticmethod
+    def forward(ctx, gate, up, num_threads):
+        h = _empty(*gate.shape)
+        _k.swiglu_forward(gate, up, h, num_threads=num_threads)
+        ctx.save_for_backward(gate, up)
+        ctx.nt = num_threads
+        return h
+
+    @staticmethod
+    def backward(ctx, dh):
+        gate, up = ctx.saved_tensor()
+        dg, du = _empty(*gate.shape), _empty(*gate.shape)
+        _k.swiglu_backward(gate, up, dh.contiguous(), dg, du, num_threads=ctx.nt)
+        return dg, du
+
+
+def swiglu(gate, up, num_threads=None):
+    """h = SiLU(gate) * up (bx_swiglu_forward / backward)."""
+    fn = "bitexact.paddle.swiglu"
+    gate, up = _check(fn, "gate", gate), _check(fn, "up", up)
+    if list(gate.shape) != list(up.shape):
+        raise _err(InvalidArgumentError, fn, "up", f"has shape {list(up.shape)}, gate "
+                   f"{list(gate.shape)}")
+    return _SwiGLUFn.apply(gate, up, _threads(num_threads))
+
+
+class _MLPFn(paddle.autograd.PyLayer):
+    """Glm4MoeMLP as bitexact.torch's _MLPFn / train_layers.c (dx one chain)."""
+
+    @staticmethod
+    def forward(ctx, x, wg, wu, wd, num_threads, mb, idx, need_dx):
+        I = wg.shape[0]
+        x2 = _rows(x, wg.shape[1])
+        T = x2.shape[0]
+        g, u, a = (_empty(T, I) for _ in range(3))
+        _k.gemm(x2, wg, "nt", g, num_threads=num_threads)
+        _k.gemm(x2, wu, "nt", u, num_threads=num_threads)
+        _k.swiglu_forward(g, u, a, num_threads=num_threads)
+        y = _empty(T, wd.shape[0])
+        _k.gemm(a, wd, "nt", y, num_threads=num_threads)
+        ctx.save_for_backward(x2, wg, wu, wd, g, u, a)
+        ctx.meta = (list(x.shape), num_threads, mb, idx, need_dx)
+        return y.reshape(list(x.shape[:-1]) + [wd.shape[0]])
+
+    @staticmethod
+    def backward(ctx, dy):
+        shape, nt, mb, (ig, iu, idd), need_dx = ctx.meta
+        if mb is not None:
+            mb.check("SwiGLUMLP backward")
+        x2, wg, wu, wd, g, u, a = ctx.saved_tensor()
+        dy2 = _rows(dy.contiguous(), wd.shape[0])
+        da = _empty(*a.shape)
+        _k.gemm(dy2, wd, "nn", da, num_threads=nt)
+        if idd is not None:
+            _g.wgrad(mb, idd, dy2, a, "SwiGLUMLP backward (down_proj)")
+        dg, du = _empty(*g.shape), _empty(*u.shape)
+        _k.swiglu_backward(g, u, da, dg, du, num_threads=nt)
+        dx = None
+        if need_dx:
+            dx = _empty(*x2.shape)
+            _k.gemm(dg, wg, "nn", dx, num_threads=nt)
+            _k.gemm(du, wu, "nn", dx, accumulate=True, num_threads=nt)
+            dx = dx.reshape(shape)
+        if ig is not None:
+            _g.wgrad(mb, ig, dg, x2, "SwiGLUMLP backward (gate_proj)")
+        if iu is not None:
+            _g.wgrad(mb, iu, du, x2, "SwiGLUMLP backward (up_proj)")
+        return dx, None, None, None
+
+
+def swiglu_mlp(x, gate_weight, up_weight, down_weight, num_threads=None):
+    """down(SiLU(gate(x)) * up(x)), bias-free: gate_weight, up_weight [I, H],
+    down_weight [H, I]."""
+    fn = "bitexact.paddle.swiglu_mlp"
+    wg = _check(fn, "gate_weight", gate_weight, ndim=(2,))
+    wu = _check(fn, "up_weight", up_weight, ndim=(2,))
+    wd = _check(fn, "down_weight", down_weight, ndim=(2,))
+    x = _check(fn, "input", x)
+    H, I = wg.shape[1], wg.shape[0]
+    if list(wu.shape) != list(wg.shape) or list(wd.shape) != [H, I]:
+        raise _err(InvalidArgumentError, fn,
+                   "up_weight" if list(wu.shape) != list(wg.shape) else "down_weight",
+                   f"shapes gate {list(wg.shape)}, up {list(wu.shape)}, down {list(wd.shape)} "
+                   "do not fit ([I, H], [I, H], [H, I])")
+    if x.shape[-1] != H:
+        raise _err(InvalidArgumentError, fn, "input", f"has {x.shape[-1]} features, not {H}")
+    rows = _numel(x) // max(1, H)
+    mb, idx = _capture(fn, [(wg, "gate_weight", rows), (wu, "up_weight", rows),
+                            (wd, "down_weight", rows)])
+    return _MLPFn.apply(x, wg, wu, wd, _threads(num_threads), mb, tuple(idx), _wants_grad(x))
+
+
+class SwiGLUMLP(paddle.nn.Layer):
+    """Glm4MoeMLP(hidden_size, intermediate_size): gate_proj, up_proj,
+    down_proj (bitexact Linear weights), one PyLayer."""
+
+    def __init__(self, hidden_size, intermediate_size):
+        super().__init__()
+        self.gate_proj = Linear(hidden_size, intermediate_size)
+        self.up_proj = Linear(hidden_size, intermediate_size)
+        self.down_proj = Linear(intermediate_size, hidden_size)
+        self.num_threads = None
+
+    def forward(self, x):
+        return swiglu_mlp(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight,
+                          self.num_threads)
+
+
+# ---- Embedding ----------------------------------------------------------------
+
+class _EmbeddingFn(paddle.autograd.PyLayer):
+    @staticmethod
+    def forward(ctx, weight, ids, padding_idx, num_threads, mb, widx):
+        y = _empty(*(list(ids.shape) + [weight.shape[1]]))
+        _k.embedding_forward(weight, ids, y, padding_idx=padding_idx, num_threads=num_threads)
+        ctx.save_for_backward(ids)
+        ctx.meta = (list(weight.shape), padding_idx, num_threads, mb, widx)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        (ids,) = ctx.saved_tensor()
+        (V, H), pad, nt, mb, widx = ctx.meta
+        if widx is None:
+            return None, None
+        mb.check("Embedding backward")  # first: a stale pass computes nothing
+        T, C = _numel(ids), mb.red.seq_len
+        nch = -(-T // C)
+        row_ids = _empty(T, dtype=paddle.int64)
+        rows = _empty(T, H)
+        offsets = _empty(nch + 1, dtype=paddle.int64)
+        _k.embedding_backward(ids.reshape([-1]), _rows(dy.contiguous(), H), V, C, row_ids, rows,
+                              offsets, padding_idx=pad, num_threads=nt)
+        _g.embedding_grad(mb, widx, row_ids, rows, offsets)
+        return None, None
+
+
+def embedding(ids, weight, padding_idx=None, num_threads=None):
+    """y = weight[ids] (bits copied); the gradient as compact per-chunk rows
+    into the GradReduction."""
+    fn = "bitexact.paddle.embedding"
+    weight = _check(fn, "weight", weight, ndim=(2,))
+    ids = _check(fn, "input", ids, _INTS)
+    V = weight.shape[0]
+    pad = -1 if padding_idx is None else (padding_idx + V if padding_idx < 0 else padding_idx)
+    mb, (wi,) = _capture(fn, [(weight, "weight", _numel(ids))])
+    return _EmbeddingFn.apply(weight, ids, pad, _threads(num_threads), mb, wi)
+
+
+class Embedding(paddle.nn.Layer):
+    """An embedding lookup (normal(0, 1) init, as torch.nn.Embedding)
+    through bx_embedding_*."""
+
+    def __init__(self, num_embeddings, embedding_dim, padding_idx=None):
+        super().__init__()
+        self.weight = self.create_parameter([num_embeddings, embedding_dim], dtype="float32",
+                                            default_initializer=paddle.nn.initializer.Normal(0, 1))
+        if padding_idx is not None:
+            with paddle.no_grad():
+                self.weight[padding_idx] = 0.0
+        self.padding_idx, self.num_threads = padding_idx, None
+
+    def forward(self, ids):
+        return embedding(ids, self.weight, self.padding_idx, self.num_threads)
+
+
+# ---- cross-entropy --------------------------------------------------------------
+
+class _XentFn(paddle.autograd.PyLayer):
+    @staticmethod
+    def forward(ctx, logits, targets, ignore_index, num_threads, mb, n_global):
+        V = logits.shape[-1]
+        z = _rows(logits, V)
+        T = z.shape[0]
+        t1 = targets.reshape([-1])
+        C = mb.red.seq_len if mb is not None else max(T, 1)
+        nch = -(-T // C)
+        losses, parts, dz = _empty(T), _empty(nch), _empty(*z.shape)
+        _k.xent_forward_backward(z, t1, n_global, C, losses, parts, None, dz,
+                                 ignore_index=ignore_index, num_threads=num_threads)
+        if mb is not None:  # the step's loss: the partials into the loss reduction
+            _g.loss_partials(mb, lambda j: parts[j], nch, "cross_entropy")
+        ctx.save_for_backward(z, t1, dz)
+        ctx.meta = (list(logits.shape), ignore_index, num_threads, n_global, mb)
+        return _g.exact_mean(lambda j: parts[j], nch, C, T, n_global, _empty())
+
+    @staticmethod
+    def backward(ctx, dloss):
+        shape, ign, nt, n_global, mb = ctx.meta
+        if mb is not None:
+            mb.check("cross_entropy backward")
+        z, t1, dz = ctx.saved_tensor()
+        scale = float(dloss)
+        if scale != 1.0:  # the kernels' grad_scale (1.0: the forward's dlogits)
+            dz = _empty(*z.shape)
+            _k.xent_backward(z, t1, n_global, dz, ignore_index=ign, grad_scale=scale, num_threads=nt)
+        return dz.reshape(shape), None
+
+
+def cross_entropy(logits, targets, ignore_index=-100, num_threads=None):
+    """The global-token-mean cross-entropy, as bitexact.torch.cross_entropy
+    (inside a micro-batch: its sum / the step's n_targets; else the mean
+    over this call's valid targets, as torch's reduction='mean'; Paddle
+    3.3.1's F.cross_entropy(reduction='mean', ignore_index=...) divides
+    by all targets, ignored ones included)."""
+    fn = "bitexact.paddle.cross_entropy"
+    logits = _check(fn, "input", logits, ndim=(2, 3))
+    targets = _check(fn, "target", targets, _INTS, ndim=(1, 2))
+    if list(targets.shape) != list(logits.shape[:-1]):
+        raise _err(InvalidArgumentError, fn, "target", f"has shape {list(targets.shape)}, the "
+                   f"logits {list(logits.shape)} want {list(logits.shape[:-1])}")
+    red = _active()
+    mb = red._mb if red is not None else None
+    if mb is not None:
+        if mb.loss_used:
+            raise InvalidArgumentError(f"{fn}: called twice in one micro-batch (the loss's chunk "
+                                       "partials would be added twice)")
+        if _numel(targets) != mb.T:
+            raise _err(InvalidArgumentError, fn, "target", f"has {_numel(targets)} tokens, the "
+                       f"micro-batch holds {mb.T}")
+        mb.loss_used = True
+        n_global = red.n_targets
+    else:
+        counts = _empty(1, dtype=paddle.int64)
+        _k.xent_count(targets.reshape([-1]), max(_numel(targets), 1), counts,
+                      ignore_index=ignore_index)
+        n_global = max(int(counts.numpy()[0]), 1)
+    return _XentFn.apply(logits, targets, int(ignore_index), _threads(num_threads), mb, n_global)
+
+
+class CrossEntropyLoss(paddle.nn.Layer):
+    """The cross-entropy over [T, V] / [B, L, V] logits and [T] / [B, L]
+    targets; see :func:`cross_entropy`."""
+
+    def __init__(self, ignore_index=-100):
+        super().__init__()
+        self.ignore_index, self.num_threads = ignore_index, None
+
+    def forward(self, logits, targets):
+        return cross_entropy(logits, targets, self.ignore_index, self.num_threads)
+
+
+# ---- RoPE and causal GQA attention (no weights) ----------------------------------
+
+class _RopeFn(paddle.autograd.PyLayer):
+    @staticmethod
+    def forward(ctx, x, positions, head_dim, rotary_dim, theta, num_threads):
+        y = _empty(*x.shape)
+        _k.rope_forward(x, positions, head_dim, rotary_dim, theta, y, num_threads=num_threads)
+        ctx.save_for_backward(positions)
+        ctx.meta = (head_dim, rotary_dim, theta, num_threads)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        (positions,) = ctx.saved_tensor()
+        hd, rd, theta, nt = ctx.meta
+        dx = _empty(*dy.shape)
+        _k.rope_backward(dy.contiguous(), positions, hd, rd, theta, dx, num_threads=nt)
+        return dx, None
+
+
+def rope(x, positions, head_dim, rotary_dim=None, theta=10000.0, num_threads=None):
+    """transformers' rotate_half RoPE (bx_rope_*) on x [T, heads*head_dim]
+    (or [T, heads, head_dim], [B, L, F]); positions int64, T elements."""
+    fn = "bitexact.paddle.rope"
+    x = _check(fn, "input", x, min_ndim=2)
+    positions = _check(fn, "positions", positions, (paddle.int64,))
+    rd = head_dim if rotary_dim is None else rotary_dim
+    return _RopeFn.apply(x, positions, int(head_dim), int(rd), float(theta), _threads(num_threads))
+
+
+class RotaryEmbedding(paddle.nn.Layer):
+    """RoPE of head_dim with rotary_dim = int(head_dim * partial_rotary_factor)."""
+
+    def __init__(self, head_dim, partial_rotary_factor=1.0, theta=10000.0):
+        super().__init__()
+        self.head_dim, self.rotary_dim = head_dim, int(head_dim * partial_rotary_factor)
+        self.theta, self.num_threads = theta, None
+
+    def forward(self, x, positions):
+        return rope(x, positions, self.head_dim, self.rotary_dim, self.theta, self.num_threads)
+
+
+class _AttnFn(paddle.autograd.PyLayer):
+    @staticmethod
+    def forward(ctx, q, k, v, dims, num_threads):
+        L, Hq, Hkv, D = dims
+        T = _numel(q) // (Hq * D)
+        o = _empty(*q.shape)
+        stats = _empty(T, Hq, 2)
+        _k.attention_forward(q, k, v, L, Hq, Hkv, D, o, stats, num_threads=num_threads)
+        ctx.save_for_backward(q, k, v, stats)
+        ctx.meta = (dims, num_threads)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, stats = ctx.saved_tensor()
+        (L, Hq, Hkv, D), nt = ctx.meta
+        dq, dk, dv = (_empty(*t.shape) for t in (q, k, v))
+        _k.attention_backward(do.contiguous(), q, k, v, stats, L, Hq, Hkv, D, dq, dk, dv,
+                              num_threads=nt)
+        return dq, dk, dv
+
+
+def causal_attention(q, k, v, seq_len, num_heads, num_kv_heads, head_dim, num_threads=None):
+    """Causal GQA eager attention on q [T, Hq*D], k, v [T, Hkv*D] (or
+    [B, L, F]), sequences of seq_len tokens (bx_attention_*)."""
+    fn = "bitexact.paddle.causal_attention"
+    q, k, v = (_check(fn, n, t, min_ndim=2) for n, t in (("query", q), ("key", k), ("value", v)))
+    dims = (int(seq_len), int(num_heads), int(num_kv_heads), int(head_dim))
+    return _AttnFn.apply(q, k, v, dims, _threads(num_threads))
+
+
+class CausalAttention(paddle.nn.Layer):
+    """Glm4MoeAttention without biases and QK-norm, as bitexact.torch's:
+    q/k/v/o projections (q/k/v one qkv_projection node), RoPE on q and k,
+    causal GQA attention per sequence of seq_len tokens."""
+
+    def __init__(self, hidden_size, num_heads, num_kv_heads, head_dim, seq_len,
+                 partial_rotary_factor=1.0, theta=10000.0):
+        super().__init__()
+        self.q_proj = Linear(hidden_size, num_heads * head_dim)
+        self.k_proj = Linear(hidden_size, num_kv_heads * head_dim)
+        self.v_proj = Linear(hidden_size, num_kv_heads * head_dim)
+        self.o_proj = Linear(num_heads * head_dim, hidden_size)
+        self.rope = RotaryEmbedding(head_dim, partial_rotary_factor, theta)
+        self.dims = (seq_len, num_heads, num_kv_heads, head_dim)
+
+    def forward(self, x, positions):
+        L, Hq, Hkv, D = self.dims
+        q, k, v = qkv_projection(x, self.q_proj.weight, self.k_proj.weight, self.v_proj.weight,
+                                 self.q_proj.num_threads)
+        q, k = self.rope(q, positions), self.rope(k, positions)
+        return self.o_proj(causal_attention(q, k, v, L, Hq, Hkv, D))
