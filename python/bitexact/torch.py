@@ -668,3 +668,10 @@ from ._torch_layers import (  # noqa: E402,F401
 from ._torch_layers import __all__ as _layers_all  # noqa: E402
 
 __all__ += _layers_all
+
+# The GLM-4.5 MoE block (router, dispatch, experts, shared experts) as one
+# autograd node with the same kernel sequence as `bitexact train`.
+from ._torch_moe import MoE, MoERouter, moe, moe_experts, moe_route  # noqa: E402,F401
+from ._torch_moe import __all__ as _moe_all  # noqa: E402
+
+__all__ += _moe_all
