@@ -15,8 +15,8 @@ any micro-batching, thread count and data-parallel rank count.
 
 Threading: a GradReduction is used by one thread at a time (the one running
 the step); the kernels release the GIL and their own worker threads
-(``num_threads``) never change a bit. Not covered here: the MoE router,
-dispatch and experts, bias terms, bf16 compute, CUDA tensors.
+(``num_threads``) never change a bit. Its users: _torch_layers.py and
+_torch_moe.py. Not covered: bias terms, bf16 compute, CUDA tensors.
 """
 import torch
 

@@ -12,8 +12,8 @@ are plain autograd leaves get torch's gradient as usual, once per pass.
 
 Functions here run in the calling thread (the kernels release the GIL and
 use up to ``num_threads`` workers: module attribute, else the active
-reduction's, else the library default; bits never depend on it). Not
-covered yet: the MoE router, dispatch and experts, bias terms, QK-norm
+reduction's, else the library default; bits never depend on it). The
+GLM-4.5 MoE block is in _torch_moe.py. Not covered yet: bias terms, QK-norm
 inside CausalAttention (RMSNorm on [T, heads, D] works), bf16 compute,
 CUDA tensors, torch.compile custom ops.
 """
