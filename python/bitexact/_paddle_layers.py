@@ -4,7 +4,8 @@ names and semantics of bitexact.torch's (docs/paddle_layers.md,
 docs/torch_layers.md).
 
 Every forward and backward value is computed by a bitexact kernel (Paddle
-only allocates with ``paddle.empty``, copies to contiguous and reshapes),
+only allocates with ``paddle.empty``, copies to contiguous and reshapes;
+the kernel call sequences are _layer_ops.py's, shared with bitexact.torch),
 so the bits are those of bitexact.torch's layers and of `bitexact train`'s
 kernels: a model built from these modules and one built from
 bitexact.torch's, from the same weights and data, train byte-identically
@@ -34,44 +35,33 @@ QK-norm inside CausalAttention, bf16, GPU tensors, static graph.
 import paddle
 
 from . import InvalidArgumentError
-from . import _gradred as _g
-from . import kernels as _k
-from ._gradred import _active, _err, _threads
-from ._paddle_gradred import (GradReduction, _F32, _INTS, _capture, _check, _empty, _numel,  # noqa: F401
+from . import _layer_ops as _ops
+from ._gradred import _err, _threads
+from ._paddle_gradred import (GradReduction, _F32, _INTS, _capture, _check, _numel,  # noqa: F401
                               _rows, _wants_grad, comm)
 
 __all__ = ["GradReduction", "Linear", "RMSNorm", "SwiGLUMLP", "Embedding", "CrossEntropyLoss",
            "RotaryEmbedding", "CausalAttention", "linear", "rms_norm", "swiglu", "swiglu_mlp",
            "embedding", "cross_entropy", "rope", "causal_attention", "qkv_projection", "comm"]
 
+# The framework adapter of the shared numerics bodies (_layer_ops.py).
+_FW = _ops.Adapter(f32=_F32, i64=paddle.int64,
+                   empty=lambda shape, dtype=_F32: paddle.empty(list(shape), dtype=dtype),
+                   rows=_rows, reshape=lambda t, shape: t.reshape(list(shape)), numel=_numel,
+                   saved=lambda ctx: ctx.saved_tensor(), first=lambda t: int(t.numpy()[0]))
+
+
 # ---- Linear and the fused q/k/v projection -----------------------------------
 
 class _LinearFn(paddle.autograd.PyLayer):
     @staticmethod
     def forward(ctx, x, weight, num_threads, mb, widx, need_dx):
-        K = weight.shape[1]
-        x2 = _rows(x, K)
-        y = _empty(x2.shape[0], weight.shape[0])
-        _k.gemm(x2, weight, "nt", y, num_threads=num_threads)
-        ctx.save_for_backward(x2, weight)
-        ctx.meta = (list(x.shape), num_threads, mb, widx, need_dx)
-        return y.reshape(list(x.shape[:-1]) + [weight.shape[0]])
+        ctx.need_dx = need_dx
+        return _ops.linear_forward(_FW, ctx, x, weight, num_threads, mb, widx)
 
     @staticmethod
     def backward(ctx, dy):
-        shape, nt, mb, widx, need_dx = ctx.meta
-        if widx is not None:
-            mb.check("Linear backward")  # first: a stale pass computes nothing
-        x2, weight = ctx.saved_tensor()
-        dy2 = _rows(dy.contiguous(), weight.shape[0])
-        dx = None
-        if need_dx:
-            dx = _empty(*x2.shape)
-            _k.gemm(dy2, weight, "nn", dx, num_threads=nt)
-            dx = dx.reshape(shape)
-        if widx is not None:
-            _g.wgrad(mb, widx, dy2, x2, "Linear backward")
-        return dx, None
+        return _ops.linear_backward(_FW, ctx, dy, ctx.need_dx), None
 
 
 def linear(x, weight, num_threads=None):
@@ -115,33 +105,12 @@ class _QKVFn(paddle.autograd.PyLayer):
 
     @staticmethod
     def forward(ctx, x, wq, wk, wv, num_threads, mb, idx, need_dx):
-        x2 = _rows(x, wq.shape[1])
-        outs = []
-        for w in (wq, wk, wv):
-            y = _empty(x2.shape[0], w.shape[0])
-            _k.gemm(x2, w, "nt", y, num_threads=num_threads)
-            outs.append(y.reshape(list(x.shape[:-1]) + [w.shape[0]]))
-        ctx.save_for_backward(x2, wq, wk, wv)
-        ctx.meta = (list(x.shape), num_threads, mb, idx, need_dx)
-        return tuple(outs)
+        ctx.need_dx = need_dx
+        return _ops.qkv_forward(_FW, ctx, x, wq, wk, wv, num_threads, mb, idx)
 
     @staticmethod
     def backward(ctx, dq, dk, dv):
-        shape, nt, mb, idx, need_dx = ctx.meta
-        if mb is not None:
-            mb.check("qkv_projection backward")
-        x2, *ws = ctx.saved_tensor()
-        ds = [_rows(d.contiguous(), w.shape[0]) for d, w in zip((dq, dk, dv), ws)]
-        dx = None
-        if need_dx:
-            dx = _empty(*x2.shape)
-            for j, (d, w) in enumerate(zip(ds, ws)):
-                _k.gemm(d, w, "nn", dx, accumulate=j > 0, num_threads=nt)
-            dx = dx.reshape(shape)
-        for i, d, what in zip(idx, ds, ("q_proj", "k_proj", "v_proj")):
-            if i is not None:
-                _g.wgrad(mb, i, d, x2, f"qkv_projection backward ({what})")
-        return dx, None, None, None
+        return _ops.qkv_backward(_FW, ctx, dq, dk, dv, ctx.need_dx), None, None, None
 
 
 def qkv_projection(x, q_weight, k_weight, v_weight, num_threads=None):
@@ -164,30 +133,12 @@ def qkv_projection(x, q_weight, k_weight, v_weight, num_threads=None):
 class _RMSNormFn(paddle.autograd.PyLayer):
     @staticmethod
     def forward(ctx, x, weight, eps, num_threads, mb, widx, need_dx):
-        x2 = _rows(x, weight.shape[0])
-        y = _empty(*x2.shape)
-        rstd = _empty(x2.shape[0])
-        _k.rmsnorm_forward(x2, weight, eps, y, rstd, num_threads=num_threads)
-        ctx.save_for_backward(x2, weight, rstd)
-        ctx.meta = (list(x.shape), num_threads, mb, widx, need_dx)
-        return y.reshape(list(x.shape))
+        ctx.need_dx = need_dx
+        return _ops.rmsnorm_forward(_FW, ctx, x, weight, eps, num_threads, mb, widx)
 
     @staticmethod
     def backward(ctx, dy):
-        shape, nt, mb, widx, need_dx = ctx.meta
-        if widx is not None:
-            mb.check("RMSNorm backward")
-        x2, weight, rstd = ctx.saved_tensor()
-        dy2 = _rows(dy.contiguous(), weight.shape[0])
-        dx = _empty(*x2.shape)
-        parts, per_chunk = None, x2.shape[0]
-        if widx is not None:
-            per_chunk = x2.shape[0] // mb.T * mb.red.seq_len  # rows per token * tokens per chunk
-            parts = _empty(-(-x2.shape[0] // per_chunk), weight.shape[0])
-        _k.rmsnorm_backward(x2, weight, dy2, rstd, per_chunk, dx, parts, num_threads=nt)
-        if widx is not None:
-            _g.partials(mb, widx, parts, "RMSNorm backward")
-        return (dx.reshape(shape) if need_dx else None), None
+        return _ops.rmsnorm_backward(_FW, ctx, dy, ctx.need_dx), None
 
 
 def rms_norm(x, weight, eps=1e-6, num_threads=None):
@@ -221,18 +172,11 @@ class RMSNorm(paddle.nn.Layer):
 class _SwiGLUFn(paddle.autograd.PyLayer):
     @staticmethod
     def forward(ctx, gate, up, num_threads):
-        h = _empty(*gate.shape)
-        _k.swiglu_forward(gate, up, h, num_threads=num_threads)
-        ctx.save_for_backward(gate, up)
-        ctx.nt = num_threads
-        return h
+        return _ops.swiglu_forward(_FW, ctx, gate, up, num_threads)
 
     @staticmethod
     def backward(ctx, dh):
-        gate, up = ctx.saved_tensor()
-        dg, du = _empty(*gate.shape), _empty(*gate.shape)
-        _k.swiglu_backward(gate, up, dh.contiguous(), dg, du, num_threads=ctx.nt)
-        return dg, du
+        return _ops.swiglu_backward(_FW, ctx, dh)
 
 
 def swiglu(gate, up, num_threads=None):
@@ -250,43 +194,12 @@ class _MLPFn(paddle.autograd.PyLayer):
 
     @staticmethod
     def forward(ctx, x, wg, wu, wd, num_threads, mb, idx, need_dx):
-        I = wg.shape[0]
-        x2 = _rows(x, wg.shape[1])
-        T = x2.shape[0]
-        g, u, a = (_empty(T, I) for _ in range(3))
-        _k.gemm(x2, wg, "nt", g, num_threads=num_threads)
-        _k.gemm(x2, wu, "nt", u, num_threads=num_threads)
-        _k.swiglu_forward(g, u, a, num_threads=num_threads)
-        y = _empty(T, wd.shape[0])
-        _k.gemm(a, wd, "nt", y, num_threads=num_threads)
-        ctx.save_for_backward(x2, wg, wu, wd, g, u, a)
-        ctx.meta = (list(x.shape), num_threads, mb, idx, need_dx)
-        return y.reshape(list(x.shape[:-1]) + [wd.shape[0]])
+        ctx.need_dx = need_dx
+        return _ops.mlp_forward(_FW, ctx, x, wg, wu, wd, num_threads, mb, idx)
 
     @staticmethod
     def backward(ctx, dy):
-        shape, nt, mb, (ig, iu, idd), need_dx = ctx.meta
-        if mb is not None:
-            mb.check("SwiGLUMLP backward")
-        x2, wg, wu, wd, g, u, a = ctx.saved_tensor()
-        dy2 = _rows(dy.contiguous(), wd.shape[0])
-        da = _empty(*a.shape)
-        _k.gemm(dy2, wd, "nn", da, num_threads=nt)
-        if idd is not None:
-            _g.wgrad(mb, idd, dy2, a, "SwiGLUMLP backward (down_proj)")
-        dg, du = _empty(*g.shape), _empty(*u.shape)
-        _k.swiglu_backward(g, u, da, dg, du, num_threads=nt)
-        dx = None
-        if need_dx:
-            dx = _empty(*x2.shape)
-            _k.gemm(dg, wg, "nn", dx, num_threads=nt)
-            _k.gemm(du, wu, "nn", dx, accumulate=True, num_threads=nt)
-            dx = dx.reshape(shape)
-        if ig is not None:
-            _g.wgrad(mb, ig, dg, x2, "SwiGLUMLP backward (gate_proj)")
-        if iu is not None:
-            _g.wgrad(mb, iu, du, x2, "SwiGLUMLP backward (up_proj)")
-        return dx, None, None, None
+        return _ops.mlp_backward(_FW, ctx, dy, ctx.need_dx), None, None, None
 
 
 def swiglu_mlp(x, gate_weight, up_weight, down_weight, num_threads=None):
@@ -332,27 +245,11 @@ class SwiGLUMLP(paddle.nn.Layer):
 class _EmbeddingFn(paddle.autograd.PyLayer):
     @staticmethod
     def forward(ctx, weight, ids, padding_idx, num_threads, mb, widx):
-        y = _empty(*(list(ids.shape) + [weight.shape[1]]))
-        _k.embedding_forward(weight, ids, y, padding_idx=padding_idx, num_threads=num_threads)
-        ctx.save_for_backward(ids)
-        ctx.meta = (list(weight.shape), padding_idx, num_threads, mb, widx)
-        return y
+        return _ops.embedding_forward(_FW, ctx, weight, ids, padding_idx, num_threads, mb, widx)
 
     @staticmethod
     def backward(ctx, dy):
-        (ids,) = ctx.saved_tensor()
-        (V, H), pad, nt, mb, widx = ctx.meta
-        if widx is None:
-            return None, None
-        mb.check("Embedding backward")  # first: a stale pass computes nothing
-        T, C = _numel(ids), mb.red.seq_len
-        nch = -(-T // C)
-        row_ids = _empty(T, dtype=paddle.int64)
-        rows = _empty(T, H)
-        offsets = _empty(nch + 1, dtype=paddle.int64)
-        _k.embedding_backward(ids.reshape([-1]), _rows(dy.contiguous(), H), V, C, row_ids, rows,
-                              offsets, padding_idx=pad, num_threads=nt)
-        _g.embedding_grad(mb, widx, row_ids, rows, offsets)
+        _ops.embedding_backward(_FW, ctx, dy)
         return None, None
 
 
@@ -390,32 +287,11 @@ class Embedding(paddle.nn.Layer):
 class _XentFn(paddle.autograd.PyLayer):
     @staticmethod
     def forward(ctx, logits, targets, ignore_index, num_threads, mb, n_global):
-        V = logits.shape[-1]
-        z = _rows(logits, V)
-        T = z.shape[0]
-        t1 = targets.reshape([-1])
-        C = mb.red.seq_len if mb is not None else max(T, 1)
-        nch = -(-T // C)
-        losses, parts, dz = _empty(T), _empty(nch), _empty(*z.shape)
-        _k.xent_forward_backward(z, t1, n_global, C, losses, parts, None, dz,
-                                 ignore_index=ignore_index, num_threads=num_threads)
-        if mb is not None:  # the step's loss: the partials into the loss reduction
-            _g.loss_partials(mb, lambda j: parts[j], nch, "cross_entropy")
-        ctx.save_for_backward(z, t1, dz)
-        ctx.meta = (list(logits.shape), ignore_index, num_threads, n_global, mb)
-        return _g.exact_mean(lambda j: parts[j], nch, C, T, n_global, _empty())
+        return _ops.xent_forward(_FW, ctx, logits, targets, ignore_index, num_threads, mb, n_global)
 
     @staticmethod
     def backward(ctx, dloss):
-        shape, ign, nt, n_global, mb = ctx.meta
-        if mb is not None:
-            mb.check("cross_entropy backward")
-        z, t1, dz = ctx.saved_tensor()
-        scale = float(dloss)
-        if scale != 1.0:  # the kernels' grad_scale (1.0: the forward's dlogits)
-            dz = _empty(*z.shape)
-            _k.xent_backward(z, t1, n_global, dz, ignore_index=ign, grad_scale=scale, num_threads=nt)
-        return dz.reshape(shape), None
+        return _ops.xent_backward(_FW, ctx, dloss), None
 
 
 def cross_entropy(logits, targets, ignore_index=-100, num_threads=None):
@@ -430,22 +306,7 @@ def cross_entropy(logits, targets, ignore_index=-100, num_threads=None):
     if list(targets.shape) != list(logits.shape[:-1]):
         raise _err(InvalidArgumentError, fn, "target", f"has shape {list(targets.shape)}, the "
                    f"logits {list(logits.shape)} want {list(logits.shape[:-1])}")
-    red = _active()
-    mb = red._mb if red is not None else None
-    if mb is not None:
-        if mb.loss_used:
-            raise InvalidArgumentError(f"{fn}: called twice in one micro-batch (the loss's chunk "
-                                       "partials would be added twice)")
-        if _numel(targets) != mb.T:
-            raise _err(InvalidArgumentError, fn, "target", f"has {_numel(targets)} tokens, the "
-                       f"micro-batch holds {mb.T}")
-        mb.loss_used = True
-        n_global = red.n_targets
-    else:
-        counts = _empty(1, dtype=paddle.int64)
-        _k.xent_count(targets.reshape([-1]), max(_numel(targets), 1), counts,
-                      ignore_index=ignore_index)
-        n_global = max(int(counts.numpy()[0]), 1)
+    mb, n_global = _ops.xent_step(_FW, fn, targets, ignore_index)
     return _XentFn.apply(logits, targets, int(ignore_index), _threads(num_threads), mb, n_global)
 
 
@@ -466,19 +327,11 @@ class CrossEntropyLoss(paddle.nn.Layer):
 class _RopeFn(paddle.autograd.PyLayer):
     @staticmethod
     def forward(ctx, x, positions, head_dim, rotary_dim, theta, num_threads):
-        y = _empty(*x.shape)
-        _k.rope_forward(x, positions, head_dim, rotary_dim, theta, y, num_threads=num_threads)
-        ctx.save_for_backward(positions)
-        ctx.meta = (head_dim, rotary_dim, theta, num_threads)
-        return y
+        return _ops.rope_forward(_FW, ctx, x, positions, head_dim, rotary_dim, theta, num_threads)
 
     @staticmethod
     def backward(ctx, dy):
-        (positions,) = ctx.saved_tensor()
-        hd, rd, theta, nt = ctx.meta
-        dx = _empty(*dy.shape)
-        _k.rope_backward(dy.contiguous(), positions, hd, rd, theta, dx, num_threads=nt)
-        return dx, None
+        return _ops.rope_backward(_FW, ctx, dy), None
 
 
 def rope(x, positions, head_dim, rotary_dim=None, theta=10000.0, num_threads=None):
@@ -506,23 +359,11 @@ class RotaryEmbedding(paddle.nn.Layer):
 class _AttnFn(paddle.autograd.PyLayer):
     @staticmethod
     def forward(ctx, q, k, v, dims, num_threads):
-        L, Hq, Hkv, D = dims
-        T = _numel(q) // (Hq * D)
-        o = _empty(*q.shape)
-        stats = _empty(T, Hq, 2)
-        _k.attention_forward(q, k, v, L, Hq, Hkv, D, o, stats, num_threads=num_threads)
-        ctx.save_for_backward(q, k, v, stats)
-        ctx.meta = (dims, num_threads)
-        return o
+        return _ops.attention_forward(_FW, ctx, q, k, v, dims, num_threads)
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, stats = ctx.saved_tensor()
-        (L, Hq, Hkv, D), nt = ctx.meta
-        dq, dk, dv = (_empty(*t.shape) for t in (q, k, v))
-        _k.attention_backward(do.contiguous(), q, k, v, stats, L, Hq, Hkv, D, dq, dk, dv,
-                              num_threads=nt)
-        return dq, dk, dv
+        return _ops.attention_backward(_FW, ctx, do)
 
 
 def causal_attention(q, k, v, seq_len, num_heads, num_kv_heads, head_dim, num_threads=None):

@@ -4,8 +4,10 @@ autograd Functions and nn.Modules (docs/torch_layers.md).
 Every forward and backward value is computed by a bitexact kernel (torch
 only allocates, copies to contiguous and reshapes); the bits are those of
 `bitexact train`'s kernels, composed as src/cli/train_layers.c composes
-them. Weight gradients never go through torch's accumulation into
-``.grad``: each Function adds its per-chunk partials to the active
+them. The kernel call sequences are _layer_ops.py's, shared with
+bitexact.paddle: the Functions here are thin wrappers over them. Weight
+gradients never go through torch's accumulation into ``.grad``: each
+Function adds its per-chunk partials to the active
 :class:`~bitexact._torch_gradred.GradReduction` (its backward returns None
 for the weight), which writes every ``.grad`` at ``finish``. Inputs that
 are plain autograd leaves get torch's gradient as usual, once per pass.
@@ -20,14 +22,20 @@ CUDA tensors, torch.compile custom ops.
 import torch
 
 from . import InvalidArgumentError
-from . import _gradred as _g
-from . import kernels as _k
-from ._torch_gradred import (GradReduction, _F32, _active, _capture, _check, _err, _partials,
-                             _rows, _threads, _wgrad)
+from . import _layer_ops as _ops
+from ._torch_gradred import GradReduction, _F32, _capture, _check, _err, _rows, _threads
 
 __all__ = ["GradReduction", "Linear", "RMSNorm", "SwiGLUMLP", "Embedding", "CrossEntropyLoss",
            "RotaryEmbedding", "CausalAttention", "linear", "rms_norm", "swiglu", "swiglu_mlp",
            "embedding", "cross_entropy", "rope", "causal_attention", "qkv_projection"]
+
+
+# The framework adapter of the shared numerics bodies (_layer_ops.py).
+_FW = _ops.Adapter(f32=_F32, i64=torch.int64,
+                   empty=lambda shape, dtype=_F32: torch.empty(shape, dtype=dtype),
+                   rows=_rows, reshape=lambda t, shape: t.reshape(shape),
+                   numel=lambda t: t.numel(), saved=lambda ctx: ctx.saved_tensors,
+                   first=lambda t: int(t[0]))
 
 
 # ---- Linear ---------------------------------------------------------------
@@ -35,29 +43,11 @@ __all__ = ["GradReduction", "Linear", "RMSNorm", "SwiGLUMLP", "Embedding", "Cros
 class _LinearFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, num_threads, mb, widx):
-        K = weight.shape[1]
-        x2 = _rows(x, K)
-        y = torch.empty(x2.shape[0], weight.shape[0], dtype=_F32)
-        _k.gemm(x2, weight, "nt", y, num_threads=num_threads)
-        ctx.save_for_backward(x2, weight)
-        ctx.meta = (x.shape, num_threads, mb, widx)
-        return y.view(*x.shape[:-1], weight.shape[0])
+        return _ops.linear_forward(_FW, ctx, x, weight, num_threads, mb, widx)
 
     @staticmethod
     def backward(ctx, dy):
-        shape, nt, mb, widx = ctx.meta
-        if widx is not None:
-            mb.check("Linear backward")  # first: a stale pass computes nothing
-        x2, weight = ctx.saved_tensors
-        dy2 = _rows(dy.contiguous(), weight.shape[0])
-        dx = None
-        if ctx.needs_input_grad[0]:
-            dx = torch.empty(x2.shape, dtype=_F32)
-            _k.gemm(dy2, weight, "nn", dx, num_threads=nt)
-            dx = dx.view(shape)
-        if widx is not None:
-            _wgrad(mb, widx, dy2, x2, "Linear backward")
-        return dx, None, None, None, None
+        return _ops.linear_backward(_FW, ctx, dy, ctx.needs_input_grad[0]), None, None, None, None
 
 
 def linear(x, weight, num_threads=None):
@@ -96,31 +86,12 @@ class Linear(torch.nn.Module):
 class _RMSNormFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, eps, num_threads, mb, widx):
-        H = weight.shape[0]
-        x2 = _rows(x, H)
-        y = torch.empty(x2.shape, dtype=_F32)
-        rstd = torch.empty(x2.shape[0], dtype=_F32)
-        _k.rmsnorm_forward(x2, weight, eps, y, rstd, num_threads=num_threads)
-        ctx.save_for_backward(x2, weight, rstd)
-        ctx.meta = (x.shape, num_threads, mb, widx)
-        return y.view(x.shape)
+        return _ops.rmsnorm_forward(_FW, ctx, x, weight, eps, num_threads, mb, widx)
 
     @staticmethod
     def backward(ctx, dy):
-        shape, nt, mb, widx = ctx.meta
-        if widx is not None:
-            mb.check("RMSNorm backward")
-        x2, weight, rstd = ctx.saved_tensors
-        dy2 = _rows(dy.contiguous(), weight.shape[0])
-        dx = torch.empty(x2.shape, dtype=_F32)
-        parts, per_chunk = None, x2.shape[0]
-        if widx is not None:
-            per_chunk = x2.shape[0] // mb.T * mb.red.seq_len  # rows per token * tokens per chunk
-            parts = torch.empty(-(-x2.shape[0] // per_chunk), weight.shape[0], dtype=_F32)
-        _k.rmsnorm_backward(x2, weight, dy2, rstd, per_chunk, dx, parts, num_threads=nt)
-        if widx is not None:
-            _partials(mb, widx, parts, "RMSNorm backward")
-        return (dx.view(shape) if ctx.needs_input_grad[0] else None), None, None, None, None, None
+        dx = _ops.rmsnorm_backward(_FW, ctx, dy, ctx.needs_input_grad[0])
+        return dx, None, None, None, None, None
 
 
 def rms_norm(x, weight, eps=1e-6, num_threads=None):
@@ -155,18 +126,11 @@ class RMSNorm(torch.nn.Module):
 class _SwiGLUFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, gate, up, num_threads):
-        h = torch.empty(gate.shape, dtype=_F32)
-        _k.swiglu_forward(gate, up, h, num_threads=num_threads)
-        ctx.save_for_backward(gate, up)
-        ctx.nt = num_threads
-        return h
+        return _ops.swiglu_forward(_FW, ctx, gate, up, num_threads)
 
     @staticmethod
     def backward(ctx, dh):
-        gate, up = ctx.saved_tensors
-        dg, du = torch.empty(gate.shape, dtype=_F32), torch.empty(gate.shape, dtype=_F32)
-        _k.swiglu_backward(gate, up, dh.contiguous(), dg, du, num_threads=ctx.nt)
-        return dg, du, None
+        return (*_ops.swiglu_backward(_FW, ctx, dh), None)
 
 
 def swiglu(gate, up, num_threads=None):
@@ -189,42 +153,11 @@ class _MLPFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, wg, wu, wd, num_threads, mb, idx):
-        H, I = wg.shape[1], wg.shape[0]
-        x2 = _rows(x, H)
-        T = x2.shape[0]
-        g, u, a = (torch.empty(T, I, dtype=_F32) for _ in range(3))
-        _k.gemm(x2, wg, "nt", g, num_threads=num_threads)
-        _k.gemm(x2, wu, "nt", u, num_threads=num_threads)
-        _k.swiglu_forward(g, u, a, num_threads=num_threads)
-        y = torch.empty(T, wd.shape[0], dtype=_F32)
-        _k.gemm(a, wd, "nt", y, num_threads=num_threads)
-        ctx.save_for_backward(x2, wg, wu, wd, g, u, a)
-        ctx.meta = (x.shape, num_threads, mb, idx)
-        return y.view(*x.shape[:-1], wd.shape[0])
+        return _ops.mlp_forward(_FW, ctx, x, wg, wu, wd, num_threads, mb, idx)
 
     @staticmethod
     def backward(ctx, dy):
-        shape, nt, mb, (ig, iu, idd) = ctx.meta
-        if mb is not None:
-            mb.check("SwiGLUMLP backward")
-        x2, wg, wu, wd, g, u, a = ctx.saved_tensors
-        dy2 = _rows(dy.contiguous(), wd.shape[0])
-        da = torch.empty(a.shape, dtype=_F32)
-        _k.gemm(dy2, wd, "nn", da, num_threads=nt)
-        if idd is not None:
-            _wgrad(mb, idd, dy2, a, "SwiGLUMLP backward (down_proj)")
-        dg, du = torch.empty(g.shape, dtype=_F32), torch.empty(u.shape, dtype=_F32)
-        _k.swiglu_backward(g, u, da, dg, du, num_threads=nt)
-        dx = None
-        if ctx.needs_input_grad[0]:
-            dx = torch.empty(x2.shape, dtype=_F32)
-            _k.gemm(dg, wg, "nn", dx, num_threads=nt)
-            _k.gemm(du, wu, "nn", dx, accumulate=True, num_threads=nt)
-            dx = dx.view(shape)
-        if ig is not None:
-            _wgrad(mb, ig, dg, x2, "SwiGLUMLP backward (gate_proj)")
-        if iu is not None:
-            _wgrad(mb, iu, du, x2, "SwiGLUMLP backward (up_proj)")
+        dx = _ops.mlp_backward(_FW, ctx, dy, ctx.needs_input_grad[0])
         return dx, None, None, None, None, None, None
 
 
@@ -270,28 +203,11 @@ class SwiGLUMLP(torch.nn.Module):
 class _EmbeddingFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, weight, ids, padding_idx, num_threads, mb, widx):
-        y = torch.empty(*ids.shape, weight.shape[1], dtype=_F32)
-        _k.embedding_forward(weight, ids, y, padding_idx=padding_idx, num_threads=num_threads)
-        ctx.save_for_backward(ids)
-        ctx.meta = (weight.shape, padding_idx, num_threads, mb, widx)
-        return y
+        return _ops.embedding_forward(_FW, ctx, weight, ids, padding_idx, num_threads, mb, widx)
 
     @staticmethod
     def backward(ctx, dy):
-        (ids,) = ctx.saved_tensors
-        (V, H), pad, nt, mb, widx = ctx.meta
-        if widx is None:
-            return None, None, None, None, None, None
-        mb.check("Embedding backward")  # first: a stale pass computes nothing
-        T, C = ids.numel(), mb.red.seq_len
-        nch = -(-T // C)
-        row_ids = torch.empty(T, dtype=torch.int64)
-        rows = torch.empty(T, H, dtype=_F32)
-        offsets = torch.empty(nch + 1, dtype=torch.int64)
-        ids1 = ids.reshape(-1)
-        _k.embedding_backward(ids1, _rows(dy.contiguous(), H), V, C, row_ids, rows, offsets,
-                              padding_idx=pad, num_threads=nt)
-        _g.embedding_grad(mb, widx, row_ids, rows, offsets)
+        _ops.embedding_backward(_FW, ctx, dy)
         return None, None, None, None, None, None
 
 
@@ -322,43 +238,14 @@ class Embedding(torch.nn.Module):
 
 # ---- cross-entropy --------------------------------------------------------------
 
-def _exact_mean(partials, chunk, total, divisor):
-    """sum(partials) / divisor, the exact sum rounded once."""
-    return _g.exact_mean(lambda j: partials[j], partials.shape[0], chunk, total, divisor,
-                         torch.empty((), dtype=_F32))
-
-
 class _XentFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, targets, ignore_index, num_threads, mb, n_global):
-        V = logits.shape[-1]
-        z = _rows(logits, V)
-        T = z.shape[0]
-        t1 = targets.reshape(-1)
-        C = mb.red.seq_len if mb is not None else max(T, 1)
-        nch = -(-T // C)
-        losses = torch.empty(T, dtype=_F32)
-        parts = torch.empty(nch, dtype=_F32)
-        dz = torch.empty(z.shape, dtype=_F32)
-        _k.xent_forward_backward(z, t1, n_global, C, losses, parts, None, dz,
-                                 ignore_index=ignore_index, num_threads=num_threads)
-        if mb is not None:  # the step's loss: the partials into the loss reduction
-            _g.loss_partials(mb, lambda j: parts[j], nch, "cross_entropy")
-        ctx.save_for_backward(z, t1, dz)
-        ctx.meta = (logits.shape, ignore_index, num_threads, n_global, mb)
-        return _exact_mean(parts, C, T, n_global)
+        return _ops.xent_forward(_FW, ctx, logits, targets, ignore_index, num_threads, mb, n_global)
 
     @staticmethod
     def backward(ctx, dloss):
-        shape, ign, nt, n_global, mb = ctx.meta
-        if mb is not None:
-            mb.check("cross_entropy backward")
-        z, t1, dz = ctx.saved_tensors
-        scale = float(dloss)
-        if scale != 1.0:  # the kernels' grad_scale (1.0: the forward's dlogits)
-            dz = torch.empty(z.shape, dtype=_F32)
-            _k.xent_backward(z, t1, n_global, dz, ignore_index=ign, grad_scale=scale, num_threads=nt)
-        return dz.view(shape), None, None, None, None, None
+        return _ops.xent_backward(_FW, ctx, dloss), None, None, None, None, None
 
 
 def cross_entropy(logits, targets, ignore_index=-100, num_threads=None):
@@ -374,21 +261,7 @@ def cross_entropy(logits, targets, ignore_index=-100, num_threads=None):
     if tuple(targets.shape) != tuple(logits.shape[:-1]):
         raise _err(InvalidArgumentError, fn, "target", f"has shape {tuple(targets.shape)}, the "
                    f"logits {tuple(logits.shape)} want {tuple(logits.shape[:-1])}")
-    red = _active()
-    mb = red._mb if red is not None else None
-    if mb is not None:
-        if mb.loss_used:
-            raise InvalidArgumentError(f"{fn}: called twice in one micro-batch (the loss's chunk "
-                                       "partials would be added twice)")
-        if targets.numel() != mb.T:
-            raise _err(InvalidArgumentError, fn, "target", f"has {targets.numel()} tokens, the "
-                       f"micro-batch holds {mb.T}")
-        mb.loss_used = True
-        n_global = red.n_targets
-    else:
-        counts = torch.empty(1, dtype=torch.int64)
-        _k.xent_count(targets.reshape(-1), max(targets.numel(), 1), counts, ignore_index=ignore_index)
-        n_global = max(int(counts[0]), 1)
+    mb, n_global = _ops.xent_step(_FW, fn, targets, ignore_index)
     return _XentFn.apply(logits, targets, int(ignore_index), _threads(num_threads), mb, n_global)
 
 
@@ -409,19 +282,11 @@ class CrossEntropyLoss(torch.nn.Module):
 class _RopeFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, positions, head_dim, rotary_dim, theta, num_threads):
-        y = torch.empty(x.shape, dtype=_F32)
-        _k.rope_forward(x, positions, head_dim, rotary_dim, theta, y, num_threads=num_threads)
-        ctx.save_for_backward(positions)
-        ctx.meta = (head_dim, rotary_dim, theta, num_threads)
-        return y
+        return _ops.rope_forward(_FW, ctx, x, positions, head_dim, rotary_dim, theta, num_threads)
 
     @staticmethod
     def backward(ctx, dy):
-        (positions,) = ctx.saved_tensors
-        hd, rd, theta, nt = ctx.meta
-        dx = torch.empty(dy.shape, dtype=_F32)
-        _k.rope_backward(dy.contiguous(), positions, hd, rd, theta, dx, num_threads=nt)
-        return dx, None, None, None, None, None
+        return _ops.rope_backward(_FW, ctx, dy), None, None, None, None, None
 
 
 def rope(x, positions, head_dim, rotary_dim=None, theta=10000.0, num_threads=None):
@@ -451,23 +316,11 @@ class RotaryEmbedding(torch.nn.Module):
 class _AttnFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, dims, num_threads):
-        L, Hq, Hkv, D = dims
-        T = q.numel() // (Hq * D)
-        o = torch.empty(q.shape, dtype=_F32)
-        stats = torch.empty(T, Hq, 2, dtype=_F32)
-        _k.attention_forward(q, k, v, L, Hq, Hkv, D, o, stats, num_threads=num_threads)
-        ctx.save_for_backward(q, k, v, stats)
-        ctx.meta = (dims, num_threads)
-        return o
+        return _ops.attention_forward(_FW, ctx, q, k, v, dims, num_threads)
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, stats = ctx.saved_tensors
-        (L, Hq, Hkv, D), nt = ctx.meta
-        dq, dk, dv = (torch.empty(t.shape, dtype=_F32) for t in (q, k, v))
-        _k.attention_backward(do.contiguous(), q, k, v, stats, L, Hq, Hkv, D, dq, dk, dv,
-                              num_threads=nt)
-        return dq, dk, dv, None, None
+        return (*_ops.attention_backward(_FW, ctx, do), None, None)
 
 
 def causal_attention(q, k, v, seq_len, num_heads, num_kv_heads, head_dim, num_threads=None):
@@ -489,33 +342,11 @@ class _QKVFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, wq, wk, wv, num_threads, mb, idx):
-        K = wq.shape[1]
-        x2 = _rows(x, K)
-        outs = []
-        for w in (wq, wk, wv):
-            y = torch.empty(x2.shape[0], w.shape[0], dtype=_F32)
-            _k.gemm(x2, w, "nt", y, num_threads=num_threads)
-            outs.append(y.view(*x.shape[:-1], w.shape[0]))
-        ctx.save_for_backward(x2, wq, wk, wv)
-        ctx.meta = (x.shape, num_threads, mb, idx)
-        return tuple(outs)
+        return _ops.qkv_forward(_FW, ctx, x, wq, wk, wv, num_threads, mb, idx)
 
     @staticmethod
     def backward(ctx, dq, dk, dv):
-        shape, nt, mb, idx = ctx.meta
-        if mb is not None:
-            mb.check("qkv_projection backward")
-        x2, *ws = ctx.saved_tensors
-        ds = [_rows(d.contiguous(), w.shape[0]) for d, w in zip((dq, dk, dv), ws)]
-        dx = None
-        if ctx.needs_input_grad[0]:
-            dx = torch.empty(x2.shape, dtype=_F32)
-            for j, (d, w) in enumerate(zip(ds, ws)):
-                _k.gemm(d, w, "nn", dx, accumulate=j > 0, num_threads=nt)
-            dx = dx.view(shape)
-        for i, d, what in zip(idx, ds, ("q_proj", "k_proj", "v_proj")):
-            if i is not None:
-                _wgrad(mb, i, d, x2, f"qkv_projection backward ({what})")
+        dx = _ops.qkv_backward(_FW, ctx, dq, dk, dv, ctx.needs_input_grad[0])
         return dx, None, None, None, None, None, None
 
 

@@ -1,0 +1,327 @@
+"""The numerics path of the training layers, shared by bitexact.torch
+(_torch_layers.py) and bitexact.paddle (_paddle_layers.py).
+
+Each op's forward and backward body here is the sequence of bitexact
+kernel calls (bitexact.kernels) that computes it, as src/cli/train_layers.c
+composes them, with the weight gradients handed to the framework-neutral
+two-pass protocol of bitexact._gradred. The framework files keep only the
+autograd wrappers (a torch.autograd.Function or paddle.autograd.PyLayer
+whose forward/backward call the bodies here), the argument checks and the
+modules; the framework only allocates, copies to contiguous and reshapes
+through a small :class:`Adapter`, so both bindings run the same kernel
+calls in the same order on the same shapes and produce the same bits.
+
+A forward body takes the wrapper's ``ctx`` (``save_for_backward`` and
+attribute assignment are common to both frameworks), saves what its
+backward needs and returns the op's outputs; a backward body returns the
+input gradients the op computes (the wrapper appends the framework's
+``None`` for the non-differentiable arguments). ``need_dx`` is torch's
+``ctx.needs_input_grad[0]`` or Paddle's recorded ``stop_gradient`` state.
+
+Threading: the bodies run in the calling thread; the kernels release the
+GIL and use ``num_threads`` workers (bits never depend on it).
+"""
+from . import InvalidArgumentError
+from . import _gradred as _g
+from . import kernels as _k
+from ._gradred import _active, _err
+
+
+class Adapter:
+    """What a framework supplies to the bodies: ``f32`` / ``i64`` its dtype
+    objects; ``empty(shape, dtype=f32)`` a new uninitialised CPU tensor of
+    a shape sequence (``[]``: a 0-d tensor); ``rows(t, last)`` t as
+    ``[-1, last]``; ``reshape(t, shape)`` (shape a list); ``numel(t)``;
+    ``saved(ctx)`` the tensors given to ``ctx.save_for_backward``;
+    ``first(t)`` int of element 0 of a 1-D int64 tensor."""
+
+    def __init__(self, *, f32, i64, empty, rows, reshape, numel, saved, first):
+        self.f32, self.i64, self.empty, self.rows = f32, i64, empty, rows
+        self.reshape, self.numel, self.saved, self.first = reshape, numel, saved, first
+
+
+# ---- Linear and the fused q/k/v projection -----------------------------------
+
+def linear_forward(fw, ctx, x, weight, nt, mb, widx):
+    """y = x W^T (bx_gemm NT)."""
+    x2 = fw.rows(x, weight.shape[1])
+    y = fw.empty([x2.shape[0], weight.shape[0]])
+    _k.gemm(x2, weight, "nt", y, num_threads=nt)
+    ctx.save_for_backward(x2, weight)
+    ctx.meta = (list(x.shape), nt, mb, widx)
+    return fw.reshape(y, list(x.shape[:-1]) + [weight.shape[0]])
+
+
+def linear_backward(fw, ctx, dy, need_dx):
+    """dx = dy W (NN) or None; dW = dy^T x as chunk partials."""
+    shape, nt, mb, widx = ctx.meta
+    if widx is not None:
+        mb.check("Linear backward")  # first: a stale pass computes nothing
+    x2, weight = fw.saved(ctx)
+    dy2 = fw.rows(dy.contiguous(), weight.shape[0])
+    dx = None
+    if need_dx:
+        dx = fw.empty(x2.shape)
+        _k.gemm(dy2, weight, "nn", dx, num_threads=nt)
+        dx = fw.reshape(dx, shape)
+    if widx is not None:
+        _g.wgrad(mb, widx, dy2, x2, "Linear backward")
+    return dx
+
+
+def qkv_forward(fw, ctx, x, wq, wk, wv, nt, mb, idx):
+    """(x Wq^T, x Wk^T, x Wv^T), three NT GEMMs."""
+    x2 = fw.rows(x, wq.shape[1])
+    outs = []
+    for w in (wq, wk, wv):
+        y = fw.empty([x2.shape[0], w.shape[0]])
+        _k.gemm(x2, w, "nt", y, num_threads=nt)
+        outs.append(fw.reshape(y, list(x.shape[:-1]) + [w.shape[0]]))
+    ctx.save_for_backward(x2, wq, wk, wv)
+    ctx.meta = (list(x.shape), nt, mb, idx)
+    return tuple(outs)
+
+
+def qkv_backward(fw, ctx, dq, dk, dv, need_dx):
+    """dx = dq Wq + dk Wk + dv Wv as ONE fmaf chain (the k and v NN GEMMs
+    accumulate onto q's, as train_layers.c) or None; the three weight
+    gradients as chunk partials."""
+    shape, nt, mb, idx = ctx.meta
+    if mb is not None:
+        mb.check("qkv_projection backward")
+    x2, *ws = fw.saved(ctx)
+    ds = [fw.rows(d.contiguous(), w.shape[0]) for d, w in zip((dq, dk, dv), ws)]
+    dx = None
+    if need_dx:
+        dx = fw.empty(x2.shape)
+        for j, (d, w) in enumerate(zip(ds, ws)):
+            _k.gemm(d, w, "nn", dx, accumulate=j > 0, num_threads=nt)
+        dx = fw.reshape(dx, shape)
+    for i, d, what in zip(idx, ds, ("q_proj", "k_proj", "v_proj")):
+        if i is not None:
+            _g.wgrad(mb, i, d, x2, f"qkv_projection backward ({what})")
+    return dx
+
+
+# ---- RMSNorm --------------------------------------------------------------
+
+def rmsnorm_forward(fw, ctx, x, weight, eps, nt, mb, widx):
+    """bx_rmsnorm_forward over rows of weight.shape[0] features."""
+    x2 = fw.rows(x, weight.shape[0])
+    y = fw.empty(x2.shape)
+    rstd = fw.empty([x2.shape[0]])
+    _k.rmsnorm_forward(x2, weight, eps, y, rstd, num_threads=nt)
+    ctx.save_for_backward(x2, weight, rstd)
+    ctx.meta = (list(x.shape), nt, mb, widx)
+    return fw.reshape(y, list(x.shape))
+
+
+def rmsnorm_backward(fw, ctx, dy, need_dx):
+    """bx_rmsnorm_backward: dx (always computed; returned if need_dx) and
+    the gain's per-chunk partials (a chunk: rows per token * seq_len)."""
+    shape, nt, mb, widx = ctx.meta
+    if widx is not None:
+        mb.check("RMSNorm backward")
+    x2, weight, rstd = fw.saved(ctx)
+    dy2 = fw.rows(dy.contiguous(), weight.shape[0])
+    dx = fw.empty(x2.shape)
+    parts, per_chunk = None, x2.shape[0]
+    if widx is not None:
+        per_chunk = x2.shape[0] // mb.T * mb.red.seq_len  # rows per token * tokens per chunk
+        parts = fw.empty([-(-x2.shape[0] // per_chunk), weight.shape[0]])
+    _k.rmsnorm_backward(x2, weight, dy2, rstd, per_chunk, dx, parts, num_threads=nt)
+    if widx is not None:
+        _g.partials(mb, widx, parts, "RMSNorm backward")
+    return fw.reshape(dx, shape) if need_dx else None
+
+
+# ---- SwiGLU and the MLP -------------------------------------------------------
+
+def swiglu_forward(fw, ctx, gate, up, nt):
+    """h = SiLU(gate) * up (bx_swiglu_forward)."""
+    h = fw.empty(gate.shape)
+    _k.swiglu_forward(gate, up, h, num_threads=nt)
+    ctx.save_for_backward(gate, up)
+    ctx.nt = nt
+    return h
+
+
+def swiglu_backward(fw, ctx, dh):
+    """(dgate, dup) by bx_swiglu_backward."""
+    gate, up = fw.saved(ctx)
+    dg, du = fw.empty(gate.shape), fw.empty(gate.shape)
+    _k.swiglu_backward(gate, up, dh.contiguous(), dg, du, num_threads=ctx.nt)
+    return dg, du
+
+
+def mlp_forward(fw, ctx, x, wg, wu, wd, nt, mb, idx):
+    """Glm4MoeMLP as train_layers.c: g = x Wg^T, u = x Wu^T,
+    a = swiglu(g, u), y = a Wd^T."""
+    I = wg.shape[0]
+    x2 = fw.rows(x, wg.shape[1])
+    T = x2.shape[0]
+    g, u, a = (fw.empty([T, I]) for _ in range(3))
+    _k.gemm(x2, wg, "nt", g, num_threads=nt)
+    _k.gemm(x2, wu, "nt", u, num_threads=nt)
+    _k.swiglu_forward(g, u, a, num_threads=nt)
+    y = fw.empty([T, wd.shape[0]])
+    _k.gemm(a, wd, "nt", y, num_threads=nt)
+    ctx.save_for_backward(x2, wg, wu, wd, g, u, a)
+    ctx.meta = (list(x.shape), nt, mb, idx)
+    return fw.reshape(y, list(x.shape[:-1]) + [wd.shape[0]])
+
+
+def mlp_backward(fw, ctx, dy, need_dx):
+    """da = dy Wd, (dg, du), then dx = dg Wg + du Wu as ONE fmaf chain per
+    element (the second NN GEMM accumulates onto the first) or None; the
+    three weight gradients as chunk partials."""
+    shape, nt, mb, (ig, iu, idd) = ctx.meta
+    if mb is not None:
+        mb.check("SwiGLUMLP backward")
+    x2, wg, wu, wd, g, u, a = fw.saved(ctx)
+    dy2 = fw.rows(dy.contiguous(), wd.shape[0])
+    da = fw.empty(a.shape)
+    _k.gemm(dy2, wd, "nn", da, num_threads=nt)
+    if idd is not None:
+        _g.wgrad(mb, idd, dy2, a, "SwiGLUMLP backward (down_proj)")
+    dg, du = fw.empty(g.shape), fw.empty(u.shape)
+    _k.swiglu_backward(g, u, da, dg, du, num_threads=nt)
+    dx = None
+    if need_dx:
+        dx = fw.empty(x2.shape)
+        _k.gemm(dg, wg, "nn", dx, num_threads=nt)
+        _k.gemm(du, wu, "nn", dx, accumulate=True, num_threads=nt)
+        dx = fw.reshape(dx, shape)
+    if ig is not None:
+        _g.wgrad(mb, ig, dg, x2, "SwiGLUMLP backward (gate_proj)")
+    if iu is not None:
+        _g.wgrad(mb, iu, du, x2, "SwiGLUMLP backward (up_proj)")
+    return dx
+
+
+# ---- Embedding ----------------------------------------------------------------
+
+def embedding_forward(fw, ctx, weight, ids, padding_idx, nt, mb, widx):
+    """y = weight[ids] (bx_embedding_forward, bits copied)."""
+    y = fw.empty(list(ids.shape) + [weight.shape[1]])
+    _k.embedding_forward(weight, ids, y, padding_idx=padding_idx, num_threads=nt)
+    ctx.save_for_backward(ids)
+    ctx.meta = (list(weight.shape), padding_idx, nt, mb, widx)
+    return y
+
+
+def embedding_backward(fw, ctx, dy):
+    """The weight's gradient as compact per-chunk rows
+    (bx_embedding_backward) into the GradReduction; no input gradient."""
+    (ids,) = fw.saved(ctx)
+    (V, H), pad, nt, mb, widx = ctx.meta
+    if widx is None:
+        return
+    mb.check("Embedding backward")  # first: a stale pass computes nothing
+    T, C = fw.numel(ids), mb.red.seq_len
+    nch = -(-T // C)
+    row_ids = fw.empty([T], fw.i64)
+    rows = fw.empty([T, H])
+    offsets = fw.empty([nch + 1], fw.i64)
+    _k.embedding_backward(fw.reshape(ids, [-1]), fw.rows(dy.contiguous(), H), V, C, row_ids,
+                          rows, offsets, padding_idx=pad, num_threads=nt)
+    _g.embedding_grad(mb, widx, row_ids, rows, offsets)
+
+
+# ---- cross-entropy --------------------------------------------------------------
+
+def xent_step(fw, fn, targets, ignore_index):
+    """(mb, n_global) for a cross_entropy call: inside a micro-batch its
+    MicroBatch (marked as holding the loss) and the step's n_targets; else
+    (None, the count of this call's valid targets, at least 1)."""
+    red = _active()
+    mb = red._mb if red is not None else None
+    if mb is not None:
+        if mb.loss_used:
+            raise InvalidArgumentError(f"{fn}: called twice in one micro-batch (the loss's chunk "
+                                       "partials would be added twice)")
+        if fw.numel(targets) != mb.T:
+            raise _err(InvalidArgumentError, fn, "target", f"has {fw.numel(targets)} tokens, the "
+                       f"micro-batch holds {mb.T}")
+        mb.loss_used = True
+        return mb, red.n_targets
+    counts = fw.empty([1], fw.i64)
+    _k.xent_count(fw.reshape(targets, [-1]), max(fw.numel(targets), 1), counts,
+                  ignore_index=ignore_index)
+    return None, max(fw.first(counts), 1)
+
+
+def xent_forward(fw, ctx, logits, targets, ignore_index, nt, mb, n_global):
+    """bx_xent_forward_backward (the dlogits for a unit loss gradient kept
+    for backward); the chunk partials into the loss reduction inside a
+    micro-batch; returns sum(partials) / n_global, the exact sum rounded
+    once, as a 0-d tensor."""
+    z = fw.rows(logits, logits.shape[-1])
+    T = z.shape[0]
+    t1 = fw.reshape(targets, [-1])
+    C = mb.red.seq_len if mb is not None else max(T, 1)
+    nch = -(-T // C)
+    losses, parts, dz = fw.empty([T]), fw.empty([nch]), fw.empty(z.shape)
+    _k.xent_forward_backward(z, t1, n_global, C, losses, parts, None, dz,
+                             ignore_index=ignore_index, num_threads=nt)
+    if mb is not None:  # the step's loss: the partials into the loss reduction
+        _g.loss_partials(mb, lambda j: parts[j], nch, "cross_entropy")
+    ctx.save_for_backward(z, t1, dz)
+    ctx.meta = (list(logits.shape), ignore_index, nt, n_global, mb)
+    return _g.exact_mean(lambda j: parts[j], nch, C, T, n_global, fw.empty([]))
+
+
+def xent_backward(fw, ctx, dloss):
+    """dlogits: the forward's for a unit dloss, else bx_xent_backward with
+    grad_scale = dloss."""
+    shape, ign, nt, n_global, mb = ctx.meta
+    if mb is not None:
+        mb.check("cross_entropy backward")
+    z, t1, dz = fw.saved(ctx)
+    scale = float(dloss)
+    if scale != 1.0:  # the kernels' grad_scale (1.0: the forward's dlogits)
+        dz = fw.empty(z.shape)
+        _k.xent_backward(z, t1, n_global, dz, ignore_index=ign, grad_scale=scale, num_threads=nt)
+    return fw.reshape(dz, shape)
+
+
+# ---- RoPE and causal GQA attention (no weights) ----------------------------------
+
+def rope_forward(fw, ctx, x, positions, head_dim, rotary_dim, theta, nt):
+    """bx_rope_forward."""
+    y = fw.empty(x.shape)
+    _k.rope_forward(x, positions, head_dim, rotary_dim, theta, y, num_threads=nt)
+    ctx.save_for_backward(positions)
+    ctx.meta = (head_dim, rotary_dim, theta, nt)
+    return y
+
+
+def rope_backward(fw, ctx, dy):
+    """dx by bx_rope_backward."""
+    (positions,) = fw.saved(ctx)
+    hd, rd, theta, nt = ctx.meta
+    dx = fw.empty(dy.shape)
+    _k.rope_backward(dy.contiguous(), positions, hd, rd, theta, dx, num_threads=nt)
+    return dx
+
+
+def attention_forward(fw, ctx, q, k, v, dims, nt):
+    """bx_attention_forward; dims = (seq_len, Hq, Hkv, head_dim)."""
+    L, Hq, Hkv, D = dims
+    T = fw.numel(q) // (Hq * D)
+    o = fw.empty(q.shape)
+    stats = fw.empty([T, Hq, 2])
+    _k.attention_forward(q, k, v, L, Hq, Hkv, D, o, stats, num_threads=nt)
+    ctx.save_for_backward(q, k, v, stats)
+    ctx.meta = (dims, nt)
+    return o
+
+
+def attention_backward(fw, ctx, do):
+    """(dq, dk, dv) by bx_attention_backward."""
+    q, k, v, stats = fw.saved(ctx)
+    (L, Hq, Hkv, D), nt = ctx.meta
+    dq, dk, dv = (fw.empty(t.shape) for t in (q, k, v))
+    _k.attention_backward(do.contiguous(), q, k, v, stats, L, Hq, Hkv, D, dq, dk, dv,
+                          num_threads=nt)
+    return dq, dk, dv
