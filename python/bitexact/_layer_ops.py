@@ -17,10 +17,17 @@ backward needs and returns the op's outputs; a backward body returns the
 input gradients the op computes (the wrapper appends the framework's
 ``None`` for the non-differentiable arguments). ``need_dx`` is torch's
 ``ctx.needs_input_grad[0]`` or Paddle's recorded ``stop_gradient`` state.
+:func:`autograd_functions` makes the wrapper classes of a framework;
+the ``*Base`` classes are the framework-neutral bodies of the modules
+built from the ops (the framework subclass adds its module base class,
+its docstring and ``_api``: its layers module, whose ops they call).
 
 Threading: the bodies run in the calling thread; the kernels release the
 GIL and use ``num_threads`` workers (bits never depend on it).
 """
+import sys
+import types
+
 from . import InvalidArgumentError
 from . import _gradred as _g
 from . import kernels as _k
@@ -33,11 +40,51 @@ class Adapter:
     a shape sequence (``[]``: a 0-d tensor); ``rows(t, last)`` t as
     ``[-1, last]``; ``reshape(t, shape)`` (shape a list); ``numel(t)``;
     ``saved(ctx)`` the tensors given to ``ctx.save_for_backward``;
-    ``first(t)`` int of element 0 of a 1-D int64 tensor."""
+    ``first(t)`` int of element 0 of a 1-D int64 tensor. For the wrappers:
+    ``dx_args(ctx, args)`` the forward's arguments for a body that takes
+    ``need_dx`` (Paddle's apply passes it last: kept on ctx),
+    ``need_dx(ctx)`` whether the first input wants its gradient, and
+    ``n_grads(args)`` how many values backward returns for these forward
+    arguments (torch: one per argument; Paddle: one per tensor)."""
 
-    def __init__(self, *, f32, i64, empty, rows, reshape, numel, saved, first):
+    def __init__(self, *, f32, i64, empty, rows, reshape, numel, saved, first, dx_args, need_dx,
+                 n_grads):
         self.f32, self.i64, self.empty, self.rows = f32, i64, empty, rows
         self.reshape, self.numel, self.saved, self.first = reshape, numel, saved, first
+        self.dx_args, self.need_dx, self.n_grads = dx_args, need_dx, n_grads
+
+
+# The ops: (wrapper class name, body prefix, whether backward takes need_dx).
+_OPS = (("_LinearFn", "linear", True), ("_QKVFn", "qkv", True), ("_RMSNormFn", "rmsnorm", True),
+        ("_SwiGLUFn", "swiglu", False), ("_MLPFn", "mlp", True),
+        ("_EmbeddingFn", "embedding", False), ("_XentFn", "xent", False),
+        ("_RopeFn", "rope", False), ("_AttnFn", "attention", False))
+
+
+def autograd_functions(base, fw, module):
+    """A namespace holding, per body prefix (``.linear``, ``.qkv``, ...), a
+    subclass of ``base`` (torch.autograd.Function or paddle.autograd.PyLayer)
+    named as in _OPS, of ``module``, whose forward/backward call the bodies
+    here with adapter ``fw``; backward returns the body's gradients followed
+    by None up to fw.n_grads of the forward's arguments. Called once per
+    framework at import."""
+    out = {}
+    for name, op, dx in _OPS:
+        fwd, bwd = globals()[op + "_forward"], globals()[op + "_backward"]
+
+        def forward(ctx, *args, fwd=fwd, dx=dx):
+            ctx.n_grads = fw.n_grads(args)
+            return fwd(fw, ctx, *(fw.dx_args(ctx, args) if dx else args))
+
+        def backward(ctx, *grads, bwd=bwd, dx=dx):
+            g = bwd(fw, ctx, *grads, *((fw.need_dx(ctx),) if dx else ()))
+            g = g if isinstance(g, tuple) else (g,)
+            return g + (None,) * (ctx.n_grads - len(g))
+
+        out[op] = type(name, (base,), {"forward": staticmethod(forward),
+                                       "backward": staticmethod(backward), "__module__": module,
+                                       "__qualname__": name, "__doc__": fwd.__doc__})
+    return types.SimpleNamespace(**out)
 
 
 # ---- Linear and the fused q/k/v projection -----------------------------------
@@ -85,7 +132,9 @@ def qkv_forward(fw, ctx, x, wq, wk, wv, nt, mb, idx):
 def qkv_backward(fw, ctx, dq, dk, dv, need_dx):
     """dx = dq Wq + dk Wk + dv Wv as ONE fmaf chain (the k and v NN GEMMs
     accumulate onto q's, as train_layers.c) or None; the three weight
-    gradients as chunk partials."""
+    gradients as chunk partials. Why one node: three autograd branches
+    would leave the order of the two rounded additions to the framework's
+    engine."""
     shape, nt, mb, idx = ctx.meta
     if mb is not None:
         mb.check("qkv_projection backward")
@@ -174,7 +223,8 @@ def mlp_forward(fw, ctx, x, wg, wu, wd, nt, mb, idx):
 def mlp_backward(fw, ctx, dy, need_dx):
     """da = dy Wd, (dg, du), then dx = dg Wg + du Wu as ONE fmaf chain per
     element (the second NN GEMM accumulates onto the first) or None; the
-    three weight gradients as chunk partials."""
+    three weight gradients as chunk partials. So the bits equal `bitexact
+    train`'s (two autograd branches would add two rounded products)."""
     shape, nt, mb, (ig, iu, idd) = ctx.meta
     if mb is not None:
         mb.check("SwiGLUMLP backward")
@@ -325,3 +375,70 @@ def attention_backward(fw, ctx, do):
     _k.attention_backward(do.contiguous(), q, k, v, stats, L, Hq, Hkv, D, dq, dk, dv,
                           num_threads=nt)
     return dq, dk, dv
+
+
+# ---- the module bodies (the framework subclass adds nn.Module / nn.Layer) -------
+
+class _ModuleBase:
+    """A module body calling its framework's ops through ``_bx_api``: the
+    layers module (_torch_layers / _paddle_layers) its subclass is defined
+    in."""
+
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        cls._bx_api = sys.modules[cls.__module__]
+
+
+class SwiGLUMLPBase(_ModuleBase):
+    def __init__(self, hidden_size, intermediate_size):
+        super().__init__()
+        Linear = self._bx_api.Linear
+        self.gate_proj = Linear(hidden_size, intermediate_size)
+        self.up_proj = Linear(hidden_size, intermediate_size)
+        self.down_proj = Linear(intermediate_size, hidden_size)
+        self.num_threads = None
+
+    def forward(self, x):
+        return self._bx_api.swiglu_mlp(x, self.gate_proj.weight, self.up_proj.weight,
+                                       self.down_proj.weight, self.num_threads)
+
+
+class CrossEntropyLossBase(_ModuleBase):
+    def __init__(self, ignore_index=-100):
+        super().__init__()
+        self.ignore_index, self.num_threads = ignore_index, None
+
+    def forward(self, logits, targets):
+        return self._bx_api.cross_entropy(logits, targets, self.ignore_index, self.num_threads)
+
+
+class RotaryEmbeddingBase(_ModuleBase):
+    def __init__(self, head_dim, partial_rotary_factor=1.0, theta=10000.0):
+        super().__init__()
+        self.head_dim, self.rotary_dim = head_dim, int(head_dim * partial_rotary_factor)
+        self.theta, self.num_threads = theta, None
+
+    def forward(self, x, positions):
+        return self._bx_api.rope(x, positions, self.head_dim, self.rotary_dim, self.theta,
+                                 self.num_threads)
+
+
+class CausalAttentionBase(_ModuleBase):
+    def __init__(self, hidden_size, num_heads, num_kv_heads, head_dim, seq_len,
+                 partial_rotary_factor=1.0, theta=10000.0):
+        super().__init__()
+        api = self._bx_api
+        self.q_proj = api.Linear(hidden_size, num_heads * head_dim)
+        self.k_proj = api.Linear(hidden_size, num_kv_heads * head_dim)
+        self.v_proj = api.Linear(hidden_size, num_kv_heads * head_dim)
+        self.o_proj = api.Linear(num_heads * head_dim, hidden_size)
+        self.rope = api.RotaryEmbedding(head_dim, partial_rotary_factor, theta)
+        self.dims = (seq_len, num_heads, num_kv_heads, head_dim)
+
+    def forward(self, x, positions):
+        L, Hq, Hkv, D = self.dims
+        api = self._bx_api
+        q, k, v = api.qkv_projection(x, self.q_proj.weight, self.k_proj.weight,
+                                     self.v_proj.weight, self.q_proj.num_threads)
+        q, k = self.rope(q, positions), self.rope(k, positions)
+        return self.o_proj(api.causal_attention(q, k, v, L, Hq, Hkv, D))

@@ -5,7 +5,8 @@ docs/torch_layers.md).
 
 Every forward and backward value is computed by a bitexact kernel (Paddle
 only allocates with ``paddle.empty``, copies to contiguous and reshapes;
-the kernel call sequences are _layer_ops.py's, shared with bitexact.torch),
+the kernel call sequences, the PyLayers and the modules' bodies are
+_layer_ops.py's, shared with bitexact.torch),
 so the bits are those of bitexact.torch's layers and of `bitexact train`'s
 kernels: a model built from these modules and one built from
 bitexact.torch's, from the same weights and data, train byte-identically
@@ -44,25 +45,26 @@ __all__ = ["GradReduction", "Linear", "RMSNorm", "SwiGLUMLP", "Embedding", "Cros
            "RotaryEmbedding", "CausalAttention", "linear", "rms_norm", "swiglu", "swiglu_mlp",
            "embedding", "cross_entropy", "rope", "causal_attention", "qkv_projection", "comm"]
 
+
+def _dx_args(ctx, args):
+    """The PyLayer's forward arguments less the trailing need_dx (the
+    input's stop_gradient state at apply: Paddle has no needs_input_grad),
+    which is kept for backward."""
+    ctx.need_dx = args[-1]
+    return args[:-1]
+
+
 # The framework adapter of the shared numerics bodies (_layer_ops.py).
 _FW = _ops.Adapter(f32=_F32, i64=paddle.int64,
                    empty=lambda shape, dtype=_F32: paddle.empty(list(shape), dtype=dtype),
                    rows=_rows, reshape=lambda t, shape: t.reshape(list(shape)), numel=_numel,
-                   saved=lambda ctx: ctx.saved_tensor(), first=lambda t: int(t.numpy()[0]))
+                   saved=lambda ctx: ctx.saved_tensor(), first=lambda t: int(t.numpy()[0]),
+                   dx_args=_dx_args, need_dx=lambda ctx: ctx.need_dx,
+                   n_grads=lambda args: sum(isinstance(a, paddle.Tensor) for a in args))
+_fn = _ops.autograd_functions(paddle.autograd.PyLayer, _FW, __name__)
 
 
 # ---- Linear and the fused q/k/v projection -----------------------------------
-
-class _LinearFn(paddle.autograd.PyLayer):
-    @staticmethod
-    def forward(ctx, x, weight, num_threads, mb, widx, need_dx):
-        ctx.need_dx = need_dx
-        return _ops.linear_forward(_FW, ctx, x, weight, num_threads, mb, widx)
-
-    @staticmethod
-    def backward(ctx, dy):
-        return _ops.linear_backward(_FW, ctx, dy, ctx.need_dx), None
-
 
 def linear(x, weight, num_threads=None):
     """y = x W^T (bx_gemm NT), W [out, in]; dx = dy W (NN); dW as chunk
@@ -74,7 +76,7 @@ def linear(x, weight, num_threads=None):
         raise _err(InvalidArgumentError, fn, "input", f"has {x.shape[-1]} features, weight "
                    f"{list(weight.shape)} wants {weight.shape[1]}")
     mb, (wi,) = _capture(fn, [(weight, "weight", _numel(x) // max(1, x.shape[-1]))])
-    return _LinearFn.apply(x, weight, _threads(num_threads), mb, wi, _wants_grad(x))
+    return _fn.linear.apply(x, weight, _threads(num_threads), mb, wi, _wants_grad(x))
 
 
 def _uniform(bound):
@@ -99,20 +101,6 @@ class Linear(paddle.nn.Layer):
         return linear(x, self.weight, self.num_threads)
 
 
-class _QKVFn(paddle.autograd.PyLayer):
-    """As bitexact.torch's: q, k, v one node; dx = dq Wq + dk Wk + dv Wv as
-    one fmaf chain (train_layers.c)."""
-
-    @staticmethod
-    def forward(ctx, x, wq, wk, wv, num_threads, mb, idx, need_dx):
-        ctx.need_dx = need_dx
-        return _ops.qkv_forward(_FW, ctx, x, wq, wk, wv, num_threads, mb, idx)
-
-    @staticmethod
-    def backward(ctx, dq, dk, dv):
-        return _ops.qkv_backward(_FW, ctx, dq, dk, dv, ctx.need_dx), None, None, None
-
-
 def qkv_projection(x, q_weight, k_weight, v_weight, num_threads=None):
     """(x Wq^T, x Wk^T, x Wv^T), bias-free, one PyLayer (dx one chain)."""
     fn = "bitexact.paddle.qkv_projection"
@@ -125,21 +113,10 @@ def qkv_projection(x, q_weight, k_weight, v_weight, num_threads=None):
                        f"{x.shape[-1]} features")
     rows = _numel(x) // max(1, x.shape[-1])
     mb, idx = _capture(fn, [(w, n, rows) for n, w in zip(names, ws)])
-    return _QKVFn.apply(x, *ws, _threads(num_threads), mb, tuple(idx), _wants_grad(x))
+    return _fn.qkv.apply(x, *ws, _threads(num_threads), mb, tuple(idx), _wants_grad(x))
 
 
 # ---- RMSNorm --------------------------------------------------------------
-
-class _RMSNormFn(paddle.autograd.PyLayer):
-    @staticmethod
-    def forward(ctx, x, weight, eps, num_threads, mb, widx, need_dx):
-        ctx.need_dx = need_dx
-        return _ops.rmsnorm_forward(_FW, ctx, x, weight, eps, num_threads, mb, widx)
-
-    @staticmethod
-    def backward(ctx, dy):
-        return _ops.rmsnorm_backward(_FW, ctx, dy, ctx.need_dx), None
-
 
 def rms_norm(x, weight, eps=1e-6, num_threads=None):
     """Glm4MoeRMSNorm over the last dimension (bx_rmsnorm_*); x [..., H]
@@ -151,7 +128,7 @@ def rms_norm(x, weight, eps=1e-6, num_threads=None):
         raise _err(InvalidArgumentError, fn, "input", f"last dimension {x.shape[-1]} != "
                    f"weight's {weight.shape[0]}")
     mb, (wi,) = _capture(fn, [(weight, "weight", _numel(x) // max(1, x.shape[-1]))], exact=False)
-    return _RMSNormFn.apply(x, weight, float(eps), _threads(num_threads), mb, wi, _wants_grad(x))
+    return _fn.rmsnorm.apply(x, weight, float(eps), _threads(num_threads), mb, wi, _wants_grad(x))
 
 
 class RMSNorm(paddle.nn.Layer):
@@ -169,16 +146,6 @@ class RMSNorm(paddle.nn.Layer):
 
 # ---- SwiGLU -----------------------------------------------------------------
 
-class _SwiGLUFn(paddle.autograd.PyLayer):
-    @staticmethod
-    def forward(ctx, gate, up, num_threads):
-        return _ops.swiglu_forward(_FW, ctx, gate, up, num_threads)
-
-    @staticmethod
-    def backward(ctx, dh):
-        return _ops.swiglu_backward(_FW, ctx, dh)
-
-
 def swiglu(gate, up, num_threads=None):
     """h = SiLU(gate) * up (bx_swiglu_forward / backward)."""
     fn = "bitexact.paddle.swiglu"
@@ -186,20 +153,7 @@ def swiglu(gate, up, num_threads=None):
     if list(gate.shape) != list(up.shape):
         raise _err(InvalidArgumentError, fn, "up", f"has shape {list(up.shape)}, gate "
                    f"{list(gate.shape)}")
-    return _SwiGLUFn.apply(gate, up, _threads(num_threads))
-
-
-class _MLPFn(paddle.autograd.PyLayer):
-    """Glm4MoeMLP as bitexact.torch's _MLPFn / train_layers.c (dx one chain)."""
-
-    @staticmethod
-    def forward(ctx, x, wg, wu, wd, num_threads, mb, idx, need_dx):
-        ctx.need_dx = need_dx
-        return _ops.mlp_forward(_FW, ctx, x, wg, wu, wd, num_threads, mb, idx)
-
-    @staticmethod
-    def backward(ctx, dy):
-        return _ops.mlp_backward(_FW, ctx, dy, ctx.need_dx), None, None, None
+    return _fn.swiglu.apply(gate, up, _threads(num_threads))
 
 
 def swiglu_mlp(x, gate_weight, up_weight, down_weight, num_threads=None):
@@ -221,37 +175,15 @@ def swiglu_mlp(x, gate_weight, up_weight, down_weight, num_threads=None):
     rows = _numel(x) // max(1, H)
     mb, idx = _capture(fn, [(wg, "gate_weight", rows), (wu, "up_weight", rows),
                             (wd, "down_weight", rows)])
-    return _MLPFn.apply(x, wg, wu, wd, _threads(num_threads), mb, tuple(idx), _wants_grad(x))
+    return _fn.mlp.apply(x, wg, wu, wd, _threads(num_threads), mb, tuple(idx), _wants_grad(x))
 
 
-class SwiGLUMLP(paddle.nn.Layer):
+class SwiGLUMLP(_ops.SwiGLUMLPBase, paddle.nn.Layer):
     """Glm4MoeMLP(hidden_size, intermediate_size): gate_proj, up_proj,
     down_proj (bitexact Linear weights), one PyLayer."""
 
-    def __init__(self, hidden_size, intermediate_size):
-        super().__init__()
-        self.gate_proj = Linear(hidden_size, intermediate_size)
-        self.up_proj = Linear(hidden_size, intermediate_size)
-        self.down_proj = Linear(intermediate_size, hidden_size)
-        self.num_threads = None
-
-    def forward(self, x):
-        return swiglu_mlp(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight,
-                          self.num_threads)
-
 
 # ---- Embedding ----------------------------------------------------------------
-
-class _EmbeddingFn(paddle.autograd.PyLayer):
-    @staticmethod
-    def forward(ctx, weight, ids, padding_idx, num_threads, mb, widx):
-        return _ops.embedding_forward(_FW, ctx, weight, ids, padding_idx, num_threads, mb, widx)
-
-    @staticmethod
-    def backward(ctx, dy):
-        _ops.embedding_backward(_FW, ctx, dy)
-        return None, None
-
 
 def embedding(ids, weight, padding_idx=None, num_threads=None):
     """y = weight[ids] (bits copied); the gradient as compact per-chunk rows
@@ -262,7 +194,7 @@ def embedding(ids, weight, padding_idx=None, num_threads=None):
     V = weight.shape[0]
     pad = -1 if padding_idx is None else (padding_idx + V if padding_idx < 0 else padding_idx)
     mb, (wi,) = _capture(fn, [(weight, "weight", _numel(ids))])
-    return _EmbeddingFn.apply(weight, ids, pad, _threads(num_threads), mb, wi)
+    return _fn.embedding.apply(weight, ids, pad, _threads(num_threads), mb, wi)
 
 
 class Embedding(paddle.nn.Layer):
@@ -284,16 +216,6 @@ class Embedding(paddle.nn.Layer):
 
 # ---- cross-entropy --------------------------------------------------------------
 
-class _XentFn(paddle.autograd.PyLayer):
-    @staticmethod
-    def forward(ctx, logits, targets, ignore_index, num_threads, mb, n_global):
-        return _ops.xent_forward(_FW, ctx, logits, targets, ignore_index, num_threads, mb, n_global)
-
-    @staticmethod
-    def backward(ctx, dloss):
-        return _ops.xent_backward(_FW, ctx, dloss), None
-
-
 def cross_entropy(logits, targets, ignore_index=-100, num_threads=None):
     """The global-token-mean cross-entropy, as bitexact.torch.cross_entropy
     (inside a micro-batch: its sum / the step's n_targets; else the mean
@@ -307,32 +229,15 @@ def cross_entropy(logits, targets, ignore_index=-100, num_threads=None):
         raise _err(InvalidArgumentError, fn, "target", f"has shape {list(targets.shape)}, the "
                    f"logits {list(logits.shape)} want {list(logits.shape[:-1])}")
     mb, n_global = _ops.xent_step(_FW, fn, targets, ignore_index)
-    return _XentFn.apply(logits, targets, int(ignore_index), _threads(num_threads), mb, n_global)
+    return _fn.xent.apply(logits, targets, int(ignore_index), _threads(num_threads), mb, n_global)
 
 
-class CrossEntropyLoss(paddle.nn.Layer):
+class CrossEntropyLoss(_ops.CrossEntropyLossBase, paddle.nn.Layer):
     """The cross-entropy over [T, V] / [B, L, V] logits and [T] / [B, L]
     targets; see :func:`cross_entropy`."""
 
-    def __init__(self, ignore_index=-100):
-        super().__init__()
-        self.ignore_index, self.num_threads = ignore_index, None
-
-    def forward(self, logits, targets):
-        return cross_entropy(logits, targets, self.ignore_index, self.num_threads)
-
 
 # ---- RoPE and causal GQA attention (no weights) ----------------------------------
-
-class _RopeFn(paddle.autograd.PyLayer):
-    @staticmethod
-    def forward(ctx, x, positions, head_dim, rotary_dim, theta, num_threads):
-        return _ops.rope_forward(_FW, ctx, x, positions, head_dim, rotary_dim, theta, num_threads)
-
-    @staticmethod
-    def backward(ctx, dy):
-        return _ops.rope_backward(_FW, ctx, dy), None
-
 
 def rope(x, positions, head_dim, rotary_dim=None, theta=10000.0, num_threads=None):
     """transformers' rotate_half RoPE (bx_rope_*) on x [T, heads*head_dim]
@@ -341,29 +246,11 @@ def rope(x, positions, head_dim, rotary_dim=None, theta=10000.0, num_threads=Non
     x = _check(fn, "input", x, min_ndim=2)
     positions = _check(fn, "positions", positions, (paddle.int64,))
     rd = head_dim if rotary_dim is None else rotary_dim
-    return _RopeFn.apply(x, positions, int(head_dim), int(rd), float(theta), _threads(num_threads))
+    return _fn.rope.apply(x, positions, int(head_dim), int(rd), float(theta), _threads(num_threads))
 
 
-class RotaryEmbedding(paddle.nn.Layer):
+class RotaryEmbedding(_ops.RotaryEmbeddingBase, paddle.nn.Layer):
     """RoPE of head_dim with rotary_dim = int(head_dim * partial_rotary_factor)."""
-
-    def __init__(self, head_dim, partial_rotary_factor=1.0, theta=10000.0):
-        super().__init__()
-        self.head_dim, self.rotary_dim = head_dim, int(head_dim * partial_rotary_factor)
-        self.theta, self.num_threads = theta, None
-
-    def forward(self, x, positions):
-        return rope(x, positions, self.head_dim, self.rotary_dim, self.theta, self.num_threads)
-
-
-class _AttnFn(paddle.autograd.PyLayer):
-    @staticmethod
-    def forward(ctx, q, k, v, dims, num_threads):
-        return _ops.attention_forward(_FW, ctx, q, k, v, dims, num_threads)
-
-    @staticmethod
-    def backward(ctx, do):
-        return _ops.attention_backward(_FW, ctx, do)
 
 
 def causal_attention(q, k, v, seq_len, num_heads, num_kv_heads, head_dim, num_threads=None):
@@ -372,27 +259,10 @@ def causal_attention(q, k, v, seq_len, num_heads, num_kv_heads, head_dim, num_th
     fn = "bitexact.paddle.causal_attention"
     q, k, v = (_check(fn, n, t, min_ndim=2) for n, t in (("query", q), ("key", k), ("value", v)))
     dims = (int(seq_len), int(num_heads), int(num_kv_heads), int(head_dim))
-    return _AttnFn.apply(q, k, v, dims, _threads(num_threads))
+    return _fn.attention.apply(q, k, v, dims, _threads(num_threads))
 
 
-class CausalAttention(paddle.nn.Layer):
+class CausalAttention(_ops.CausalAttentionBase, paddle.nn.Layer):
     """Glm4MoeAttention without biases and QK-norm, as bitexact.torch's:
     q/k/v/o projections (q/k/v one qkv_projection node), RoPE on q and k,
     causal GQA attention per sequence of seq_len tokens."""
-
-    def __init__(self, hidden_size, num_heads, num_kv_heads, head_dim, seq_len,
-                 partial_rotary_factor=1.0, theta=10000.0):
-        super().__init__()
-        self.q_proj = Linear(hidden_size, num_heads * head_dim)
-        self.k_proj = Linear(hidden_size, num_kv_heads * head_dim)
-        self.v_proj = Linear(hidden_size, num_kv_heads * head_dim)
-        self.o_proj = Linear(num_heads * head_dim, hidden_size)
-        self.rope = RotaryEmbedding(head_dim, partial_rotary_factor, theta)
-        self.dims = (seq_len, num_heads, num_kv_heads, head_dim)
-
-    def forward(self, x, positions):
-        L, Hq, Hkv, D = self.dims
-        q, k, v = qkv_projection(x, self.q_proj.weight, self.k_proj.weight, self.v_proj.weight,
-                                 self.q_proj.num_threads)
-        q, k = self.rope(q, positions), self.rope(k, positions)
-        return self.o_proj(causal_attention(q, k, v, L, Hq, Hkv, D))

@@ -5,7 +5,8 @@ Every forward and backward value is computed by a bitexact kernel (torch
 only allocates, copies to contiguous and reshapes); the bits are those of
 `bitexact train`'s kernels, composed as src/cli/train_layers.c composes
 them. The kernel call sequences are _layer_ops.py's, shared with
-bitexact.paddle: the Functions here are thin wrappers over them. Weight
+bitexact.paddle (the Functions are made from them by
+_layer_ops.autograd_functions; the modules' bodies are its *Base). Weight
 gradients never go through torch's accumulation into ``.grad``: each
 Function adds its per-chunk partials to the active
 :class:`~bitexact._torch_gradred.GradReduction` (its backward returns None
@@ -35,20 +36,12 @@ _FW = _ops.Adapter(f32=_F32, i64=torch.int64,
                    empty=lambda shape, dtype=_F32: torch.empty(shape, dtype=dtype),
                    rows=_rows, reshape=lambda t, shape: t.reshape(shape),
                    numel=lambda t: t.numel(), saved=lambda ctx: ctx.saved_tensors,
-                   first=lambda t: int(t[0]))
+                   first=lambda t: int(t[0]), dx_args=lambda ctx, args: args,
+                   need_dx=lambda ctx: ctx.needs_input_grad[0], n_grads=len)
+_fn = _ops.autograd_functions(torch.autograd.Function, _FW, __name__)
 
 
 # ---- Linear ---------------------------------------------------------------
-
-class _LinearFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight, num_threads, mb, widx):
-        return _ops.linear_forward(_FW, ctx, x, weight, num_threads, mb, widx)
-
-    @staticmethod
-    def backward(ctx, dy):
-        return _ops.linear_backward(_FW, ctx, dy, ctx.needs_input_grad[0]), None, None, None, None
-
 
 def linear(x, weight, num_threads=None):
     """y = x W^T (bx_gemm NT, one fmaf chain per element over k); dx = dy W
@@ -61,7 +54,7 @@ def linear(x, weight, num_threads=None):
                    f"{tuple(weight.shape)} wants {weight.shape[1]}")
     rows = x.numel() // max(1, x.shape[-1])
     mb, (wi,) = _capture(fn, [(weight, "weight", rows)])
-    return _LinearFn.apply(x, weight, _threads(num_threads), mb, wi)
+    return _fn.linear.apply(x, weight, _threads(num_threads), mb, wi)
 
 
 class Linear(torch.nn.Module):
@@ -83,17 +76,6 @@ class Linear(torch.nn.Module):
 
 # ---- RMSNorm --------------------------------------------------------------
 
-class _RMSNormFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight, eps, num_threads, mb, widx):
-        return _ops.rmsnorm_forward(_FW, ctx, x, weight, eps, num_threads, mb, widx)
-
-    @staticmethod
-    def backward(ctx, dy):
-        dx = _ops.rmsnorm_backward(_FW, ctx, dy, ctx.needs_input_grad[0])
-        return dx, None, None, None, None, None
-
-
 def rms_norm(x, weight, eps=1e-6, num_threads=None):
     """Glm4MoeRMSNorm over the last dimension (bx_rmsnorm_*: sequential
     sum of squares, correctly rounded rsqrt); x [..., H] whose rows are
@@ -105,7 +87,7 @@ def rms_norm(x, weight, eps=1e-6, num_threads=None):
         raise _err(InvalidArgumentError, fn, "input", f"last dimension {x.shape[-1]} != "
                    f"weight's {weight.shape[0]}")
     mb, (wi,) = _capture(fn, [(weight, "weight", x.numel() // max(1, x.shape[-1]))], exact=False)
-    return _RMSNormFn.apply(x, weight, float(eps), _threads(num_threads), mb, wi)
+    return _fn.rmsnorm.apply(x, weight, float(eps), _threads(num_threads), mb, wi)
 
 
 class RMSNorm(torch.nn.Module):
@@ -123,16 +105,6 @@ class RMSNorm(torch.nn.Module):
 
 # ---- SwiGLU -----------------------------------------------------------------
 
-class _SwiGLUFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, gate, up, num_threads):
-        return _ops.swiglu_forward(_FW, ctx, gate, up, num_threads)
-
-    @staticmethod
-    def backward(ctx, dh):
-        return (*_ops.swiglu_backward(_FW, ctx, dh), None)
-
-
 def swiglu(gate, up, num_threads=None):
     """h = SiLU(gate) * up (bx_swiglu_forward: SiLU correctly rounded, one
     product); the backward is torch's silu_backward formula with its FMA."""
@@ -141,24 +113,7 @@ def swiglu(gate, up, num_threads=None):
     if gate.shape != up.shape:
         raise _err(InvalidArgumentError, fn, "up", f"has shape {tuple(up.shape)}, gate "
                    f"{tuple(gate.shape)}")
-    return _SwiGLUFn.apply(gate, up, _threads(num_threads))
-
-
-class _MLPFn(torch.autograd.Function):
-    """Glm4MoeMLP as train_layers.c computes it: g = x Wg^T, u = x Wu^T,
-    a = swiglu(g, u), y = a Wd^T; backward da = dy Wd, (dg, du), then
-    dx = dg Wg + du Wu as ONE fmaf chain per element (the second NN GEMM
-    accumulates onto the first), so the bits equal `bitexact train`'s
-    (two autograd branches would add two rounded products instead)."""
-
-    @staticmethod
-    def forward(ctx, x, wg, wu, wd, num_threads, mb, idx):
-        return _ops.mlp_forward(_FW, ctx, x, wg, wu, wd, num_threads, mb, idx)
-
-    @staticmethod
-    def backward(ctx, dy):
-        dx = _ops.mlp_backward(_FW, ctx, dy, ctx.needs_input_grad[0])
-        return dx, None, None, None, None, None, None
+    return _fn.swiglu.apply(gate, up, _threads(num_threads))
 
 
 def swiglu_mlp(x, gate_weight, up_weight, down_weight, num_threads=None):
@@ -179,37 +134,15 @@ def swiglu_mlp(x, gate_weight, up_weight, down_weight, num_threads=None):
     rows = x.numel() // max(1, H)
     mb, idx = _capture(fn, [(wg, "gate_weight", rows), (wu, "up_weight", rows),
                             (wd, "down_weight", rows)])
-    return _MLPFn.apply(x, wg, wu, wd, _threads(num_threads), mb, tuple(idx))
+    return _fn.mlp.apply(x, wg, wu, wd, _threads(num_threads), mb, tuple(idx))
 
 
-class SwiGLUMLP(torch.nn.Module):
+class SwiGLUMLP(_ops.SwiGLUMLPBase, torch.nn.Module):
     """Glm4MoeMLP(hidden_size, intermediate_size): gate_proj, up_proj,
     down_proj (bias-free Linear weights, torch's init), one autograd node."""
 
-    def __init__(self, hidden_size, intermediate_size):
-        super().__init__()
-        self.gate_proj = Linear(hidden_size, intermediate_size)
-        self.up_proj = Linear(hidden_size, intermediate_size)
-        self.down_proj = Linear(intermediate_size, hidden_size)
-        self.num_threads = None
-
-    def forward(self, x):
-        return swiglu_mlp(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight,
-                          self.num_threads)
-
 
 # ---- Embedding ----------------------------------------------------------------
-
-class _EmbeddingFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, weight, ids, padding_idx, num_threads, mb, widx):
-        return _ops.embedding_forward(_FW, ctx, weight, ids, padding_idx, num_threads, mb, widx)
-
-    @staticmethod
-    def backward(ctx, dy):
-        _ops.embedding_backward(_FW, ctx, dy)
-        return None, None, None, None, None, None
-
 
 def embedding(ids, weight, padding_idx=None, num_threads=None):
     """y = weight[ids] (bits copied); the gradient as compact per-chunk rows
@@ -220,7 +153,7 @@ def embedding(ids, weight, padding_idx=None, num_threads=None):
     V = weight.shape[0]
     pad = -1 if padding_idx is None else (padding_idx + V if padding_idx < 0 else padding_idx)
     mb, (wi,) = _capture(fn, [(weight, "weight", ids.numel())])
-    return _EmbeddingFn.apply(weight, ids, pad, _threads(num_threads), mb, wi)
+    return _fn.embedding.apply(weight, ids, pad, _threads(num_threads), mb, wi)
 
 
 class Embedding(torch.nn.Module):
@@ -238,16 +171,6 @@ class Embedding(torch.nn.Module):
 
 # ---- cross-entropy --------------------------------------------------------------
 
-class _XentFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, logits, targets, ignore_index, num_threads, mb, n_global):
-        return _ops.xent_forward(_FW, ctx, logits, targets, ignore_index, num_threads, mb, n_global)
-
-    @staticmethod
-    def backward(ctx, dloss):
-        return _ops.xent_backward(_FW, ctx, dloss), None, None, None, None, None
-
-
 def cross_entropy(logits, targets, ignore_index=-100, num_threads=None):
     """The global-token-mean cross-entropy (bx_xent_forward_backward).
     Inside a GradReduction micro-batch: returns this micro-batch's sum over
@@ -262,32 +185,15 @@ def cross_entropy(logits, targets, ignore_index=-100, num_threads=None):
         raise _err(InvalidArgumentError, fn, "target", f"has shape {tuple(targets.shape)}, the "
                    f"logits {tuple(logits.shape)} want {tuple(logits.shape[:-1])}")
     mb, n_global = _ops.xent_step(_FW, fn, targets, ignore_index)
-    return _XentFn.apply(logits, targets, int(ignore_index), _threads(num_threads), mb, n_global)
+    return _fn.xent.apply(logits, targets, int(ignore_index), _threads(num_threads), mb, n_global)
 
 
-class CrossEntropyLoss(torch.nn.Module):
+class CrossEntropyLoss(_ops.CrossEntropyLossBase, torch.nn.Module):
     """torch.nn.CrossEntropyLoss(ignore_index=-100) over [T, V] / [B, L, V]
     logits and [T] / [B, L] targets; see :func:`cross_entropy`."""
 
-    def __init__(self, ignore_index=-100):
-        super().__init__()
-        self.ignore_index, self.num_threads = ignore_index, None
-
-    def forward(self, logits, targets):
-        return cross_entropy(logits, targets, self.ignore_index, self.num_threads)
-
 
 # ---- RoPE and causal GQA attention (no weights) ----------------------------------
-
-class _RopeFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, positions, head_dim, rotary_dim, theta, num_threads):
-        return _ops.rope_forward(_FW, ctx, x, positions, head_dim, rotary_dim, theta, num_threads)
-
-    @staticmethod
-    def backward(ctx, dy):
-        return _ops.rope_backward(_FW, ctx, dy), None, None, None, None, None
-
 
 def rope(x, positions, head_dim, rotary_dim=None, theta=10000.0, num_threads=None):
     """transformers' apply_rotary_pos_emb (rotate_half, partial rotary: the
@@ -298,29 +204,11 @@ def rope(x, positions, head_dim, rotary_dim=None, theta=10000.0, num_threads=Non
     x = _check(fn, "input", x, min_ndim=2)
     positions = _check(fn, "positions", positions, (torch.int64,))
     rd = head_dim if rotary_dim is None else rotary_dim
-    return _RopeFn.apply(x, positions, int(head_dim), int(rd), float(theta), _threads(num_threads))
+    return _fn.rope.apply(x, positions, int(head_dim), int(rd), float(theta), _threads(num_threads))
 
 
-class RotaryEmbedding(torch.nn.Module):
+class RotaryEmbedding(_ops.RotaryEmbeddingBase, torch.nn.Module):
     """RoPE of head_dim with rotary_dim = int(head_dim * partial_rotary_factor)."""
-
-    def __init__(self, head_dim, partial_rotary_factor=1.0, theta=10000.0):
-        super().__init__()
-        self.head_dim, self.rotary_dim = head_dim, int(head_dim * partial_rotary_factor)
-        self.theta, self.num_threads = theta, None
-
-    def forward(self, x, positions):
-        return rope(x, positions, self.head_dim, self.rotary_dim, self.theta, self.num_threads)
-
-
-class _AttnFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, dims, num_threads):
-        return _ops.attention_forward(_FW, ctx, q, k, v, dims, num_threads)
-
-    @staticmethod
-    def backward(ctx, do):
-        return (*_ops.attention_backward(_FW, ctx, do), None, None)
 
 
 def causal_attention(q, k, v, seq_len, num_heads, num_kv_heads, head_dim, num_threads=None):
@@ -331,23 +219,7 @@ def causal_attention(q, k, v, seq_len, num_heads, num_kv_heads, head_dim, num_th
     fn = "bitexact.torch.causal_attention"
     q, k, v = (_check(fn, n, t, min_ndim=2) for n, t in (("query", q), ("key", k), ("value", v)))
     dims = (int(seq_len), int(num_heads), int(num_kv_heads), int(head_dim))
-    return _AttnFn.apply(q, k, v, dims, _threads(num_threads))
-
-
-class _QKVFn(torch.autograd.Function):
-    """q, k, v = x Wq^T, x Wk^T, x Wv^T as one node: backward dx = dq Wq +
-    dk Wk + dv Wv as ONE fmaf chain (the k and v NN GEMMs accumulate onto
-    q's), as train_layers.c; three autograd branches would leave the order
-    of the two rounded additions to the framework's engine."""
-
-    @staticmethod
-    def forward(ctx, x, wq, wk, wv, num_threads, mb, idx):
-        return _ops.qkv_forward(_FW, ctx, x, wq, wk, wv, num_threads, mb, idx)
-
-    @staticmethod
-    def backward(ctx, dq, dk, dv):
-        dx = _ops.qkv_backward(_FW, ctx, dq, dk, dv, ctx.needs_input_grad[0])
-        return dx, None, None, None, None, None, None
+    return _fn.attention.apply(q, k, v, dims, _threads(num_threads))
 
 
 def qkv_projection(x, q_weight, k_weight, v_weight, num_threads=None):
@@ -363,27 +235,10 @@ def qkv_projection(x, q_weight, k_weight, v_weight, num_threads=None):
                        f"{x.shape[-1]} features")
     rows = x.numel() // max(1, x.shape[-1])
     mb, idx = _capture(fn, [(w, n, rows) for n, w in zip(("q_weight", "k_weight", "v_weight"), ws)])
-    return _QKVFn.apply(x, *ws, _threads(num_threads), mb, tuple(idx))
+    return _fn.qkv.apply(x, *ws, _threads(num_threads), mb, tuple(idx))
 
 
-class CausalAttention(torch.nn.Module):
+class CausalAttention(_ops.CausalAttentionBase, torch.nn.Module):
     """Glm4MoeAttention without biases and QK-norm: q/k/v/o projections
     (bitexact Linear weights; q/k/v as one qkv_projection node), RoPE on q and k, causal GQA attention per sequence
     of seq_len tokens. forward(x [B, L, H] or [T, H], positions [T])."""
-
-    def __init__(self, hidden_size, num_heads, num_kv_heads, head_dim, seq_len,
-                 partial_rotary_factor=1.0, theta=10000.0):
-        super().__init__()
-        self.q_proj = Linear(hidden_size, num_heads * head_dim)
-        self.k_proj = Linear(hidden_size, num_kv_heads * head_dim)
-        self.v_proj = Linear(hidden_size, num_kv_heads * head_dim)
-        self.o_proj = Linear(num_heads * head_dim, hidden_size)
-        self.rope = RotaryEmbedding(head_dim, partial_rotary_factor, theta)
-        self.dims = (seq_len, num_heads, num_kv_heads, head_dim)
-
-    def forward(self, x, positions):
-        L, Hq, Hkv, D = self.dims
-        q, k, v = qkv_projection(x, self.q_proj.weight, self.k_proj.weight, self.v_proj.weight,
-                                 self.q_proj.num_threads)
-        q, k = self.rope(q, positions), self.rope(k, positions)
-        return self.o_proj(causal_attention(q, k, v, L, Hq, Hkv, D))
