@@ -366,7 +366,10 @@ class _Plan:
         try:
             self.views.check_scale_targets()
         except Error as e:
-            raise self.renamed(e)
+            e = self.renamed(e)
+            # the user called clip_grad_norm_, not the binding's check
+            e.args = (str(e.args[0]).replace("check_scale_targets:", "clip_grad_norm_:", 1),)
+            raise e
 
     def scale(self, coef, num_threads, mode):
         try:

@@ -165,6 +165,10 @@ def test_overlapping_grad_refused(make, torch_refuses):
     with pytest.raises(bitexact.LayoutError, match="share memory|expanded"):
         bt.clip_grad_norm_([p], 1e-6)
     assert same_bits(owner, keep), "nothing modified"
+    # an inactive clip (coefficient 1) refuses it too, as torch's mul_ by 1
+    with pytest.raises(bitexact.LayoutError, match=r"^clip_grad_norm_: parameters\[0\]: "):
+        bt.clip_grad_norm_([p], 1e9)
+    assert same_bits(owner, keep), "nothing modified"
     with pytest.raises(bitexact.LayoutError):
         bt.clip_grads_with_norm_([p], 1e-6, torch.tensor(1.0))
     assert same_bits(owner, keep), "nothing modified"
