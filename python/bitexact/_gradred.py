@@ -236,6 +236,7 @@ class MicroBatch:
         self.tok0, self.T, self.chunk0 = first_token, num_tokens, first_chunk
         self.used = set()
         self.loss_used = False
+        self.token_losses = None  # cross_entropy's per-token losses [T] (fp32), when called
 
     def take(self, fn, param, name, rows, exact):
         """The state index of param, checked: rows of its input = the
@@ -284,14 +285,17 @@ def capture(fn, weights, trainable, doc, exact=True):
                 for (w, n, rows), f in zip(weights, flags)]
 
 
-def wgrad(mb, idx, dy, x, what):
-    """A linear weight's gradient dY^T X over the micro-batch's rows, as
-    chunk partials: bounded a priori (pass 0) or computed and added (pass 1)."""
+def wgrad(mb, idx, dy, x, what, bias_idx=None):
+    """A linear weight's gradient dY^T X (state tensor idx; None: none) and
+    its bias's column sums of dY (bias_idx; None: none) over the
+    micro-batch's rows, as chunk partials: bounded a priori (pass 0) or
+    computed and added (pass 1), by bx_linear_wgrad[_bound]."""
     bound = mb.check(what)
     s, red = mb.red._state, mb.red
     f = _k.linear_wgrad_bound if bound else _k.linear_wgrad
     try:
-        f(s, w_tensor=idx, b_tensor=None, dy=dy, x=x, token_begin=mb.tok0, num_threads=red.num_threads)
+        f(s, w_tensor=idx, b_tensor=bias_idx, dy=dy, x=None if idx is None else x,
+          token_begin=mb.tok0, num_threads=red.num_threads)
     except Error as e:
         raise _renamed(e, red.names) from e
 

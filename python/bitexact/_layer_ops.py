@@ -45,13 +45,16 @@ class Adapter:
     ``need_dx`` (Paddle's apply passes it last: kept on ctx),
     ``need_dx(ctx)`` whether the first input wants its gradient, and
     ``n_grads(args)`` how many values backward returns for these forward
-    arguments (torch: one per argument; Paddle: one per tensor)."""
+    arguments (torch: one per argument; Paddle: one per tensor).
+    ``add_(y, b)``: y[..., j] = fl(y[..., j] + b[j]) in place (the bias
+    after the product: one IEEE fp32 addition per element, the same bits
+    in every framework)."""
 
     def __init__(self, *, f32, i64, empty, rows, reshape, numel, saved, first, dx_args, need_dx,
-                 n_grads):
+                 n_grads, add_):
         self.f32, self.i64, self.empty, self.rows = f32, i64, empty, rows
         self.reshape, self.numel, self.saved, self.first = reshape, numel, saved, first
-        self.dx_args, self.need_dx, self.n_grads = dx_args, need_dx, n_grads
+        self.dx_args, self.need_dx, self.n_grads, self.add_ = dx_args, need_dx, n_grads, add_
 
 
 # The ops: (wrapper class name, body prefix, whether backward takes need_dx).
@@ -89,20 +92,23 @@ def autograd_functions(base, fw, module):
 
 # ---- Linear and the fused q/k/v projection -----------------------------------
 
-def linear_forward(fw, ctx, x, weight, nt, mb, widx):
-    """y = x W^T (bx_gemm NT)."""
+def linear_forward(fw, ctx, x, weight, bias, nt, mb, widx):
+    """y = x W^T (bx_gemm NT), then fl(y + b) when bias is given."""
     x2 = fw.rows(x, weight.shape[1])
     y = fw.empty([x2.shape[0], weight.shape[0]])
     _k.gemm(x2, weight, "nt", y, num_threads=nt)
+    if bias is not None:
+        fw.add_(y, bias)
     ctx.save_for_backward(x2, weight)
     ctx.meta = (list(x.shape), nt, mb, widx)
     return fw.reshape(y, list(x.shape[:-1]) + [weight.shape[0]])
 
 
 def linear_backward(fw, ctx, dy, need_dx):
-    """dx = dy W (NN) or None; dW = dy^T x as chunk partials."""
-    shape, nt, mb, widx = ctx.meta
-    if widx is not None:
+    """dx = dy W (NN) or None; dW = dy^T x and db (column sums) as chunk
+    partials; widx = (weight index, bias index), either None."""
+    shape, nt, mb, (wi, bi) = ctx.meta
+    if mb is not None:
         mb.check("Linear backward")  # first: a stale pass computes nothing
     x2, weight = fw.saved(ctx)
     dy2 = fw.rows(dy.contiguous(), weight.shape[0])
@@ -111,18 +117,21 @@ def linear_backward(fw, ctx, dy, need_dx):
         dx = fw.empty(x2.shape)
         _k.gemm(dy2, weight, "nn", dx, num_threads=nt)
         dx = fw.reshape(dx, shape)
-    if widx is not None:
-        _g.wgrad(mb, widx, dy2, x2, "Linear backward")
+    if wi is not None or bi is not None:
+        _g.wgrad(mb, wi, dy2, x2, "Linear backward", bi)
     return dx
 
 
-def qkv_forward(fw, ctx, x, wq, wk, wv, nt, mb, idx):
-    """(x Wq^T, x Wk^T, x Wv^T), three NT GEMMs."""
+def qkv_forward(fw, ctx, x, wq, wk, wv, bq, bk, bv, nt, mb, idx):
+    """(x Wq^T, x Wk^T, x Wv^T), three NT GEMMs, each followed by fl(y + b)
+    where its bias is given (train_layers.c: the bias after the product)."""
     x2 = fw.rows(x, wq.shape[1])
     outs = []
-    for w in (wq, wk, wv):
+    for w, b in ((wq, bq), (wk, bk), (wv, bv)):
         y = fw.empty([x2.shape[0], w.shape[0]])
         _k.gemm(x2, w, "nt", y, num_threads=nt)
+        if b is not None:
+            fw.add_(y, b)
         outs.append(fw.reshape(y, list(x.shape[:-1]) + [w.shape[0]]))
     ctx.save_for_backward(x2, wq, wk, wv)
     ctx.meta = (list(x.shape), nt, mb, idx)
@@ -131,10 +140,10 @@ def qkv_forward(fw, ctx, x, wq, wk, wv, nt, mb, idx):
 
 def qkv_backward(fw, ctx, dq, dk, dv, need_dx):
     """dx = dq Wq + dk Wk + dv Wv as ONE fmaf chain (the k and v NN GEMMs
-    accumulate onto q's, as train_layers.c) or None; the three weight
-    gradients as chunk partials. Why one node: three autograd branches
-    would leave the order of the two rounded additions to the framework's
-    engine."""
+    accumulate onto q's, as train_layers.c) or None; the three weight (and
+    bias) gradients as chunk partials. Why one node: three autograd
+    branches would leave the order of the two rounded additions to the
+    framework's engine. idx: ((w, b) state indices, either None) for q, k, v."""
     shape, nt, mb, idx = ctx.meta
     if mb is not None:
         mb.check("qkv_projection backward")
@@ -146,9 +155,9 @@ def qkv_backward(fw, ctx, dq, dk, dv, need_dx):
         for j, (d, w) in enumerate(zip(ds, ws)):
             _k.gemm(d, w, "nn", dx, accumulate=j > 0, num_threads=nt)
         dx = fw.reshape(dx, shape)
-    for i, d, what in zip(idx, ds, ("q_proj", "k_proj", "v_proj")):
-        if i is not None:
-            _g.wgrad(mb, i, d, x2, f"qkv_projection backward ({what})")
+    for (wi, bi), d, what in zip(idx, ds, ("q_proj", "k_proj", "v_proj")):
+        if wi is not None or bi is not None:
+            _g.wgrad(mb, wi, d, x2, f"qkv_projection backward ({what})", bi)
     return dx
 
 
@@ -316,6 +325,7 @@ def xent_forward(fw, ctx, logits, targets, ignore_index, nt, mb, n_global):
                              ignore_index=ignore_index, num_threads=nt)
     if mb is not None:  # the step's loss: the partials into the loss reduction
         _g.loss_partials(mb, lambda j: parts[j], nch, "cross_entropy")
+        mb.token_losses = losses  # the per-token losses (a run record's loss_hash)
     ctx.save_for_backward(z, t1, dz)
     ctx.meta = (list(logits.shape), ignore_index, nt, n_global, mb)
     return _g.exact_mean(lambda j: parts[j], nch, C, T, n_global, fw.empty([]))

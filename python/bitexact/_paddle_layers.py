@@ -60,23 +60,40 @@ _FW = _ops.Adapter(f32=_F32, i64=paddle.int64,
                    rows=_rows, reshape=lambda t, shape: t.reshape(list(shape)), numel=_numel,
                    saved=lambda ctx: ctx.saved_tensor(), first=lambda t: int(t.numpy()[0]),
                    dx_args=_dx_args, need_dx=lambda ctx: ctx.need_dx,
-                   n_grads=lambda args: sum(isinstance(a, paddle.Tensor) for a in args))
+                   n_grads=lambda args: sum(isinstance(a, paddle.Tensor) for a in args),
+                   add_=lambda y, b: y.add_(b))
 _fn = _ops.autograd_functions(paddle.autograd.PyLayer, _FW, __name__)
 
 
 # ---- Linear and the fused q/k/v projection -----------------------------------
 
-def linear(x, weight, num_threads=None):
-    """y = x W^T (bx_gemm NT), W [out, in]; dx = dy W (NN); dW as chunk
-    partials into the active GradReduction."""
+def _bias(fn, name, b, n):
+    """A bias argument checked: None, or an fp32 CPU [n] tensor."""
+    if b is None:
+        return None
+    b = _check(fn, name, b, ndim=(1,))
+    if b.shape[0] != n:
+        raise _err(InvalidArgumentError, fn, name, f"has {b.shape[0]} elements, the weight "
+                   f"{n} output features")
+    return b
+
+
+def linear(x, weight, bias=None, num_threads=None):
+    """y = x W^T (bx_gemm NT), W [out, in], then fl(y + b) with a bias; dx
+    = dy W (NN); dW (and db) as chunk partials into the active
+    GradReduction."""
     fn = "bitexact.paddle.linear"
     weight = _check(fn, "weight", weight, ndim=(2,))
+    bias = _bias(fn, "bias", bias, weight.shape[0])
     x = _check(fn, "input", x)
     if x.shape[-1] != weight.shape[1]:
         raise _err(InvalidArgumentError, fn, "input", f"has {x.shape[-1]} features, weight "
                    f"{list(weight.shape)} wants {weight.shape[1]}")
-    mb, (wi,) = _capture(fn, [(weight, "weight", _numel(x) // max(1, x.shape[-1]))])
-    return _fn.linear.apply(x, weight, _threads(num_threads), mb, wi, _wants_grad(x))
+    rows = _numel(x) // max(1, x.shape[-1])
+    mb, idx = _capture(fn, [(weight, "weight", rows)] + ([(bias, "bias", rows)] if bias is not None
+                                                          else []))
+    idx = (idx[0], idx[1] if bias is not None else None)
+    return _fn.linear.apply(x, weight, bias, _threads(num_threads), mb, idx, _wants_grad(x))
 
 
 def _uniform(bound):
@@ -84,36 +101,45 @@ def _uniform(bound):
 
 
 class Linear(paddle.nn.Layer):
-    """A bias-free linear layer through the bitexact kernels; weight
-    [out_features, in_features] (torch's layout, not paddle.nn.Linear's),
-    initialised U(-1/sqrt(in), 1/sqrt(in)) as torch's distribution."""
+    """A linear layer through the bitexact kernels (bias-free by default;
+    bias=True: a bias [out_features]); weight [out_features, in_features]
+    (torch's layout, not paddle.nn.Linear's), weight and bias initialised
+    U(-1/sqrt(in), 1/sqrt(in)) as torch's distribution."""
 
     def __init__(self, in_features, out_features, bias=False):
         super().__init__()
-        if bias:
-            raise InvalidArgumentError("bitexact.paddle.Linear: bias is not supported yet")
         self.in_features, self.out_features = in_features, out_features
         self.weight = self.create_parameter([out_features, in_features], dtype="float32",
                                             default_initializer=_uniform(in_features ** -0.5))
+        self.bias = self.create_parameter([out_features], dtype="float32",
+                                          default_initializer=_uniform(in_features ** -0.5)) \
+            if bias else None
         self.num_threads = None
 
     def forward(self, x):
-        return linear(x, self.weight, self.num_threads)
+        return linear(x, self.weight, self.bias, self.num_threads)
 
 
-def qkv_projection(x, q_weight, k_weight, v_weight, num_threads=None):
-    """(x Wq^T, x Wk^T, x Wv^T), bias-free, one PyLayer (dx one chain)."""
+def qkv_projection(x, q_weight, k_weight, v_weight, num_threads=None, *, q_bias=None,
+                   k_bias=None, v_bias=None):
+    """(x Wq^T [+ bq], x Wk^T [+ bk], x Wv^T [+ bv]), one PyLayer (dx one
+    chain; each bias added after its product)."""
     fn = "bitexact.paddle.qkv_projection"
-    names = ("q_weight", "k_weight", "v_weight")
-    ws = [_check(fn, n, w, ndim=(2,)) for n, w in zip(names, (q_weight, k_weight, v_weight))]
+    names = ("q", "k", "v")
+    ws = [_check(fn, f"{n}_weight", w, ndim=(2,)) for n, w in
+          zip(names, (q_weight, k_weight, v_weight))]
+    bs = [_bias(fn, f"{n}_bias", b, w.shape[0]) for n, b, w in zip(names, (q_bias, k_bias, v_bias), ws)]
     x = _check(fn, "input", x)
     for n, w in zip(names, ws):
         if w.shape[1] != x.shape[-1]:
-            raise _err(InvalidArgumentError, fn, n, f"has shape {list(w.shape)}, the input "
-                       f"{x.shape[-1]} features")
+            raise _err(InvalidArgumentError, fn, f"{n}_weight", f"has shape {list(w.shape)}, the "
+                       f"input {x.shape[-1]} features")
     rows = _numel(x) // max(1, x.shape[-1])
-    mb, idx = _capture(fn, [(w, n, rows) for n, w in zip(names, ws)])
-    return _fn.qkv.apply(x, *ws, _threads(num_threads), mb, tuple(idx), _wants_grad(x))
+    mb, idx = _capture(fn, [(t, f"{n}_{k}", rows) for n, w, b in zip(names, ws, bs)
+                            for k, t in (("weight", w), ("bias", b)) if t is not None])
+    it = iter(idx)
+    pairs = tuple((next(it), next(it) if b is not None else None) for b in bs)
+    return _fn.qkv.apply(x, *ws, *bs, _threads(num_threads), mb, pairs, _wants_grad(x))
 
 
 # ---- RMSNorm --------------------------------------------------------------

@@ -37,41 +37,59 @@ _FW = _ops.Adapter(f32=_F32, i64=torch.int64,
                    rows=_rows, reshape=lambda t, shape: t.reshape(shape),
                    numel=lambda t: t.numel(), saved=lambda ctx: ctx.saved_tensors,
                    first=lambda t: int(t[0]), dx_args=lambda ctx, args: args,
-                   need_dx=lambda ctx: ctx.needs_input_grad[0], n_grads=len)
+                   need_dx=lambda ctx: ctx.needs_input_grad[0], n_grads=len,
+                   add_=lambda y, b: y.add_(b))
 _fn = _ops.autograd_functions(torch.autograd.Function, _FW, __name__)
 
 
 # ---- Linear ---------------------------------------------------------------
 
-def linear(x, weight, num_threads=None):
-    """y = x W^T (bx_gemm NT, one fmaf chain per element over k); dx = dy W
-    (NN); dW as chunk partials into the active GradReduction."""
+def _bias(fn, name, b, n):
+    """A bias argument checked: None, or an fp32 CPU [n] tensor."""
+    if b is None:
+        return None
+    b = _check(fn, name, b, ndim=(1,))
+    if b.shape[0] != n:
+        raise _err(InvalidArgumentError, fn, name, f"has {b.shape[0]} elements, the weight "
+                   f"{n} output features")
+    return b
+
+
+def linear(x, weight, bias=None, num_threads=None):
+    """y = x W^T (bx_gemm NT, one fmaf chain per element over k), then
+    fl(y + b) with a bias (train_layers.c's q/k/v bias: one rounding, as
+    torch's addmm); dx = dy W (NN); dW (and db, the column sums of dy) as
+    chunk partials into the active GradReduction."""
     fn = "bitexact.torch.linear"
     weight = _check(fn, "weight", weight, ndim=(2,))
+    bias = _bias(fn, "bias", bias, weight.shape[0])
     x = _check(fn, "input", x)
     if x.shape[-1] != weight.shape[1]:
         raise _err(InvalidArgumentError, fn, "input", f"has {x.shape[-1]} features, weight "
                    f"{tuple(weight.shape)} wants {weight.shape[1]}")
     rows = x.numel() // max(1, x.shape[-1])
-    mb, (wi,) = _capture(fn, [(weight, "weight", rows)])
-    return _fn.linear.apply(x, weight, _threads(num_threads), mb, wi)
+    mb, idx = _capture(fn, [(weight, "weight", rows)] + ([(bias, "bias", rows)] if bias is not None
+                                                          else []))
+    idx = (idx[0], idx[1] if bias is not None else None)
+    return _fn.linear.apply(x, weight, bias, _threads(num_threads), mb, idx)
 
 
 class Linear(torch.nn.Module):
-    """torch.nn.Linear without bias (GLM-4.5's projections), through the
-    bitexact kernels. weight [out_features, in_features], torch's init."""
+    """torch.nn.Linear through the bitexact kernels (GLM-4.5's projections:
+    bias-free by default; q/k/v carry one with attention_bias). weight
+    [out_features, in_features], bias [out_features] or None; torch's init."""
 
     def __init__(self, in_features, out_features, bias=False, device=None, dtype=None):
         super().__init__()
-        if bias:
-            raise InvalidArgumentError("bitexact.torch.Linear: bias is not supported yet")
-        ref = torch.nn.Linear(in_features, out_features, bias=False, device=device, dtype=dtype)
+        ref = torch.nn.Linear(in_features, out_features, bias=bool(bias), device=device,
+                              dtype=dtype)
         self.in_features, self.out_features = in_features, out_features
         self.weight = ref.weight
+        self.bias = ref.bias
         self.num_threads = None
 
     def forward(self, x):
-        return linear(x, self.weight, self.num_threads)
+        return linear(x, self.weight, self.bias, self.num_threads)
 
 
 # ---- RMSNorm --------------------------------------------------------------
@@ -222,20 +240,27 @@ def causal_attention(q, k, v, seq_len, num_heads, num_kv_heads, head_dim, num_th
     return _fn.attention.apply(q, k, v, dims, _threads(num_threads))
 
 
-def qkv_projection(x, q_weight, k_weight, v_weight, num_threads=None):
-    """(x Wq^T, x Wk^T, x Wv^T), bias-free, as one autograd node (dx one
-    fmaf chain over the three, as `bitexact train`)."""
+def qkv_projection(x, q_weight, k_weight, v_weight, num_threads=None, *, q_bias=None,
+                   k_bias=None, v_bias=None):
+    """(x Wq^T [+ bq], x Wk^T [+ bk], x Wv^T [+ bv]) as one autograd node
+    (dx one fmaf chain over the three, as `bitexact train`; each bias added
+    after its product, fl(y + b))."""
     fn = "bitexact.torch.qkv_projection"
-    ws = [_check(fn, n, w, ndim=(2,)) for n, w in
-          (("q_weight", q_weight), ("k_weight", k_weight), ("v_weight", v_weight))]
+    names = ("q", "k", "v")
+    ws = [_check(fn, f"{n}_weight", w, ndim=(2,)) for n, w in
+          zip(names, (q_weight, k_weight, v_weight))]
+    bs = [_bias(fn, f"{n}_bias", b, w.shape[0]) for n, b, w in zip(names, (q_bias, k_bias, v_bias), ws)]
     x = _check(fn, "input", x)
-    for n, w in zip(("q_weight", "k_weight", "v_weight"), ws):
+    for n, w in zip(names, ws):
         if w.shape[1] != x.shape[-1]:
-            raise _err(InvalidArgumentError, fn, n, f"has shape {tuple(w.shape)}, the input "
-                       f"{x.shape[-1]} features")
+            raise _err(InvalidArgumentError, fn, f"{n}_weight", f"has shape {tuple(w.shape)}, the "
+                       f"input {x.shape[-1]} features")
     rows = x.numel() // max(1, x.shape[-1])
-    mb, idx = _capture(fn, [(w, n, rows) for n, w in zip(("q_weight", "k_weight", "v_weight"), ws)])
-    return _fn.qkv.apply(x, *ws, _threads(num_threads), mb, tuple(idx))
+    mb, idx = _capture(fn, [(t, f"{n}_{k}", rows) for n, w, b in zip(names, ws, bs)
+                            for k, t in (("weight", w), ("bias", b)) if t is not None])
+    it = iter(idx)
+    pairs = tuple((next(it), next(it) if b is not None else None) for b in bs)
+    return _fn.qkv.apply(x, *ws, *bs, _threads(num_threads), mb, pairs)
 
 
 class CausalAttention(_ops.CausalAttentionBase, torch.nn.Module):

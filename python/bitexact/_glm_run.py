@@ -1,0 +1,308 @@
+"""`bitexact train`'s loop for the framework bindings (``python -m
+bitexact.train``, docs/train_python.md): the GLM-4.5 model of
+bitexact.torch or bitexact.paddle, resumed from a `bitexact train`
+checkpoint, trained with `bitexact train`'s step (src/cli/train.c
+run_step): the data order, the two-pass token reduction of every weight
+gradient (GradReduction), the exact group norms (dense, routed experts),
+torch's clip coefficient and rounding, AdamW by bx_adamw_step; the same run
+record lines and checkpoint files. Every number is computed by a bitexact
+kernel; this file only moves data, so the records are byte-identical to
+the C trainer's and the checkpoints have its ``bitexact hash``.
+
+The framework enters through a small object ``fw`` (bitexact._torch_glm /
+_paddle_glm ``RUNNER``): ``name``, ``Model``, ``GradReduction``,
+``AdamW``, ``ids(array)`` (an int64 tensor), ``numpy(t)`` (a copy),
+``grad(p)``, ``backward(loss)``, ``named_parameters(model)``,
+``named_buffers(model)``, ``init_distributed()`` -> (rank, world, comm,
+group), ``ep_groups(world, ep)`` (the framework's process groups of the EP
+groups, or None).
+
+Threading: one thread (the kernels' own workers: ``--threads``).
+"""
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+
+import numpy as np
+
+from . import Error, InvalidArgumentError, _comm_args
+from . import _glm_data as _gd
+from . import _glm_model as _gm
+from . import clip_coef, scale, total_norm
+
+CKPT_FILES = ("config.json", "model.safetensors", "optimizer.safetensors", "trainer_state.json")
+
+
+def chex(d):
+    """C's ``%a`` of a double as bitexact's records write it (cli_hex):
+    "nan", "inf", "-inf", else the shortest hex mantissa ("0x1p+0",
+    "-0x1.8p-3", "0x0p+0")."""
+    d = float(d)
+    if math.isnan(d):
+        return "nan"
+    if math.isinf(d):
+        return "inf" if d > 0 else "-inf"
+    h = d.hex()  # [-]0x1.<13 hex>p<e> (or 0x0.0p+0)
+    sign, h = ("-", h[1:]) if h.startswith("-") else ("", h)
+    mant, exp = h[2:].split("p")
+    lead, _, frac = mant.partition(".")
+    frac = frac.rstrip("0")
+    return f"{sign}0x{lead}{'.' + frac if frac else ''}p{exp if exp[0] in '+-' else '+' + exp}"
+
+
+def record_line(step, loss, norm, gd, ge, coef, lr, tokens, loss_hash, entropy, dtype="fp32"):
+    """One run-record line (train_record.c trec_format), without newline."""
+    s = (f'{{"step": {step}, "loss": "{chex(loss)}", "grad_norm": "{chex(norm)}", '
+         f'"grad_norm_dense": "{chex(gd)}", "grad_norm_expert": "{chex(ge)}", '
+         f'"clip_coef": "{chex(coef)}", "lr": "{chex(lr)}", "tokens": {tokens}, '
+         f'"loss_hash": "xxh3:{loss_hash:016x}", "compute_dtype": "{dtype}"')
+    return s + (f', "entropy_rate": "{chex(entropy)}"}}' if not math.isnan(entropy) else "}")
+
+
+def loss_hash(losses):
+    """XXH3-64 (seed 0) of the fp32 per-token losses, little-endian bytes."""
+    import xxhash
+    return xxhash.xxh3_64_intdigest(np.ascontiguousarray(losses, dtype="<f4").tobytes())
+
+
+# ---- checkpoints ---------------------------------------------------------------
+
+def read_checkpoint(d):
+    """(config text, trainer_state dict, model arrays, optimizer arrays) of a
+    `bitexact train` checkpoint directory (safetensors' own reader)."""
+    from safetensors.numpy import load_file
+    for f in CKPT_FILES:
+        if not os.path.isfile(os.path.join(d, f)):
+            raise InvalidArgumentError(f"--resume {d}: {f} is missing (a `bitexact train --save` "
+                                       "directory holds " + ", ".join(CKPT_FILES) + ")")
+    with open(os.path.join(d, "config.json"), encoding="utf-8") as f:
+        cfg = f.read()
+    with open(os.path.join(d, "trainer_state.json"), encoding="utf-8") as f:
+        st = json.load(f)
+    if st.get("format_version") != 1:
+        raise InvalidArgumentError(f"--resume {d}: trainer_state.json format_version "
+                                   f"{st.get('format_version')!r} (1 expected)")
+    return cfg, st, load_file(os.path.join(d, "model.safetensors")), \
+        load_file(os.path.join(d, "optimizer.safetensors"))
+
+
+def _state_json(st):
+    return json.dumps(st, indent=2, sort_keys=True) + "\n"
+
+
+def write_checkpoint(d, config_text, state, model_arrays, opt_arrays):
+    """The four files into a fresh ``d.tmp-XXXXXX`` beside d, then renamed
+    into place (an existing d holding only these files is replaced; one
+    with other files is refused, before anything is written)."""
+    from safetensors.numpy import save_file
+    d = os.path.abspath(d)
+    if os.path.exists(d):
+        if not os.path.isdir(d) or set(os.listdir(d)) - set(CKPT_FILES):
+            raise InvalidArgumentError(f"--save {d}: exists and holds other files than a "
+                                       "checkpoint's; refusing to replace it")
+    tmp = tempfile.mkdtemp(prefix=os.path.basename(d) + ".tmp-", dir=os.path.dirname(d))
+    try:
+        with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
+            f.write(config_text)
+        save_file(model_arrays, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+        save_file(opt_arrays, os.path.join(tmp, "optimizer.safetensors"), metadata={"format": "pt"})
+        with open(os.path.join(tmp, "trainer_state.json"), "w", encoding="utf-8") as f:
+            f.write(_state_json(state))
+        old = None
+        if os.path.exists(d):
+            old = d + ".old-" + os.path.basename(tmp).rsplit("-", 1)[-1]
+            os.rename(d, old)
+        os.rename(tmp, d)
+        if old:
+            shutil.rmtree(old)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+# ---- the run ---------------------------------------------------------------------
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m bitexact.train", description=(
+        "bitexact train's loop on the PyTorch or Paddle binding: resume a `bitexact train` "
+        "checkpoint, train, write the same run record and checkpoint."))
+    p.add_argument("--framework", choices=("torch", "paddle"), required=True)
+    p.add_argument("--resume", required=True, metavar="DIR",
+                   help="a `bitexact train --save` checkpoint (e.g. --steps 0: the initial model)")
+    p.add_argument("--steps", type=int, default=10, help="the step the run ends at")
+    p.add_argument("--data", default=None, help="token file (.npy or .bin); default synthetic")
+    p.add_argument("--micro-batches", type=int, default=1)
+    p.add_argument("--ep", type=int, default=1, help="expert-parallel size")
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--weight-decay", type=float, default=None)
+    p.add_argument("--clip", type=float, default=None)
+    p.add_argument("--record", default=None, metavar="FILE.jsonl")
+    p.add_argument("--save", default=None, metavar="DIR")
+    for f in ("--seed", "--seq-len", "--global-batch"):
+        p.add_argument(f, type=int, default=None, help="must equal the checkpoint's")
+    p.add_argument("--shuffle", action="store_true", default=None)
+    p.add_argument("-q", action="store_true", help="no summary line")
+    return p.parse_args(argv)
+
+
+class Run:
+    """One process's part of a run (rank ``rank`` of ``world``)."""
+
+    def __init__(self, a, fw):
+        self.a, self.fw = a, fw
+        self.rank, self.world, self.comm, self.group = fw.init_distributed()
+        cfg_text, st, marrays, oarrays = read_checkpoint(a.resume)
+        self.cfg_text, self.state = cfg_text, st
+        self.cfg = _gm.config(json.loads(cfg_text))
+        ds = st["data"]
+        self.L, self.B, self.seed = int(ds["seq_len"]), int(ds["global_batch"]), int(st["seed"])
+        self.shuffle = bool(ds["shuffle"])
+        for flag, got, want in (("--seed", a.seed, self.seed), ("--seq-len", a.seq_len, self.L),
+                                ("--global-batch", a.global_batch, self.B),
+                                ("--shuffle", a.shuffle, self.shuffle or None)):
+            if got is not None and got != want:
+                raise InvalidArgumentError(f"--resume {a.resume}: {flag} is {got} here but "
+                                           f"{want} in the checkpoint")
+        if st.get("compute_dtype", "fp32") != "fp32":
+            raise InvalidArgumentError(f"--resume {a.resume}: compute_dtype "
+                                       f"{st['compute_dtype']!r}: the bindings train fp32 only")
+        self.start = int(st["step"])
+        if a.steps < self.start:
+            raise InvalidArgumentError(f"--steps {a.steps} is before the checkpoint's step "
+                                       f"{self.start} (--steps is the step the run ends at)")
+        P, M, E = self.world, a.micro_batches, a.ep
+        if self.B % P or (self.B // P) % M or M < 1:
+            raise InvalidArgumentError(f"--global-batch {self.B} over {P} ranks x --micro-batches "
+                                       f"{M}: B must be a multiple of P * M")
+        if E < 1 or P % E or self.cfg.n_routed_experts % E:
+            raise InvalidArgumentError(f"--ep {E}: must divide the ranks ({P}) and n_routed_experts "
+                                       f"({self.cfg.n_routed_experts})")
+        self.data = _gd.Data(self.cfg.vocab_size, self.L, self.seed, a.data, self.shuffle)
+        if self.data.kind != ds["kind"] or self.data.ntokens != int(ds["tokens"]):
+            raise InvalidArgumentError(f"--resume {a.resume}: --data is {self.data.kind} of "
+                                       f"{self.data.ntokens} tokens here but {ds['kind']} of "
+                                       f"{ds['tokens']} in the checkpoint")
+        self.lr = a.lr if a.lr is not None else float.fromhex(st["lr_schedule"]["lr"])
+        self.wd = a.weight_decay if a.weight_decay is not None else \
+            float.fromhex(st["adamw"]["weight_decay"])
+        self.clip = a.clip if a.clip is not None else float.fromhex(st["clip"])
+        self.model = fw.Model(self.cfg)
+        self.model.load_checkpoint(marrays)
+        self.ep = fw.expert_parallel(self.model, E, self.rank, self.group) if E > 1 else None
+        self.params = [(n, p) for n, p in fw.named_parameters(self.model)
+                       if self.ep is None or self.ep.holds(n)]
+        self.opt = fw.AdamW([p for _, p in self.params], lr=self.lr, weight_decay=self.wd,
+                            num_threads=a.threads)
+        for n, p in self.params:
+            self.opt.load_moments(p, oarrays[n + ".exp_avg"], oarrays[n + ".exp_avg_sq"],
+                                  self.start)
+        self.red = fw.GradReduction(self.params, self.L, self.B * self.L, num_threads=a.threads)
+        # each element of the model counted once by the norm: rank i mod P (dense) or, for an
+        # expert, its holder among the ranks of replica i mod (P / E)
+        Ep, held = (E if self.ep is not None else 1), {n for n, _ in self.params}
+        self.owned = [(p, "expert" if _gm.is_expert(n) else "dense") for i, (n, p) in
+                      enumerate(fw.named_parameters(self.model)) if n in held and
+                      ((i % (P // Ep)) * Ep + (self.rank % Ep) if _gm.is_expert(n)
+                       else i % P) == self.rank]
+        self.first_loss = self.last_loss = self.last_norm = float("nan")
+
+    def step(self, s):
+        a, fw, L, B, P = self.a, self.fw, self.L, self.B, self.world
+        local = B // P
+        first = self.rank * local
+        toks = np.stack([self.data.tokens(self.data.sequence(s * B + first + b))
+                         for b in range(local)])
+        per = local // a.micro_batches
+        tok_losses = np.empty(local * L, dtype=np.float32)
+        red = self.red
+        red.begin()
+        for pass_ in (0, 1):
+            for i in range(a.micro_batches):
+                r0 = i * per
+                with red.micro_batch((first + r0) * L, per * L) as mb:
+                    loss = self.model(fw.ids(toks[r0:r0 + per, :L]), fw.ids(toks[r0:r0 + per, 1:]))
+                    fw.backward(loss)
+                    if pass_:
+                        tok_losses[r0 * L:(r0 + per) * L] = fw.numpy(mb.token_losses)
+            if not pass_:
+                red.agree(self.comm)
+        red.finish(self.comm)
+        loss = float(fw.numpy(red.loss))
+        all_loss = tok_losses
+        if P > 1:  # the global batch's token losses, gathered exactly (their bit patterns summed)
+            words = np.zeros(B * L, dtype=np.int64)
+            words[first * L:(first + local) * L] = tok_losses.view(np.uint32)
+            fn, _ = _comm_args(self.comm)
+            buf = bytearray(words.tobytes())
+            r = fn(buf, "sum")
+            all_loss = np.frombuffer(bytes(r if r is not None else buf), dtype=np.int64) \
+                .astype(np.uint32).view(np.float32)
+        total, gn = total_norm([fw.grad(p) for p, _ in self.owned],
+                               groups=[g for _, g in self.owned], group_names=["dense", "expert"],
+                               comm=self.comm, num_threads=a.threads)
+        coef = clip_coef(total, self.clip)
+        if coef != 1:
+            scale([fw.grad(p) for _, p in self.params], coef, num_threads=a.threads)
+        self.opt.step()
+        if s == self.start:
+            self.first_loss = loss
+        self.last_loss, self.last_norm = loss, total
+        return record_line(s, loss, total, gn["dense"], gn["expert"], coef, self.lr, B * L,
+                           loss_hash(all_loss), self.data.entropy_nats)
+
+    def save(self, d):
+        """Rank 0 writes the checkpoint (with EP, after receiving the
+        experts it does not hold); every rank calls it."""
+        fw, a = self.fw, self.a
+        marr = {n: fw.numpy(t) for n, t in list(fw.named_parameters(self.model)) +
+                list(fw.named_buffers(self.model))}
+        oarr = {}
+        for n, p in self.params:
+            m, v = self.opt.moments(p)
+            oarr[n + ".exp_avg"], oarr[n + ".exp_avg_sq"] = fw.numpy(m), fw.numpy(v)
+        if self.ep is not None:
+            self.ep.gather_experts(marr, oarr)
+        if self.rank != 0:
+            return
+        st = json.loads(json.dumps(self.state))
+        st.update(step=a.steps, clip=chex(self.clip), mode="invariant", compute_dtype="fp32")
+        st["data"]["position"] = a.steps * self.B
+        st["lr_schedule"] = {"kind": "constant", "lr": chex(self.lr)}
+        st["adamw"]["weight_decay"] = chex(self.wd)
+        write_checkpoint(d, self.cfg_text, st, marr, oarr)
+
+
+def main(argv=None):
+    a = parse_args(sys.argv[1:] if argv is None else argv)
+    if a.framework == "torch":
+        from ._torch_glm import RUNNER as fw
+    else:
+        from ._paddle_glm import RUNNER as fw
+    try:
+        run = Run(a, fw)
+        rec = open(a.record, "w", encoding="utf-8") if a.record and run.rank == 0 else None
+        try:
+            for s in range(run.start, a.steps):
+                line = run.step(s)
+                if rec:
+                    rec.write(line + "\n")
+                    rec.flush()
+        finally:
+            if rec:
+                rec.close()
+        if a.save:
+            run.save(a.save)
+    except (Error, OSError) as e:
+        print(f"bitexact.train: {e}", file=sys.stderr)
+        return 2
+    if run.rank == 0 and not a.q:
+        print(f"train ({a.framework}): {a.steps - run.start} steps ({run.start}..{a.steps - 1}), "
+              f"{run.world} rank{'s' if run.world > 1 else ''}, --ep {a.ep}; loss first "
+              f"{run.first_loss:.6f} ({chex(run.first_loss)}), last {run.last_loss:.6f} "
+              f"({chex(run.last_loss)}); grad_norm {run.last_norm:.6g}")
+    return 0

@@ -1,0 +1,199 @@
+"""bitexact.torch's GLM-4.5 MoE model (``Glm4MoeForCausalLM``) and its
+AdamW (docs/torch_layers.md, "The model and the trainer").
+
+The module bodies are bitexact._glm_model's (shared with bitexact.paddle);
+this file adds ``torch.nn.Module`` and names the layers they call (the
+``_bx_api`` of the bodies is this module). A model loads a `bitexact
+train` checkpoint (transformers' names) with
+:meth:`Glm4MoeForCausalLM.load_checkpoint` and trains through a
+:class:`~bitexact.torch.GradReduction` and :class:`AdamW`; ``python -m
+bitexact.train --framework torch`` runs `bitexact train`'s loop on it
+(bitexact._glm_run) with byte-identical records and checkpoints.
+
+Threading: as the layers (one thread per model and optimizer).
+"""
+import numpy as _np
+import torch
+
+from . import InvalidArgumentError, _torch_fast_export
+from . import _glm_model as _gm
+from . import kernels as _k
+from ._torch_layers import (Embedding, Linear, RMSNorm, SwiGLUMLP, causal_attention,  # noqa: F401
+                            cross_entropy, qkv_projection, rms_norm, rope)
+from ._torch_moe import MoE  # noqa: F401
+
+__all__ = ["Glm4MoeForCausalLM", "Glm4MoeModel", "Glm4MoeDecoderLayer", "Glm4MoeAttention",
+           "AdamW"]
+
+ModuleList = torch.nn.ModuleList
+_torch_fast_export()  # parameters (requires_grad) reach the kernels without a detach
+
+
+def _positions(B, L):
+    """Token t = b*L + i has position i (int64 [B*L])."""
+    return torch.arange(L, dtype=torch.int64).repeat(B)
+
+
+class Glm4MoeAttention(_gm.AttentionBase, torch.nn.Module):
+    __doc__ = _gm.AttentionBase.__doc__
+
+
+class Glm4MoeDecoderLayer(_gm.DecoderLayerBase, torch.nn.Module):
+    __doc__ = _gm.DecoderLayerBase.__doc__
+
+
+class Glm4MoeModel(_gm.ModelBase, torch.nn.Module):
+    __doc__ = _gm.ModelBase.__doc__
+
+
+class Glm4MoeForCausalLM(_gm.ForCausalLMBase, torch.nn.Module):
+    """transformers' Glm4MoeForCausalLM through bitexact's kernels.
+    ``Glm4MoeForCausalLM(config)``: config a path to config.json, a dict,
+    or a transformers Glm4MoeConfig. Initial values: torch's module inits
+    (load a checkpoint for `bitexact train`'s). forward(input_ids [B, L],
+    labels [B, L] or None): the loss (labels) or logits [B, L, V]; call it
+    inside a GradReduction micro-batch to train."""
+
+    def load_checkpoint(self, tensors):
+        """Copy every parameter and buffer from ``tensors`` (a mapping name
+        -> numpy array, e.g. safetensors.numpy.load_file of a `bitexact
+        train` model.safetensors). Every name, shape and dtype (float32) is
+        checked first; a missing or extra tensor raises
+        InvalidArgumentError and nothing is copied."""
+        own = dict(self.named_parameters())
+        own.update(self.named_buffers())
+        arrays = _checked(own, tensors, lambda t: tuple(t.shape))
+        with torch.no_grad():
+            for n, a in arrays.items():
+                own[n].copy_(torch.from_numpy(a))
+
+
+def _checked(own, tensors, shape_of):
+    """{name: float32 array} for every name of own, checked against
+    tensors (names, shapes, dtypes; nothing extra)."""
+    missing = [n for n in own if n not in tensors]
+    extra = [n for n in tensors if n not in own]
+    if missing or extra:
+        raise InvalidArgumentError(f"load_checkpoint: missing {missing[:3]}{'...' if len(missing) > 3 else ''}"
+                                   f", unexpected {extra[:3]}{'...' if len(extra) > 3 else ''}")
+    out = {}
+    for n, t in own.items():
+        a = _np.asarray(tensors[n])
+        if a.dtype != _np.float32 or tuple(a.shape) != shape_of(t):
+            raise InvalidArgumentError(f"load_checkpoint: {n}: {a.dtype} {tuple(a.shape)}, float32 "
+                                       f"{shape_of(t)} expected")
+        out[n] = _np.ascontiguousarray(a)
+    return out
+
+
+class AdamW(torch.optim.Optimizer):
+    """torch.optim.AdamW's update computed by ``bx_adamw_step`` (the bits of
+    `bitexact train`; the formula is torch's: decoupled weight decay, bias
+    corrections, eps added to sqrt(v_hat)). fp32 CPU contiguous parameters
+    only. State per parameter: ``step`` (int), ``exp_avg``, ``exp_avg_sq``
+    (fp32, created as zeros at the first step). ``step()`` updates every
+    parameter with a gradient, in place; a failing parameter raises
+    (a bitexact error naming it) and the parameters before it are already
+    updated. ``foreach``/``fused``/``amsgrad``/``maximize`` are not offered."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
+                 num_threads=0):
+        if not lr >= 0 or not eps >= 0 or not weight_decay >= 0 or \
+                not all(0 <= b < 1 for b in betas):
+            raise InvalidArgumentError(f"AdamW: lr {lr}, betas {betas}, eps {eps}, weight_decay "
+                                       f"{weight_decay}: lr, eps, weight_decay >= 0, 0 <= beta < 1")
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
+                                      weight_decay=weight_decay, num_threads=num_threads))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for g in self.param_groups:
+            b1, b2 = g["betas"]
+            for p in g["params"]:
+                if p.grad is None:
+                    continue
+                st = self.state[p]
+                if not st:
+                    st["step"] = 0
+                    st["exp_avg"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+                    st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+                _k.adamw_step(p.detach(), p.grad, st["exp_avg"], st["exp_avg_sq"], st["step"] + 1,
+                              lr=g["lr"], beta1=b1, beta2=b2, eps=g["eps"],
+                              weight_decay=g["weight_decay"], num_threads=g["num_threads"])
+                st["step"] += 1
+        return loss
+
+    def load_moments(self, p, exp_avg, exp_avg_sq, step):
+        """p's state := the arrays (copied) and the step count (a `bitexact
+        train` checkpoint's optimizer.safetensors and trainer_state step)."""
+        self.state[p] = {"step": int(step),
+                         "exp_avg": torch.tensor(_np.asarray(exp_avg, dtype=_np.float32)),
+                         "exp_avg_sq": torch.tensor(_np.asarray(exp_avg_sq, dtype=_np.float32))}
+
+    def moments(self, p):
+        """(exp_avg, exp_avg_sq) of p (zeros before its first step)."""
+        st = self.state.get(p)
+        if not st:
+            return torch.zeros_like(p), torch.zeros_like(p)
+        return st["exp_avg"], st["exp_avg_sq"]
+
+
+class _Runner:
+    """The framework hooks of bitexact._glm_run (``python -m bitexact.train
+    --framework torch``)."""
+    name = "torch"
+    Model = Glm4MoeForCausalLM
+    AdamW = AdamW
+
+    @staticmethod
+    def GradReduction(params, seq_len, total, num_threads=0):
+        from ._torch_gradred import GradReduction
+        return GradReduction(params, seq_len, total, num_threads=num_threads)
+
+    @staticmethod
+    def ids(a):
+        return torch.from_numpy(_np.ascontiguousarray(a, dtype=_np.int64))
+
+    @staticmethod
+    def numpy(t):
+        return t.detach().numpy().copy()
+
+    @staticmethod
+    def grad(p):
+        return p.grad
+
+    @staticmethod
+    def backward(loss):
+        loss.backward()
+
+    @staticmethod
+    def named_parameters(m):
+        return list(m.named_parameters())
+
+    @staticmethod
+    def named_buffers(m):
+        return list(m.named_buffers())
+
+    @staticmethod
+    def init_distributed():
+        """(rank, world, comm, group) from torchrun's environment (gloo)."""
+        import os
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if world <= 1:
+            return 0, 1, None, None
+        import torch.distributed as dist
+        if not dist.is_initialized():
+            dist.init_process_group("gloo")
+        from .torch import comm
+        return dist.get_rank(), dist.get_world_size(), comm(), None
+
+    @staticmethod
+    def expert_parallel(model, ep, rank, group):
+        raise InvalidArgumentError("--ep > 1 is not supported by the torch binding yet")
+
+
+RUNNER = _Runner
