@@ -1,0 +1,206 @@
+"""The GLM-4.5 model of bitexact.torch and bitexact.paddle against `bitexact
+train` (issue 16; docs/train_python.md): ``python -m bitexact.train``
+resumes the C trainer's step-0 checkpoint of the tiny config on the
+synthetic corpus and trains 10 steps; the run record must be
+byte-identical to the C trainer's and the checkpoint's model and
+optimizer files must have its ``bitexact hash`` (trainer_state.json and
+config.json byte-identical), on 1 process (1 and 4 micro-batches), 2
+data-parallel processes, and 2 processes with expert parallelism (--ep 2).
+Then bad input through the trainer and the model loader."""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+CLI = os.environ.get("BITEXACT_CLI", os.path.join(ROOT, "build", "bitexact"))
+STEPS = 10
+
+pytestmark = pytest.mark.skipif(not os.access(CLI, os.X_OK),
+                                reason=f"the bitexact command is not built ({CLI}; "
+                                       "scripts/test.sh builds it before this stage)")
+
+
+def _run(cmd, env=None, timeout=600):
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                       env=dict(os.environ, **(env or {})))
+    return p
+
+
+def _hash(path):
+    p = _run([CLI, "hash", "--json", path])
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)["checkpoint"]
+
+
+def _port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ref(tmp_path_factory):
+    """The C trainer: the step-0 checkpoint, and 10 steps' record and checkpoint."""
+    d = tmp_path_factory.mktemp("cref")
+    ck0, ck = str(d / "ck0"), str(d / "ck10")
+    p = _run([CLI, "train", "--steps", "0", "--save", ck0, "-q"])
+    assert p.returncode == 0, p.stderr
+    rec = str(d / "c.jsonl")
+    p = _run([CLI, "train", "--steps", str(STEPS), "--record", rec, "--save", ck, "-q",
+              "--threads", "1"])
+    assert p.returncode == 0, p.stderr
+    return dict(ck0=ck0, ck=ck, rec=rec, dir=d)
+
+
+def _py_train(fw, ranks, out, ck0, *extra, steps=STEPS):
+    """python -m bitexact.train on `ranks` processes; returns (record, ckpt)."""
+    rec, ck = os.path.join(out, "r.jsonl"), os.path.join(out, "ck")
+    args = ["--framework", fw, "--resume", ck0, "--steps", str(steps), "--record", rec,
+            "--save", ck, "--threads", "1", "-q", *extra]
+    if ranks == 1:
+        cmd = [sys.executable, "-m", "bitexact.train", *args]
+    elif fw == "torch":
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
+               "--master-addr", "127.0.0.1", "--master-port", str(_port()), "-m",
+               "bitexact.train", *args]
+    else:
+        cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node",
+               str(ranks), "--log_dir", os.path.join(out, "log"),
+               os.path.join(HERE, "train_entry.py"), *args]
+    p = _run(cmd, env={"PADDLE_DISTRI_BACKEND": "gloo", "OMP_NUM_THREADS": "1"})
+    logs = ""
+    if os.path.isdir(os.path.join(out, "log")):
+        logs = "".join(open(os.path.join(out, "log", f)).read()[-2000:]
+                       for f in sorted(os.listdir(os.path.join(out, "log"))))
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:] + logs
+    return rec, ck
+
+
+def _same_run(ref, rec, ck):
+    with open(rec, "rb") as f, open(ref["rec"], "rb") as g:
+        a, b = f.read(), g.read()
+    assert a.count(b"\n") == STEPS and a == b, (a.decode()[:600], b.decode()[:600])
+    for f in ("model.safetensors", "optimizer.safetensors"):
+        assert _hash(os.path.join(ck, f)) == _hash(os.path.join(ref["ck"], f)), f
+    for f in ("trainer_state.json", "config.json"):
+        with open(os.path.join(ck, f), "rb") as x, open(os.path.join(ref["ck"], f), "rb") as y:
+            assert x.read() == y.read(), f
+
+
+LAYOUTS = [  # (ranks, extra flags)
+    pytest.param(1, (), id="1proc"),
+    pytest.param(1, ("--micro-batches", "4"), id="1proc-mb4"),
+    pytest.param(2, ("--micro-batches", "2"), id="dp2-mb2"),
+    pytest.param(2, ("--ep", "2"), id="ep2"),
+]
+
+
+@pytest.mark.parametrize("ranks,extra", LAYOUTS)
+@pytest.mark.parametrize("fw", ["torch", "paddle"])
+def test_binding_run_equals_bitexact_train(ref, tmp_path, fw, ranks, extra):
+    if fw == "paddle":
+        pytest.importorskip("paddle")
+    rec, ck = _py_train(fw, ranks, str(tmp_path), ref["ck0"], *extra)
+    _same_run(ref, rec, ck)
+
+
+def test_resume_across_frameworks_and_the_c_trainer(ref, tmp_path):
+    """torch trains steps 0-4, Paddle resumes its checkpoint for 5-9, the C
+    trainer resumes Paddle's for 10-11: the records concatenate to the C
+    trainer's straight run (so the checkpoints the bindings write are
+    complete and `bitexact train --resume` accepts them)."""
+    pytest.importorskip("paddle")
+    a = tmp_path / "a"
+    b = tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    r1, c1 = _py_train("torch", 1, str(a), ref["ck0"], steps=5)
+    r2, c2 = _py_train("paddle", 1, str(b), c1, steps=STEPS)
+    with open(r1, "rb") as f, open(r2, "rb") as g, open(ref["rec"], "rb") as h:
+        assert f.read() + g.read() == h.read()
+    r3 = str(tmp_path / "c.jsonl")
+    p = _run([CLI, "train", "--resume", c2, "--steps", "12", "--record", r3, "-q"])
+    assert p.returncode == 0, p.stderr
+    r4 = str(tmp_path / "d.jsonl")
+    p = _run([CLI, "train", "--resume", ref["ck"], "--steps", "12", "--record", r4, "-q"])
+    assert p.returncode == 0, p.stderr
+    with open(r3, "rb") as f, open(r4, "rb") as g:
+        assert f.read() == g.read()
+
+
+# ---- bad input -------------------------------------------------------------------
+
+@pytest.mark.parametrize("flags,needle", [
+    (("--seq-len", "32"), "--seq-len is 32 here but 64"),
+    (("--global-batch", "6"), "--global-batch is 6 here but 8"),
+    (("--micro-batches", "3"), "--micro-batches 3"),
+    (("--ep", "3"), "--ep 3"),
+    (("--steps", "-1"), "--steps -1 is before"),
+])
+def test_bad_flags_exit_2_with_one_line(ref, tmp_path, flags, needle):
+    out = str(tmp_path / "ck")
+    p = _run([sys.executable, "-m", "bitexact.train", "--framework", "torch", "--resume",
+              ref["ck0"], "--save", out, *flags])
+    assert p.returncode == 2, p.stderr
+    assert needle in p.stderr and p.stderr.count("\n") == 1, p.stderr
+    assert not os.path.exists(out)
+
+
+def test_missing_checkpoint_file(ref, tmp_path):
+    d = str(tmp_path / "ck")
+    shutil.copytree(ref["ck0"], d)
+    os.remove(os.path.join(d, "optimizer.safetensors"))
+    p = _run([sys.executable, "-m", "bitexact.train", "--framework", "torch", "--resume", d])
+    assert p.returncode == 2 and "optimizer.safetensors is missing" in p.stderr, p.stderr
+
+
+def test_save_refuses_a_directory_with_other_files(ref, tmp_path):
+    d = tmp_path / "ck"
+    d.mkdir()
+    (d / "keep.txt").write_text("mine")
+    p = _run([sys.executable, "-m", "bitexact.train", "--framework", "torch", "--resume",
+              ref["ck0"], "--steps", "1", "--save", str(d)])
+    assert p.returncode == 2 and "other files" in p.stderr, p.stderr
+    assert (d / "keep.txt").read_text() == "mine" and sorted(os.listdir(d)) == ["keep.txt"]
+
+
+@pytest.mark.parametrize("fw", ["torch", "paddle"])
+def test_load_checkpoint_checks_everything_first(ref, fw):
+    """A wrong shape, a missing and an extra tensor are refused naming the
+    tensor; nothing is copied (the parameters keep their values)."""
+    import numpy as np
+    from safetensors.numpy import load_file
+    import bitexact
+    if fw == "paddle":
+        pytest.importorskip("paddle")
+        from bitexact.paddle import Glm4MoeForCausalLM
+
+        def value(p):
+            return p.numpy()
+    else:
+        from bitexact.torch import Glm4MoeForCausalLM
+
+        def value(p):
+            return p.detach().numpy()
+    arrays = load_file(os.path.join(ref["ck0"], "model.safetensors"))
+    m = Glm4MoeForCausalLM(os.path.join(ref["ck0"], "config.json"))
+    before = {n: np.array(value(p)) for n, p in m.named_parameters()}
+    name = "model.layers.1.mlp.experts.3.up_proj.weight"
+    bad = dict(arrays)
+    bad[name] = arrays[name][:, :-1].copy()
+    bad2 = {k: v for k, v in arrays.items() if k != "lm_head.weight"}
+    bad3 = dict(arrays, extra=np.zeros(3, np.float32))
+    for t, needle in ((bad, name), (bad2, "lm_head.weight"), (bad3, "extra")):
+        with pytest.raises(bitexact.InvalidArgumentError, match=needle.replace(".", r"\.")):
+            m.load_checkpoint(t)
+        for n, p in m.named_parameters():
+            assert np.array_equal(before[n], value(p)), n
+    m.load_checkpoint(arrays)
+    for n, p in m.named_parameters():
+        assert np.array_equal(arrays[n], value(p)), n
