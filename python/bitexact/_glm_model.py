@@ -33,6 +33,8 @@ Threading: a model is used by one thread at a time (its GradReduction's).
 import json
 import types
 
+import numpy as _np
+
 from . import InvalidArgumentError
 from ._layer_ops import _ModuleBase
 
@@ -193,3 +195,21 @@ def is_expert(name):
     """Whether a parameter name is a routed expert's (the clipping group
     "expert" of `bitexact train`; everything else is "dense")."""
     return ".mlp.experts." in name
+
+
+def checked_arrays(own, tensors, shape_of):
+    """{name: float32 array} for every name of own, checked against
+    tensors (names, shapes, dtypes; nothing extra)."""
+    missing = [n for n in own if n not in tensors]
+    extra = [n for n in tensors if n not in own]
+    if missing or extra:
+        raise InvalidArgumentError(f"load_checkpoint: missing {missing[:3]}{'...' if len(missing) > 3 else ''}"
+                                   f", unexpected {extra[:3]}{'...' if len(extra) > 3 else ''}")
+    out = {}
+    for n, t in own.items():
+        a = _np.asarray(tensors[n])
+        if a.dtype != _np.float32 or tuple(a.shape) != shape_of(t):
+            raise InvalidArgumentError(f"load_checkpoint: {n}: {a.dtype} {tuple(a.shape)}, float32 "
+                                       f"{shape_of(t)} expected")
+        out[n] = _np.ascontiguousarray(a)
+    return out

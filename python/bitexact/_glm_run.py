@@ -33,6 +33,7 @@ from . import Error, InvalidArgumentError, _comm_args
 from . import _glm_data as _gd
 from . import _glm_model as _gm
 from . import clip_coef, scale, total_norm
+from ._moe_ep import ExpertParallel
 
 CKPT_FILES = ("config.json", "model.safetensors", "optimizer.safetensors", "trainer_state.json")
 
@@ -193,9 +194,16 @@ class Run:
         self.clip = a.clip if a.clip is not None else float.fromhex(st["clip"])
         self.model = fw.Model(self.cfg)
         self.model.load_checkpoint(marrays)
-        self.ep = fw.expert_parallel(self.model, E, self.rank, self.group) if E > 1 else None
-        self.params = [(n, p) for n, p in fw.named_parameters(self.model)
-                       if self.ep is None or self.ep.holds(n)]
+        self.ep = None
+        if E > 1:  # the MoE blocks compute their held experts, tokens exchanged over comm
+            self.ep = ExpertParallel(self.comm, self.rank, P, E, self.cfg.n_routed_experts)
+            self.ep.local_chunks = self.B // P
+            for layer in self.model.model.layers:
+                if hasattr(layer.mlp, "gate"):
+                    layer.mlp.ep = self.ep
+        # every rank ends a step with every gradient (the token reduction's words are summed
+        # over all ranks), so every rank keeps the whole model and optimizer state
+        self.params = fw.named_parameters(self.model)
         self.opt = fw.AdamW([p for _, p in self.params], lr=self.lr, weight_decay=self.wd,
                             num_threads=a.threads)
         for n, p in self.params:
@@ -204,11 +212,8 @@ class Run:
         self.red = fw.GradReduction(self.params, self.L, self.B * self.L, num_threads=a.threads)
         # each element of the model counted once by the norm: rank i mod P (dense) or, for an
         # expert, its holder among the ranks of replica i mod (P / E)
-        Ep, held = (E if self.ep is not None else 1), {n for n, _ in self.params}
-        self.owned = [(p, "expert" if _gm.is_expert(n) else "dense") for i, (n, p) in
-                      enumerate(fw.named_parameters(self.model)) if n in held and
-                      ((i % (P // Ep)) * Ep + (self.rank % Ep) if _gm.is_expert(n)
-                       else i % P) == self.rank]
+        self.owned = [(p, "expert" if _gm.is_expert(n) else "dense")
+                      for i, (n, p) in enumerate(self.params) if i % P == self.rank]
         self.first_loss = self.last_loss = self.last_norm = float("nan")
 
     def step(self, s):
@@ -256,8 +261,7 @@ class Run:
                            loss_hash(all_loss), self.data.entropy_nats)
 
     def save(self, d):
-        """Rank 0 writes the checkpoint (with EP, after receiving the
-        experts it does not hold); every rank calls it."""
+        """Rank 0 writes the checkpoint (every rank holds the whole model)."""
         fw, a = self.fw, self.a
         marr = {n: fw.numpy(t) for n, t in list(fw.named_parameters(self.model)) +
                 list(fw.named_buffers(self.model))}
@@ -265,8 +269,6 @@ class Run:
         for n, p in self.params:
             m, v = self.opt.moments(p)
             oarr[n + ".exp_avg"], oarr[n + ".exp_avg_sq"] = fw.numpy(m), fw.numpy(v)
-        if self.ep is not None:
-            self.ep.gather_experts(marr, oarr)
         if self.rank != 0:
             return
         st = json.loads(json.dumps(self.state))

@@ -62,28 +62,10 @@ class Glm4MoeForCausalLM(_gm.ForCausalLMBase, torch.nn.Module):
         InvalidArgumentError and nothing is copied."""
         own = dict(self.named_parameters())
         own.update(self.named_buffers())
-        arrays = _checked(own, tensors, lambda t: tuple(t.shape))
+        arrays = _gm.checked_arrays(own, tensors, lambda t: tuple(t.shape))
         with torch.no_grad():
             for n, a in arrays.items():
                 own[n].copy_(torch.from_numpy(a))
-
-
-def _checked(own, tensors, shape_of):
-    """{name: float32 array} for every name of own, checked against
-    tensors (names, shapes, dtypes; nothing extra)."""
-    missing = [n for n in own if n not in tensors]
-    extra = [n for n in tensors if n not in own]
-    if missing or extra:
-        raise InvalidArgumentError(f"load_checkpoint: missing {missing[:3]}{'...' if len(missing) > 3 else ''}"
-                                   f", unexpected {extra[:3]}{'...' if len(extra) > 3 else ''}")
-    out = {}
-    for n, t in own.items():
-        a = _np.asarray(tensors[n])
-        if a.dtype != _np.float32 or tuple(a.shape) != shape_of(t):
-            raise InvalidArgumentError(f"load_checkpoint: {n}: {a.dtype} {tuple(a.shape)}, float32 "
-                                       f"{shape_of(t)} expected")
-        out[n] = _np.ascontiguousarray(a)
-    return out
 
 
 class AdamW(torch.optim.Optimizer):
@@ -190,10 +172,6 @@ class _Runner:
             dist.init_process_group("gloo")
         from .torch import comm
         return dist.get_rank(), dist.get_world_size(), comm(), None
-
-    @staticmethod
-    def expert_parallel(model, ep, rank, group):
-        raise InvalidArgumentError("--ep > 1 is not supported by the torch binding yet")
 
 
 RUNNER = _Runner

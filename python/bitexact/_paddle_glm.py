@@ -1,0 +1,166 @@
+"""bitexact.paddle's GLM-4.5 MoE model (``Glm4MoeForCausalLM``) and its
+AdamW (docs/paddle_layers.md, docs/train_python.md): the module bodies of
+bitexact._glm_model (shared with bitexact.torch) as ``paddle.nn.Layer``s,
+so a step of this model, of bitexact.torch's and of `bitexact train` give
+the same bits. ``python -m bitexact.train --framework paddle`` trains it.
+
+Threading: as the layers (one thread per model and optimizer).
+"""
+import numpy as _np
+import paddle
+
+from . import InvalidArgumentError, _paddle_fast_export
+from . import _glm_model as _gm
+from . import kernels as _k
+from ._paddle_layers import (Embedding, Linear, RMSNorm, SwiGLUMLP, causal_attention,  # noqa: F401
+                             cross_entropy, qkv_projection, rms_norm, rope)
+from ._paddle_moe import MoE  # noqa: F401
+from ._glm_model import checked_arrays
+
+__all__ = ["Glm4MoeForCausalLM", "Glm4MoeModel", "Glm4MoeDecoderLayer", "Glm4MoeAttention",
+           "AdamW"]
+
+ModuleList = paddle.nn.LayerList
+_paddle_fast_export()  # parameters (stop_gradient=False) reach the kernels without a copy
+
+
+def _positions(B, L):
+    """Token t = b*L + i has position i (int64 [B*L])."""
+    return paddle.tile(paddle.arange(L, dtype="int64"), [B])
+
+
+class Glm4MoeAttention(_gm.AttentionBase, paddle.nn.Layer):
+    __doc__ = _gm.AttentionBase.__doc__
+
+
+class Glm4MoeDecoderLayer(_gm.DecoderLayerBase, paddle.nn.Layer):
+    __doc__ = _gm.DecoderLayerBase.__doc__
+
+
+class Glm4MoeModel(_gm.ModelBase, paddle.nn.Layer):
+    __doc__ = _gm.ModelBase.__doc__
+
+
+class Glm4MoeForCausalLM(_gm.ForCausalLMBase, paddle.nn.Layer):
+    """transformers' Glm4MoeForCausalLM through bitexact's kernels, as a
+    paddle.nn.Layer with transformers' parameter names (linear weights
+    [out, in], torch's layout). See bitexact.torch.Glm4MoeForCausalLM."""
+
+    def load_checkpoint(self, tensors):
+        """Copy every parameter and buffer from ``tensors`` (name -> numpy
+        array); names, shapes and dtypes are checked first (nothing is
+        copied on a mismatch: InvalidArgumentError naming the tensor)."""
+        own = dict(self.named_parameters())
+        own.update(self.named_buffers())
+        for n, a in checked_arrays(own, tensors, lambda t: tuple(t.shape)).items():
+            own[n].set_value(a)
+
+
+class AdamW:
+    """torch.optim.AdamW's update by ``bx_adamw_step`` (the bits of
+    `bitexact train` and of bitexact.torch.AdamW) for Paddle parameters:
+    ``AdamW(parameters, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
+    weight_decay=0.01, num_threads=0)``. ``step()`` updates, in place,
+    every parameter whose ``.grad`` is set; ``clear_grad()`` drops the
+    gradients. Not a paddle.optimizer.Optimizer (no LR scheduler, no
+    static graph); fp32 CPU parameters only. State per parameter (by
+    position): step count and the fp32 moments."""
+
+    def __init__(self, parameters, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
+                 num_threads=0):
+        if not lr >= 0 or not eps >= 0 or not weight_decay >= 0 or \
+                not all(0 <= b < 1 for b in betas):
+            raise InvalidArgumentError(f"AdamW: lr {lr}, betas {betas}, eps {eps}, weight_decay "
+                                       f"{weight_decay}: lr, eps, weight_decay >= 0, 0 <= beta < 1")
+        self.params = list(parameters)
+        self.lr, self.betas, self.eps, self.weight_decay = lr, tuple(betas), eps, weight_decay
+        self.num_threads = num_threads
+        self.state = [None] * len(self.params)
+
+    def _index(self, p):
+        for i, q in enumerate(self.params):
+            if q is p:
+                return i
+        raise InvalidArgumentError("AdamW: not one of this optimizer's parameters")
+
+    def step(self):
+        for i, p in enumerate(self.params):
+            if p.grad is None:
+                continue
+            st = self.state[i]
+            if st is None:
+                st = self.state[i] = {"step": 0, "exp_avg": paddle.zeros(p.shape, "float32"),
+                                      "exp_avg_sq": paddle.zeros(p.shape, "float32")}
+            _k.adamw_step(p, p.grad, st["exp_avg"], st["exp_avg_sq"], st["step"] + 1, lr=self.lr,
+                          beta1=self.betas[0], beta2=self.betas[1], eps=self.eps,
+                          weight_decay=self.weight_decay, num_threads=self.num_threads)
+            st["step"] += 1
+
+    def clear_grad(self):
+        for p in self.params:
+            p.clear_gradient(False)
+
+    def load_moments(self, p, exp_avg, exp_avg_sq, step):
+        """p's state := the arrays (copied) and the step count."""
+        self.state[self._index(p)] = {
+            "step": int(step), "exp_avg": paddle.to_tensor(_np.asarray(exp_avg, _np.float32)),
+            "exp_avg_sq": paddle.to_tensor(_np.asarray(exp_avg_sq, _np.float32))}
+
+    def moments(self, p):
+        """(exp_avg, exp_avg_sq) of p (zeros before its first step)."""
+        st = self.state[self._index(p)]
+        if st is None:
+            return paddle.zeros(p.shape, "float32"), paddle.zeros(p.shape, "float32")
+        return st["exp_avg"], st["exp_avg_sq"]
+
+
+class _Runner:
+    """The framework hooks of bitexact._glm_run (``--framework paddle``)."""
+    name = "paddle"
+    Model = Glm4MoeForCausalLM
+    AdamW = AdamW
+
+    @staticmethod
+    def GradReduction(params, seq_len, total, num_threads=0):
+        from ._paddle_gradred import GradReduction
+        return GradReduction(params, seq_len, total, num_threads=num_threads)
+
+    @staticmethod
+    def ids(a):
+        return paddle.to_tensor(_np.ascontiguousarray(a, dtype=_np.int64))
+
+    @staticmethod
+    def numpy(t):
+        return _np.array(t.numpy())
+
+    @staticmethod
+    def grad(p):
+        return p.grad
+
+    @staticmethod
+    def backward(loss):
+        loss.backward()
+
+    @staticmethod
+    def named_parameters(m):
+        return list(m.named_parameters())
+
+    @staticmethod
+    def named_buffers(m):
+        return list(m.named_buffers())
+
+    @staticmethod
+    def init_distributed():
+        """(rank, world, comm, group) from paddle.distributed.launch's
+        environment (gloo on CPU)."""
+        import os
+        world = int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
+        if world <= 1:
+            return 0, 1, None, None
+        import paddle.distributed as dist
+        dist.init_parallel_env()
+        from ._paddle_gradred import comm
+        return dist.get_rank(), dist.get_world_size(), comm(), None
+
+
+RUNNER = _Runner
