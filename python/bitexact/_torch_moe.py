@@ -30,7 +30,7 @@ import torch
 
 from . import _moe_ops as _ops
 from ._torch_gradred import _F32, _capture, _check
-from ._torch_layers import _FW, Linear, SwiGLUMLP
+from ._torch_layers import _FW, Linear, SwiGLUMLP  # noqa: F401 (SwiGLUMLP: MoEBase)
 
 __all__ = ["MoE", "MoERouter", "moe", "moe_route", "moe_experts"]
 
