@@ -342,3 +342,10 @@ from ._paddle_layers import (  # noqa: E402,F401
 from ._paddle_layers import __all__ as _layers_all  # noqa: E402
 
 __all__ += _layers_all
+
+# The GLM-4.5 MoE block as PyLayers / nn.Layers (docs/paddle_layers.md,
+# "The MoE block"; numerics shared with bitexact.torch in _moe_ops.py).
+from ._paddle_moe import MoE, MoERouter, moe, moe_experts, moe_route  # noqa: E402,F401
+from ._paddle_moe import __all__ as _moe_all  # noqa: E402
+
+__all__ += _moe_all
