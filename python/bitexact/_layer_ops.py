@@ -48,13 +48,15 @@ class Adapter:
     arguments (torch: one per argument; Paddle: one per tensor).
     ``add_(y, b)``: y[..., j] = fl(y[..., j] + b[j]) in place (the bias
     after the product: one IEEE fp32 addition per element, the same bits
-    in every framework)."""
+    in every framework). ``from_numpy(a)``: a CPU tensor holding a's values
+    (expert parallelism's received rows)."""
 
     def __init__(self, *, f32, i64, empty, rows, reshape, numel, saved, first, dx_args, need_dx,
-                 n_grads, add_):
+                 n_grads, add_, from_numpy):
         self.f32, self.i64, self.empty, self.rows = f32, i64, empty, rows
         self.reshape, self.numel, self.saved, self.first = reshape, numel, saved, first
         self.dx_args, self.need_dx, self.n_grads, self.add_ = dx_args, need_dx, n_grads, add_
+        self.from_numpy = from_numpy
 
 
 # The ops: (wrapper class name, body prefix, whether backward takes need_dx).

@@ -37,7 +37,7 @@ import numpy as np
 
 from . import Error, InvalidArgumentError, _comm_args
 from . import kernels as _k
-from ._gradred import _renamed
+from ._gradred import _active, _renamed
 
 
 class ExpertParallel:
@@ -57,6 +57,7 @@ class ExpertParallel:
         self.first = self.d * self.nl
         self.a2a_bytes = 0  # bytes this rank sent (a true all-to-all's count), cumulative
         self.local_chunks = None  # chunks (sequences) per rank per step: set by the trainer
+        self.rows = EPRows(self)  # what the MoE block calls (moe(..., expert_parallel=self))
 
     def holds(self, e):
         return e // self.nl == self.d
@@ -150,10 +151,9 @@ class ExpertParallel:
 
     # ---- backward -------------------------------------------------------------
 
-    def backward(self, dyp, st, nt, mb=None, eidx=None):
-        """dyp [R, H] (the sender's rows) -> dxp [R, H]; with mb (the active
-        micro-batch) the held experts' weight gradients: eidx[e] = the
-        GradReduction state indices (gate, up, down) of expert e."""
+    def backward(self, dyp, st, nt):
+        """dyp [R, H] (the sender's rows) -> dxp [R, H]; keeps in st the
+        held experts' weight-gradient factors for :meth:`wgrads`."""
         H = dyp.shape[1]
         parts, a = [], 0
         for c in st["cnt"]:
@@ -176,13 +176,14 @@ class ExpertParallel:
                                num_threads=nt)
             _k.gemm(dgr[a:b], wg, "nn", dr[a:b], num_threads=nt)
             _k.gemm(dur[a:b], wu, "nn", dr[a:b], accumulate=True, num_threads=nt)
-        dxp = self._back(dr, order, st["rcnt"], st["cnt"], H)
-        if mb is not None:
-            self._wgrads(mb, eidx, st, dyr, dgr, dur)
-        return dxp
+        st.update(dyr=dyr, dgr=dgr, dur=dur)
+        return self._back(dr, order, st["rcnt"], st["cnt"], H)
 
-    def _wgrads(self, mb, eidx, st, dyr, dgr, dur):
-        """train_moe_ep.c's wg_expert for every held expert weight."""
+    def wgrads(self, mb, eidx, st):
+        """train_moe_ep.c's wg_expert for every held expert weight (eidx[e]:
+        the GradReduction state indices (gate, up, down) of expert e, or
+        None), after :meth:`backward`."""
+        dyr, dgr, dur = st["dyr"], st["dgr"], st["dur"]
         red = mb.red
         s, C = red._state, red.seq_len
         nch, lc = mb.T // C, self.local_chunks
@@ -216,6 +217,35 @@ class ExpertParallel:
                         s.add(i, cb0 + ch, part)
         except Error as err:
             raise _renamed(err, red.names) from err
+
+
+class EPRows:
+    """The expert stage of bitexact._moe_ops's MoE block (its ``rows``)
+    through an :class:`ExpertParallel`: framework tensors in and out (the
+    adapter's ``from_numpy``), numpy inside."""
+
+    def __init__(self, ep):
+        self.ep = ep
+
+    def forward(self, fw, xp, off, ews, nt, row_map):
+        red = _active()
+        mb = red._mb if red is not None else None
+        if mb is None:
+            raise InvalidArgumentError("MoE (expert parallel): the block must run inside a "
+                                       "GradReduction micro-batch (the rows' global token ids)")
+        tok = np.asarray(row_map.numpy())[:, 0] + mb.tok0
+        ep = self.ep
+        weights = {e: tuple(np.asarray(w.detach().numpy()) for w in ews[e])
+                   for e in range(ep.first, ep.first + ep.nl)}
+        yp, st = ep.forward(np.asarray(xp.numpy()), np.asarray(off, dtype=np.int64), tok,
+                            weights, nt)
+        return fw.from_numpy(yp), st
+
+    def backward(self, fw, dyp, st, nt):
+        return fw.from_numpy(self.ep.backward(np.asarray(dyp.numpy()), st, nt))
+
+    def wgrads(self, mb, eidx, st):
+        self.ep.wgrads(mb, eidx, st)
 
 
 def _max_abs(a):

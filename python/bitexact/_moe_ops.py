@@ -48,10 +48,13 @@ Host-side values (expert offsets, chunk bounds, max |.| of the wgrad
 bounds) are read through numpy (``Tensor.numpy()`` / ``tolist()``, which
 both frameworks have): the same code, so the same values in both.
 
+Expert parallelism: ``rows`` may instead be a bitexact._moe_ep.EPRows
+(``MoE.ep``, set by the trainer), which sends the rows to their experts'
+ranks and back and adds the held experts' weight gradients itself.
+
 Threading: the bodies run in the calling thread; the kernels release the
 GIL and use ``num_threads`` workers (bits never depend on it). Not here:
-expert parallelism (the all-to-all of train_moe_ep.c), bf16 compute,
-capacity / token dropping, GPU tensors.
+bf16 compute, capacity / token dropping, GPU tensors.
 """
 import numpy as _np
 
@@ -195,7 +198,10 @@ def experts_forward(fw, x2, w, pl, ews, initial, nt, rows=LOCAL_ROWS):
     xp = fw.empty([R, H])
     _k.moe_permute(x2, row_map, xp, num_threads=nt)
     off = offsets.tolist()
-    yp, ract = rows[0](fw, xp, off, ews, nt)
+    if isinstance(rows, tuple):
+        yp, ract = rows[0](fw, xp, off, ews, nt)
+    else:  # expert parallel (bitexact._moe_ep.EPRows): the rows travel to their experts
+        yp, ract = rows.forward(fw, xp, off, ews, nt, row_map)
     out = fw.empty([_shape(x2)[0], H])
     _k.moe_unpermute(yp, w, row_map, pos, initial, out, num_threads=nt)
     return out, (ract, yp, off)
@@ -211,10 +217,14 @@ def experts_backward(fw, dout, w, pl, ews, act, nt, want_dw=True, rows=LOCAL_ROW
     dyp = fw.empty(_shape(yp))
     dw = fw.empty(_shape(w)) if want_dw else None
     _k.moe_unpermute_backward(dout, yp, w, row_map, pos, dyp, dw, num_threads=nt)
-    dxp, (dgp, dup) = rows[1](fw, dyp, off, ews, ract, nt)
+    if isinstance(rows, tuple):
+        dxp, (dgp, dup) = rows[1](fw, dyp, off, ews, ract, nt)
+        grads = (dyp, dgp, dup)
+    else:  # expert parallel: the weight gradients' factors stay on the experts' ranks
+        dxp, grads = rows.backward(fw, dyp, ract, nt), None
     dx = fw.empty(_shape(dout))
     _k.moe_permute_backward(dxp, row_map, pos, dx, num_threads=nt)
-    return dx, dw, (dyp, dgp, dup)
+    return dx, dw, grads
 
 
 def expert_wgrads(fw, mb, eidx, tok, off, ract, grads, what):
@@ -464,8 +474,11 @@ def block_backward(fw, ctx, dout, need_dx):
             _g.wgrad(mb, i, dy, xx, f"MoE backward ({what})")
     if mb is not None:
         ract, _, off = st["act"]
-        expert_wgrads(fw, mb, eidx, _tokens(st["plan"], mb), off, ract, grads,
-                      "MoE backward (experts)")
+        if grads is None:  # expert parallel: the held experts, over every EP peer's chunks
+            st["rows"].wgrads(mb, eidx, ract)
+        else:
+            expert_wgrads(fw, mb, eidx, _tokens(st["plan"], mb), off, ract, grads,
+                          "MoE backward (experts)")
     return (fw.reshape(dx, list(_shape(x))) if need_dx else None,)
 
 
@@ -561,4 +574,5 @@ class MoEBase(_ModuleBase):
                                 [m.gate_proj.weight for m in ex], [m.up_proj.weight for m in ex],
                                 [m.down_proj.weight for m in ex], sh.gate_proj.weight,
                                 sh.up_proj.weight, sh.down_proj.weight,
-                                num_threads=self.num_threads, **self.cfg)
+                                num_threads=self.num_threads,
+                                expert_parallel=getattr(self, "ep", None), **self.cfg)

@@ -61,7 +61,7 @@ _FW = _ops.Adapter(f32=_F32, i64=paddle.int64,
                    saved=lambda ctx: ctx.saved_tensor(), first=lambda t: int(t.numpy()[0]),
                    dx_args=_dx_args, need_dx=lambda ctx: ctx.need_dx,
                    n_grads=lambda args: sum(isinstance(a, paddle.Tensor) for a in args),
-                   add_=lambda y, b: y.add_(b))
+                   add_=lambda y, b: y.add_(b), from_numpy=paddle.to_tensor)
 _fn = _ops.autograd_functions(paddle.autograd.PyLayer, _FW, __name__)
 
 

@@ -58,7 +58,7 @@ def moe_route(x, router_weight, e_score_correction_bias, num_experts_per_tok, n_
 def moe(x, router_weight, e_score_correction_bias, gate_weights, up_weights, down_weights,
         shared_gate_weight, shared_up_weight, shared_down_weight, num_experts_per_tok,
         n_group=1, topk_group=1, norm_topk_prob=True, routed_scaling_factor=1.0,
-        num_threads=None):
+        num_threads=None, expert_parallel=None):
     """Glm4MoeMoE.forward(x), as bitexact.torch.moe: x [T, H] or [B, L, H];
     router_weight [E, H]; the bias [E] (no gradient); gate/up_weights E
     tensors [I, H], down_weights E tensors [H, I]; shared_* the shared
@@ -67,7 +67,8 @@ def moe(x, router_weight, e_score_correction_bias, gate_weights, up_weights, dow
     return _ops.moe(_B, x, router_weight, e_score_correction_bias, gate_weights, up_weights,
                     down_weights, shared_gate_weight, shared_up_weight, shared_down_weight,
                     num_experts_per_tok, n_group, topk_group, norm_topk_prob,
-                    routed_scaling_factor, num_threads)
+                    routed_scaling_factor, num_threads,
+                    _ops.LOCAL_ROWS if expert_parallel is None else expert_parallel.rows)
 
 
 def moe_experts(x, topk_ids, topk_weights, gate_weights, up_weights, down_weights,

@@ -38,7 +38,7 @@ _FW = _ops.Adapter(f32=_F32, i64=torch.int64,
                    numel=lambda t: t.numel(), saved=lambda ctx: ctx.saved_tensors,
                    first=lambda t: int(t[0]), dx_args=lambda ctx, args: args,
                    need_dx=lambda ctx: ctx.needs_input_grad[0], n_grads=len,
-                   add_=lambda y, b: y.add_(b))
+                   add_=lambda y, b: y.add_(b), from_numpy=torch.from_numpy)
 _fn = _ops.autograd_functions(torch.autograd.Function, _FW, __name__)
 
 

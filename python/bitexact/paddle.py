@@ -349,3 +349,11 @@ from ._paddle_moe import MoE, MoERouter, moe, moe_experts, moe_route  # noqa: E4
 from ._paddle_moe import __all__ as _moe_all  # noqa: E402
 
 __all__ += _moe_all
+
+# The GLM-4.5 model built from them, and AdamW with the kernels' bits
+# (docs/train_python.md; `python -m bitexact.train --framework paddle`).
+from ._paddle_glm import (AdamW, Glm4MoeAttention, Glm4MoeDecoderLayer,  # noqa: E402,F401
+                          Glm4MoeForCausalLM, Glm4MoeModel)
+from ._paddle_glm import __all__ as _glm_all  # noqa: E402
+
+__all__ += _glm_all
