@@ -204,3 +204,41 @@ def test_load_checkpoint_checks_everything_first(ref, fw):
     m.load_checkpoint(arrays)
     for n, p in m.named_parameters():
         assert np.array_equal(arrays[n], value(p)), n
+
+
+# ---- the negative control: native ops ---------------------------------------------
+
+def test_native_ops_move_with_the_layout(ref, tmp_path):
+    """transformers' own Glm4MoeForCausalLM with torch's autograd,
+    clip_grad_norm_ and AdamW (bench/python/glm_native.py), from the same
+    checkpoint and data: its parameters after 3 steps differ between 1 and
+    4 micro-batches and from `bitexact train`'s, while its losses agree
+    with `bitexact train`'s to fp32 accuracy (rel. 1e-5). The Paddle-native
+    counterpart (torch vs Paddle native ops differ) is
+    test_paddle_layers.py::test_native_frameworks_differ."""
+    pytest.importorskip("transformers")
+    import numpy as np
+    from safetensors.numpy import load_file
+    sys.path.insert(0, os.path.join(ROOT, "bench", "python"))
+    import glm_native
+    ck3 = str(tmp_path / "ck3")
+    p = _run([CLI, "train", "--steps", "3", "--save", ck3, "-q"])
+    assert p.returncode == 0, p.stderr
+    c3 = load_file(os.path.join(ck3, "model.safetensors"))
+    with open(ref["rec"]) as f:
+        c_loss = [float.fromhex(json.loads(line)["loss"]) for line in f][:3]
+    runs = {}
+    for M in (1, 4):
+        r = glm_native.NativeRun(ref["ck0"], M)
+        losses = [float(r.step(s)[0]) for s in range(3)]
+        assert all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(losses, c_loss)), (losses, c_loss)
+        sd = {n: t.detach().numpy().copy() for n, t in r.model.named_parameters()}
+        runs[M] = sd
+    differ = [n for n in runs[1] if not np.array_equal(runs[1][n].view(np.uint32),
+                                                       runs[4][n].view(np.uint32))]
+    assert differ, "native ops gave the same bits for 1 and 4 micro-batches"
+    vs_c = [n for n in ("lm_head.weight", "model.embed_tokens.weight", "model.norm.weight")
+            if not np.array_equal(runs[1][n].view(np.uint32), c3[n].view(np.uint32))]
+    assert vs_c, "native ops gave bitexact train's bits"
+    print(f"native: {len(differ)} of {len(runs[1])} tensors differ between 1 and 4 micro-batches;"
+          f" {len(vs_c)} of 3 checked differ from bitexact train")
