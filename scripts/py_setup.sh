@@ -41,6 +41,11 @@ MEGATRON_CORE_PIN="0.16.1"
 # numpy and torch pins). It imports and runs next to torch in one process,
 # in either import order.
 PADDLE_PIN="3.3.1"
+# python -m bitexact.train (docs/train_python.md): the run record's loss_hash
+# (XXH3-64, the C trainer's libxxhash) and the checkpoints (safetensors'
+# own reader and writer; transformers needs it too).
+XXHASH_PIN="4.1.0"
+SAFETENSORS_PIN="0.8.0"
 PINS_ONLY=0
 [ "${1:-}" = "--pins-only" ] && PINS_ONLY=1
 
@@ -53,7 +58,8 @@ have() {  # have MODULE VERSION: importable at exactly that version (local tag i
   "$PY" - "$1" "$2" <<'PYEOF' >/dev/null 2>&1
 import importlib, sys
 mod = importlib.import_module(sys.argv[1])
-sys.exit(0 if mod.__version__.split("+")[0] == sys.argv[2] else 1)
+v = getattr(mod, "__version__", None) or getattr(mod, "VERSION")  # xxhash: VERSION
+sys.exit(0 if v.split("+")[0] == sys.argv[2] else 1)
 PYEOF
 }
 
@@ -65,11 +71,13 @@ have scikit_build_core "$SKBUILD_PIN" || missing+=("scikit-build-core==$SKBUILD_
 have transformers "$TRANSFORMERS_PIN" || missing+=("transformers==$TRANSFORMERS_PIN")
 have megatron.core "$MEGATRON_CORE_PIN" || missing+=("megatron-core==$MEGATRON_CORE_PIN")
 have paddle "$PADDLE_PIN" || missing+=("paddlepaddle==$PADDLE_PIN")
+have xxhash "$XXHASH_PIN" || missing+=("xxhash==$XXHASH_PIN")
+have safetensors "$SAFETENSORS_PIN" || missing+=("safetensors==$SAFETENSORS_PIN")
 if [ ${#missing[@]} -gt 0 ]; then
   echo "py_setup.sh: installing ${missing[*]}"
   "$PY" -m pip install "${missing[@]}"
 else
-  echo "py_setup.sh: torch $TORCH_PIN, numpy $NUMPY_PIN, pytest $PYTEST_PIN, scikit-build-core $SKBUILD_PIN, transformers $TRANSFORMERS_PIN, megatron-core $MEGATRON_CORE_PIN, paddlepaddle $PADDLE_PIN present"
+  echo "py_setup.sh: torch $TORCH_PIN, numpy $NUMPY_PIN, pytest $PYTEST_PIN, scikit-build-core $SKBUILD_PIN, transformers $TRANSFORMERS_PIN, megatron-core $MEGATRON_CORE_PIN, paddlepaddle $PADDLE_PIN, xxhash $XXHASH_PIN, safetensors $SAFETENSORS_PIN present"
 fi
 [ "$PINS_ONLY" = 1 ] && exit 0
 

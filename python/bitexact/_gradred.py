@@ -281,8 +281,14 @@ def capture(fn, weights, trainable, doc, exact=True):
         raise _err(InvalidArgumentError, fn, name, "requires grad, but no GradReduction "
                    f"micro_batch is active (bitexact modules add weight gradients to it; {doc})")
     mb = red._mb
-    return mb, [mb.take(fn, w, n, rows, exact) if f else None
-                for (w, n, rows), f in zip(weights, flags)]
+    used = set(mb.used)
+    try:
+        return mb, [mb.take(fn, w, n, rows, exact) if f else None
+                    for (w, n, rows), f in zip(weights, flags)]
+    except Error:  # all or nothing: a refused weight undoes the ones registered before it
+        mb.used.clear()
+        mb.used.update(used)
+        raise
 
 
 def wgrad(mb, idx, dy, x, what, bias_idx=None):

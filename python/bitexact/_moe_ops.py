@@ -337,23 +337,6 @@ def _check_experts(b, fn, gate, up, down, H, prefix="experts"):
     return ews, [t for trio in ews for t in trio]
 
 
-def _capture(b, fn, weights):
-    """b.capture, all or nothing: _gradred.capture registers the weights one
-    by one, so a later refused weight (not a parameter of the reduction,
-    used twice) would leave the earlier ones marked used in the
-    micro-batch; their registration is undone before the error propagates."""
-    red = _active()
-    mb = red._mb if red is not None else None
-    used = set(mb.used) if mb is not None else None
-    try:
-        return b.capture(fn, weights)
-    except Error:
-        if mb is not None:
-            mb.used.clear()
-            mb.used.update(used)
-        raise
-
-
 def _expert_names(n):
     return [f"experts.{i // 3}.{_PROJ[i % 3]}_proj.weight" for i in range(3 * n)]
 
@@ -421,7 +404,7 @@ def moe(b, x, router_weight, e_score_correction_bias, gate_weights, up_weights, 
     names = [("router_weight", rw)] + list(zip(_expert_names(E), flat)) + \
         [("shared_experts.gate_proj.weight", sgw), ("shared_experts.up_proj.weight", suw),
          ("shared_experts.down_proj.weight", sdw)]
-    mb, idx = _capture(b, fn, [(t, n, T) for n, t in names])
+    mb, idx = b.capture(fn, [(t, n, T) for n, t in names])
     idx_t = (idx[0], [tuple(idx[1 + 3 * e:4 + 3 * e]) for e in range(E)], tuple(idx[-3:]))
     st = dict(out=out, nt=nt, cfg=cfg, logits=logits, ids=ids, w=w, plan=pl, act=act,
               shared_act=(sg, su, sa), rows=rows)
@@ -500,7 +483,7 @@ def moe_experts(b, x, topk_ids, topk_weights, gate_weights, up_weights, down_wei
     nt = _threads(num_threads)
     pl = plan(fw, ids, len(ews), nt)  # ids in range, distinct per token: checked here
     out, act = experts_forward(fw, x2, w.detach(), pl, ews, None, nt)
-    mb, idx = _capture(b, fn, [(t, n, _shape(x2)[0]) for n, t in zip(_expert_names(len(ews)),
+    mb, idx = b.capture(fn, [(t, n, _shape(x2)[0]) for n, t in zip(_expert_names(len(ews)),
                                                                      flat)])
     eidx = [tuple(idx[3 * e:3 * e + 3]) for e in range(len(ews))]
     st = dict(out=out, nt=nt, plan=pl, act=act)

@@ -119,3 +119,20 @@ def test_bad_bias_is_refused_naming_it(bias, exc):
         bt.linear(x, w, bias)
     with pytest.raises(exc, match="'k_bias'"):
         bt.qkv_projection(x, w, w, w, k_bias=bias)
+
+
+def test_refused_weight_registers_nothing():
+    """A multi-weight op whose third weight is refused (not a parameter of
+    the reduction) leaves the first two unregistered: the correct call
+    that follows in the same micro-batch is accepted (all or nothing in
+    _gradred.capture)."""
+    w = torch.nn.Parameter(torch.from_numpy(W.copy()))
+    b = torch.nn.Parameter(torch.from_numpy(B.copy()))
+    foreign = torch.nn.Parameter(torch.from_numpy(W.copy()))
+    red = bt.GradReduction([("w", w), ("b", b)], C, T)
+    red.begin()
+    x = torch.from_numpy(X)
+    with red.micro_batch(0, T):
+        with pytest.raises(bitexact.InvalidArgumentError, match="not a parameter"):
+            bt.qkv_projection(x, w, torch.from_numpy(W), foreign, q_bias=b)
+        bt.linear(x, w, b)  # w and b are still free in this micro-batch
