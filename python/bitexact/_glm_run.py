@@ -147,6 +147,8 @@ def parse_args(argv):
     for f in ("--seed", "--seq-len", "--global-batch"):
         p.add_argument(f, type=int, default=None, help="must equal the checkpoint's")
     p.add_argument("--shuffle", action="store_true", default=None)
+    p.add_argument("--compute-dtype", choices=("fp32", "bf16"), default=None,
+                   help="must equal the checkpoint's (default: the checkpoint's)")
     p.add_argument("-q", action="store_true", help="no summary line")
     return p.parse_args(argv)
 
@@ -169,9 +171,10 @@ class Run:
             if got is not None and got != want:
                 raise InvalidArgumentError(f"--resume {a.resume}: {flag} is {got} here but "
                                            f"{want} in the checkpoint")
-        if st.get("compute_dtype", "fp32") != "fp32":
-            raise InvalidArgumentError(f"--resume {a.resume}: compute_dtype "
-                                       f"{st['compute_dtype']!r}: the bindings train fp32 only")
+        self.dtype = st.get("compute_dtype", "fp32")
+        if a.compute_dtype is not None and a.compute_dtype != self.dtype:
+            raise InvalidArgumentError(f"--resume {a.resume}: --compute-dtype is {a.compute_dtype} "
+                                       f"here but {self.dtype} in the checkpoint")
         self.start = int(st["step"])
         if a.steps < self.start:
             raise InvalidArgumentError(f"--steps {a.steps} is before the checkpoint's step "
@@ -209,7 +212,8 @@ class Run:
         for n, p in self.params:
             self.opt.load_moments(p, oarrays[n + ".exp_avg"], oarrays[n + ".exp_avg_sq"],
                                   self.start)
-        self.red = fw.GradReduction(self.params, self.L, self.B * self.L, num_threads=a.threads)
+        self.red = fw.GradReduction(self.params, self.L, self.B * self.L, num_threads=a.threads,
+                                    compute_dtype=self.dtype)
         # each element of the model counted once by the norm: rank i mod P (dense) or, for an
         # expert, its holder among the ranks of replica i mod (P / E)
         self.owned = [(p, "expert" if _gm.is_expert(n) else "dense")
@@ -258,7 +262,7 @@ class Run:
             self.first_loss = loss
         self.last_loss, self.last_norm = loss, total
         return record_line(s, loss, total, gn["dense"], gn["expert"], coef, self.lr, B * L,
-                           loss_hash(all_loss), self.data.entropy_nats)
+                           loss_hash(all_loss), self.data.entropy_nats, self.dtype)
 
     def save(self, d):
         """Rank 0 writes the checkpoint (every rank holds the whole model)."""
@@ -272,7 +276,7 @@ class Run:
         if self.rank != 0:
             return
         st = json.loads(json.dumps(self.state))
-        st.update(step=a.steps, clip=chex(self.clip), mode="invariant", compute_dtype="fp32")
+        st.update(step=a.steps, clip=chex(self.clip), mode="invariant", compute_dtype=self.dtype)
         st["data"]["position"] = a.steps * self.B
         st["lr_schedule"] = {"kind": "constant", "lr": chex(self.lr)}
         st["adamw"]["weight_decay"] = chex(self.wd)

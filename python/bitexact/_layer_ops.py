@@ -49,14 +49,17 @@ class Adapter:
     ``add_(y, b)``: y[..., j] = fl(y[..., j] + b[j]) in place (the bias
     after the product: one IEEE fp32 addition per element, the same bits
     in every framework). ``from_numpy(a)``: a CPU tensor holding a's values
-    (expert parallelism's received rows)."""
+    (expert parallelism's received rows). ``bf16(t)``: t rounded to a new
+    bf16 tensor, round to nearest even, a NaN kept quiet with its top bits
+    (tr_bf16_round's rule, bit for bit; the frameworks' own casts write
+    another NaN pattern)."""
 
     def __init__(self, *, f32, i64, empty, rows, reshape, numel, saved, first, dx_args, need_dx,
-                 n_grads, add_, from_numpy):
+                 n_grads, add_, from_numpy, bf16):
         self.f32, self.i64, self.empty, self.rows = f32, i64, empty, rows
         self.reshape, self.numel, self.saved, self.first = reshape, numel, saved, first
         self.dx_args, self.need_dx, self.n_grads, self.add_ = dx_args, need_dx, n_grads, add_
-        self.from_numpy = from_numpy
+        self.from_numpy, self.bf16 = from_numpy, bf16
 
 
 # The ops: (wrapper class name, body prefix, whether backward takes need_dx).
@@ -94,11 +97,27 @@ def autograd_functions(base, fw, module):
 
 # ---- Linear and the fused q/k/v projection -----------------------------------
 
+def _bf(fw, ctx):
+    """The weight gradients' operand rounding of an op (None: fp32)."""
+    return fw.bf16 if ctx.bf else None
+
+
+def mm(fw, bf, a, b, layout, c, accumulate=False, num_threads=0):
+    """c (+)= a op b by bx_gemm; with bf16 compute (bf) both operands are
+    rounded to bf16 first (fw.bf16: round to nearest even, as
+    train_layers.c's tr_bf16_round) and accumulated in fp32: `bitexact
+    train --compute-dtype bf16`'s tr_gemm_op."""
+    if bf:
+        a, b = fw.bf16(a), fw.bf16(b)
+    _k.gemm(a, b, layout, c, accumulate=accumulate, num_threads=num_threads)
+
+
 def linear_forward(fw, ctx, x, weight, bias, nt, mb, widx):
     """y = x W^T (bx_gemm NT), then fl(y + b) when bias is given."""
+    ctx.bf = _g.bf16_active()  # bf16 compute: every GEMM's operands rounded (mm)
     x2 = fw.rows(x, weight.shape[1])
     y = fw.empty([x2.shape[0], weight.shape[0]])
-    _k.gemm(x2, weight, "nt", y, num_threads=nt)
+    mm(fw, ctx.bf, x2, weight, "nt", y, num_threads=nt)
     if bias is not None:
         fw.add_(y, bias)
     ctx.save_for_backward(x2, weight)
@@ -117,21 +136,22 @@ def linear_backward(fw, ctx, dy, need_dx):
     dx = None
     if need_dx:
         dx = fw.empty(x2.shape)
-        _k.gemm(dy2, weight, "nn", dx, num_threads=nt)
+        mm(fw, ctx.bf, dy2, weight, "nn", dx, num_threads=nt)
         dx = fw.reshape(dx, shape)
     if wi is not None or bi is not None:
-        _g.wgrad(mb, wi, dy2, x2, "Linear backward", bi)
+        _g.wgrad(mb, wi, dy2, x2, "Linear backward", bi, bf=_bf(fw, ctx))
     return dx
 
 
 def qkv_forward(fw, ctx, x, wq, wk, wv, bq, bk, bv, nt, mb, idx):
     """(x Wq^T, x Wk^T, x Wv^T), three NT GEMMs, each followed by fl(y + b)
     where its bias is given (train_layers.c: the bias after the product)."""
+    ctx.bf = _g.bf16_active()  # bf16 compute: every GEMM's operands rounded (mm)
     x2 = fw.rows(x, wq.shape[1])
     outs = []
     for w, b in ((wq, bq), (wk, bk), (wv, bv)):
         y = fw.empty([x2.shape[0], w.shape[0]])
-        _k.gemm(x2, w, "nt", y, num_threads=nt)
+        mm(fw, ctx.bf, x2, w, "nt", y, num_threads=nt)
         if b is not None:
             fw.add_(y, b)
         outs.append(fw.reshape(y, list(x.shape[:-1]) + [w.shape[0]]))
@@ -155,11 +175,11 @@ def qkv_backward(fw, ctx, dq, dk, dv, need_dx):
     if need_dx:
         dx = fw.empty(x2.shape)
         for j, (d, w) in enumerate(zip(ds, ws)):
-            _k.gemm(d, w, "nn", dx, accumulate=j > 0, num_threads=nt)
+            mm(fw, ctx.bf, d, w, "nn", dx, accumulate=j > 0, num_threads=nt)
         dx = fw.reshape(dx, shape)
     for (wi, bi), d, what in zip(idx, ds, ("q_proj", "k_proj", "v_proj")):
         if wi is not None or bi is not None:
-            _g.wgrad(mb, wi, d, x2, f"qkv_projection backward ({what})", bi)
+            _g.wgrad(mb, wi, d, x2, f"qkv_projection backward ({what})", bi, bf=_bf(fw, ctx))
     return dx
 
 
@@ -217,15 +237,16 @@ def swiglu_backward(fw, ctx, dh):
 def mlp_forward(fw, ctx, x, wg, wu, wd, nt, mb, idx):
     """Glm4MoeMLP as train_layers.c: g = x Wg^T, u = x Wu^T,
     a = swiglu(g, u), y = a Wd^T."""
+    ctx.bf = _g.bf16_active()  # bf16 compute: every GEMM's operands rounded (mm)
     I = wg.shape[0]
     x2 = fw.rows(x, wg.shape[1])
     T = x2.shape[0]
     g, u, a = (fw.empty([T, I]) for _ in range(3))
-    _k.gemm(x2, wg, "nt", g, num_threads=nt)
-    _k.gemm(x2, wu, "nt", u, num_threads=nt)
+    mm(fw, ctx.bf, x2, wg, "nt", g, num_threads=nt)
+    mm(fw, ctx.bf, x2, wu, "nt", u, num_threads=nt)
     _k.swiglu_forward(g, u, a, num_threads=nt)
     y = fw.empty([T, wd.shape[0]])
-    _k.gemm(a, wd, "nt", y, num_threads=nt)
+    mm(fw, ctx.bf, a, wd, "nt", y, num_threads=nt)
     ctx.save_for_backward(x2, wg, wu, wd, g, u, a)
     ctx.meta = (list(x.shape), nt, mb, idx)
     return fw.reshape(y, list(x.shape[:-1]) + [wd.shape[0]])
@@ -242,21 +263,21 @@ def mlp_backward(fw, ctx, dy, need_dx):
     x2, wg, wu, wd, g, u, a = fw.saved(ctx)
     dy2 = fw.rows(dy.contiguous(), wd.shape[0])
     da = fw.empty(a.shape)
-    _k.gemm(dy2, wd, "nn", da, num_threads=nt)
+    mm(fw, ctx.bf, dy2, wd, "nn", da, num_threads=nt)
     if idd is not None:
-        _g.wgrad(mb, idd, dy2, a, "SwiGLUMLP backward (down_proj)")
+        _g.wgrad(mb, idd, dy2, a, "SwiGLUMLP backward (down_proj)", bf=_bf(fw, ctx))
     dg, du = fw.empty(g.shape), fw.empty(u.shape)
     _k.swiglu_backward(g, u, da, dg, du, num_threads=nt)
     dx = None
     if need_dx:
         dx = fw.empty(x2.shape)
-        _k.gemm(dg, wg, "nn", dx, num_threads=nt)
-        _k.gemm(du, wu, "nn", dx, accumulate=True, num_threads=nt)
+        mm(fw, ctx.bf, dg, wg, "nn", dx, num_threads=nt)
+        mm(fw, ctx.bf, du, wu, "nn", dx, accumulate=True, num_threads=nt)
         dx = fw.reshape(dx, shape)
     if ig is not None:
-        _g.wgrad(mb, ig, dg, x2, "SwiGLUMLP backward (gate_proj)")
+        _g.wgrad(mb, ig, dg, x2, "SwiGLUMLP backward (gate_proj)", bf=_bf(fw, ctx))
     if iu is not None:
-        _g.wgrad(mb, iu, du, x2, "SwiGLUMLP backward (up_proj)")
+        _g.wgrad(mb, iu, du, x2, "SwiGLUMLP backward (up_proj)", bf=_bf(fw, ctx))
     return dx
 
 

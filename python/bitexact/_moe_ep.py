@@ -37,7 +37,7 @@ import numpy as np
 
 from . import Error, InvalidArgumentError, _comm_args
 from . import kernels as _k
-from ._gradred import _active, _renamed
+from ._gradred import _active, _renamed, bf16_round
 
 
 class ExpertParallel:
@@ -88,10 +88,12 @@ class ExpertParallel:
 
     # ---- forward ------------------------------------------------------------
 
-    def forward(self, xp, offsets, row_tok, weights, nt):
+    def forward(self, xp, offsets, row_tok, weights, nt, cast=None):
         """xp [R, H] float32 (rows by (expert, token)), offsets [NE + 1],
         row_tok [R] the rows' global token ids, weights[e] = (W_g, W_u, W_d)
-        numpy arrays for every held expert e. Returns (yp [R, H], saved)."""
+        numpy arrays for every held expert e; cast: None (fp32) or the bf16
+        rounding of a numpy array into a framework tensor (bf16 compute).
+        Returns (yp [R, H], saved)."""
         H, NE, nl = xp.shape[1], self.NE, self.nl
         eid = np.repeat(np.arange(NE, dtype=np.int64), np.diff(offsets))
         sends, cnt = [], []
@@ -127,10 +129,10 @@ class ExpertParallel:
             a, b = o[le], o[le + 1]
             if a == b:
                 continue
-            _k.gemm(xr[a:b], wg, "nt", gr[a:b], num_threads=nt)
-            _k.gemm(xr[a:b], wu, "nt", ur[a:b], num_threads=nt)
+            _mm(cast, xr[a:b], wg, "nt", gr[a:b], num_threads=nt)
+            _mm(cast, xr[a:b], wu, "nt", ur[a:b], num_threads=nt)
             _k.swiglu_forward(gr[a:b], ur[a:b], hr[a:b], num_threads=nt)
-            _k.gemm(hr[a:b], wd, "nt", dr[a:b], num_threads=nt)
+            _mm(cast, hr[a:b], wd, "nt", dr[a:b], num_threads=nt)
         yp = self._back(dr, order, rcnt, cnt, H)
         return yp, dict(order=order, off=o, xr=xr, gr=gr, ur=ur, hr=hr, tok=tok, rcnt=rcnt,
                         cnt=cnt, ws=ws)
@@ -151,7 +153,7 @@ class ExpertParallel:
 
     # ---- backward -------------------------------------------------------------
 
-    def backward(self, dyp, st, nt):
+    def backward(self, dyp, st, nt, cast=None):
         """dyp [R, H] (the sender's rows) -> dxp [R, H]; keeps in st the
         held experts' weight-gradient factors for :meth:`wgrads`."""
         H = dyp.shape[1]
@@ -171,15 +173,15 @@ class ExpertParallel:
             a, b = o[le], o[le + 1]
             if a == b:
                 continue
-            _k.gemm(dyr[a:b], wd, "nn", dhr[a:b], num_threads=nt)
+            _mm(cast, dyr[a:b], wd, "nn", dhr[a:b], num_threads=nt)
             _k.swiglu_backward(st["gr"][a:b], st["ur"][a:b], dhr[a:b], dgr[a:b], dur[a:b],
                                num_threads=nt)
-            _k.gemm(dgr[a:b], wg, "nn", dr[a:b], num_threads=nt)
-            _k.gemm(dur[a:b], wu, "nn", dr[a:b], accumulate=True, num_threads=nt)
+            _mm(cast, dgr[a:b], wg, "nn", dr[a:b], num_threads=nt)
+            _mm(cast, dur[a:b], wu, "nn", dr[a:b], accumulate=True, num_threads=nt)
         st.update(dyr=dyr, dgr=dgr, dur=dur)
         return self._back(dr, order, st["rcnt"], st["cnt"], H)
 
-    def wgrads(self, mb, eidx, st):
+    def wgrads(self, mb, eidx, st, cast=None):
         """train_moe_ep.c's wg_expert for every held expert weight (eidx[e]:
         the GradReduction state indices (gate, up, down) of expert e, or
         None), after :meth:`backward`."""
@@ -208,12 +210,14 @@ class ExpertParallel:
                         a, e = r0 + b[ch], r0 + b[ch + 1]
                         if bound:
                             if a < e:
-                                s.bound_exp(i, _k.wgrad_bound_exp(e - a, _max_abs(dy[a:e]),
-                                                                  _max_abs(x[a:e])))
+                                ma, mx = _max_abs(dy[a:e]), _max_abs(x[a:e])
+                                if cast is not None:  # the bound of the rounded operands
+                                    ma, mx = bf16_round(ma), bf16_round(mx)
+                                s.bound_exp(i, _k.wgrad_bound_exp(e - a, ma, mx))
                             continue
                         part = np.zeros((dy.shape[1], x.shape[1]), np.float32)
                         if a < e:
-                            _k.gemm(dy[a:e], x[a:e], "tn", part, num_threads=red.num_threads)
+                            _mm(cast, dy[a:e], x[a:e], "tn", part, num_threads=red.num_threads)
                         s.add(i, cb0 + ch, part)
         except Error as err:
             raise _renamed(err, red.names) from err
@@ -227,7 +231,7 @@ class EPRows:
     def __init__(self, ep):
         self.ep = ep
 
-    def forward(self, fw, xp, off, ews, nt, row_map):
+    def forward(self, fw, xp, off, ews, nt, row_map, bf=False):
         red = _active()
         mb = red._mb if red is not None else None
         if mb is None:
@@ -238,14 +242,27 @@ class EPRows:
         weights = {e: tuple(np.asarray(w.detach().numpy()) for w in ews[e])
                    for e in range(ep.first, ep.first + ep.nl)}
         yp, st = ep.forward(np.asarray(xp.numpy()), np.asarray(off, dtype=np.int64), tok,
-                            weights, nt)
+                            weights, nt, _cast(fw, bf))
+        st["fw"] = fw
         return fw.from_numpy(yp), st
 
-    def backward(self, fw, dyp, st, nt):
-        return fw.from_numpy(self.ep.backward(np.asarray(dyp.numpy()), st, nt))
+    def backward(self, fw, dyp, st, nt, bf=False):
+        return fw.from_numpy(self.ep.backward(np.asarray(dyp.numpy()), st, nt, _cast(fw, bf)))
 
-    def wgrads(self, mb, eidx, st):
-        self.ep.wgrads(mb, eidx, st)
+    def wgrads(self, mb, eidx, st, bf=False):
+        self.ep.wgrads(mb, eidx, st, _cast(st["fw"], bf))
+
+
+def _cast(fw, bf):
+    """bf16 compute: a numpy array rounded into a framework bf16 tensor."""
+    return (lambda a: fw.bf16(fw.from_numpy(np.ascontiguousarray(a)))) if bf else None
+
+
+def _mm(cast, a, b, layout, c, accumulate=False, num_threads=0):
+    """bx_gemm, the operands rounded by cast first (bf16 compute)."""
+    if cast is not None:
+        a, b = cast(a), cast(b)
+    _k.gemm(a, b, layout, c, accumulate=accumulate, num_threads=num_threads)
 
 
 def _max_abs(a):

@@ -62,7 +62,7 @@ from . import Error, InvalidArgumentError
 from . import _gradred as _g
 from . import kernels as _k
 from ._gradred import _active, _err, _renamed, _threads
-from ._layer_ops import _ModuleBase
+from ._layer_ops import _ModuleBase, mm
 
 __all__ = ["Binding", "autograd_functions", "plan", "experts_rows_forward",
            "experts_rows_backward", "LOCAL_ROWS", "experts_forward", "experts_backward",
@@ -83,6 +83,16 @@ def max_abs(t):
     a = _np.abs(_np.asarray(t.numpy()))
     a = a[_np.isfinite(a)]
     return float(a.max()) if a.size else 0.0
+
+
+def wgrad_bound_exp(rows, dy, x, bf):
+    """train_wgrad.c's tr_wg_bound_exp: bx_wgrad_bound_exp(rows, max|dy|,
+    max|x|) over the finite elements, each max rounded to bf16 with bf16
+    compute (the bound of the rounded operands)."""
+    ma, mb = max_abs(dy), max_abs(x)
+    if bf:
+        ma, mb = _g.bf16_round(ma), _g.bf16_round(mb)
+    return _k.wgrad_bound_exp(rows, ma, mb)
 
 
 def chunk(default):
@@ -149,7 +159,7 @@ def plan(fw, ids, E, nt):
     return offsets, row_map, pos
 
 
-def experts_rows_forward(fw, xp, off, ews, nt):
+def experts_rows_forward(fw, xp, off, ews, nt, bf=False):
     """Each expert's SwiGLU MLP on its rows: for e with off[e] < off[e+1],
     rows a:b of xp [R, H] (a host list off [E+1]; ews [(W_g, W_u, W_d)]).
     Returns yp [R, H] and the state its backward needs (xp, gp, up, hp)."""
@@ -160,14 +170,14 @@ def experts_rows_forward(fw, xp, off, ews, nt):
         a, b = off[e], off[e + 1]
         if a == b:
             continue
-        _k.gemm(xp[a:b], wg, "nt", gp[a:b], num_threads=nt)
-        _k.gemm(xp[a:b], wu, "nt", up[a:b], num_threads=nt)
+        mm(fw, bf, xp[a:b], wg, "nt", gp[a:b], num_threads=nt)
+        mm(fw, bf, xp[a:b], wu, "nt", up[a:b], num_threads=nt)
         _k.swiglu_forward(gp[a:b], up[a:b], hp[a:b], num_threads=nt)
-        _k.gemm(hp[a:b], wd, "nt", yp[a:b], num_threads=nt)
+        mm(fw, bf, hp[a:b], wd, "nt", yp[a:b], num_threads=nt)
     return yp, (xp, gp, up, hp)
 
 
-def experts_rows_backward(fw, dyp, off, ews, act, nt):
+def experts_rows_backward(fw, dyp, off, ews, act, nt, bf=False):
     """The backward of :func:`experts_rows_forward` for dyp [R, H]:
     dH = dY W_d, bx_swiglu_backward, dX = dG W_g + dU W_u (one fmaf chain
     per element). Returns dxp [R, H] and (dgp, dup), the weight
@@ -180,17 +190,17 @@ def experts_rows_backward(fw, dyp, off, ews, act, nt):
         a, b = off[e], off[e + 1]
         if a == b:
             continue
-        _k.gemm(dyp[a:b], wd, "nn", dhp[a:b], num_threads=nt)
+        mm(fw, bf, dyp[a:b], wd, "nn", dhp[a:b], num_threads=nt)
         _k.swiglu_backward(gp[a:b], up[a:b], dhp[a:b], dgp[a:b], dup[a:b], num_threads=nt)
-        _k.gemm(dgp[a:b], wg, "nn", dxp[a:b], num_threads=nt)
-        _k.gemm(dup[a:b], wu, "nn", dxp[a:b], accumulate=True, num_threads=nt)
+        mm(fw, bf, dgp[a:b], wg, "nn", dxp[a:b], num_threads=nt)
+        mm(fw, bf, dup[a:b], wu, "nn", dxp[a:b], accumulate=True, num_threads=nt)
     return dxp, (dgp, dup)
 
 
 LOCAL_ROWS = (experts_rows_forward, experts_rows_backward)
 
 
-def experts_forward(fw, x2, w, pl, ews, initial, nt, rows=LOCAL_ROWS):
+def experts_forward(fw, x2, w, pl, ews, initial, nt, rows=LOCAL_ROWS, bf=False):
     """Permute, the experts on their rows (rows[0]), unpermute (+ initial,
     or None). Returns out [T, H] and the state (rows' state, yp, off)."""
     offsets, row_map, pos = pl
@@ -199,15 +209,15 @@ def experts_forward(fw, x2, w, pl, ews, initial, nt, rows=LOCAL_ROWS):
     _k.moe_permute(x2, row_map, xp, num_threads=nt)
     off = offsets.tolist()
     if isinstance(rows, tuple):
-        yp, ract = rows[0](fw, xp, off, ews, nt)
+        yp, ract = rows[0](fw, xp, off, ews, nt, bf)
     else:  # expert parallel (bitexact._moe_ep.EPRows): the rows travel to their experts
-        yp, ract = rows.forward(fw, xp, off, ews, nt, row_map)
+        yp, ract = rows.forward(fw, xp, off, ews, nt, row_map, bf)
     out = fw.empty([_shape(x2)[0], H])
     _k.moe_unpermute(yp, w, row_map, pos, initial, out, num_threads=nt)
     return out, (ract, yp, off)
 
 
-def experts_backward(fw, dout, w, pl, ews, act, nt, want_dw=True, rows=LOCAL_ROWS):
+def experts_backward(fw, dout, w, pl, ews, act, nt, want_dw=True, rows=LOCAL_ROWS, bf=False):
     """unpermute backward, the experts' backward (rows[1]), permute
     backward: dx [T, H] (the gather of the rows' dX, j ascending),
     dweights [T, k] (None unless want_dw), and the weight gradients' row
@@ -218,16 +228,16 @@ def experts_backward(fw, dout, w, pl, ews, act, nt, want_dw=True, rows=LOCAL_ROW
     dw = fw.empty(_shape(w)) if want_dw else None
     _k.moe_unpermute_backward(dout, yp, w, row_map, pos, dyp, dw, num_threads=nt)
     if isinstance(rows, tuple):
-        dxp, (dgp, dup) = rows[1](fw, dyp, off, ews, ract, nt)
+        dxp, (dgp, dup) = rows[1](fw, dyp, off, ews, ract, nt, bf)
         grads = (dyp, dgp, dup)
     else:  # expert parallel: the weight gradients' factors stay on the experts' ranks
-        dxp, grads = rows.backward(fw, dyp, ract, nt), None
+        dxp, grads = rows.backward(fw, dyp, ract, nt, bf), None
     dx = fw.empty(_shape(dout))
     _k.moe_permute_backward(dxp, row_map, pos, dx, num_threads=nt)
     return dx, dw, grads
 
 
-def expert_wgrads(fw, mb, eidx, tok, off, ract, grads, what):
+def expert_wgrads(fw, mb, eidx, tok, off, ract, grads, what, bf=False):
     """tr_wg_expert for every expert weight that needs a gradient (eidx:
     per expert the state indices of (gate, up, down) or None): per global
     chunk of the micro-batch, the TN GEMM over the expert's rows of that
@@ -259,13 +269,12 @@ def expert_wgrads(fw, mb, eidx, tok, off, ract, grads, what):
                     a, b = r0 + bd[ch], r0 + bd[ch + 1]
                     if bound:
                         if a < b:
-                            s.bound_exp(i, _k.wgrad_bound_exp(b - a, max_abs(dy[a:b]),
-                                                              max_abs(x[a:b])))
+                            s.bound_exp(i, wgrad_bound_exp(b - a, dy[a:b], x[a:b], bf))
                         continue
                     shape = [_shape(dy)[1], _shape(x)[1]]
                     if a < b:
                         part = fw.empty(shape)
-                        _k.gemm(dy[a:b], x[a:b], "tn", part, num_threads=red.num_threads)
+                        mm(fw, bf, dy[a:b], x[a:b], "tn", part, num_threads=red.num_threads)
                     else:  # the coverage check wants every chunk once: an exact zero
                         part = _np.zeros(shape, _np.float32)
                     s.add(i, mb.chunk0 + ch, part)
@@ -389,24 +398,25 @@ def moe(b, x, router_weight, e_score_correction_bias, gate_weights, up_weights, 
     x2 = fw.rows(x.detach(), H)
     T = _shape(x2)[0]
     nt = _threads(num_threads)
+    bf = _g.bf16_active()  # bf16 compute: every GEMM but the router's (train_cli.md)
     # the whole forward first: any failure leaves the reduction untouched
     logits, ids, w = route(fw, x2, rw, bb, cfg, chunk(max(T, 1)), nt)
     pl = plan(fw, ids, E, nt)
     sgw, suw, sdw = sh
     sg, su, sa, so = fw.empty([T, SI]), fw.empty([T, SI]), fw.empty([T, SI]), fw.empty([T, H])
-    _k.gemm(x2, sgw, "nt", sg, num_threads=nt)
-    _k.gemm(x2, suw, "nt", su, num_threads=nt)
+    mm(fw, bf, x2, sgw, "nt", sg, num_threads=nt)
+    mm(fw, bf, x2, suw, "nt", su, num_threads=nt)
     _k.swiglu_forward(sg, su, sa, num_threads=nt)
-    _k.gemm(sa, sdw, "nt", so, num_threads=nt)
+    mm(fw, bf, sa, sdw, "nt", so, num_threads=nt)
     # train_moe_block.c computes the shared MLP after the experts; both are
     # independent outputs, so the order does not change a bit
-    out, act = experts_forward(fw, x2, w, pl, ews, so, nt, rows)
+    out, act = experts_forward(fw, x2, w, pl, ews, so, nt, rows, bf)
     names = [("router_weight", rw)] + list(zip(_expert_names(E), flat)) + \
         [("shared_experts.gate_proj.weight", sgw), ("shared_experts.up_proj.weight", suw),
          ("shared_experts.down_proj.weight", sdw)]
     mb, idx = b.capture(fn, [(t, n, T) for n, t in names])
     idx_t = (idx[0], [tuple(idx[1 + 3 * e:4 + 3 * e]) for e in range(E)], tuple(idx[-3:]))
-    st = dict(out=out, nt=nt, cfg=cfg, logits=logits, ids=ids, w=w, plan=pl, act=act,
+    st = dict(out=out, nt=nt, bf=bf, cfg=cfg, logits=logits, ids=ids, w=w, plan=pl, act=act,
               shared_act=(sg, su, sa), rows=rows)
     return b.fns.moe.apply(x, rw, st, mb, idx_t, *flat, *sh, *b.need((x,)))
 
@@ -438,30 +448,32 @@ def block_backward(fw, ctx, dout, need_dx):
     sgw, suw, sdw = ws[3 * cfg[0]:]
     d2 = fw.rows(dout.contiguous(), H)
     dx, dw, grads = experts_backward(fw, d2, st["w"], st["plan"], ews, st["act"], nt,
-                                     rows=st["rows"])
+                                     rows=st["rows"], bf=st["bf"])
     dlogits = fw.empty(_shape(st["logits"]))
     _k.moe_router_backward(st["logits"], st["ids"], dw, dlogits, num_threads=nt,
                            **_router_opts(cfg))
     _k.gemm(dlogits, rw, "nn", dx, accumulate=True, num_threads=nt)
     sg, su, sa = st["shared_act"]
     dsa, dsg, dsu = (fw.empty(_shape(sa)) for _ in range(3))
-    _k.gemm(d2, sdw, "nn", dsa, num_threads=nt)
+    bf = st["bf"]
+    mm(fw, bf, d2, sdw, "nn", dsa, num_threads=nt)
     _k.swiglu_backward(sg, su, dsa, dsg, dsu, num_threads=nt)
-    _k.gemm(dsg, sgw, "nn", dx, accumulate=True, num_threads=nt)
-    _k.gemm(dsu, suw, "nn", dx, accumulate=True, num_threads=nt)
+    mm(fw, bf, dsg, sgw, "nn", dx, accumulate=True, num_threads=nt)
+    mm(fw, bf, dsu, suw, "nn", dx, accumulate=True, num_threads=nt)
     ir, eidx, (isg, isu, isd) = idx
     lin = ((ir, dlogits, x2, "router"), (isg, dsg, x2, "shared gate_proj"),
            (isu, dsu, x2, "shared up_proj"), (isd, d2, sa, "shared down_proj"))
     for i, dy, xx, what in lin:
         if i is not None:
-            _g.wgrad(mb, i, dy, xx, f"MoE backward ({what})")
+            _g.wgrad(mb, i, dy, xx, f"MoE backward ({what})",  # the router: fp32
+                     bf=fw.bf16 if bf and what != "router" else None)
     if mb is not None:
         ract, _, off = st["act"]
         if grads is None:  # expert parallel: the held experts, over every EP peer's chunks
-            st["rows"].wgrads(mb, eidx, ract)
+            st["rows"].wgrads(mb, eidx, ract, bf)
         else:
             expert_wgrads(fw, mb, eidx, _tokens(st["plan"], mb), off, ract, grads,
-                          "MoE backward (experts)")
+                          "MoE backward (experts)", bf)
     return (fw.reshape(dx, list(_shape(x))) if need_dx else None,)
 
 

@@ -121,9 +121,10 @@ class _Runner:
     AdamW = AdamW
 
     @staticmethod
-    def GradReduction(params, seq_len, total, num_threads=0):
+    def GradReduction(params, seq_len, total, num_threads=0, compute_dtype="fp32"):
         from ._paddle_gradred import GradReduction
-        return GradReduction(params, seq_len, total, num_threads=num_threads)
+        return GradReduction(params, seq_len, total, num_threads=num_threads,
+                             compute_dtype=compute_dtype)
 
     @staticmethod
     def ids(a):

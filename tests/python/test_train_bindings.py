@@ -44,18 +44,27 @@ def _port():
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def ref(tmp_path_factory):
+def _c_ref(d, dtype):
     """The C trainer: the step-0 checkpoint, and 10 steps' record and checkpoint."""
-    d = tmp_path_factory.mktemp("cref")
     ck0, ck = str(d / "ck0"), str(d / "ck10")
-    p = _run([CLI, "train", "--steps", "0", "--save", ck0, "-q"])
+    flags = ["--compute-dtype", dtype, "-q"]
+    p = _run([CLI, "train", "--steps", "0", "--save", ck0, *flags])
     assert p.returncode == 0, p.stderr
     rec = str(d / "c.jsonl")
-    p = _run([CLI, "train", "--steps", str(STEPS), "--record", rec, "--save", ck, "-q",
-              "--threads", "1"])
+    p = _run([CLI, "train", "--steps", str(STEPS), "--record", rec, "--save", ck, "--threads", "1",
+              *flags])
     assert p.returncode == 0, p.stderr
     return dict(ck0=ck0, ck=ck, rec=rec, dir=d)
+
+
+@pytest.fixture(scope="module")
+def ref(tmp_path_factory):
+    return _c_ref(tmp_path_factory.mktemp("cref"), "fp32")
+
+
+@pytest.fixture(scope="module")
+def ref_bf16(tmp_path_factory):
+    return _c_ref(tmp_path_factory.mktemp("cref_bf16"), "bf16")
 
 
 def _py_train(fw, ranks, out, ck0, *extra, steps=STEPS):
@@ -110,6 +119,22 @@ def test_binding_run_equals_bitexact_train(ref, tmp_path, fw, ranks, extra):
     _same_run(ref, rec, ck)
 
 
+@pytest.mark.parametrize("ranks,extra", [pytest.param(1, ("--micro-batches", "4"), id="1proc-mb4"),
+                                         pytest.param(2, ("--ep", "2", "--micro-batches", "2"),
+                                                      id="ep2-mb2")])
+@pytest.mark.parametrize("fw", ["torch", "paddle"])
+def test_bf16_compute_equals_bitexact_train(ref, ref_bf16, tmp_path, fw, ranks, extra):
+    """--compute-dtype bf16 (bf16 GEMM operands, fp32 accumulation and master
+    weights): the bindings round every operand as tr_bf16_round and give
+    the C trainer's bf16 bits, which differ from the fp32 run's."""
+    if fw == "paddle":
+        pytest.importorskip("paddle")
+    rec, ck = _py_train(fw, ranks, str(tmp_path), ref_bf16["ck0"], *extra)
+    _same_run(ref_bf16, rec, ck)
+    with open(rec, "rb") as f, open(ref["rec"], "rb") as g:
+        assert f.read() != g.read()
+
+
 def test_resume_across_frameworks_and_the_c_trainer(ref, tmp_path):
     """torch trains steps 0-4, Paddle resumes its checkpoint for 5-9, the C
     trainer resumes Paddle's for 10-11: the records concatenate to the C
@@ -142,6 +167,7 @@ def test_resume_across_frameworks_and_the_c_trainer(ref, tmp_path):
     (("--micro-batches", "3"), "--micro-batches 3"),
     (("--ep", "3"), "--ep 3"),
     (("--steps", "-1"), "--steps -1 is before"),
+    (("--compute-dtype", "bf16"), "--compute-dtype is bf16 here but fp32"),
 ])
 def test_bad_flags_exit_2_with_one_line(ref, tmp_path, flags, needle):
     out = str(tmp_path / "ck")
