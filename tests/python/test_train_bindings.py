@@ -268,3 +268,23 @@ def test_native_ops_move_with_the_layout(ref, tmp_path):
     assert vs_c, "native ops gave bitexact train's bits"
     print(f"native: {len(differ)} of {len(runs[1])} tensors differ between 1 and 4 micro-batches;"
           f" {len(vs_c)} of 3 checked differ from bitexact train")
+
+
+def test_torch_compile_runs_a_step_with_the_same_bits(ref):
+    """torch.compile(model) (default mode): Dynamo breaks the graph at each
+    bitexact op (autograd Functions over the C extension, not custom ops:
+    docs/train_python.md) and compiles the torch code between them; the
+    record lines equal `bitexact train`'s."""
+    import warnings
+    import torch
+    from bitexact import _glm_run as g
+    from bitexact._torch_glm import RUNNER
+    a = g.parse_args(["--framework", "torch", "--resume", ref["ck0"], "--steps", "2",
+                      "--threads", "1"])
+    r = g.Run(a, RUNNER)
+    r.model = torch.compile(r.model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Dynamo's graph-break advice
+        lines = [r.step(s) for s in range(2)]
+    with open(ref["rec"]) as f:
+        assert lines == f.read().splitlines()[:2]
