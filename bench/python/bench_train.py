@@ -40,11 +40,12 @@ def cpu_model():
     return "unknown CPU"
 
 
-def c_step(cli, ck0, n, threads):
+def c_step(cli, ck0, n, threads, dtype):
     def wall(steps):
         t = time.perf_counter()
         subprocess.run([cli, "train", "--resume", ck0, "--steps", str(steps), "-q",
-                        "--threads", str(threads)], check=True, capture_output=True)
+                        "--threads", str(threads), "--compute-dtype", dtype], check=True,
+                       capture_output=True)
         return time.perf_counter() - t
     return (wall(1 + n) - wall(1)) / n
 
@@ -81,6 +82,8 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--compute-dtype", choices=("fp32", "bf16"), default="fp32",
+                    help="of bitexact train and the bindings (the native baseline stays fp32)")
     a = ap.parse_args()
     import torch
     torch.set_num_threads(a.threads)
@@ -91,17 +94,18 @@ def main():
         fws = ["torch"]
     with tempfile.TemporaryDirectory() as d:
         ck0 = os.path.join(d, "ck0")
-        subprocess.run([a.cli, "train", "--steps", "0", "--save", ck0, "-q"], check=True,
-                       capture_output=True)
+        subprocess.run([a.cli, "train", "--steps", "0", "--save", ck0, "-q", "--compute-dtype",
+                        a.compute_dtype], check=True, capture_output=True)
         res = {k: [] for k in ["bitexact train"] + fws + ["native torch (transformers)"]}
         for _ in range(a.repeat):  # interleaved: the machine's noise hits every variant alike
-            res["bitexact train"].append(c_step(a.cli, ck0, a.steps, a.threads))
+            res["bitexact train"].append(c_step(a.cli, ck0, a.steps, a.threads, a.compute_dtype))
             for fw in fws:
                 res[fw].append(binding_step(fw, ck0, a.steps, a.threads))
             res["native torch (transformers)"].append(native_step(ck0, a.steps))
     med = {k: statistics.median(v) for k, v in res.items()}
     c, nat = med["bitexact train"], med["native torch (transformers)"]
-    print(f"GLM-4.5 tiny config, 8 x 64 tokens per step, {a.threads} thread(s), {cpu_model()}, "
+    print(f"GLM-4.5 tiny config, 8 x 64 tokens per step, compute {a.compute_dtype} (native: fp32), "
+          f"{a.threads} thread(s), {cpu_model()}, "
           f"median of {a.repeat} runs of {a.steps} steps")
     print(f"{'variant':32s} {'ms/step':>9s} {'/ bitexact train':>17s} {'/ native torch':>15s}")
     for k, v in med.items():

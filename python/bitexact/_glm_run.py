@@ -14,8 +14,8 @@ _paddle_glm ``RUNNER``): ``name``, ``Model``, ``GradReduction``,
 ``AdamW``, ``ids(array)`` (an int64 tensor), ``numpy(t)`` (a copy),
 ``grad(p)``, ``backward(loss)``, ``named_parameters(model)``,
 ``named_buffers(model)``, ``init_distributed()`` -> (rank, world, comm,
-group), ``ep_groups(world, ep)`` (the framework's process groups of the EP
-groups, or None).
+group). Expert parallelism (``--ep``) is framework-neutral
+(bitexact._moe_ep over the comm).
 
 Threading: one thread (the kernels' own workers: ``--threads``).
 """

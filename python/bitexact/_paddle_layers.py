@@ -30,8 +30,8 @@ memory without a copy; Paddle's inplace version counters are not bumped
 
 Threading: as bitexact.torch's (calling thread; ``num_threads`` workers:
 module attribute, else the active reduction's, else the library default;
-bits never depend on it). Not covered: MoE router/experts, biases,
-QK-norm inside CausalAttention, bf16, GPU tensors, static graph.
+bits never depend on it). The MoE block is _paddle_moe.py, the model
+_paddle_glm.py. Not covered: GPU tensors, static graph.
 """
 import paddle
 

@@ -16,7 +16,7 @@ any micro-batching, thread count and data-parallel rank count.
 Threading: a GradReduction is used by one thread at a time (the one running
 the step); the kernels release the GIL and their own worker threads
 (``num_threads``) never change a bit. Its users: _torch_layers.py and
-_torch_moe.py. Not covered: bias terms, bf16 compute, CUDA tensors.
+_torch_moe.py, _torch_glm.py. Not covered: CUDA tensors.
 """
 import torch
 
@@ -55,13 +55,18 @@ class GradReduction(_g.GradReductionBase):
     reductions (``bitexact_train.h`` "Token reduction"); the protocol is
     bitexact._gradred's (shared with bitexact.paddle.GradReduction).
 
-    ``GradReduction(parameters, seq_len, total_tokens, *, num_threads=0)``:
+    ``GradReduction(parameters, seq_len, total_tokens, *, num_threads=0,
+    compute_dtype="fp32")``:
     ``parameters`` the trained fp32 CPU parameters (Parameters or
     ``named_parameters()`` pairs, names used in messages), each used by
     exactly one bitexact module call per micro-batch; ``seq_len`` = the
     chunk: a micro-batch holds whole sequences; ``total_tokens`` the global
     batch's tokens (all micro-batches of all ranks). ``num_threads`` bounds
     the kernels' worker threads (bits never depend on it).
+    ``compute_dtype="bf16"``: the modules' GEMMs (all but the MoE router's)
+    take bf16-rounded operands with fp32 accumulation, the weight
+    gradients' TN partials too (`bitexact train --compute-dtype bf16`);
+    weights, gradients and everything else stay fp32.
 
     The protocol, on every rank, per step (:meth:`run_two_pass` does it)::
 

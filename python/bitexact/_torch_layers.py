@@ -16,9 +16,11 @@ are plain autograd leaves get torch's gradient as usual, once per pass.
 Functions here run in the calling thread (the kernels release the GIL and
 use up to ``num_threads`` workers: module attribute, else the active
 reduction's, else the library default; bits never depend on it). The
-GLM-4.5 MoE block is in _torch_moe.py. Not covered yet: bias terms, QK-norm
-inside CausalAttention (RMSNorm on [T, heads, D] works), bf16 compute,
-CUDA tensors, torch.compile custom ops.
+GLM-4.5 MoE block is in _torch_moe.py, the model (with the q/k/v bias and
+QK-norm) in _torch_glm.py. bf16 compute: GradReduction(compute_dtype=
+"bf16") rounds every GEMM operand (_layer_ops.mm). Not covered yet: CUDA
+tensors, torch.compile custom ops (a compiled model breaks the graph at
+each op).
 """
 import torch
 
