@@ -288,3 +288,36 @@ def test_torch_compile_runs_a_step_with_the_same_bits(ref):
         lines = [r.step(s) for s in range(2)]
     with open(ref["rec"]) as f:
         assert lines == f.read().splitlines()[:2]
+
+
+@pytest.mark.parametrize("fw", ["torch", "paddle"])
+def test_other_config_data_file_and_shuffle(tmp_path, fw):
+    """A config with QK-norm, 2 MoE layers and routed scaling 2.5, a .npy
+    token file, --shuffle, seq-len 32, global batch 4, 2 micro-batches:
+    4 steps equal `bitexact train`'s (record and checkpoint)."""
+    import numpy as np
+    if fw == "paddle":
+        pytest.importorskip("paddle")
+    d = tmp_path
+    p = _run([CLI, "train", "--steps", "0", "--save", str(d / "base"), "-q"])
+    assert p.returncode == 0, p.stderr
+    with open(d / "base" / "config.json") as f:
+        cfg = json.load(f)
+    cfg.update(use_qk_norm=True, num_hidden_layers=3, routed_scaling_factor=2.5, vocab_size=512)
+    with open(d / "c.json", "w") as f:
+        json.dump(cfg, f)
+    np.save(d / "t.npy", np.random.default_rng(1).integers(0, 512, 20000).astype("<u2"))
+    flags = ["--config", str(d / "c.json"), "--data", str(d / "t.npy"), "--shuffle", "--seq-len",
+             "32", "--global-batch", "4", "-q"]
+    ck0, ck, rec = str(d / "ck0"), str(d / "ck"), str(d / "c.jsonl")
+    assert _run([CLI, "train", "--steps", "0", "--save", ck0, *flags]).returncode == 0
+    p = _run([CLI, "train", "--steps", "4", "--save", ck, "--record", rec, *flags])
+    assert p.returncode == 0, p.stderr
+    out = d / "py"
+    out.mkdir()
+    r, c = _py_train(fw, 1, str(out), ck0, "--data", str(d / "t.npy"), "--micro-batches", "2",
+                     steps=4)
+    with open(r, "rb") as f, open(rec, "rb") as g:
+        assert f.read() == g.read()
+    for f in ("model.safetensors", "optimizer.safetensors"):
+        assert _hash(os.path.join(c, f)) == _hash(os.path.join(ck, f))
