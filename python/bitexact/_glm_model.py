@@ -213,3 +213,33 @@ def checked_arrays(own, tensors, shape_of):
                                        f"{shape_of(t)} expected")
         out[n] = _np.ascontiguousarray(a)
     return out
+
+
+def check_adamw(lr, betas, eps, weight_decay):
+    """The AdamW hyperparameters of both bindings' AdamW, checked."""
+    if not lr >= 0 or not eps >= 0 or not weight_decay >= 0 or \
+            not all(0 <= b < 1 for b in betas):
+        raise InvalidArgumentError(f"AdamW: lr {lr}, betas {betas}, eps {eps}, weight_decay "
+                                   f"{weight_decay}: lr, eps, weight_decay >= 0, 0 <= beta < 1")
+
+
+class RunnerBase:
+    """The framework hooks of bitexact._glm_run that are spelled alike in
+    torch and Paddle (the subclasses add name, Model, AdamW,
+    GradReduction, ids, numpy, init_distributed)."""
+
+    @staticmethod
+    def grad(p):
+        return p.grad
+
+    @staticmethod
+    def backward(loss):
+        loss.backward()
+
+    @staticmethod
+    def named_parameters(m):
+        return list(m.named_parameters())
+
+    @staticmethod
+    def named_buffers(m):
+        return list(m.named_buffers())

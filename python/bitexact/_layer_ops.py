@@ -97,6 +97,18 @@ def autograd_functions(base, fw, module):
 
 # ---- Linear and the fused q/k/v projection -----------------------------------
 
+def bias_arg(check, fn, name, b, n):
+    """A bias argument: None, or check(fn, name, b, ndim=(1,)) (the
+    framework's argument check) of n elements."""
+    if b is None:
+        return None
+    b = check(fn, name, b, ndim=(1,))
+    if b.shape[0] != n:
+        raise _err(InvalidArgumentError, fn, name, f"has {b.shape[0]} elements, the weight "
+                   f"{n} output features")
+    return b
+
+
 def _bf(fw, ctx):
     """The weight gradients' operand rounding of an op (None: fp32)."""
     return fw.bf16 if ctx.bf else None

@@ -68,10 +68,7 @@ class AdamW:
 
     def __init__(self, parameters, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
                  num_threads=0):
-        if not lr >= 0 or not eps >= 0 or not weight_decay >= 0 or \
-                not all(0 <= b < 1 for b in betas):
-            raise InvalidArgumentError(f"AdamW: lr {lr}, betas {betas}, eps {eps}, weight_decay "
-                                       f"{weight_decay}: lr, eps, weight_decay >= 0, 0 <= beta < 1")
+        _gm.check_adamw(lr, betas, eps, weight_decay)
         self.params = list(parameters)
         self.lr, self.betas, self.eps, self.weight_decay = lr, tuple(betas), eps, weight_decay
         self.num_threads = num_threads
@@ -114,17 +111,16 @@ class AdamW:
         return st["exp_avg"], st["exp_avg_sq"]
 
 
-class _Runner:
+class _Runner(_gm.RunnerBase):
     """The framework hooks of bitexact._glm_run (``--framework paddle``)."""
     name = "paddle"
     Model = Glm4MoeForCausalLM
     AdamW = AdamW
 
     @staticmethod
-    def GradReduction(params, seq_len, total, num_threads=0, compute_dtype="fp32"):
+    def GradReduction(*args, **kw):
         from ._paddle_gradred import GradReduction
-        return GradReduction(params, seq_len, total, num_threads=num_threads,
-                             compute_dtype=compute_dtype)
+        return GradReduction(*args, **kw)
 
     @staticmethod
     def ids(a):
@@ -133,22 +129,6 @@ class _Runner:
     @staticmethod
     def numpy(t):
         return _np.array(t.numpy())
-
-    @staticmethod
-    def grad(p):
-        return p.grad
-
-    @staticmethod
-    def backward(loss):
-        loss.backward()
-
-    @staticmethod
-    def named_parameters(m):
-        return list(m.named_parameters())
-
-    @staticmethod
-    def named_buffers(m):
-        return list(m.named_buffers())
 
     @staticmethod
     def init_distributed():

@@ -15,7 +15,7 @@ Threading: as the layers (one thread per model and optimizer).
 import numpy as _np
 import torch
 
-from . import InvalidArgumentError, _torch_fast_export
+from . import _torch_fast_export
 from . import _glm_model as _gm
 from . import kernels as _k
 from ._torch_layers import (Embedding, Linear, RMSNorm, SwiGLUMLP, causal_attention,  # noqa: F401
@@ -80,10 +80,7 @@ class AdamW(torch.optim.Optimizer):
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
                  num_threads=0):
-        if not lr >= 0 or not eps >= 0 or not weight_decay >= 0 or \
-                not all(0 <= b < 1 for b in betas):
-            raise InvalidArgumentError(f"AdamW: lr {lr}, betas {betas}, eps {eps}, weight_decay "
-                                       f"{weight_decay}: lr, eps, weight_decay >= 0, 0 <= beta < 1")
+        _gm.check_adamw(lr, betas, eps, weight_decay)
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
                                       weight_decay=weight_decay, num_threads=num_threads))
 
@@ -124,7 +121,7 @@ class AdamW(torch.optim.Optimizer):
         return st["exp_avg"], st["exp_avg_sq"]
 
 
-class _Runner:
+class _Runner(_gm.RunnerBase):
     """The framework hooks of bitexact._glm_run (``python -m bitexact.train
     --framework torch``)."""
     name = "torch"
@@ -132,10 +129,9 @@ class _Runner:
     AdamW = AdamW
 
     @staticmethod
-    def GradReduction(params, seq_len, total, num_threads=0, compute_dtype="fp32"):
+    def GradReduction(*args, **kw):
         from ._torch_gradred import GradReduction
-        return GradReduction(params, seq_len, total, num_threads=num_threads,
-                             compute_dtype=compute_dtype)
+        return GradReduction(*args, **kw)
 
     @staticmethod
     def ids(a):
@@ -144,22 +140,6 @@ class _Runner:
     @staticmethod
     def numpy(t):
         return t.detach().numpy().copy()
-
-    @staticmethod
-    def grad(p):
-        return p.grad
-
-    @staticmethod
-    def backward(loss):
-        loss.backward()
-
-    @staticmethod
-    def named_parameters(m):
-        return list(m.named_parameters())
-
-    @staticmethod
-    def named_buffers(m):
-        return list(m.named_buffers())
 
     @staticmethod
     def init_distributed():

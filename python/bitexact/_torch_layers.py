@@ -61,13 +61,7 @@ _fn = _ops.autograd_functions(torch.autograd.Function, _FW, __name__)
 
 def _bias(fn, name, b, n):
     """A bias argument checked: None, or an fp32 CPU [n] tensor."""
-    if b is None:
-        return None
-    b = _check(fn, name, b, ndim=(1,))
-    if b.shape[0] != n:
-        raise _err(InvalidArgumentError, fn, name, f"has {b.shape[0]} elements, the weight "
-                   f"{n} output features")
-    return b
+    return _ops.bias_arg(_check, fn, name, b, n)
 
 
 def linear(x, weight, bias=None, num_threads=None):
