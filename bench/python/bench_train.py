@@ -7,9 +7,10 @@ the tiny config (8 x 64 tokens) by
   resumed from the same step-0 checkpoint (start-up and data excluded);
 - the torch binding and the Paddle binding (``python -m bitexact.train``'s
   Run.step, in process);
-- the native-ops baseline: transformers' Glm4MoeForCausalLM with torch's
-  autograd, clip_grad_norm_ and AdamW (bench/python/glm_native.py). There
-  is no native Paddle GLM-4.5 here (PaddleFormers is not a dependency).
+- the native-ops baselines: transformers' Glm4MoeForCausalLM with torch's
+  autograd, clip_grad_norm_ and AdamW (bench/python/glm_native.py), and the
+  same formula in Paddle's eager ops with ClipGradByGlobalNorm and
+  paddle.optimizer.AdamW (bench/python/glm_native_paddle.py).
 
 All at the same thread count (--threads; torch.set_num_threads and the
 kernels' num_threads). Each figure is the median over --repeat runs of the
@@ -66,9 +67,9 @@ def binding_step(fw, ck0, n, threads):
     return (time.perf_counter() - t) / n
 
 
-def native_step(ck0, n):
-    import glm_native
-    r = glm_native.NativeRun(ck0)
+def native_step(ck0, n, mod="glm_native"):
+    import importlib
+    r = importlib.import_module(mod).NativeRun(ck0)
     r.step(0)
     t = time.perf_counter()
     for s in range(1, n + 1):
@@ -96,12 +97,15 @@ def main():
         ck0 = os.path.join(d, "ck0")
         subprocess.run([a.cli, "train", "--steps", "0", "--save", ck0, "-q", "--compute-dtype",
                         a.compute_dtype], check=True, capture_output=True)
-        res = {k: [] for k in ["bitexact train"] + fws + ["native torch (transformers)"]}
+        nat = ["native torch (transformers)"] + (["native paddle"] if "paddle" in fws else [])
+        res = {k: [] for k in ["bitexact train"] + fws + nat}
         for _ in range(a.repeat):  # interleaved: the machine's noise hits every variant alike
             res["bitexact train"].append(c_step(a.cli, ck0, a.steps, a.threads, a.compute_dtype))
             for fw in fws:
                 res[fw].append(binding_step(fw, ck0, a.steps, a.threads))
             res["native torch (transformers)"].append(native_step(ck0, a.steps))
+            if "paddle" in fws:
+                res["native paddle"].append(native_step(ck0, a.steps, "glm_native_paddle"))
     med = {k: statistics.median(v) for k, v in res.items()}
     c, nat = med["bitexact train"], med["native torch (transformers)"]
     print(f"GLM-4.5 tiny config, 8 x 64 tokens per step, compute {a.compute_dtype} (native: fp32), "

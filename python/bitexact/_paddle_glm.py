@@ -73,12 +73,13 @@ class AdamW:
         self.lr, self.betas, self.eps, self.weight_decay = lr, tuple(betas), eps, weight_decay
         self.num_threads = num_threads
         self.state = [None] * len(self.params)
+        self._pos = {id(p): i for i, p in enumerate(self.params)}
 
     def _index(self, p):
-        for i, q in enumerate(self.params):
-            if q is p:
-                return i
-        raise InvalidArgumentError("AdamW: not one of this optimizer's parameters")
+        i = self._pos.get(id(p))
+        if i is None:
+            raise InvalidArgumentError("AdamW: not one of this optimizer's parameters")
+        return i
 
     def step(self):
         for i, p in enumerate(self.params):

@@ -270,6 +270,44 @@ def test_native_ops_move_with_the_layout(ref, tmp_path):
           f" {len(vs_c)} of 3 checked differ from bitexact train")
 
 
+def test_native_paddle_differs_from_native_torch_and_moves_with_the_layout(ref):
+    """The same model with Paddle's own eager ops (bench/python/
+    glm_native_paddle.py: transformers' formula in Paddle, ClipGradByGlobalNorm,
+    paddle.optimizer.AdamW) from the same checkpoint and data: after 3 steps
+    its parameters differ from the torch-native run's (transformers) and
+    between 1 and 4 micro-batches, and its losses agree with `bitexact
+    train`'s to fp32 accuracy (rel. 1e-5) — where the bindings give one set
+    of bits for both frameworks and every layout."""
+    pytest.importorskip("paddle")
+    pytest.importorskip("transformers")
+    import numpy as np
+    sys.path.insert(0, os.path.join(ROOT, "bench", "python"))
+    import glm_native
+    import glm_native_paddle
+    with open(ref["rec"]) as f:
+        c_loss = [float.fromhex(json.loads(line)["loss"]) for line in f][:3]
+    pd = {}
+    for M in (1, 4):
+        r = glm_native_paddle.NativeRun(ref["ck0"], M)
+        losses = [float(r.step(s)) for s in range(3)]
+        assert all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(losses, c_loss)), (losses, c_loss)
+        pd[M] = {n: np.array(t.numpy()) for n, t in r.p.items()}
+    t = glm_native.NativeRun(ref["ck0"], 1)
+    for s in range(3):
+        t.step(s)
+    tn = {n: p.detach().numpy() for n, p in t.model.named_parameters()}
+
+    def bits(a):
+        return np.ascontiguousarray(a).view(np.uint32)
+    names = ["lm_head.weight", "model.embed_tokens.weight", "model.layers.0.mlp.up_proj.weight",
+             "model.layers.0.self_attn.q_proj.weight", "model.norm.weight"]
+    vs_torch = [n for n in names if not np.array_equal(bits(pd[1][n]), bits(tn[n]))]
+    vs_layout = [n for n in pd[1] if not np.array_equal(bits(pd[1][n]), bits(pd[4][n]))]
+    assert vs_torch and vs_layout, (vs_torch, vs_layout)
+    print(f"native Paddle: {len(vs_torch)} of {len(names)} checked tensors differ from native torch;"
+          f" {len(vs_layout)} of {len(pd[1])} differ between 1 and 4 micro-batches")
+
+
 def test_torch_compile_runs_a_step_with_the_same_bits(ref):
     """torch.compile(model) (default mode): Dynamo breaks the graph at each
     bitexact op (autograd Functions over the C extension, not custom ops:
