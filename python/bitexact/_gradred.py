@@ -110,6 +110,8 @@ class GradReductionBase:
             raise InvalidArgumentError(f"GradReduction: compute_dtype {compute_dtype!r}: 'fp32' or "
                                        "'bf16' (bf16 GEMM operands, fp32 accumulation)")
         self.compute_dtype = compute_dtype
+        self._param_keys = {(p.data_ptr(), tuple(p.shape)) for p in params}
+        self._bf16_copies = {}  # bf16 compute: the parameters rounded this step
         self.names, self.params, self._index = names, params, index
         self.seq_len, self.total_tokens, self.num_threads = int(seq_len), int(total_tokens), int(num_threads)
         self.phase = "idle"  # idle -> bound -> add -> done (or failed)
@@ -127,6 +129,7 @@ class GradReductionBase:
         n = self.total_tokens if n_targets is None else int(n_targets)
         if n < 1:
             raise InvalidArgumentError(f"GradReduction.begin: n_targets {n} must be >= 1")
+        self._bf16_copies = {}
         self._state = _k.TokRed(self.params, self.seq_len, self.total_tokens)
         self._loss_state = _k.TokRed([()], self.seq_len, self.total_tokens)
         self.n_targets, self.loss, self.phase = n, None, "bound"

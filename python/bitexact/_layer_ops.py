@@ -120,8 +120,24 @@ def mm(fw, bf, a, b, layout, c, accumulate=False, num_threads=0):
     train_layers.c's tr_bf16_round) and accumulated in fp32: `bitexact
     train --compute-dtype bf16`'s tr_gemm_op."""
     if bf:
-        a, b = fw.bf16(a), fw.bf16(b)
+        a, b = _rounded(fw, a), _rounded(fw, b)
     _k.gemm(a, b, layout, c, accumulate=accumulate, num_threads=num_threads)
+
+
+def _rounded(fw, t):
+    """fw.bf16(t); a parameter of the active reduction is rounded once per
+    step (GradReduction.begin clears the copies: the weights change only
+    between steps), as `bitexact train`'s tr_bf16_weights."""
+    red = _active()
+    if red is None:
+        return fw.bf16(t)
+    key = (t.data_ptr(), tuple(t.shape))
+    if key not in red._param_keys:
+        return fw.bf16(t)
+    r = red._bf16_copies.get(key)
+    if r is None:
+        r = red._bf16_copies[key] = fw.bf16(t)
+    return r
 
 
 def linear_forward(fw, ctx, x, weight, bias, nt, mb, widx):
