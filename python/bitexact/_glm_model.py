@@ -36,6 +36,7 @@ import types
 import numpy as _np
 
 from . import InvalidArgumentError
+from ._gradred import _active
 from ._layer_ops import _ModuleBase
 
 # Glm4MoeConfig's fields the model reads, with transformers' defaults (the
@@ -181,14 +182,30 @@ class ForCausalLMBase(_ModuleBase):
         self.lm_head = api.Linear(cfg.hidden_size, cfg.vocab_size)
 
     def forward(self, input_ids, labels=None):
+        if len(input_ids.shape) != 2:
+            raise InvalidArgumentError(f"Glm4MoeForCausalLM: input_ids has shape "
+                                       f"{list(input_ids.shape)}: [B, L] expected")
         B, L = input_ids.shape
+        if labels is not None and list(labels.shape) != [B, L]:
+            raise InvalidArgumentError(f"Glm4MoeForCausalLM: labels has shape "
+                                       f"{list(labels.shape)}, input_ids {[B, L]}: equal expected")
         if L > self.config.max_position_embeddings:
             raise InvalidArgumentError(f"Glm4MoeForCausalLM: sequences of {L} tokens exceed "
                                        f"max_position_embeddings {self.config.max_position_embeddings}")
-        logits = self.lm_head(self.model(input_ids))
-        if labels is None:
-            return logits.reshape([B, L, self.config.vocab_size])
-        return self._bx_api.cross_entropy(logits, labels.reshape([B * L]))
+        red = _active()
+        mb = red._mb if red is not None else None
+        before = (set(mb.used), mb.loss_used) if mb is not None else None
+        try:
+            logits = self.lm_head(self.model(input_ids))
+            if labels is None:
+                return logits.reshape([B, L, self.config.vocab_size])
+            return self._bx_api.cross_entropy(logits, labels.reshape([B * L]))
+        except BaseException:  # a refused call (an id, a label) registers nothing
+            if mb is not None:
+                mb.used.clear()
+                mb.used.update(before[0])
+                mb.loss_used = before[1]
+            raise
 
 
 def is_expert(name):

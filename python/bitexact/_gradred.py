@@ -316,6 +316,22 @@ def capture(fn, weights, trainable, doc, exact=True):
         raise
 
 
+@_contextlib.contextmanager
+def all_or_nothing(mb, idx=(), loss=False):
+    """Around an op's apply whose kernel may still refuse the data (token
+    ids, targets out of range): on an error the op's registrations in the
+    micro-batch (the state indices idx, the loss) are undone, so the
+    failed call changes nothing."""
+    try:
+        yield
+    except BaseException:
+        if mb is not None:
+            mb.used.difference_update(i for i in idx if i is not None)
+            if loss:
+                mb.loss_used = False
+        raise
+
+
 def wgrad(mb, idx, dy, x, what, bias_idx=None, bf=None):
     """A linear weight's gradient dY^T X (state tensor idx; None: none) and
     its bias's column sums of dY (bias_idx; None: none) over the

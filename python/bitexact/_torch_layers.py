@@ -25,6 +25,7 @@ each op).
 import torch
 
 from . import InvalidArgumentError
+from . import _gradred as _g
 from . import _layer_ops as _ops
 from ._torch_gradred import GradReduction, _F32, _capture, _check, _err, _rows, _threads
 
@@ -180,7 +181,8 @@ def embedding(ids, weight, padding_idx=None, num_threads=None):
     V = weight.shape[0]
     pad = -1 if padding_idx is None else (padding_idx + V if padding_idx < 0 else padding_idx)
     mb, (wi,) = _capture(fn, [(weight, "weight", ids.numel())])
-    return _fn.embedding.apply(weight, ids, pad, _threads(num_threads), mb, wi)
+    with _g.all_or_nothing(mb, (wi,)):  # an id out of range: nothing registered
+        return _fn.embedding.apply(weight, ids, pad, _threads(num_threads), mb, wi)
 
 
 class Embedding(torch.nn.Module):
@@ -212,7 +214,9 @@ def cross_entropy(logits, targets, ignore_index=-100, num_threads=None):
         raise _err(InvalidArgumentError, fn, "target", f"has shape {tuple(targets.shape)}, the "
                    f"logits {tuple(logits.shape)} want {tuple(logits.shape[:-1])}")
     mb, n_global = _ops.xent_step(_FW, fn, targets, ignore_index)
-    return _fn.xent.apply(logits, targets, int(ignore_index), _threads(num_threads), mb, n_global)
+    with _g.all_or_nothing(mb, loss=True):  # a target out of range
+        return _fn.xent.apply(logits, targets, int(ignore_index), _threads(num_threads), mb,
+                              n_global)
 
 
 class CrossEntropyLoss(_ops.CrossEntropyLossBase, torch.nn.Module):

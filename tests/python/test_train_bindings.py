@@ -359,3 +359,52 @@ def test_other_config_data_file_and_shuffle(tmp_path, fw):
         assert f.read() == g.read()
     for f in ("model.safetensors", "optimizer.safetensors"):
         assert _hash(os.path.join(c, f)) == _hash(os.path.join(ck, f))
+
+
+@pytest.mark.parametrize("fw", ["torch", "paddle"])
+def test_model_bad_input_changes_nothing(ref, fw):
+    """Float ids, an id or a label out of the vocabulary, labels of another
+    shape: the framework-independent bitexact errors, naming the argument;
+    after each, the same micro-batch still accepts the correct call (no
+    weight or loss left registered), and the step finishes with the bits
+    of a step that never saw the bad calls."""
+    import numpy as np
+    if fw == "paddle":
+        pytest.importorskip("paddle")
+        import paddle
+        from bitexact.paddle import Glm4MoeForCausalLM, GradReduction
+
+        def t(a, dt="int64"):
+            return paddle.to_tensor(a, dtype=dt)
+        f32 = "float32"
+    else:
+        import torch
+        from bitexact.torch import Glm4MoeForCausalLM, GradReduction
+
+        def t(a, dt=torch.int64):
+            return torch.tensor(a, dtype=dt)
+        f32 = torch.float32
+    import bitexact
+    from safetensors.numpy import load_file
+    arrays = load_file(os.path.join(ref["ck0"], "model.safetensors"))
+    ids = np.random.default_rng(3).integers(0, 1024, (2, 9))
+    x, y = ids[:, :8], ids[:, 1:]
+    bad = [((t(x, f32), t(y)), bitexact.DTypeError, "input"),
+           ((t(x + 1024), t(y)), bitexact.InvalidArgumentError, "ids"),
+           ((t(x), t(y + 1024)), bitexact.InvalidArgumentError, "target"),
+           ((t(x), t(y[:, :4])), bitexact.InvalidArgumentError, "labels")]
+    grads = []
+    for with_bad in (True, False):
+        m = Glm4MoeForCausalLM(os.path.join(ref["ck0"], "config.json"))
+        m.load_checkpoint(arrays)
+        red = GradReduction(list(m.named_parameters()), 8, 16)
+
+        def run(i):
+            if with_bad:
+                for args, exc, needle in bad:
+                    with pytest.raises(exc, match=needle):
+                        m(*args)
+            m(t(x), t(y)).backward()
+        red.run_two_pass(run, [(0, 16)])
+        grads.append([np.array(p.grad.numpy()) for _, p in m.named_parameters()])
+    assert all(np.array_equal(a.view(np.uint32), b.view(np.uint32)) for a, b in zip(*grads))
