@@ -95,16 +95,25 @@ def _state_json(st):
     return json.dumps(st, indent=2, sort_keys=True) + "\n"
 
 
+def check_save_dir(d):
+    """--save d is writable: absent, or a directory holding only a
+    checkpoint's files (checked before a run, and again at the save)."""
+    d = os.path.abspath(d)
+    if os.path.exists(d):
+        if not os.path.isdir(d) or set(os.listdir(d)) - set(CKPT_FILES):
+            raise InvalidArgumentError(f"--save {d}: exists and holds other files than a "
+                                       "checkpoint's; refusing to replace it")
+    if not os.path.isdir(os.path.dirname(d)):
+        raise InvalidArgumentError(f"--save {d}: the parent directory does not exist")
+
+
 def write_checkpoint(d, config_text, state, model_arrays, opt_arrays):
     """The four files into a fresh ``d.tmp-XXXXXX`` beside d, then renamed
     into place (an existing d holding only these files is replaced; one
     with other files is refused, before anything is written)."""
     from safetensors.numpy import save_file
     d = os.path.abspath(d)
-    if os.path.exists(d):
-        if not os.path.isdir(d) or set(os.listdir(d)) - set(CKPT_FILES):
-            raise InvalidArgumentError(f"--save {d}: exists and holds other files than a "
-                                       "checkpoint's; refusing to replace it")
+    check_save_dir(d)
     tmp = tempfile.mkdtemp(prefix=os.path.basename(d) + ".tmp-", dir=os.path.dirname(d))
     try:
         with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
@@ -159,6 +168,8 @@ class Run:
     def __init__(self, a, fw):
         self.a, self.fw = a, fw
         self.rank, self.world, self.comm, self.group = fw.init_distributed()
+        if a.save:
+            check_save_dir(a.save)
         cfg_text, st, marrays, oarrays = read_checkpoint(a.resume)
         self.cfg_text, self.state = cfg_text, st
         self.cfg = _gm.config(json.loads(cfg_text))
@@ -214,8 +225,8 @@ class Run:
                                   self.start)
         self.red = fw.GradReduction(self.params, self.L, self.B * self.L, num_threads=a.threads,
                                     compute_dtype=self.dtype)
-        # each element of the model counted once by the norm: rank i mod P (dense) or, for an
-        # expert, its holder among the ranks of replica i mod (P / E)
+        # each element of the model counted once by the norm: parameter i by rank i mod P
+        # (every rank holds every gradient after finish, experts included)
         self.owned = [(p, "expert" if _gm.is_expert(n) else "dense")
                       for i, (n, p) in enumerate(self.params) if i % P == self.rank]
         self.first_loss = self.last_loss = self.last_norm = float("nan")
@@ -292,15 +303,19 @@ def main(argv=None):
     try:
         run = Run(a, fw)
         rec = open(a.record, "w", encoding="utf-8") if a.record and run.rank == 0 else None
+        lines = 0
         try:
             for s in range(run.start, a.steps):
                 line = run.step(s)
                 if rec:
                     rec.write(line + "\n")
                     rec.flush()
+                    lines += 1
         finally:
             if rec:
                 rec.close()
+                if lines == 0 and a.steps > run.start:  # failed before its first step
+                    os.remove(a.record)
         if a.save:
             run.save(a.save)
     except (Error, OSError) as e:

@@ -190,9 +190,11 @@ def test_save_refuses_a_directory_with_other_files(ref, tmp_path):
     d = tmp_path / "ck"
     d.mkdir()
     (d / "keep.txt").write_text("mine")
+    rec = tmp_path / "r.jsonl"
     p = _run([sys.executable, "-m", "bitexact.train", "--framework", "torch", "--resume",
-              ref["ck0"], "--steps", "1", "--save", str(d)])
+              ref["ck0"], "--steps", "1", "--save", str(d), "--record", str(rec)])
     assert p.returncode == 2 and "other files" in p.stderr, p.stderr
+    assert not rec.exists()  # refused before the run: no step, no record
     assert (d / "keep.txt").read_text() == "mine" and sorted(os.listdir(d)) == ["keep.txt"]
 
 
