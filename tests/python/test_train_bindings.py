@@ -38,6 +38,11 @@ def _hash(path):
     return json.loads(p.stdout)["checkpoint"]
 
 
+def _train_script():
+    import bitexact.scripts
+    return bitexact.scripts.TRAIN
+
+
 def _port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -81,7 +86,7 @@ def _py_train(fw, ranks, out, ck0, *extra, steps=STEPS):
     else:
         cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node",
                str(ranks), "--log_dir", os.path.join(out, "log"),
-               os.path.join(HERE, "train_entry.py"), *args]
+               _train_script(), *args]
     p = _run(cmd, env={"PADDLE_DISTRI_BACKEND": "gloo", "OMP_NUM_THREADS": "1"})
     logs = ""
     if os.path.isdir(os.path.join(out, "log")):

@@ -1,0 +1,15 @@
+"""``python -m bitexact.train`` as a script file, for launchers that take a
+path instead of a module (paddle.distributed.launch)::
+
+    python -m paddle.distributed.launch --nproc_per_node 2 \\
+        "$(python -c 'import bitexact.scripts as s; print(s.TRAIN)')" --framework paddle ...
+
+It lives in its own directory: run as a script, its directory goes first
+on sys.path, and bitexact's own torch.py / paddle.py must not shadow the
+frameworks there."""
+import sys
+
+from bitexact._glm_run import main
+
+if __name__ == "__main__":
+    sys.exit(main())
