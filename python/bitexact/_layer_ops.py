@@ -109,6 +109,45 @@ def bias_arg(check, fn, name, b, n):
     return b
 
 
+def _shape(t):
+    return tuple(int(n) for n in t.shape)
+
+
+def linear_args(fw, check, capture, fn, x, weight, bias):
+    """The argument handling of both bindings' ``linear``: check (the
+    framework's argument check, returns the tensor contiguous) every
+    argument, then capture (its GradReduction registration) the weight and
+    bias. Returns (x, weight, bias, mb, (weight index, bias index))."""
+    weight = check(fn, "weight", weight, ndim=(2,))
+    bias = bias_arg(check, fn, "bias", bias, weight.shape[0])
+    x = check(fn, "input", x)
+    if x.shape[-1] != weight.shape[1]:
+        raise _err(InvalidArgumentError, fn, "input", f"has {x.shape[-1]} features, weight "
+                   f"{_shape(weight)} wants {weight.shape[1]}")
+    rows = fw.numel(x) // max(1, x.shape[-1])
+    mb, idx = capture(fn, [(weight, "weight", rows)] + ([(bias, "bias", rows)]
+                                                        if bias is not None else []))
+    return x, weight, bias, mb, (idx[0], idx[1] if bias is not None else None)
+
+
+def qkv_args(fw, check, capture, fn, x, weights, biases):
+    """The argument handling of both bindings' ``qkv_projection``: returns
+    (x, [wq, wk, wv], [bq, bk, bv], mb, ((w, b) indices for q, k, v))."""
+    names = ("q", "k", "v")
+    ws = [check(fn, f"{n}_weight", w, ndim=(2,)) for n, w in zip(names, weights)]
+    bs = [bias_arg(check, fn, f"{n}_bias", b, w.shape[0]) for n, b, w in zip(names, biases, ws)]
+    x = check(fn, "input", x)
+    for n, w in zip(names, ws):
+        if w.shape[1] != x.shape[-1]:
+            raise _err(InvalidArgumentError, fn, f"{n}_weight", f"has shape {_shape(w)}, the "
+                       f"input {x.shape[-1]} features")
+    rows = fw.numel(x) // max(1, x.shape[-1])
+    mb, idx = capture(fn, [(t, f"{n}_{k}", rows) for n, w, b in zip(names, ws, bs)
+                           for k, t in (("weight", w), ("bias", b)) if t is not None])
+    it = iter(idx)
+    return x, ws, bs, mb, tuple((next(it), next(it) if b is not None else None) for b in bs)
+
+
 def _bf(fw, ctx):
     """The weight gradients' operand rounding of an op (None: fp32)."""
     return fw.bf16 if ctx.bf else None

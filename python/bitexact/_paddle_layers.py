@@ -85,26 +85,12 @@ _fn = _ops.autograd_functions(paddle.autograd.PyLayer, _FW, __name__)
 
 # ---- Linear and the fused q/k/v projection -----------------------------------
 
-def _bias(fn, name, b, n):
-    """A bias argument checked: None, or an fp32 CPU [n] tensor."""
-    return _ops.bias_arg(_check, fn, name, b, n)
-
-
 def linear(x, weight, bias=None, num_threads=None):
     """y = x W^T (bx_gemm NT), W [out, in], then fl(y + b) with a bias; dx
     = dy W (NN); dW (and db) as chunk partials into the active
     GradReduction."""
-    fn = "bitexact.paddle.linear"
-    weight = _check(fn, "weight", weight, ndim=(2,))
-    bias = _bias(fn, "bias", bias, weight.shape[0])
-    x = _check(fn, "input", x)
-    if x.shape[-1] != weight.shape[1]:
-        raise _err(InvalidArgumentError, fn, "input", f"has {x.shape[-1]} features, weight "
-                   f"{list(weight.shape)} wants {weight.shape[1]}")
-    rows = _numel(x) // max(1, x.shape[-1])
-    mb, idx = _capture(fn, [(weight, "weight", rows)] + ([(bias, "bias", rows)] if bias is not None
-                                                          else []))
-    idx = (idx[0], idx[1] if bias is not None else None)
+    x, weight, bias, mb, idx = _ops.linear_args(_FW, _check, _capture, "bitexact.paddle.linear", x,
+                                                weight, bias)
     return _fn.linear.apply(x, weight, bias, _threads(num_threads), mb, idx, _wants_grad(x))
 
 
@@ -136,21 +122,8 @@ def qkv_projection(x, q_weight, k_weight, v_weight, num_threads=None, *, q_bias=
                    k_bias=None, v_bias=None):
     """(x Wq^T [+ bq], x Wk^T [+ bk], x Wv^T [+ bv]), one PyLayer (dx one
     chain; each bias added after its product)."""
-    fn = "bitexact.paddle.qkv_projection"
-    names = ("q", "k", "v")
-    ws = [_check(fn, f"{n}_weight", w, ndim=(2,)) for n, w in
-          zip(names, (q_weight, k_weight, v_weight))]
-    bs = [_bias(fn, f"{n}_bias", b, w.shape[0]) for n, b, w in zip(names, (q_bias, k_bias, v_bias), ws)]
-    x = _check(fn, "input", x)
-    for n, w in zip(names, ws):
-        if w.shape[1] != x.shape[-1]:
-            raise _err(InvalidArgumentError, fn, f"{n}_weight", f"has shape {list(w.shape)}, the "
-                       f"input {x.shape[-1]} features")
-    rows = _numel(x) // max(1, x.shape[-1])
-    mb, idx = _capture(fn, [(t, f"{n}_{k}", rows) for n, w, b in zip(names, ws, bs)
-                            for k, t in (("weight", w), ("bias", b)) if t is not None])
-    it = iter(idx)
-    pairs = tuple((next(it), next(it) if b is not None else None) for b in bs)
+    x, ws, bs, mb, pairs = _ops.qkv_args(_FW, _check, _capture, "bitexact.paddle.qkv_projection",
+                                         x, (q_weight, k_weight, v_weight), (q_bias, k_bias, v_bias))
     return _fn.qkv.apply(x, *ws, *bs, _threads(num_threads), mb, pairs, _wants_grad(x))
 
 

@@ -60,27 +60,13 @@ _fn = _ops.autograd_functions(torch.autograd.Function, _FW, __name__)
 
 # ---- Linear ---------------------------------------------------------------
 
-def _bias(fn, name, b, n):
-    """A bias argument checked: None, or an fp32 CPU [n] tensor."""
-    return _ops.bias_arg(_check, fn, name, b, n)
-
-
 def linear(x, weight, bias=None, num_threads=None):
     """y = x W^T (bx_gemm NT, one fmaf chain per element over k), then
     fl(y + b) with a bias (train_layers.c's q/k/v bias: one rounding, as
     torch's addmm); dx = dy W (NN); dW (and db, the column sums of dy) as
     chunk partials into the active GradReduction."""
-    fn = "bitexact.torch.linear"
-    weight = _check(fn, "weight", weight, ndim=(2,))
-    bias = _bias(fn, "bias", bias, weight.shape[0])
-    x = _check(fn, "input", x)
-    if x.shape[-1] != weight.shape[1]:
-        raise _err(InvalidArgumentError, fn, "input", f"has {x.shape[-1]} features, weight "
-                   f"{tuple(weight.shape)} wants {weight.shape[1]}")
-    rows = x.numel() // max(1, x.shape[-1])
-    mb, idx = _capture(fn, [(weight, "weight", rows)] + ([(bias, "bias", rows)] if bias is not None
-                                                          else []))
-    idx = (idx[0], idx[1] if bias is not None else None)
+    x, weight, bias, mb, idx = _ops.linear_args(_FW, _check, _capture, "bitexact.torch.linear", x,
+                                                weight, bias)
     return _fn.linear.apply(x, weight, bias, _threads(num_threads), mb, idx)
 
 
@@ -258,21 +244,8 @@ def qkv_projection(x, q_weight, k_weight, v_weight, num_threads=None, *, q_bias=
     """(x Wq^T [+ bq], x Wk^T [+ bk], x Wv^T [+ bv]) as one autograd node
     (dx one fmaf chain over the three, as `bitexact train`; each bias added
     after its product, fl(y + b))."""
-    fn = "bitexact.torch.qkv_projection"
-    names = ("q", "k", "v")
-    ws = [_check(fn, f"{n}_weight", w, ndim=(2,)) for n, w in
-          zip(names, (q_weight, k_weight, v_weight))]
-    bs = [_bias(fn, f"{n}_bias", b, w.shape[0]) for n, b, w in zip(names, (q_bias, k_bias, v_bias), ws)]
-    x = _check(fn, "input", x)
-    for n, w in zip(names, ws):
-        if w.shape[1] != x.shape[-1]:
-            raise _err(InvalidArgumentError, fn, f"{n}_weight", f"has shape {tuple(w.shape)}, the "
-                       f"input {x.shape[-1]} features")
-    rows = x.numel() // max(1, x.shape[-1])
-    mb, idx = _capture(fn, [(t, f"{n}_{k}", rows) for n, w, b in zip(names, ws, bs)
-                            for k, t in (("weight", w), ("bias", b)) if t is not None])
-    it = iter(idx)
-    pairs = tuple((next(it), next(it) if b is not None else None) for b in bs)
+    x, ws, bs, mb, pairs = _ops.qkv_args(_FW, _check, _capture, "bitexact.torch.qkv_projection",
+                                         x, (q_weight, k_weight, v_weight), (q_bias, k_bias, v_bias))
     return _fn.qkv.apply(x, *ws, *bs, _threads(num_threads), mb, pairs)
 
 
