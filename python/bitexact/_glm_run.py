@@ -20,6 +20,7 @@ group). Expert parallelism (``--ep``) is framework-neutral
 Threading: one thread (the kernels' own workers: ``--threads``).
 """
 import argparse
+import copy
 import json
 import math
 import os
@@ -286,7 +287,7 @@ class Run:
             oarr[n + ".exp_avg"], oarr[n + ".exp_avg_sq"] = fw.numpy(m), fw.numpy(v)
         if self.rank != 0:
             return
-        st = json.loads(json.dumps(self.state))
+        st = copy.deepcopy(self.state)
         st.update(step=a.steps, clip=chex(self.clip), mode="invariant", compute_dtype=self.dtype)
         st["data"]["position"] = a.steps * self.B
         st["lr_schedule"] = {"kind": "constant", "lr": chex(self.lr)}

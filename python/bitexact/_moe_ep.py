@@ -1,9 +1,11 @@
 """Expert parallelism for the MoE block of the framework bindings (the
 Python counterpart of src/cli/train_moe_ep.c; docs/train_python.md,
-"Expert parallelism"). Framework-neutral: it works on numpy arrays (the
-kernels take them through DLPack) and moves bytes through a
-:class:`bitexact.Comm` (the int64 all-reduce of torch.distributed or
-paddle.distributed), so both bindings run the same code.
+"Expert parallelism"). Framework-neutral: the rows travel as numpy
+bytes through a :class:`bitexact.Comm` (the int64 all-reduce of
+torch.distributed or paddle.distributed); the experts' forward, backward
+and weight gradients are bitexact._moe_ops's (experts_rows_forward /
+_backward, expert_wgrads) on the framework's tensors, so both bindings
+and the one-process block run the same code.
 
 EP groups of E consecutive ranks; EP rank d holds experts [d*nl,
 (d+1)*nl), nl = n_routed_experts / E. Per MoE layer and micro-batch:
@@ -35,9 +37,10 @@ same order (the forward and backward of the same layers and micro-batches).
 """
 import numpy as np
 
-from . import Error, InvalidArgumentError, _comm_args
+from . import InvalidArgumentError, _comm_args
+from . import _moe_ops as _mo
 from . import kernels as _k
-from ._gradred import _active, _renamed, bf16_round
+from ._gradred import _active
 
 
 class ExpertParallel:
@@ -57,7 +60,7 @@ class ExpertParallel:
         self.first = self.d * self.nl
         self.a2a_bytes = 0  # bytes this rank sent (a true all-to-all's count), cumulative
         self.local_chunks = None  # chunks (sequences) per rank per step: set by the trainer
-        self.rows = EPRows(self)  # what the MoE block calls (moe(..., expert_parallel=self))
+        self.rows = self  # the MoE block's expert stage (moe(..., expert_parallel=self))
 
     def holds(self, e):
         return e // self.nl == self.d
@@ -86,56 +89,49 @@ class ExpertParallel:
         r = self.fn(buf, "sum")
         return np.frombuffer(bytes(r if r is not None else buf), dtype=np.int64).reshape(a.shape).copy()
 
-    # ---- forward ------------------------------------------------------------
+    # ---- the MoE block's expert stage (bitexact._moe_ops: moe(..., rows=self)) ----------
 
-    def forward(self, xp, offsets, row_tok, weights, nt, cast=None):
-        """xp [R, H] float32 (rows by (expert, token)), offsets [NE + 1],
-        row_tok [R] the rows' global token ids, weights[e] = (W_g, W_u, W_d)
-        numpy arrays for every held expert e; cast: None (fp32) or the bf16
-        rounding of a numpy array into a framework tensor (bf16 compute).
-        Returns (yp [R, H], saved)."""
-        H, NE, nl = xp.shape[1], self.NE, self.nl
-        eid = np.repeat(np.arange(NE, dtype=np.int64), np.diff(offsets))
+    def forward(self, fw, xp, off, ews, nt, row_map, bf=False):
+        """xp [R, H] (the local rows by (expert, token)), off [NE + 1], ews
+        every expert's (W_g, W_u, W_d), row_map [R, 2]: the rows go to their
+        experts' ranks, the held experts run on the rows received (in the
+        dispatch order, by _moe_ops.experts_rows_forward), the outputs come
+        back. Returns (yp [R, H], the state of backward and wgrads)."""
+        red = _active()
+        mb = red._mb if red is not None else None
+        if mb is None:
+            raise InvalidArgumentError("MoE (expert parallel): the block must run inside a "
+                                       "GradReduction micro-batch (the rows' global token ids)")
+        xp, H, nl = np.asarray(xp.numpy()), int(xp.shape[1]), self.nl
+        row_tok = np.asarray(row_map.numpy())[:, 0] + mb.tok0
+        eid = np.repeat(np.arange(self.NE, dtype=np.int64), np.diff(np.asarray(off)))
         sends, cnt = [], []
         for p in range(self.E):
-            a, b = int(offsets[p * nl]), int(offsets[(p + 1) * nl])
+            a, b = int(off[p * nl]), int(off[(p + 1) * nl])
             meta = np.stack([eid[a:b], row_tok[a:b]], axis=1).astype(np.int64)
             sends.append(meta.tobytes() + np.ascontiguousarray(xp[a:b]).tobytes())
             cnt.append(b - a)
-        recv = self._exchange(sends)
         metas, rows, rcnt = [], [], []
-        for b in recv:
+        for b in self._exchange(sends):
             n = len(b) // (16 + 4 * H)
             metas.append(np.frombuffer(b[:16 * n], dtype=np.int64).reshape(n, 2))
             rows.append(np.frombuffer(b[16 * n:16 * n + 4 * H * n], dtype=np.float32).reshape(n, H))
             rcnt.append(n)
-        meta = np.concatenate(metas) if metas else np.zeros((0, 2), np.int64)
-        rbuf = np.concatenate(rows) if rows else np.zeros((0, H), np.float32)
+        meta, rbuf = np.concatenate(metas), np.concatenate(rows)
         n = rbuf.shape[0]
-        off = np.zeros(nl + 1, dtype=np.int64)
+        loc = np.zeros(nl + 1, dtype=np.int64)
         order = np.zeros(n, dtype=np.int64)
         if n:
-            e_loc = np.ascontiguousarray(meta[:, 0] - self.first)
-            tin = np.ascontiguousarray(meta[:, 1])
-            _k.moe_dispatch_order(e_loc, tin, off, order)
-        xr = np.ascontiguousarray(rbuf[order])
-        tok = meta[order, 1].copy() if n else np.zeros(0, np.int64)
-        ws = [weights[self.first + le] for le in range(nl)]
-        I = ws[0][0].shape[0]
-        gr, ur, hr = (np.empty((n, I), np.float32) for _ in range(3))
-        dr = np.empty((n, H), np.float32)
-        o = off.tolist()
-        for le, (wg, wu, wd) in enumerate(ws):
-            a, b = o[le], o[le + 1]
-            if a == b:
-                continue
-            _mm(cast, xr[a:b], wg, "nt", gr[a:b], num_threads=nt)
-            _mm(cast, xr[a:b], wu, "nt", ur[a:b], num_threads=nt)
-            _k.swiglu_forward(gr[a:b], ur[a:b], hr[a:b], num_threads=nt)
-            _mm(cast, hr[a:b], wd, "nt", dr[a:b], num_threads=nt)
-        yp = self._back(dr, order, rcnt, cnt, H)
-        return yp, dict(order=order, off=o, xr=xr, gr=gr, ur=ur, hr=hr, tok=tok, rcnt=rcnt,
-                        cnt=cnt, ws=ws)
+            _k.moe_dispatch_order(np.ascontiguousarray(meta[:, 0] - self.first),
+                                  np.ascontiguousarray(meta[:, 1]), loc, order)
+        ws = list(ews[self.first:self.first + nl])
+        o = loc.tolist()
+        dr, ract = _mo.experts_rows_forward(fw, fw.from_numpy(np.ascontiguousarray(rbuf[order])),
+                                            o, ws, nt, bf)
+        yp = self._back(np.asarray(dr.numpy()), order, rcnt, cnt, H)
+        st = dict(order=order, off=o, ract=ract, ws=ws, rcnt=rcnt, cnt=cnt, fw=fw,
+                  tok=fw.from_numpy(np.ascontiguousarray(meta[order, 1])))
+        return fw.from_numpy(yp), st
 
     def _back(self, res, order, rcnt, cnt, H):
         """Rows in dispatch order -> received order -> each sender, in the
@@ -147,125 +143,35 @@ class ExpertParallel:
             parts.append(sbuf[a:a + n].tobytes())
             a += n
         got = self._exchange(parts)
-        out = np.concatenate([np.frombuffer(b[:4 * H * c], dtype=np.float32).reshape(c, H)
-                              for b, c in zip(got, cnt)]) if cnt else np.zeros((0, H), np.float32)
-        return np.ascontiguousarray(out)
+        return np.ascontiguousarray(np.concatenate(
+            [np.frombuffer(b[:4 * H * c], dtype=np.float32).reshape(c, H)
+             for b, c in zip(got, cnt)]))
 
-    # ---- backward -------------------------------------------------------------
-
-    def backward(self, dyp, st, nt, cast=None):
-        """dyp [R, H] (the sender's rows) -> dxp [R, H]; keeps in st the
-        held experts' weight-gradient factors for :meth:`wgrads`."""
-        H = dyp.shape[1]
+    def backward(self, fw, dyp, st, nt, bf=False):
+        """dyp [R, H] (the sender's rows) -> dxp [R, H]: the output
+        gradients go to the experts' ranks, _moe_ops.experts_rows_backward
+        runs there, the input gradients come back. Keeps in st the held
+        experts' weight-gradient factors for :meth:`wgrads`."""
+        dyp, H = np.asarray(dyp.numpy()), int(dyp.shape[1])
         parts, a = [], 0
         for c in st["cnt"]:
             parts.append(np.ascontiguousarray(dyp[a:a + c]).tobytes())
             a += c
-        got = self._exchange(parts)
         rb = np.concatenate([np.frombuffer(b[:4 * H * c], dtype=np.float32).reshape(c, H)
-                             for b, c in zip(got, st["rcnt"])]) if got else np.zeros((0, H), np.float32)
-        order, o, n = st["order"], st["off"], len(st["order"])
-        dyr = np.ascontiguousarray(rb[order]) if n else np.zeros((0, H), np.float32)
-        I = st["gr"].shape[1]
-        dhr, dgr, dur = (np.empty((n, I), np.float32) for _ in range(3))
-        dr = np.empty((n, H), np.float32)
-        for le, (wg, wu, wd) in enumerate(st["ws"]):
-            a, b = o[le], o[le + 1]
-            if a == b:
-                continue
-            _mm(cast, dyr[a:b], wd, "nn", dhr[a:b], num_threads=nt)
-            _k.swiglu_backward(st["gr"][a:b], st["ur"][a:b], dhr[a:b], dgr[a:b], dur[a:b],
-                               num_threads=nt)
-            _mm(cast, dgr[a:b], wg, "nn", dr[a:b], num_threads=nt)
-            _mm(cast, dur[a:b], wu, "nn", dr[a:b], accumulate=True, num_threads=nt)
-        st.update(dyr=dyr, dgr=dgr, dur=dur)
-        return self._back(dr, order, st["rcnt"], st["cnt"], H)
-
-    def wgrads(self, mb, eidx, st, cast=None):
-        """train_moe_ep.c's wg_expert for every held expert weight (eidx[e]:
-        the GradReduction state indices (gate, up, down) of expert e, or
-        None), after :meth:`backward`."""
-        dyr, dgr, dur = st["dyr"], st["dgr"], st["dur"]
-        red = mb.red
-        s, C = red._state, red.seq_len
-        nch, lc = mb.T // C, self.local_chunks
-        cb0 = mb.chunk0 - self.d * lc  # peer p's micro-batch: chunks cb0 + p*lc, nch of them
-        span = (self.E - 1) * lc + nch
-        bound = mb.check("MoE backward (expert parallel)")
-        o, tok = st["off"], st["tok"]
-        bd = np.zeros(span + 1, dtype=np.int64)
-        try:
-            for le in range(self.nl):
-                r0, r1 = o[le], o[le + 1]
-                idx3 = eidx[self.first + le]
-                if r1 > r0:
-                    _k.moe_expert_chunks(np.ascontiguousarray(tok[r0:r1]), C, cb0, bd)
-                    b = bd.tolist()
-                else:
-                    b = [0] * (span + 1)
-                for i, dy, x in zip(idx3, (dgr, dur, dyr), (st["xr"], st["xr"], st["hr"])):
-                    if i is None:
-                        continue
-                    for ch in (p * lc + j for p in range(self.E) for j in range(nch)):
-                        a, e = r0 + b[ch], r0 + b[ch + 1]
-                        if bound:
-                            if a < e:
-                                ma, mx = _max_abs(dy[a:e]), _max_abs(x[a:e])
-                                if cast is not None:  # the bound of the rounded operands
-                                    ma, mx = bf16_round(ma), bf16_round(mx)
-                                s.bound_exp(i, _k.wgrad_bound_exp(e - a, ma, mx))
-                            continue
-                        part = np.zeros((dy.shape[1], x.shape[1]), np.float32)
-                        if a < e:
-                            _mm(cast, dy[a:e], x[a:e], "tn", part, num_threads=red.num_threads)
-                        s.add(i, cb0 + ch, part)
-        except Error as err:
-            raise _renamed(err, red.names) from err
-
-
-class EPRows:
-    """The expert stage of bitexact._moe_ops's MoE block (its ``rows``)
-    through an :class:`ExpertParallel`: framework tensors in and out (the
-    adapter's ``from_numpy``), numpy inside."""
-
-    def __init__(self, ep):
-        self.ep = ep
-
-    def forward(self, fw, xp, off, ews, nt, row_map, bf=False):
-        red = _active()
-        mb = red._mb if red is not None else None
-        if mb is None:
-            raise InvalidArgumentError("MoE (expert parallel): the block must run inside a "
-                                       "GradReduction micro-batch (the rows' global token ids)")
-        tok = np.asarray(row_map.numpy())[:, 0] + mb.tok0
-        ep = self.ep
-        weights = {e: tuple(np.asarray(w.detach().numpy()) for w in ews[e])
-                   for e in range(ep.first, ep.first + ep.nl)}
-        yp, st = ep.forward(np.asarray(xp.numpy()), np.asarray(off, dtype=np.int64), tok,
-                            weights, nt, _cast(fw, bf))
-        st["fw"] = fw
-        return fw.from_numpy(yp), st
-
-    def backward(self, fw, dyp, st, nt, bf=False):
-        return fw.from_numpy(self.ep.backward(np.asarray(dyp.numpy()), st, nt, _cast(fw, bf)))
+                             for b, c in zip(self._exchange(parts), st["rcnt"])])
+        dyr = fw.from_numpy(np.ascontiguousarray(rb[st["order"]]))
+        dr, (dgr, dur) = _mo.experts_rows_backward(fw, dyr, st["off"], st["ws"], st["ract"], nt, bf)
+        st["grads"] = (dyr, dgr, dur)
+        return fw.from_numpy(self._back(np.asarray(dr.numpy()), st["order"], st["rcnt"],
+                                        st["cnt"], H))
 
     def wgrads(self, mb, eidx, st, bf=False):
-        self.ep.wgrads(mb, eidx, st, _cast(st["fw"], bf))
-
-
-def _cast(fw, bf):
-    """bf16 compute: a numpy array rounded into a framework bf16 tensor."""
-    return (lambda a: fw.bf16(fw.from_numpy(np.ascontiguousarray(a)))) if bf else None
-
-
-def _mm(cast, a, b, layout, c, accumulate=False, num_threads=0):
-    """bx_gemm, the operands rounded by cast first (bf16 compute)."""
-    if cast is not None:
-        a, b = cast(a), cast(b)
-    _k.gemm(a, b, layout, c, accumulate=accumulate, num_threads=num_threads)
-
-
-def _max_abs(a):
-    """max |a| over the finite elements, 0 if none (exact)."""
-    v = np.abs(a[np.isfinite(a)])
-    return float(v.max()) if v.size else 0.0
+        """train_moe_ep.c's wg_expert for every held expert weight (eidx[e]:
+        the GradReduction state indices (gate, up, down) of expert e, or
+        None), after :meth:`backward`: _moe_ops.expert_wgrads over the
+        chunks of every EP peer's current micro-batch."""
+        nch, lc = mb.T // mb.red.seq_len, self.local_chunks
+        _mo.expert_wgrads(st["fw"], mb, eidx[self.first:self.first + self.nl], st["tok"], st["off"],
+                          st["ract"], st["grads"], "MoE backward (expert parallel)", bf,
+                          chunk0=mb.chunk0 - self.d * lc, span=(self.E - 1) * lc + nch,
+                          chunks=[p * lc + j for p in range(self.E) for j in range(nch)])

@@ -48,7 +48,7 @@ Host-side values (expert offsets, chunk bounds, max |.| of the wgrad
 bounds) are read through numpy (``Tensor.numpy()`` / ``tolist()``, which
 both frameworks have): the same code, so the same values in both.
 
-Expert parallelism: ``rows`` may instead be a bitexact._moe_ep.EPRows
+Expert parallelism: ``rows`` may instead be a bitexact._moe_ep.ExpertParallel
 (``MoE.ep``, set by the trainer), which sends the rows to their experts'
 ranks and back and adds the held experts' weight gradients itself.
 
@@ -80,7 +80,7 @@ def _shape(t):
 def max_abs(t):
     """max |t| over the finite elements, 0 if none (exact; train_wgrad.c's
     max_abs, the input of bx_wgrad_bound_exp)."""
-    a = _np.abs(_np.asarray(t.numpy()))
+    a = _np.abs(t if isinstance(t, _np.ndarray) else _np.asarray(t.numpy()))
     a = a[_np.isfinite(a)]
     return float(a.max()) if a.size else 0.0
 
@@ -210,7 +210,7 @@ def experts_forward(fw, x2, w, pl, ews, initial, nt, rows=LOCAL_ROWS, bf=False):
     off = offsets.tolist()
     if isinstance(rows, tuple):
         yp, ract = rows[0](fw, xp, off, ews, nt, bf)
-    else:  # expert parallel (bitexact._moe_ep.EPRows): the rows travel to their experts
+    else:  # expert parallel (bitexact._moe_ep.ExpertParallel): the rows travel to their experts
         yp, ract = rows.forward(fw, xp, off, ews, nt, row_map, bf)
     out = fw.empty([_shape(x2)[0], H])
     _k.moe_unpermute(yp, w, row_map, pos, initial, out, num_threads=nt)
@@ -237,35 +237,41 @@ def experts_backward(fw, dout, w, pl, ews, act, nt, want_dw=True, rows=LOCAL_ROW
     return dx, dw, grads
 
 
-def expert_wgrads(fw, mb, eidx, tok, off, ract, grads, what, bf=False):
+def expert_wgrads(fw, mb, eidx, tok, off, ract, grads, what, bf=False, chunk0=None, span=None,
+                  chunks=None):
     """tr_wg_expert for every expert weight that needs a gradient (eidx:
     per expert the state indices of (gate, up, down) or None): per global
     chunk of the micro-batch, the TN GEMM over the expert's rows of that
     chunk (pass 1; a zero partial for a chunk without rows) or the
     a-priori bound of that GEMM (pass 0; nothing for a chunk without rows).
     tok: the rows' global token ids (int64 [R], ascending per expert);
-    ract: the rows' forward state (xp, gp, up, hp); grads (dyp, dgp, dup)."""
+    ract: the rows' forward state (xp, gp, up, hp); grads (dyp, dgp, dup).
+    Expert parallelism (bitexact._moe_ep) gives the chunk range its rows
+    come from: chunks [chunk0, chunk0 + span) (default the micro-batch's),
+    of which the offsets ``chunks`` are the EP peers' micro-batches."""
     if all(i is None for t in eidx for i in t):
         return
     bound = mb.check(what)
     red = mb.red
     s, C = red._state, red.seq_len
-    nch = mb.T // C
+    chunk0 = mb.chunk0 if chunk0 is None else chunk0
+    span = mb.T // C if span is None else span
+    chunks = range(span) if chunks is None else chunks
     xp, _, _, hp = ract
     dyp, dgp, dup = grads
-    bounds = fw.empty([nch + 1], fw.i64)
+    bounds = fw.empty([span + 1], fw.i64)
     try:
         for e, idx3 in enumerate(eidx):
             r0, r1 = off[e], off[e + 1]
             if r1 > r0:
-                _k.moe_expert_chunks(tok[r0:r1].contiguous(), C, mb.chunk0, bounds)
+                _k.moe_expert_chunks(tok[r0:r1].contiguous(), C, chunk0, bounds)
                 bd = bounds.tolist()
             else:
-                bd = [0] * (nch + 1)
+                bd = [0] * (span + 1)
             for i, dy, x in zip(idx3, (dgp, dup, dyp), (xp, xp, hp)):
                 if i is None:
                     continue
-                for ch in range(nch):
+                for ch in chunks:
                     a, b = r0 + bd[ch], r0 + bd[ch + 1]
                     if bound:
                         if a < b:
@@ -277,7 +283,7 @@ def expert_wgrads(fw, mb, eidx, tok, off, ract, grads, what, bf=False):
                         mm(fw, bf, dy[a:b], x[a:b], "tn", part, num_threads=red.num_threads)
                     else:  # the coverage check wants every chunk once: an exact zero
                         part = _np.zeros(shape, _np.float32)
-                    s.add(i, mb.chunk0 + ch, part)
+                    s.add(i, chunk0 + ch, part)
     except Error as e:
         raise _renamed(e, red.names) from e
 
