@@ -6,7 +6,9 @@ the tiny config (8 x 64 tokens) by
 - ``bitexact train`` (C): (wall of --steps 1+N) - (wall of --steps 1), / N,
   resumed from the same step-0 checkpoint (start-up and data excluded);
 - the torch binding and the Paddle binding (``python -m bitexact.train``'s
-  Run.step, in process);
+  Run.step, in process), and the torch binding under torch.compile
+  (``--compile``: fullgraph=True, the layers as custom ops; compiled in the
+  warm-up step);
 - the native-ops baselines: transformers' Glm4MoeForCausalLM with torch's
   autograd, clip_grad_norm_ and AdamW (bench/python/glm_native.py), and the
   same formula in Paddle's eager ops with ClipGradByGlobalNorm and
@@ -51,16 +53,16 @@ def c_step(cli, ck0, n, threads, dtype):
     return (wall(1 + n) - wall(1)) / n
 
 
-def binding_step(fw, ck0, n, threads):
+def binding_step(fw, ck0, n, threads, compile_=False):
     from bitexact import _glm_run as g
     if fw == "torch":
         from bitexact._torch_glm import RUNNER
     else:
         from bitexact._paddle_glm import RUNNER
     a = g.parse_args(["--framework", fw, "--resume", ck0, "--steps", str(n + 1), "--threads",
-                      str(threads)])
+                      str(threads)] + (["--compile"] if compile_ else []))
     r = g.Run(a, RUNNER)
-    r.step(0)
+    r.step(0)  # warm-up (with --compile: the forward and backward graphs compiled)
     t = time.perf_counter()
     for s in range(1, n + 1):
         r.step(s)
@@ -98,11 +100,12 @@ def main():
         subprocess.run([a.cli, "train", "--steps", "0", "--save", ck0, "-q", "--compute-dtype",
                         a.compute_dtype], check=True, capture_output=True)
         nat = ["native torch (transformers)"] + (["native paddle"] if "paddle" in fws else [])
-        res = {k: [] for k in ["bitexact train"] + fws + nat}
+        res = {k: [] for k in ["bitexact train"] + fws + ["torch --compile"] + nat}
         for _ in range(a.repeat):  # interleaved: the machine's noise hits every variant alike
             res["bitexact train"].append(c_step(a.cli, ck0, a.steps, a.threads, a.compute_dtype))
             for fw in fws:
                 res[fw].append(binding_step(fw, ck0, a.steps, a.threads))
+            res["torch --compile"].append(binding_step("torch", ck0, a.steps, a.threads, True))
             res["native torch (transformers)"].append(native_step(ck0, a.steps))
             if "paddle" in fws:
                 res["native paddle"].append(native_step(ck0, a.steps, "glm_native_paddle"))

@@ -192,20 +192,25 @@ class ForCausalLMBase(_ModuleBase):
         if L > self.config.max_position_embeddings:
             raise InvalidArgumentError(f"Glm4MoeForCausalLM: sequences of {L} tokens exceed "
                                        f"max_position_embeddings {self.config.max_position_embeddings}")
+        if self._bx_api._compiling():  # torch.compile: no rollback (docs/torch_layers.md)
+            return self._forward(input_ids, labels, B, L)
         red = _active()
         mb = red._mb if red is not None else None
         before = (set(mb.used), mb.loss_used) if mb is not None else None
         try:
-            logits = self.lm_head(self.model(input_ids))
-            if labels is None:
-                return logits.reshape([B, L, self.config.vocab_size])
-            return self._bx_api.cross_entropy(logits, labels.reshape([B * L]))
+            return self._forward(input_ids, labels, B, L)
         except BaseException:  # a refused call (an id, a label) registers nothing
             if mb is not None:
                 mb.used.clear()
                 mb.used.update(before[0])
                 mb.loss_used = before[1]
             raise
+
+    def _forward(self, input_ids, labels, B, L):
+        logits = self.lm_head(self.model(input_ids))
+        if labels is None:
+            return logits.reshape([B, L, self.config.vocab_size])
+        return self._bx_api.cross_entropy(logits, labels.reshape([B * L]))
 
 
 def is_expert(name):
@@ -244,6 +249,8 @@ class RunnerBase:
     """The framework hooks of bitexact._glm_run that are spelled alike in
     torch and Paddle (the subclasses add name, Model, AdamW,
     GradReduction, ids, numpy, init_distributed)."""
+
+    compile = None  # torch: the model compiled (python -m bitexact.train --compile)
 
     @staticmethod
     def grad(p):

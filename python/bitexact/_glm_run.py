@@ -14,7 +14,7 @@ _paddle_glm ``RUNNER``): ``name``, ``Model``, ``GradReduction``,
 ``AdamW``, ``ids(array)`` (an int64 tensor), ``numpy(t)`` (a copy),
 ``grad(p)``, ``backward(loss)``, ``named_parameters(model)``,
 ``named_buffers(model)``, ``init_distributed()`` -> (rank, world, comm,
-group). Expert parallelism (``--ep``) is framework-neutral
+group), ``compile(model)`` (``--compile``; None where not offered). Expert parallelism (``--ep``) is framework-neutral
 (bitexact._moe_ep over the comm).
 
 Threading: one thread (the kernels' own workers: ``--threads``).
@@ -159,6 +159,8 @@ def parse_args(argv):
     p.add_argument("--shuffle", action="store_true", default=None)
     p.add_argument("--compute-dtype", choices=("fp32", "bf16"), default=None,
                    help="must equal the checkpoint's (default: the checkpoint's)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch: run the model as torch.compile(model, fullgraph=True)")
     p.add_argument("-q", action="store_true", help="no summary line")
     return p.parse_args(argv)
 
@@ -168,6 +170,9 @@ class Run:
 
     def __init__(self, a, fw):
         self.a, self.fw = a, fw
+        if a.compile and fw.compile is None:
+            raise InvalidArgumentError(f"--compile: not offered with --framework {fw.name} "
+                                       "(torch only: torch.compile, docs/train_python.md)")
         self.rank, self.world, self.comm, self.group = fw.init_distributed()
         if a.save:
             check_save_dir(a.save)
@@ -209,6 +214,8 @@ class Run:
         self.clip = a.clip if a.clip is not None else float.fromhex(st["clip"])
         self.model = fw.Model(self.cfg)
         self.model.load_checkpoint(marrays)
+        # what a step calls: the model, or the model compiled (--compile)
+        self.forward = fw.compile(self.model) if a.compile else self.model
         self.ep = None
         if E > 1:  # the MoE blocks compute their held experts, tokens exchanged over comm
             self.ep = ExpertParallel(self.comm, self.rank, P, E, self.cfg.n_routed_experts)
@@ -246,7 +253,7 @@ class Run:
             for i in range(a.micro_batches):
                 r0 = i * per
                 with red.micro_batch((first + r0) * L, per * L) as mb:
-                    loss = self.model(fw.ids(toks[r0:r0 + per, :L]), fw.ids(toks[r0:r0 + per, 1:]))
+                    loss = self.forward(fw.ids(toks[r0:r0 + per, :L]), fw.ids(toks[r0:r0 + per, 1:]))
                     fw.backward(loss)
                     if pass_:
                         tok_losses[r0 * L:(r0 + per) * L] = fw.numpy(mb.token_losses)

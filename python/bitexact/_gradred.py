@@ -18,8 +18,10 @@ micro-batch finds weights that are not that reduction's and raises); a
 reduction is used by one thread at a time.
 """
 import contextlib as _contextlib
+import itertools as _itertools
 import re as _re
 import threading as _threading
+import weakref as _weakref
 
 from . import Error, InvalidArgumentError, _comm_args
 from . import kernels as _k
@@ -45,6 +47,26 @@ def _renamed(e, names):
     n = type(e)(msg)
     n.__dict__.update(getattr(e, "__dict__", {}))
     return n
+
+
+_OBJECTS = _weakref.WeakValueDictionary()  # key -> an object a compiled call names (register)
+_KEYS = _itertools.count(1)
+
+
+def register(obj):
+    """obj._bx_key := a new key naming obj in a compiled graph (an integer
+    argument of bitexact.torch's custom op; expert parallelism's object)."""
+    obj._bx_key = next(_KEYS)
+    _OBJECTS[obj._bx_key] = obj
+
+
+def registered(key):
+    """The object :func:`register` gave ``key`` (it must still be alive)."""
+    obj = _OBJECTS.get(key)
+    if obj is None:
+        raise InvalidArgumentError(f"a compiled bitexact call names object {key}, which no "
+                                   "longer exists (recompile after replacing it)")
+    return obj
 
 
 def bf16_active():

@@ -38,6 +38,7 @@ same order (the forward and backward of the same layers and micro-batches).
 import numpy as np
 
 from . import InvalidArgumentError, _comm_args
+from . import _gradred as _g
 from . import _moe_ops as _mo
 from . import kernels as _k
 from ._gradred import _active
@@ -61,6 +62,7 @@ class ExpertParallel:
         self.a2a_bytes = 0  # bytes this rank sent (a true all-to-all's count), cumulative
         self.local_chunks = None  # chunks (sequences) per rank per step: set by the trainer
         self.rows = self  # the MoE block's expert stage (moe(..., expert_parallel=self))
+        _g.register(self)  # self._bx_key: how a torch.compile'd graph names it
 
     def holds(self, e):
         return e // self.nl == self.d

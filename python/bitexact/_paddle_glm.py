@@ -24,6 +24,11 @@ ModuleList = paddle.nn.LayerList
 _paddle_fast_export()  # parameters (stop_gradient=False) reach the kernels without a copy
 
 
+def _compiling():
+    """Whether torch.compile traces (never, for Paddle: the model body's hook)."""
+    return False
+
+
 def _positions(B, L):
     """Token t = b*L + i has position i (int64 [B*L])."""
     return paddle.tile(paddle.arange(L, dtype="int64"), [B])

@@ -21,6 +21,7 @@ from . import kernels as _k
 from ._torch_layers import (Embedding, Linear, RMSNorm, SwiGLUMLP, causal_attention,  # noqa: F401
                             cross_entropy, qkv_projection, rms_norm, rope)
 from ._torch_moe import MoE  # noqa: F401
+from ._torch_compile import compiling as _compiling  # noqa: F401 (ForCausalLMBase.forward)
 
 __all__ = ["Glm4MoeForCausalLM", "Glm4MoeModel", "Glm4MoeDecoderLayer", "Glm4MoeAttention",
            "AdamW"]
@@ -132,6 +133,12 @@ class _Runner(_gm.RunnerBase):
     def GradReduction(*args, **kw):
         from ._torch_gradred import GradReduction
         return GradReduction(*args, **kw)
+
+    @staticmethod
+    def compile(model):
+        """torch.compile(model, fullgraph=True): one graph per forward, the
+        layers as bitexact's custom ops (_torch_compile.py), the same bits."""
+        return torch.compile(model, fullgraph=True)
 
     @staticmethod
     def ids(a):

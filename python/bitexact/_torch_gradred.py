@@ -18,6 +18,8 @@ the step); the kernels release the GIL and their own worker threads
 (``num_threads``) never change a bit. Its users: _torch_layers.py and
 _torch_moe.py, _torch_glm.py. Not covered: CUDA tensors.
 """
+import threading
+
 import torch
 
 from . import DeviceError, DTypeError, InvalidArgumentError, LayoutError
@@ -121,11 +123,20 @@ class GradReduction(_g.GradReductionBase):
         return t.numpy().tobytes()
 
 
+_tls = threading.local()  # .flags: {id(tensor): takes part in autograd} inside a compiled call
+
+
 def _capture(fn, weights, exact=True):
     """At forward: the micro-batch and the state indices of the weights
-    that will need a gradient (grad mode on and requires_grad)."""
-    grad = torch.is_grad_enabled()
-    return _g.capture(fn, weights, lambda w: grad and w.requires_grad, "docs/torch_layers.md", exact)
+    that will need a gradient (grad mode on and requires_grad; inside a
+    torch.compile'd call, _torch_compile's flags decided at trace time)."""
+    flags = getattr(_tls, "flags", None)
+    if flags is not None:
+        trainable = lambda w: flags.get(id(w), False)  # noqa: E731
+    else:
+        grad = torch.is_grad_enabled()
+        trainable = lambda w: grad and w.requires_grad  # noqa: E731
+    return _g.capture(fn, weights, trainable, "docs/torch_layers.md", exact)
 
 
 _wgrad, _partials = _g.wgrad, _g.partials

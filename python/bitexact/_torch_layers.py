@@ -27,6 +27,7 @@ import torch
 from . import InvalidArgumentError
 from . import _gradred as _g
 from . import _layer_ops as _ops
+from . import _torch_compile as _tc
 from ._torch_gradred import GradReduction, _F32, _capture, _check, _err, _rows, _threads
 
 __all__ = ["GradReduction", "Linear", "RMSNorm", "SwiGLUMLP", "Embedding", "CrossEntropyLoss",
@@ -55,7 +56,7 @@ _FW = _ops.Adapter(f32=_F32, i64=torch.int64,
                    need_dx=lambda ctx: ctx.needs_input_grad[0], n_grads=len,
                    add_=lambda y, b: y.add_(b), from_numpy=torch.from_numpy,
                    bf16=_bf16)
-_fn = _ops.autograd_functions(torch.autograd.Function, _FW, __name__)
+_fn = _ops.autograd_functions(_tc.Function, _FW, __name__)
 
 
 # ---- Linear ---------------------------------------------------------------
@@ -65,6 +66,8 @@ def linear(x, weight, bias=None, num_threads=None):
     fl(y + b) with a bias (train_layers.c's q/k/v bias: one rounding, as
     torch's addmm); dx = dy W (NN); dW (and db, the column sums of dy) as
     chunk partials into the active GradReduction."""
+    if _tc.compiling():
+        return _tc.call("linear", (x, weight, bias, num_threads))
     x, weight, bias, mb, idx = _ops.linear_args(_FW, _check, _capture, "bitexact.torch.linear", x,
                                                 weight, bias)
     return _fn.linear.apply(x, weight, bias, _threads(num_threads), mb, idx)
@@ -94,6 +97,8 @@ def rms_norm(x, weight, eps=1e-6, num_threads=None):
     """Glm4MoeRMSNorm over the last dimension (bx_rmsnorm_*: sequential
     sum of squares, correctly rounded rsqrt); x [..., H] whose rows are
     tokens or a whole number of rows per token (QK-norm [T, heads, D])."""
+    if _tc.compiling():
+        return _tc.call("rms_norm", (x, weight, float(eps), num_threads))
     fn = "bitexact.torch.rms_norm"
     weight = _check(fn, "weight", weight, ndim=(1,))
     x = _check(fn, "input", x)
@@ -122,6 +127,8 @@ class RMSNorm(torch.nn.Module):
 def swiglu(gate, up, num_threads=None):
     """h = SiLU(gate) * up (bx_swiglu_forward: SiLU correctly rounded, one
     product); the backward is torch's silu_backward formula with its FMA."""
+    if _tc.compiling():
+        return _tc.call("swiglu", (gate, up, num_threads))
     fn = "bitexact.torch.swiglu"
     gate, up = _check(fn, "gate", gate), _check(fn, "up", up)
     if gate.shape != up.shape:
@@ -133,6 +140,8 @@ def swiglu(gate, up, num_threads=None):
 def swiglu_mlp(x, gate_weight, up_weight, down_weight, num_threads=None):
     """down(SiLU(gate(x)) * up(x)) with bias-free projections (Glm4MoeMLP):
     gate_weight, up_weight [I, H], down_weight [H, I]."""
+    if _tc.compiling():
+        return _tc.call("swiglu_mlp", (x, gate_weight, up_weight, down_weight, num_threads))
     fn = "bitexact.torch.swiglu_mlp"
     wg = _check(fn, "gate_weight", gate_weight, ndim=(2,))
     wu = _check(fn, "up_weight", up_weight, ndim=(2,))
@@ -161,6 +170,8 @@ class SwiGLUMLP(_ops.SwiGLUMLPBase, torch.nn.Module):
 def embedding(ids, weight, padding_idx=None, num_threads=None):
     """y = weight[ids] (bits copied); the gradient as compact per-chunk rows
     (bx_embedding_backward), bounded and added to the GradReduction."""
+    if _tc.compiling():
+        return _tc.call("embedding", (ids, weight, padding_idx, num_threads))
     fn = "bitexact.torch.embedding"
     weight = _check(fn, "weight", weight, ndim=(2,))
     ids = _check(fn, "input", ids, (torch.int32, torch.int64))
@@ -193,6 +204,8 @@ def cross_entropy(logits, targets, ignore_index=-100, num_threads=None):
     gradient is that of the global mean; ``red.loss`` after finish is the
     step's loss. Without one: the mean over this call's valid targets (as
     F.cross_entropy's reduction='mean')."""
+    if _tc.compiling():
+        return _tc.call("cross_entropy", (logits, targets, ignore_index, num_threads))
     fn = "bitexact.torch.cross_entropy"
     logits = _check(fn, "input", logits, ndim=(2, 3))
     targets = _check(fn, "target", targets, (torch.int32, torch.int64), ndim=(1, 2))
@@ -217,6 +230,8 @@ def rope(x, positions, head_dim, rotary_dim=None, theta=10000.0, num_threads=Non
     first rotary_dim features of each head) on x [T, heads*head_dim] (or
     [T, heads, head_dim], [B, L, heads*head_dim]); positions int64, T
     elements. cos/sin correctly rounded (bx_rope_*)."""
+    if _tc.compiling():
+        return _tc.call("rope", (x, positions, head_dim, rotary_dim, float(theta), num_threads))
     fn = "bitexact.torch.rope"
     x = _check(fn, "input", x, min_ndim=2)
     positions = _check(fn, "positions", positions, (torch.int64,))
@@ -233,6 +248,9 @@ def causal_attention(q, k, v, seq_len, num_heads, num_kv_heads, head_dim, num_th
     dropout) on projected, normed, rotated q [T, Hq*D], k, v [T, Hkv*D]
     (or [B, L, F]), sequences of seq_len tokens never mixed
     (bx_attention_forward / backward)."""
+    if _tc.compiling():
+        return _tc.call("causal_attention", (q, k, v, seq_len, num_heads, num_kv_heads,
+                                             head_dim, num_threads))
     fn = "bitexact.torch.causal_attention"
     q, k, v = (_check(fn, n, t, min_ndim=2) for n, t in (("query", q), ("key", k), ("value", v)))
     dims = (int(seq_len), int(num_heads), int(num_kv_heads), int(head_dim))
@@ -244,6 +262,9 @@ def qkv_projection(x, q_weight, k_weight, v_weight, num_threads=None, *, q_bias=
     """(x Wq^T [+ bq], x Wk^T [+ bk], x Wv^T [+ bv]) as one autograd node
     (dx one fmaf chain over the three, as `bitexact train`; each bias added
     after its product, fl(y + b))."""
+    if _tc.compiling():
+        return _tc.call("qkv_projection", (x, q_weight, k_weight, v_weight, num_threads,
+                                           q_bias, k_bias, v_bias))
     x, ws, bs, mb, pairs = _ops.qkv_args(_FW, _check, _capture, "bitexact.torch.qkv_projection",
                                          x, (q_weight, k_weight, v_weight), (q_bias, k_bias, v_bias))
     return _fn.qkv.apply(x, *ws, *bs, _threads(num_threads), mb, pairs)

@@ -29,6 +29,7 @@ compute, capacity / token dropping, CUDA tensors.
 import torch
 
 from . import _moe_ops as _ops
+from . import _torch_compile as _tc
 from ._torch_gradred import _F32, _capture, _check
 from ._torch_layers import _FW, Linear, SwiGLUMLP  # noqa: F401 (SwiGLUMLP: MoEBase)
 
@@ -36,7 +37,7 @@ __all__ = ["MoE", "MoERouter", "moe", "moe_route", "moe_experts"]
 
 _PREFIX = "bitexact.torch"
 ModuleList = torch.nn.ModuleList  # the experts' container (_moe_ops.MoEBase)
-_fn = _ops.autograd_functions(torch.autograd.Function, _FW, __name__,
+_fn = _ops.autograd_functions(_tc.Function, _FW, __name__,
                               lambda ctx, i: ctx.needs_input_grad[i])
 _B = _ops.Binding(fw=_FW, prefix=_PREFIX, check=_check, ints=(torch.int32, torch.int64),
                   capture=_capture, fns=_fn, need=lambda tensors: ())
@@ -49,7 +50,18 @@ def moe_route(x, router_weight, e_score_correction_bias, num_experts_per_tok, n_
     ascending expert id; topk_weights [T, k]; counts [ceil(T/chunk), E]
     int64, the per-chunk expert loads, integers) computed by the same
     kernels, so the ids and weights are the ones :func:`moe` uses.
-    chunk_tokens: default the active GradReduction's seq_len, else T."""
+    chunk_tokens: default the active GradReduction's seq_len, else T. Not
+    traced by torch.compile (a graph break)."""
+    return _route_eager(x, router_weight, e_score_correction_bias, num_experts_per_tok,
+                        n_group, topk_group, norm_topk_prob, routed_scaling_factor,
+                        chunk_tokens, num_threads)
+
+
+@torch.compiler.disable(reason="bitexact.torch.moe_route is not traced by torch.compile (its "
+                        "chunk count depends on the active GradReduction at run time): call it "
+                        "outside the compiled function")
+def _route_eager(x, router_weight, e_score_correction_bias, num_experts_per_tok, n_group,
+                 topk_group, norm_topk_prob, routed_scaling_factor, chunk_tokens, num_threads):
     return _ops.moe_route(_B, x, router_weight, e_score_correction_bias, num_experts_per_tok,
                           n_group, topk_group, norm_topk_prob, routed_scaling_factor,
                           chunk_tokens, num_threads)
@@ -65,6 +77,12 @@ def moe(x, router_weight, e_score_correction_bias, gate_weights, up_weights, dow
     shared_* the shared experts' MLP ([SI, H], [SI, H], [H, SI]).
     Returns routed + shared [.., H]; weight gradients into the active
     GradReduction (every trainable weight, one micro-batch's tokens)."""
+    if _tc.compiling():
+        return _tc.call("moe", (x, router_weight, e_score_correction_bias, gate_weights,
+                                up_weights, down_weights, shared_gate_weight, shared_up_weight,
+                                shared_down_weight, num_experts_per_tok, n_group, topk_group,
+                                norm_topk_prob, float(routed_scaling_factor), num_threads,
+                                expert_parallel))
     return _ops.moe(_B, x, router_weight, e_score_correction_bias, gate_weights, up_weights,
                     down_weights, shared_gate_weight, shared_up_weight, shared_down_weight,
                     num_experts_per_tok, n_group, topk_group, norm_topk_prob,
@@ -80,6 +98,9 @@ def moe_experts(x, topk_ids, topk_weights, gate_weights, up_weights, down_weight
     ids as :func:`moe_route` gives them, ascending, reproduce transformers'
     per-expert index_add_ order). Gradients to x and topk_weights (torch)
     and to the expert weights (the GradReduction)."""
+    if _tc.compiling():
+        return _tc.call("moe_experts", (x, topk_ids, topk_weights, gate_weights, up_weights,
+                                        down_weights, num_threads))
     return _ops.moe_experts(_B, x, topk_ids, topk_weights, gate_weights, up_weights,
                             down_weights, num_threads)
 
@@ -109,3 +130,6 @@ class MoE(_ops.MoEBase, torch.nn.Module):
     topk_group=1, norm_topk_prob=True, routed_scaling_factor=1.0)`` or
     ``MoE.from_config(cfg)``; forward(x [T, H] or [B, L, H]) -> same
     shape; ``route(x)`` as :func:`moe_route`."""
+
+
+_tc.register_layers()  # the layer functions of the compiled ops (_torch_compile._LAYERS)

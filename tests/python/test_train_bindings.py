@@ -316,10 +316,9 @@ def test_native_paddle_differs_from_native_torch_and_moves_with_the_layout(ref):
 
 
 def test_torch_compile_runs_a_step_with_the_same_bits(ref):
-    """torch.compile(model) (default mode): Dynamo breaks the graph at each
-    bitexact op (autograd Functions over the C extension, not custom ops:
-    docs/train_python.md) and compiles the torch code between them; the
-    record lines equal `bitexact train`'s."""
+    """torch.compile(model) (default mode, the user's own call): the layers
+    are bitexact's custom ops (_torch_compile.py), inductor compiles the
+    torch code between them; the record lines equal `bitexact train`'s."""
     import warnings
     import torch
     from bitexact import _glm_run as g
@@ -327,12 +326,39 @@ def test_torch_compile_runs_a_step_with_the_same_bits(ref):
     a = g.parse_args(["--framework", "torch", "--resume", ref["ck0"], "--steps", "2",
                       "--threads", "1"])
     r = g.Run(a, RUNNER)
-    r.model = torch.compile(r.model)
+    from bitexact import _torch_compile as tc
+    r.forward = torch.compile(r.model)
+    before = next(tc._COUNT)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Dynamo's graph-break advice
         lines = [r.step(s) for s in range(2)]
+    assert next(tc._COUNT) - before > 1  # the layers ran as the custom op
+    assert not tc._RECORDS  # every recorded call's backward ran
     with open(ref["rec"]) as f:
         assert lines == f.read().splitlines()[:2]
+
+
+@pytest.mark.parametrize("dtype,ranks,extra", [
+    pytest.param("fp32", 1, ("--micro-batches", "4"), id="fp32-1proc-mb4"),
+    pytest.param("fp32", 2, ("--ep", "2", "--micro-batches", "2"), id="fp32-ep2-mb2"),
+    pytest.param("bf16", 1, ("--micro-batches", "4"), id="bf16-1proc-mb4"),
+])
+def test_torch_compile_fullgraph_equals_bitexact_train(ref, ref_bf16, tmp_path, dtype, ranks,
+                                                       extra):
+    """--compile: torch.compile(model, fullgraph=True) (one graph per
+    forward, no graph break possible): 10 steps' record and checkpoint
+    equal `bitexact train`'s, with micro-batches, expert parallelism over 2
+    gloo ranks (the exchange inside the compiled op) and bf16 compute."""
+    r = ref if dtype == "fp32" else ref_bf16
+    rec, ck = _py_train("torch", ranks, str(tmp_path), r["ck0"], "--compile", *extra)
+    _same_run(r, rec, ck)
+
+
+def test_compile_is_torch_only(ref, tmp_path):
+    pytest.importorskip("paddle")
+    p = _run([sys.executable, "-m", "bitexact.train", "--framework", "paddle", "--resume",
+              ref["ck0"], "--steps", "1", "--compile"])
+    assert p.returncode != 0 and "--compile: not offered with --framework paddle" in p.stderr
 
 
 @pytest.mark.parametrize("fw", ["torch", "paddle"])
