@@ -14,7 +14,8 @@ _paddle_glm ``RUNNER``): ``name``, ``Model``, ``GradReduction``,
 ``AdamW``, ``ids(array)`` (an int64 tensor), ``numpy(t)`` (a copy),
 ``grad(p)``, ``backward(loss)``, ``named_parameters(model)``,
 ``named_buffers(model)``, ``init_distributed()`` -> (rank, world, comm,
-group), ``compile(model)`` (``--compile``; None where not offered). Expert parallelism (``--ep``) is framework-neutral
+group), ``compile(f)`` (``--compile``: the model and the optimizer's step;
+None where not offered). Expert parallelism (``--ep``) is framework-neutral
 (bitexact._moe_ep over the comm).
 
 Threading: one thread (the kernels' own workers: ``--threads``).
@@ -214,8 +215,6 @@ class Run:
         self.clip = a.clip if a.clip is not None else float.fromhex(st["clip"])
         self.model = fw.Model(self.cfg)
         self.model.load_checkpoint(marrays)
-        # what a step calls: the model, or the model compiled (--compile)
-        self.forward = fw.compile(self.model) if a.compile else self.model
         self.ep = None
         if E > 1:  # the MoE blocks compute their held experts, tokens exchanged over comm
             self.ep = ExpertParallel(self.comm, self.rank, P, E, self.cfg.n_routed_experts)
@@ -231,6 +230,10 @@ class Run:
         for n, p in self.params:
             self.opt.load_moments(p, oarrays[n + ".exp_avg"], oarrays[n + ".exp_avg_sq"],
                                   self.start)
+        # what a step calls: the model and the optimizer's step, or both compiled (--compile)
+        self.forward, self.opt_step = self.model, self.opt.step
+        if a.compile:
+            self.forward, self.opt_step = fw.compile(self.model), fw.compile(self.opt.step)
         self.red = fw.GradReduction(self.params, self.L, self.B * self.L, num_threads=a.threads,
                                     compute_dtype=self.dtype)
         # each element of the model counted once by the norm: parameter i by rank i mod P
@@ -276,7 +279,7 @@ class Run:
         coef = clip_coef(total, self.clip)
         if coef != 1:
             scale([fw.grad(p) for _, p in self.params], coef, num_threads=a.threads)
-        self.opt.step()
+        self.opt_step()
         if s == self.start:
             self.first_loss = loss
         self.last_loss, self.last_norm = loss, total

@@ -69,15 +69,40 @@ class Glm4MoeForCausalLM(_gm.ForCausalLMBase, torch.nn.Module):
                 own[n].copy_(torch.from_numpy(a))
 
 
+def _adamw(params, grads, exp_avgs, exp_avg_sqs, steps, lr, beta1, beta2, eps, weight_decay,
+           num_threads):
+    """bx_adamw_step on each parameter in order, its step count (a 0-d int64
+    tensor) incremented first; a failing parameter raises (the ones before
+    it are updated)."""
+    for p, g, m, v, s in zip(params, grads, exp_avgs, exp_avg_sqs, steps):
+        n = int(s) + 1
+        _k.adamw_step(p.detach(), g, m, v, n, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
+                      weight_decay=weight_decay, num_threads=num_threads)
+        s.fill_(n)
+
+
+# AdamW's update as a custom op: torch.compile(opt.step, fullgraph=True) traces it
+_adamw_op = torch.library.custom_op("bitexact::adamw_", _adamw,
+                                    mutates_args=("params", "exp_avgs", "exp_avg_sqs", "steps"),
+                                    schema="(Tensor(a!)[] params, Tensor[] grads, "
+                                    "Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, "
+                                    "Tensor(d!)[] steps, float lr, float beta1, float beta2, "
+                                    "float eps, float weight_decay, int num_threads) -> ()")
+_adamw_op.register_fake(lambda *args: None)
+
+
 class AdamW(torch.optim.Optimizer):
     """torch.optim.AdamW's update computed by ``bx_adamw_step`` (the bits of
     `bitexact train`; the formula is torch's: decoupled weight decay, bias
     corrections, eps added to sqrt(v_hat)). fp32 CPU contiguous parameters
-    only. State per parameter: ``step`` (int), ``exp_avg``, ``exp_avg_sq``
-    (fp32, created as zeros at the first step). ``step()`` updates every
-    parameter with a gradient, in place; a failing parameter raises
-    (a bitexact error naming it) and the parameters before it are already
-    updated. ``foreach``/``fused``/``amsgrad``/``maximize`` are not offered."""
+    only. State per parameter: ``step`` (a 0-d int64 tensor, as torch keeps
+    its step in a tensor), ``exp_avg``, ``exp_avg_sq`` (fp32, created as
+    zeros at the first step). ``step()`` updates every parameter with a
+    gradient, in place; a failing parameter raises (a bitexact error naming
+    it) and the parameters before it are already updated.
+    ``torch.compile(opt.step, fullgraph=True)`` traces it (the custom op
+    ``torch.ops.bitexact.adamw_``, the same bits).
+    ``foreach``/``fused``/``amsgrad``/``maximize`` are not offered."""
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
                  num_threads=0):
@@ -93,24 +118,34 @@ class AdamW(torch.optim.Optimizer):
                 loss = closure()
         for g in self.param_groups:
             b1, b2 = g["betas"]
+            ps, gs, ms, vs, ss = [], [], [], [], []
             for p in g["params"]:
                 if p.grad is None:
                     continue
                 st = self.state[p]
                 if not st:
-                    st["step"] = 0
+                    st["step"] = torch.zeros((), dtype=torch.int64)
                     st["exp_avg"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
                     st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
-                _k.adamw_step(p.detach(), p.grad, st["exp_avg"], st["exp_avg_sq"], st["step"] + 1,
-                              lr=g["lr"], beta1=b1, beta2=b2, eps=g["eps"],
-                              weight_decay=g["weight_decay"], num_threads=g["num_threads"])
-                st["step"] += 1
+                ps.append(p)
+                gs.append(p.grad)
+                ms.append(st["exp_avg"])
+                vs.append(st["exp_avg_sq"])
+                ss.append(st["step"])
+            if not ps:
+                continue
+            args = (ps, gs, ms, vs, ss, float(g["lr"]), float(b1), float(b2), float(g["eps"]),
+                    float(g["weight_decay"]), int(g["num_threads"]))
+            if _compiling():
+                torch.ops.bitexact.adamw_(*args)
+            else:
+                _adamw(*args)
         return loss
 
     def load_moments(self, p, exp_avg, exp_avg_sq, step):
         """p's state := the arrays (copied) and the step count (a `bitexact
         train` checkpoint's optimizer.safetensors and trainer_state step)."""
-        self.state[p] = {"step": int(step),
+        self.state[p] = {"step": torch.tensor(int(step), dtype=torch.int64),
                          "exp_avg": torch.tensor(_np.asarray(exp_avg, dtype=_np.float32)),
                          "exp_avg_sq": torch.tensor(_np.asarray(exp_avg_sq, dtype=_np.float32))}
 
@@ -135,10 +170,11 @@ class _Runner(_gm.RunnerBase):
         return GradReduction(*args, **kw)
 
     @staticmethod
-    def compile(model):
-        """torch.compile(model, fullgraph=True): one graph per forward, the
-        layers as bitexact's custom ops (_torch_compile.py), the same bits."""
-        return torch.compile(model, fullgraph=True)
+    def compile(f):
+        """torch.compile(f, fullgraph=True), f the model (one graph per
+        forward, the layers as bitexact's custom ops, _torch_compile.py) or
+        AdamW.step (the custom op bitexact::adamw_): the same bits."""
+        return torch.compile(f, fullgraph=True)
 
     @staticmethod
     def ids(a):

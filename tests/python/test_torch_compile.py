@@ -175,3 +175,46 @@ def test_compiled_non_tensor_argument_named():
         torch.compile(lambda x: bt.linear(x, w))([[1.0] * 4] * 4)
     with pytest.raises(Exception, match="argument 0 is a list"):
         torch.compile(lambda x: bt.linear(x, w), fullgraph=True)([[1.0] * 4] * 4)
+
+
+def test_compiled_adamw_step_equals_eager():
+    """torch.compile(opt.step, fullgraph=True): bitexact::adamw_, the
+    eager bits after 4 steps (parameters, both moments, the step count);
+    one recompile at most (the state is created at the first step)."""
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(3)
+    ws = [torch.nn.Parameter(torch.randn(5, 3, generator=g)) for _ in range(3)]
+    ws2 = [torch.nn.Parameter(w.detach().clone()) for w in ws]
+    o1, o2 = bt.AdamW(ws, lr=0.1, weight_decay=0.1), bt.AdamW(ws2, lr=0.1, weight_decay=0.1)
+    step = torch.compile(o2.step, fullgraph=True)
+    for i in range(4):
+        for a, b in zip(ws, ws2):
+            a.grad = torch.randn(5, 3, generator=g)
+            b.grad = a.grad.clone()
+        ws[1].grad = ws2[1].grad = None if i == 0 else ws[1].grad  # a late parameter
+        o1.step()
+        step()
+    for a, b in zip(ws, ws2):
+        assert same_bits(a.detach(), b.detach())
+        for k in ("exp_avg", "exp_avg_sq", "step"):
+            assert same_bits(o1.state[a][k], o2.state[b][k]), k
+    assert int(o2.state[ws2[0]]["step"]) == 4 and int(o2.state[ws2[1]]["step"]) == 3
+    assert not same_bits(ws[0].detach(), ws[0].detach() * 0)  # (a real update happened)
+
+
+def test_compiled_adamw_bad_gradient_named():
+    """A gradient the kernel refuses (strided): the eager error, raised by
+    the compiled step, nothing updated."""
+    errors = []
+    for compiled in (False, True):
+        w = torch.nn.Parameter(torch.ones(3))
+        opt = bt.AdamW([w])
+        w.grad = torch.ones(6)[::2]
+        step = torch.compile(opt.step, fullgraph=True) if compiled else opt.step
+        with pytest.raises(bitexact.Error) as ei:
+            step()
+        errors.append((type(ei.value), str(ei.value)))
+        assert same_bits(w.detach(), torch.ones(3))
+        st = opt.state[w]  # eager creates the zero state first; compiled, nothing at all
+        assert not st or (int(st["step"]) == 0 and not st["exp_avg"].any())
+    assert errors[0] == errors[1], errors
