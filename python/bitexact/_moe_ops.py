@@ -53,8 +53,10 @@ Expert parallelism: ``rows`` may instead be a bitexact._moe_ep.ExpertParallel
 ranks and back and adds the held experts' weight gradients itself.
 
 Threading: the bodies run in the calling thread; the kernels release the
-GIL and use ``num_threads`` workers (bits never depend on it). Not here:
-bf16 compute, capacity / token dropping, GPU tensors.
+GIL and use ``num_threads`` workers (bits never depend on it). bf16
+compute (the active reduction's compute_dtype): every GEMM but the
+router's, in the block and in moe_experts. Not here: capacity / token
+dropping, GPU tensors.
 """
 import numpy as _np
 
@@ -499,12 +501,13 @@ def moe_experts(b, x, topk_ids, topk_weights, gate_weights, up_weights, down_wei
         raise _err(InvalidArgumentError, fn, "topk_ids", f"has shape {_shape(ids)}, "
                    f"topk_weights {_shape(w)}, input {_shape(x2)[0]} tokens: [T, k] both")
     nt = _threads(num_threads)
+    bf = _g.bf16_active()  # bf16 compute: the experts' GEMMs, as in the block
     pl = plan(fw, ids, len(ews), nt)  # ids in range, distinct per token: checked here
-    out, act = experts_forward(fw, x2, w.detach(), pl, ews, None, nt)
+    out, act = experts_forward(fw, x2, w.detach(), pl, ews, None, nt, bf=bf)
     mb, idx = b.capture(fn, [(t, n, _shape(x2)[0]) for n, t in zip(_expert_names(len(ews)),
                                                                      flat)])
     eidx = [tuple(idx[3 * e:3 * e + 3]) for e in range(len(ews))]
-    st = dict(out=out, nt=nt, plan=pl, act=act)
+    st = dict(out=out, nt=nt, plan=pl, act=act, bf=bf)
     return b.fns.experts.apply(x, w, st, mb, eidx, *flat, *b.need((x, w)))
 
 
@@ -525,11 +528,11 @@ def experts_fn_backward(fw, ctx, dout, need_dx, need_dw):
     H = _shape(x)[-1]
     ews = [tuple(ws[3 * e:3 * e + 3]) for e in range(len(ws) // 3)]
     dx, dw, grads = experts_backward(fw, fw.rows(dout.contiguous(), H), w.detach(), st["plan"],
-                                     ews, st["act"], st["nt"], need_dw)
+                                     ews, st["act"], st["nt"], need_dw, bf=st["bf"])
     if mb is not None:
         ract, _, off = st["act"]
         expert_wgrads(fw, mb, ctx.eidx, _tokens(st["plan"], mb), off, ract, grads,
-                      "moe_experts backward")
+                      "moe_experts backward", st["bf"])
     return (fw.reshape(dx, list(_shape(x))) if need_dx else None, dw)
 
 

@@ -20,8 +20,8 @@ Paddle's ``OSError`` (Paddle wraps it; the message is bitexact's); the
 router weight is initialised U(+-1/sqrt(H)) (torch's distribution, drawn
 by Paddle's generator), and the bias is a persistable buffer
 (``register_buffer``); the experts sit in a ``paddle.nn.LayerList`` (the
-same ``experts.E....`` names). Not here: as _moe_ops.py (expert
-parallelism, bf16, GPU tensors), and Paddle's static graph.
+same ``experts.E....`` names). Not here: as _moe_ops.py (capacity,
+GPU tensors), and Paddle's static graph.
 
 Threading: as bitexact.torch's (calling thread; ``num_threads`` workers).
 """

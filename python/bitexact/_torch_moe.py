@@ -23,8 +23,9 @@ per-chunk expert counts for a caller's ``bitexact.kernels.moe_bias_update``.
 Every check runs and the whole forward is computed before the module
 registers its weights with the GradReduction: a failing call changes
 nothing (no partial, no registration). Threading as _torch_layers.py.
-Not here: expert parallelism (the all-to-all of train_moe_ep.c), bf16
-compute, capacity / token dropping, CUDA tensors.
+Expert parallelism (``moe(..., expert_parallel=)``, _moe_ep.py) and bf16
+compute are _moe_ops.py's. Not here: capacity / token dropping, CUDA
+tensors.
 """
 import torch
 

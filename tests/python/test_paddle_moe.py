@@ -382,6 +382,38 @@ def test_experts_alone_match_native_and_torch(blocks):
         assert np.abs(g - r).max() <= 1e-5 * np.abs(r).max()
 
 
+def test_experts_alone_bf16_equal_torch(blocks):
+    """moe_experts in bf16 compute (GradReduction(compute_dtype="bf16")):
+    the output and the expert weights' gradients bit-equal to
+    bitexact.torch's in bf16, and different from the fp32 ones."""
+    tm, pm, x, dy = blocks
+    ids, w, _ = pm.route(pt(x))
+    ws = [[getattr(e, f"{k}_proj").weight for e in pm.experts] for k in ("gate", "up", "down")]
+    tws = [[getattr(e, f"{k}_proj").weight for e in tm.experts] for k in ("gate", "up", "down")]
+    tids, tw = torch.from_numpy(ids.numpy()), torch.from_numpy(w.numpy().copy())
+    outs = {}
+    for dtype in ("fp32", "bf16"):
+        red = bp.GradReduction([(f"e{i}", q) for i, q in enumerate(
+            q for trio in zip(*ws) for q in trio)], C, T, compute_dtype=dtype)
+        tred = bt.GradReduction([(f"e{i}", q) for i, q in enumerate(
+            q for trio in zip(*tws) for q in trio)], C, T, compute_dtype=dtype)
+
+        def step(i):
+            out = bp.moe_experts(pt(x), ids, w, *ws)
+            (out * pt(dy)).sum().backward()
+            outs[dtype] = out.numpy()
+
+        def tstep(i):
+            out = bt.moe_experts(torch.from_numpy(x.copy()), tids, tw, *tws)
+            out.backward(torch.from_numpy(dy))
+            outs["t" + dtype] = out.detach()
+        red.run_two_pass(step, [(0, T)])
+        tred.run_two_pass(tstep, [(0, T)])
+        assert same(outs[dtype], outs["t" + dtype]), dtype
+        assert all(same(a.grad, b.grad) for a, b in zip(red.params, tred.params)), dtype
+    assert not same(outs["fp32"], outs["bf16"])
+
+
 # ---- (3) bad input: named bitexact errors, nothing modified ---------------------
 
 def _args(pm, x):

@@ -214,6 +214,43 @@ def test_experts_alone_and_route_consistent(block):
         assert float((g - h).abs().max()) <= 1e-5 * float(h.abs().max())
 
 
+def _expert_weights(m):
+    ex = m.experts
+    return ([e.gate_proj.weight for e in ex], [e.up_proj.weight for e in ex],
+            [e.down_proj.weight for e in ex])
+
+
+def test_experts_alone_are_the_blocks_routed_stage_fp32_and_bf16(block):
+    """In fp32 and in bf16 compute (GradReduction(compute_dtype="bf16")):
+    the block's output = fl(moe_experts(router's ids, weights) + the shared
+    MLP) bit for bit, and the expert weights' gradients of one step equal
+    the block's; the bf16 outputs differ from the fp32 ones (the rounding
+    is applied)."""
+    m, x, dy = block
+    ids, w, _ = m.route(x)
+    names = [n for n, _ in m.named_parameters() if n.startswith("experts.")]
+    routed, grads = {}, {}
+    for dtype in ("fp32", "bf16"):
+        red = bt.GradReduction(m.named_parameters(), C, T, compute_dtype=dtype)
+        red.begin()
+        with red.micro_batch(0, T), torch.no_grad():
+            routed[dtype] = bt.moe_experts(x, ids, w, *_expert_weights(m))
+            full, shared = m(x), m.shared_experts(x)
+        assert same_bits(full, routed[dtype] + shared), dtype
+        red = bt.GradReduction(m.named_parameters(), C, T, compute_dtype=dtype)
+        red.run_two_pass(lambda i: m(x).backward(dy), [(0, T)])
+        block_grads = {n: p.grad for n, p in m.named_parameters() if n in names}
+        ex = [(n, p) for n, p in m.named_parameters() if n in names]
+        red = bt.GradReduction(ex, C, T, compute_dtype=dtype)
+        red.run_two_pass(lambda i: bt.moe_experts(x, ids, w, *_expert_weights(m)).backward(dy),
+                         [(0, T)])
+        bad = [n for n, p in ex if not same_bits(p.grad, block_grads[n])]
+        assert not bad, (dtype, bad)
+        grads[dtype] = block_grads
+    assert not same_bits(routed["fp32"], routed["bf16"])
+    assert not same_bits(grads["fp32"][names[0]], grads["bf16"][names[0]])
+
+
 def test_micro_batches_and_threads_same_bits(block):
     m, x, dy = block
     base = bx_step(m, x, dy)
