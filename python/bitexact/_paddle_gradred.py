@@ -25,6 +25,10 @@ def _check(fn, name, t, dtypes=(_F32,), ndim=None, min_ndim=1):
     check again; these name the layer's own argument). Returns t
     contiguous (a Paddle copy where it is not)."""
     if not isinstance(t, paddle.Tensor):
+        if not paddle.in_dynamic_mode():  # paddle.jit.to_static builds a program
+            raise _err(InvalidArgumentError, fn, name, f"is a static-graph {type(t).__name__}: "
+                       "bitexact's Paddle layers run in the dynamic graph only, not under "
+                       "paddle.jit.to_static (docs/paddle_layers.md)")
         raise _err(InvalidArgumentError, fn, name, f"is a {type(t).__name__}, not a paddle.Tensor")
     if not t.place.is_cpu_place():
         raise _err(DeviceError, fn, name, f"is on {t.place}; bitexact's training kernels run on "

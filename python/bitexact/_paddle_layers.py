@@ -28,6 +28,13 @@ export (bitexact.paddle registers it): the kernels read and write their
 memory without a copy; Paddle's inplace version counters are not bumped
 (only outputs Paddle has not seen yet are written).
 
+Dynamic graph only: the layer functions are marked
+``paddle.jit.not_to_static``, so under ``paddle.jit.to_static(...,
+full_graph=True)`` they receive the program's static Values and refuse
+them with a named InvalidArgumentError (rather than failing inside Paddle's
+translator); the default SOT mode fails inside Paddle's translator
+(UnboundLocalError, Paddle 3.3.1; docs/paddle_layers.md).
+
 Threading: as bitexact.torch's (calling thread; ``num_threads`` workers:
 module attribute, else the active reduction's, else the library default;
 bits never depend on it). The MoE block is _paddle_moe.py, the model
@@ -85,6 +92,7 @@ _fn = _ops.autograd_functions(paddle.autograd.PyLayer, _FW, __name__)
 
 # ---- Linear and the fused q/k/v projection -----------------------------------
 
+@paddle.jit.not_to_static
 def linear(x, weight, bias=None, num_threads=None):
     """y = x W^T (bx_gemm NT), W [out, in], then fl(y + b) with a bias; dx
     = dy W (NN); dW (and db) as chunk partials into the active
@@ -118,6 +126,7 @@ class Linear(paddle.nn.Layer):
         return linear(x, self.weight, self.bias, self.num_threads)
 
 
+@paddle.jit.not_to_static
 def qkv_projection(x, q_weight, k_weight, v_weight, num_threads=None, *, q_bias=None,
                    k_bias=None, v_bias=None):
     """(x Wq^T [+ bq], x Wk^T [+ bk], x Wv^T [+ bv]), one PyLayer (dx one
@@ -129,6 +138,7 @@ def qkv_projection(x, q_weight, k_weight, v_weight, num_threads=None, *, q_bias=
 
 # ---- RMSNorm --------------------------------------------------------------
 
+@paddle.jit.not_to_static
 def rms_norm(x, weight, eps=1e-6, num_threads=None):
     """Glm4MoeRMSNorm over the last dimension (bx_rmsnorm_*); x [..., H]
     whose rows are tokens or a whole number of rows per token."""
@@ -157,6 +167,7 @@ class RMSNorm(paddle.nn.Layer):
 
 # ---- SwiGLU -----------------------------------------------------------------
 
+@paddle.jit.not_to_static
 def swiglu(gate, up, num_threads=None):
     """h = SiLU(gate) * up (bx_swiglu_forward / backward)."""
     fn = "bitexact.paddle.swiglu"
@@ -167,6 +178,7 @@ def swiglu(gate, up, num_threads=None):
     return _fn.swiglu.apply(gate, up, _threads(num_threads))
 
 
+@paddle.jit.not_to_static
 def swiglu_mlp(x, gate_weight, up_weight, down_weight, num_threads=None):
     """down(SiLU(gate(x)) * up(x)), bias-free: gate_weight, up_weight [I, H],
     down_weight [H, I]."""
@@ -196,6 +208,7 @@ class SwiGLUMLP(_ops.SwiGLUMLPBase, paddle.nn.Layer):
 
 # ---- Embedding ----------------------------------------------------------------
 
+@paddle.jit.not_to_static
 def embedding(ids, weight, padding_idx=None, num_threads=None):
     """y = weight[ids] (bits copied); the gradient as compact per-chunk rows
     into the GradReduction."""
@@ -228,6 +241,7 @@ class Embedding(paddle.nn.Layer):
 
 # ---- cross-entropy --------------------------------------------------------------
 
+@paddle.jit.not_to_static
 def cross_entropy(logits, targets, ignore_index=-100, num_threads=None):
     """The global-token-mean cross-entropy, as bitexact.torch.cross_entropy
     (inside a micro-batch: its sum / the step's n_targets; else the mean
@@ -253,6 +267,7 @@ class CrossEntropyLoss(_ops.CrossEntropyLossBase, paddle.nn.Layer):
 
 # ---- RoPE and causal GQA attention (no weights) ----------------------------------
 
+@paddle.jit.not_to_static
 def rope(x, positions, head_dim, rotary_dim=None, theta=10000.0, num_threads=None):
     """transformers' rotate_half RoPE (bx_rope_*) on x [T, heads*head_dim]
     (or [T, heads, head_dim], [B, L, F]); positions int64, T elements."""
@@ -267,6 +282,7 @@ class RotaryEmbedding(_ops.RotaryEmbeddingBase, paddle.nn.Layer):
     """RoPE of head_dim with rotary_dim = int(head_dim * partial_rotary_factor)."""
 
 
+@paddle.jit.not_to_static
 def causal_attention(q, k, v, seq_len, num_heads, num_kv_heads, head_dim, num_threads=None):
     """Causal GQA eager attention on q [T, Hq*D], k, v [T, Hkv*D] (or
     [B, L, F]), sequences of seq_len tokens (bx_attention_*)."""

@@ -42,6 +42,7 @@ _B = _ops.Binding(fw=_FW, prefix=_PREFIX, check=_check, ints=_INTS, capture=_cap
                   need=lambda tensors: (tuple(_wants_grad(t) for t in tensors),))
 
 
+@paddle.jit.not_to_static
 def moe_route(x, router_weight, e_score_correction_bias, num_experts_per_tok, n_group=1,
               topk_group=1, norm_topk_prob=True, routed_scaling_factor=1.0, chunk_tokens=None,
               num_threads=None):
@@ -55,6 +56,7 @@ def moe_route(x, router_weight, e_score_correction_bias, num_experts_per_tok, n_
                           chunk_tokens, num_threads)
 
 
+@paddle.jit.not_to_static
 def moe(x, router_weight, e_score_correction_bias, gate_weights, up_weights, down_weights,
         shared_gate_weight, shared_up_weight, shared_down_weight, num_experts_per_tok,
         n_group=1, topk_group=1, norm_topk_prob=True, routed_scaling_factor=1.0,
@@ -71,6 +73,7 @@ def moe(x, router_weight, e_score_correction_bias, gate_weights, up_weights, dow
                     _ops.LOCAL_ROWS if expert_parallel is None else expert_parallel.rows)
 
 
+@paddle.jit.not_to_static
 def moe_experts(x, topk_ids, topk_weights, gate_weights, up_weights, down_weights,
                 num_threads=None):
     """Glm4MoeExperts.forward(x, top_k_index, top_k_weights) with 2-D

@@ -476,3 +476,12 @@ def test_incomplete_step_writes_nothing():
         red.run_two_pass(step, [(0, 4)])  # tokens [4, 8) never run
     assert same(lin.weight.grad, np.full((3, 4), 7.0, np.float32))
     assert red.count_targets(paddle.to_tensor([1, -100, 3])) == 2
+
+
+def test_to_static_refused_by_name():
+    """paddle.jit.to_static(full_graph=True): the layers see the program's
+    static Values and refuse them, named (not a failure inside Paddle's
+    translator)."""
+    f = paddle.jit.to_static(bp.Linear(4, 3), full_graph=True)
+    with pytest.raises(bitexact.InvalidArgumentError, match="static-graph .* dynamic graph only"):
+        f(paddle.ones([2, 4]))
