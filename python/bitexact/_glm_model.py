@@ -250,7 +250,7 @@ class RunnerBase:
     torch and Paddle (the subclasses add name, Model, AdamW,
     GradReduction, ids, numpy, init_distributed)."""
 
-    compile = None  # torch: the model compiled (python -m bitexact.train --compile)
+    compile = None  # torch: f compiled, f the model or the optimizer's step (--compile)
 
     @staticmethod
     def grad(p):

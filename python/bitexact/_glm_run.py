@@ -161,7 +161,8 @@ def parse_args(argv):
     p.add_argument("--compute-dtype", choices=("fp32", "bf16"), default=None,
                    help="must equal the checkpoint's (default: the checkpoint's)")
     p.add_argument("--compile", action="store_true",
-                   help="torch: run the model as torch.compile(model, fullgraph=True)")
+                   help="torch: run the model and AdamW.step under "
+                   "torch.compile(fullgraph=True)")
     p.add_argument("-q", action="store_true", help="no summary line")
     return p.parse_args(argv)
 

@@ -35,10 +35,9 @@ that saved the ticket is freed, or at once without grad).
 Not traced (a graph break; with ``fullgraph=True`` Dynamo's error):
 ``moe_route`` (its chunk count depends on the active reduction at run
 time). Threading: the ops run in the calling thread (the table is shared,
-its numbers unique); the flags of a call are thread-local while it runs.
+its numbers unique); the call being run is thread-local.
 """
 import itertools
-import threading
 import weakref
 
 import torch
@@ -53,7 +52,7 @@ __all__ = ["compiling", "call", "Function", "SINK", "register_layers"]
 SINK = torch.zeros((), requires_grad=True)  # the sink: see the module docstring
 _RECORDS = {}  # ticket number -> (Function class, ctx, flat slot of id(arg), output shapes)
 _COUNT = itertools.count(1)
-_tls = threading.local()  # .rec: the call being recorded (a _Recording), or None
+_tls = _tg._tls  # .rec: the call being recorded (a _Recording), or None; thread-local
 
 
 def compiling():
@@ -168,11 +167,11 @@ def _layer_impl(name, tensors, ints, floats, grad, slots):
     tensors = list(tensors[:-1])  # the sink is not an argument
     flags = {id(t): g for t, g in zip(tensors, grad) if t is not None}
     rec = _Recording(flags)
-    _tls.rec, _tg._tls.flags = rec, flags
+    _tls.rec = rec  # also what _torch_gradred._capture reads the flags from
     try:
         out = _LAYERS[name][0](*_decode(tensors, ints, floats))
     finally:
-        _tls.rec = _tg._tls.flags = None
+        _tls.rec = None
     outs = list(out) if isinstance(out, tuple) else [out]
     key = next(_COUNT)
     ticket = torch.tensor(key, dtype=torch.int64)

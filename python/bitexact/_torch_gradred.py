@@ -123,16 +123,16 @@ class GradReduction(_g.GradReductionBase):
         return t.numpy().tobytes()
 
 
-_tls = threading.local()  # .flags: {id(tensor): takes part in autograd} inside a compiled call
+_tls = threading.local()  # .rec: the compiled call being run (_torch_compile._Recording), or None
 
 
 def _capture(fn, weights, exact=True):
     """At forward: the micro-batch and the state indices of the weights
     that will need a gradient (grad mode on and requires_grad; inside a
     torch.compile'd call, _torch_compile's flags decided at trace time)."""
-    flags = getattr(_tls, "flags", None)
-    if flags is not None:
-        trainable = lambda w: flags.get(id(w), False)  # noqa: E731
+    rec = getattr(_tls, "rec", None)
+    if rec is not None:
+        trainable = lambda w: rec.flags.get(id(w), False)  # noqa: E731
     else:
         grad = torch.is_grad_enabled()
         trainable = lambda w: grad and w.requires_grad  # noqa: E731

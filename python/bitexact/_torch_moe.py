@@ -44,6 +44,9 @@ _B = _ops.Binding(fw=_FW, prefix=_PREFIX, check=_check, ints=(torch.int32, torch
                   capture=_capture, fns=_fn, need=lambda tensors: ())
 
 
+@torch.compiler.disable(reason="bitexact.torch.moe_route is not traced by torch.compile (its "
+                        "chunk count depends on the active GradReduction at run time): call it "
+                        "outside the compiled function")
 def moe_route(x, router_weight, e_score_correction_bias, num_experts_per_tok, n_group=1,
               topk_group=1, norm_topk_prob=True, routed_scaling_factor=1.0, chunk_tokens=None,
               num_threads=None):
@@ -53,16 +56,6 @@ def moe_route(x, router_weight, e_score_correction_bias, num_experts_per_tok, n_
     kernels, so the ids and weights are the ones :func:`moe` uses.
     chunk_tokens: default the active GradReduction's seq_len, else T. Not
     traced by torch.compile (a graph break)."""
-    return _route_eager(x, router_weight, e_score_correction_bias, num_experts_per_tok,
-                        n_group, topk_group, norm_topk_prob, routed_scaling_factor,
-                        chunk_tokens, num_threads)
-
-
-@torch.compiler.disable(reason="bitexact.torch.moe_route is not traced by torch.compile (its "
-                        "chunk count depends on the active GradReduction at run time): call it "
-                        "outside the compiled function")
-def _route_eager(x, router_weight, e_score_correction_bias, num_experts_per_tok, n_group,
-                 topk_group, norm_topk_prob, routed_scaling_factor, chunk_tokens, num_threads):
     return _ops.moe_route(_B, x, router_weight, e_score_correction_bias, num_experts_per_tok,
                           n_group, topk_group, norm_topk_prob, routed_scaling_factor,
                           chunk_tokens, num_threads)
