@@ -406,6 +406,33 @@ BX_API bx_status bx_total_norm(const bx_group *groups, size_t ngroups,
                                const bx_comm *comm, const bx_norm_opts *opts,
                                double *total_norm, double *group_norms);
 
+/* What a norm call decided, for callers that let the library choose:
+ * bx_total_norm_info's out struct. Set struct_size (BX_NORM_INFO_DEFAULT);
+ * the other fields are written on success. New fields go at the end. */
+typedef struct bx_norm_info {
+  size_t struct_size; /* sizeof(bx_norm_info): see "Struct sizes" above */
+  /* the format the norms were rounded into: opts->norm_dtype, with
+   * BX_NORM_GRADS resolved from the dtypes of every tensor of every rank
+   * (the same on every rank, also on a rank that passed no tensor); never
+   * BX_NORM_GRADS */
+  bx_norm_dtype norm_dtype;
+} bx_norm_info;
+
+#define BX_NORM_INFO_DEFAULT {sizeof(bx_norm_info), BX_NORM_F64}
+
+/* bx_total_norm, also telling which format the norms were rounded into
+ * (info->norm_dtype): what a binding needs to return the norm in the
+ * gradients' dtype (BX_NORM_GRADS) when some rank holds no gradient, or
+ * holds other dtypes than this one. info: out, required, info->struct_size
+ * must be sizeof(bx_norm_info) (BX_EINVAL otherwise, before any collective
+ * on this rank; the others then fail in the agreement step). Everything
+ * else as bx_total_norm: same collectives, same bits, outputs written
+ * only on success. Thread-safe. */
+BX_API bx_status bx_total_norm_info(const bx_group *groups, size_t ngroups,
+                                    const bx_comm *comm, const bx_norm_opts *opts,
+                                    double *total_norm, double *group_norms,
+                                    bx_norm_info *info);
+
 /* Multiply every element of every tensor by coef, in place, with the
  * rounding of opts->mode (see bx_scale_mode). Tensors must be writable,
  * any strides (see Layouts above: each logical element written once, the

@@ -81,6 +81,10 @@ else
 fi
 [ "$PINS_ONLY" = 1 ] && exit 0
 
+# The training frameworks tests/python/clients/ run (SpecForge, torchtitan,
+# DeepSpeed; --no-deps, pinned).
+bash scripts/clients_setup.sh
+
 # The package, built in this environment with the pinned scikit-build-core
 # above (no isolated build: nothing fetched at build time). A failed build
 # fails this script.

@@ -165,6 +165,7 @@ static const test_entry TESTS[] = {
     /* norms in a chosen format, many groups (test_norm_dtype.c) */
     {"norm_dtype_vs_mpfr", test_norm_dtype_vs_mpfr},
     {"norm_dtype_grads", test_norm_dtype_grads},
+    {"norm_info_ranks", test_norm_info_ranks},
     {"acc_norm_rules", test_acc_norm_rules},
     {"norm_many_groups_state", test_norm_many_groups_state},
     {"ranks_norm_dtype", test_ranks_norm_dtype},

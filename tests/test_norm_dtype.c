@@ -5,12 +5,14 @@
  * groups give every group's own bits on any thread count.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "checks.h"
 #include "harness.h"
+#include "sim_comm.h"
 #include "tests.h"
 #include "util.h"
 
@@ -218,4 +220,140 @@ void test_norm_many_groups_state(void) {
   free(g);
   free(alone);
   free(gn);
+}
+
+/* ---- bx_total_norm_info over simulated ranks --------------------------- */
+
+typedef struct info_job {
+  bxt_rank_ctx ctx;
+  bx_comm comm;
+  bx_group g;
+  bx_norm_opts o;
+  bx_norm_info info;
+  double total;
+  bx_status st;
+  char err[512];
+} info_job;
+
+static void *info_rank(void *arg) {
+  info_job *j = arg;
+  j->total = -1;
+  j->st = bx_total_norm_info(&j->g, 1, &j->comm, &j->o, &j->total, NULL, &j->info);
+  snprintf(j->err, sizeof j->err, "%s", j->st == BX_OK ? "" : bx_last_error());
+  return NULL;
+}
+
+static void info_run(bxt_world *w, info_job *jobs) {
+  pthread_t th[2];
+  for (int r = 0; r < 2; r++) {
+    jobs[r].comm = bxt_sim_comm(w, &jobs[r].ctx, r);
+    pthread_create(&th[r], NULL, info_rank, &jobs[r]);
+  }
+  for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+}
+
+/* BX_NORM_GRADS over ranks (DESIGN §7, issue 24): the format is chosen
+ * from every rank's dtypes, so a rank holding no tensor, or other dtypes
+ * than the others, gets the same format and bits, and info says which;
+ * ranks asking for different formats get a message naming both. */
+void test_norm_info_ranks(void) {
+  static const struct {
+    int dt0, dt1; /* -1: that rank passes no tensor */
+    bx_norm_dtype want;
+  } cases[] = {
+      {REF_BF16, -1, BX_NORM_BF16}, {-1, REF_F16, BX_NORM_F16}, {REF_BF16, REF_F16, BX_NORM_F32},
+      {REF_BF16, REF_BF16, BX_NORM_BF16}, {REF_F64, -1, BX_NORM_F64}, {-1, -1, BX_NORM_F32},
+  };
+  bxt_rng r;
+  bxt_rng_init(&r);
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    bxt_world w;
+    bxt_world_init(&w, 2);
+    info_job jobs[2];
+    bxt_tensor xs[2];
+    DLTensor dl[2];
+    int dts[2] = {cases[c].dt0, cases[c].dt1};
+    ref_sum s;
+    ref_sum_init(&s);
+    for (int k = 0; k < 2; k++) {
+      memset(&jobs[k], 0, sizeof jobs[k]);
+      jobs[k].o = (bx_norm_opts)BX_NORM_OPTS_DEFAULT;
+      jobs[k].o.norm_dtype = BX_NORM_GRADS;
+      jobs[k].info = (bx_norm_info)BX_NORM_INFO_DEFAULT;
+      jobs[k].info.norm_dtype = BX_NORM_GRADS; /* overwritten on success */
+      jobs[k].g = (bx_group){NULL, 0};
+      if (dts[k] >= 0) {
+        bxt_tensor_alloc(&xs[k], dts[k], 2000);
+        bxt_fill_gradient(&r, &xs[k], 3.0);
+        bxt_ref_squares(&s, &xs[k]);
+        dl[k] = xs[k].t;
+        jobs[k].g = (bx_group){&dl[k], 1};
+      }
+    }
+    info_run(&w, jobs);
+    int want_dt = cases[c].want == BX_NORM_BF16 ? REF_BF16
+                  : cases[c].want == BX_NORM_F16 ? REF_F16
+                  : cases[c].want == BX_NORM_F64 ? REF_F64
+                                                 : REF_F32;
+    double want = ref_sqrt_fmt(s.sum, REF_FMT[want_dt]);
+    for (int k = 0; k < 2; k++) {
+      CHECK_STATUS(jobs[k].st, BX_OK, "case %zu rank %d: %s", c, k, jobs[k].err);
+      CHECK(jobs[k].info.norm_dtype == cases[c].want, "case %zu rank %d: info.norm_dtype %d, "
+            "want %d", c, k, (int)jobs[k].info.norm_dtype, (int)cases[c].want);
+      CHECK_BITS_D(jobs[k].total, want, "case %zu rank %d: the exact norm in %s", c, k,
+                   bxt_dt_name(want_dt));
+    }
+    for (int k = 0; k < 2; k++)
+      if (dts[k] >= 0) bxt_tensor_free(&xs[k]);
+    ref_sum_clear(&s);
+    bxt_world_free(&w);
+  }
+
+  /* different explicit formats: BX_EMISMATCH on both, dtypes named */
+  {
+    bxt_world w;
+    bxt_world_init(&w, 2);
+    info_job jobs[2];
+    for (int k = 0; k < 2; k++) {
+      memset(&jobs[k], 0, sizeof jobs[k]);
+      jobs[k].o = (bx_norm_opts)BX_NORM_OPTS_DEFAULT;
+      jobs[k].o.norm_dtype = k == 0 ? BX_NORM_F32 : BX_NORM_BF16;
+      jobs[k].info = (bx_norm_info)BX_NORM_INFO_DEFAULT;
+    }
+    info_run(&w, jobs);
+    for (int k = 0; k < 2; k++) {
+      CHECK_STATUS(jobs[k].st, BX_EMISMATCH, "explicit formats, rank %d", k);
+      CHECK(strstr(jobs[k].err, "norm_dtype") && strstr(jobs[k].err, "float32") &&
+                strstr(jobs[k].err, "bfloat16") && strstr(jobs[k].err, "BX_NORM_GRADS") &&
+                !strstr(jobs[k].err, "smallest"),
+            "rank %d: the message names the dtypes and the fix: %s", k, jobs[k].err);
+      CHECK(jobs[k].total == -1, "rank %d: no output written", k);
+    }
+    bxt_world_free(&w);
+  }
+
+  /* a wrong info->struct_size on one rank: BX_EINVAL there, the other rank
+   * fails in the agreement step instead of waiting */
+  {
+    bxt_world w;
+    bxt_world_init(&w, 2);
+    info_job jobs[2];
+    for (int k = 0; k < 2; k++) {
+      memset(&jobs[k], 0, sizeof jobs[k]);
+      jobs[k].o = (bx_norm_opts)BX_NORM_OPTS_DEFAULT;
+      jobs[k].info = (bx_norm_info)BX_NORM_INFO_DEFAULT;
+    }
+    jobs[1].info.struct_size = 4;
+    info_run(&w, jobs);
+    CHECK(!w.timed_out, "a bad info struct on rank 1 hangs rank 0");
+    CHECK_STATUS(jobs[1].st, BX_EINVAL, "rank 1: bad info size");
+    CHECK(strstr(jobs[1].err, "info->struct_size") != NULL, "rank 1: %s", jobs[1].err);
+    CHECK_STATUS(jobs[0].st, BX_EINVAL, "rank 0: rank 1's failure, agreed: %s", jobs[0].err);
+    bxt_world_free(&w);
+  }
+
+  /* alone: a NULL info is refused before anything else */
+  double v = -1;
+  CHECK_STATUS(bx_total_norm_info(NULL, 0, NULL, NULL, &v, NULL, NULL), BX_EINVAL, "NULL info");
+  CHECK(v == -1, "NULL info: nothing written");
 }

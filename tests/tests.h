@@ -153,6 +153,7 @@ void test_error_locations(void);
 /* test_norm_dtype.c */
 void test_norm_dtype_vs_mpfr(void);
 void test_norm_dtype_grads(void);
+void test_norm_info_ranks(void);
 void test_acc_norm_rules(void);
 void test_norm_many_groups_state(void);
 void test_ranks_norm_dtype(void); /* test_ranks.c */

@@ -392,8 +392,9 @@ def total_norm(tensors, norm_type=2.0, error_if_nonfinite=False, groups=None, *,
     try:
         with _core.Views(buckets) as views:
             _join_legacy_stream(views)
-            total, gn, _ = views.norm(float(norm_type), bool(error_if_nonfinite), int(num_threads),
-                                   fl, fn, rank, -1, groups is not None, nd)
+            total, gn, _, _ = views.norm(float(norm_type), bool(error_if_nonfinite),
+                                         int(num_threads), fl, fn, rank, -1, groups is not None,
+                                         nd)
     except Error as e:
         raise _rename(e, namer, rank if fn else None)
     if groups is None:
@@ -444,8 +445,9 @@ def clip_grad_norm(tensors, max_norm, norm_type=2.0, error_if_nonfinite=False, g
             ngroups = len(names) if names is not None else 1
             # checks that bx_clip_grad_norm would make before the norm
             _core.clip_coef(0.0, max_norm, float(eps), form)
-            total, gn, _ = views.norm(float(norm_type), bool(error_if_nonfinite), int(num_threads),
-                                   fl, fn, rank, ngroups, groups is not None, nd)
+            total, gn, _, _ = views.norm(float(norm_type), bool(error_if_nonfinite),
+                                         int(num_threads), fl, fn, rank, ngroups,
+                                         groups is not None, nd)
             coef = _core.clip_coef(total, max_norm, float(eps), form)
             if coef != coef:
                 # NaN norm without error_if_nonfinite: every element becomes

@@ -424,8 +424,8 @@ static int views_check_targets(Views *v, const char *fn) {
 
 /* The bits of a norm v of the format norm_dtype names (a value of that
  * format, as the library returned it), as the signed integer of the same
- * size (torch: int64/int32/int16, viewed as the float dtype), or None for
- * BX_NORM_GRADS. Stored by the library's own code in its floating-point
+ * size (torch: int64/int32/int16, viewed as the float dtype); norm_dtype is
+ * a resolved one (never BX_NORM_GRADS). Stored by the library's own code in its floating-point
  * environment: the caller's may flush subnormals (torch.set_flush_denormal
  * sets FTZ/DAZ, under which converting v to fp32 in C or Python or torch
  * would give 0). */
@@ -450,13 +450,15 @@ static PyObject *norm_bits(double v, int norm_dtype) {
 
 /* Views.norm(norm_type=2.0, error_if_nonfinite=False, num_threads=0,
  *            flavor=0, comm=None, rank=0, ngroups=-1, group_norms=False,
- *            norm_dtype=0) -> (total, [group norms] or None, bits):
- * bx_total_norm. ngroups: use only the first ngroups groups (-1: all).
+ *            norm_dtype=0) -> (total, [group norms] or None, bits, dtype):
+ * bx_total_norm_info. ngroups: use only the first ngroups groups (-1: all).
  * norm_dtype: the bx_norm_dtype (0 fp64, 1 the gradients' dtype as torch
  * promotes it over all ranks, 2 fp32, 3 bf16, 4 fp16): the norms are
  * rounded once into it by the library (floats holding that format's values
- * exactly); bits: total's bit pattern in that format (norm_bits; None for
- * 1), from which bitexact.torch makes its tensor without a conversion. */
+ * exactly); dtype: the format the library chose (norm_dtype, or for 1 the
+ * one agreed over the ranks: never 1); bits: total's bit pattern in that
+ * format (norm_bits), from which bitexact.torch makes its tensor without
+ * a conversion. */
 static PyObject *Views_norm(Views *v, PyObject *args, PyObject *kwds) {
   static char *kwlist[] = {"norm_type", "error_if_nonfinite", "num_threads", "flavor", "comm",
                            "rank", "ngroups", "group_norms", "norm_dtype", NULL};
@@ -481,10 +483,11 @@ static PyObject *Views_norm(Views *v, PyObject *args, PyObject *kwds) {
   double *gn = want_groups && ng ? PyMem_Malloc((size_t)ng * sizeof(double)) : NULL;
   if (want_groups && ng && !gn) return PyErr_NoMemory();
   double total = 0;
+  bx_norm_info info = BX_NORM_INFO_DEFAULT;
   bx_status st;
   v->busy = 1;
   Py_BEGIN_ALLOW_THREADS
-  st = bx_total_norm(v->groups, (size_t)ng, cp, &o, &total, gn);
+  st = bx_total_norm_info(v->groups, (size_t)ng, cp, &o, &total, gn, &info);
   Py_END_ALLOW_THREADS
   v->busy = 0;
   PyObject *res = NULL, *list = Py_None, *bits;
@@ -503,9 +506,9 @@ static PyObject *Views_norm(Views *v, PyObject *args, PyObject *kwds) {
     list = PyList_New(0);
     if (!list) goto done;
   }
-  bits = norm_bits(total, norm_dtype);
+  bits = norm_bits(total, (int)info.norm_dtype);
   if (!bits) goto done;
-  res = Py_BuildValue("(dNN)", total, list, bits);
+  res = Py_BuildValue("(dNNi)", total, list, bits, (int)info.norm_dtype);
   list = NULL; /* stolen by "N" (also when building fails) */
 done:
   Py_XDECREF(pc.error);

@@ -137,46 +137,51 @@ def _bt():
 
 @torch.library.custom_op("bitexact::total_norm", mutates_args=())
 def total_norm_op(tensors: list[Tensor], norm_type: float, error_if_nonfinite: bool,
-                  flavor: str, num_threads: int) -> Tensor:
-    """get_total_norm (single process): the exact norm, torch's dtype."""
+                  flavor: str, num_threads: int, norm_dtype: str) -> Tensor:
+    """get_total_norm (single process): the exact norm, in norm_dtype (a
+    torch dtype's name; "": torch's promotion of the gradients' dtypes)."""
     fl = _option(_FLAVORS, flavor, "flavor")
+    nd = _bt()._norm_dtype_arg(norm_dtype or None)
     if not tensors:
-        return torch.tensor(0.0)
+        return _bt()._empty_norm(nd)
     return _bt()._total_norm_impl(list(tensors), lambda k: f"tensors[{k}]", float(norm_type),
-                                  bool(error_if_nonfinite), None, None, int(num_threads), fl)
+                                  bool(error_if_nonfinite), None, None, int(num_threads), fl, nd)
 
 
-def _fake_norm(tensors):
+def _fake_norm(tensors, norm_dtype):
+    nd = _bt()._norm_dtype_arg(norm_dtype or None)
     if not tensors:
-        return torch.empty((), dtype=torch.get_default_dtype())
-    return torch.empty((), dtype=_result_dtype(_dtype_mask(tensors)), device=tensors[0].device)
+        return torch.empty((), dtype=nd or torch.get_default_dtype())
+    return torch.empty((), dtype=nd or _result_dtype(_dtype_mask(tensors)),
+                       device=tensors[0].device)
 
 
 @total_norm_op.register_fake
-def _(tensors, norm_type, error_if_nonfinite, flavor, num_threads):
-    return _fake_norm(tensors)
+def _(tensors, norm_type, error_if_nonfinite, flavor, num_threads, norm_dtype):
+    return _fake_norm(tensors, norm_dtype)
 
 
 @torch.library.custom_op("bitexact::clip_grad_norm_", mutates_args=("grads",))
 def clip_grad_norm_op(grads: list[Tensor], positions: list[int], max_norm: float,
                       norm_type: float, error_if_nonfinite: bool, scale_mode: str, flavor: str,
-                      num_threads: int) -> Tensor:
+                      num_threads: int, norm_dtype: str) -> Tensor:
     """clip_grad_norm_ (single process): scales grads in place, returns the norm."""
     mode = _option(_SCALE_MODES, scale_mode, "scale_mode")
     fl = _option(_FLAVORS, flavor, "flavor")
-    if not grads:
-        return torch.tensor(0.0)
-    grads = list(grads)
     bt = _bt()
+    nd = bt._norm_dtype_arg(norm_dtype or None)
+    if not grads:
+        return bt._empty_norm(nd)
+    grads = list(grads)
     return bt._clip_impl(grads, grads, lambda k: f"parameters[{positions[k]}]",
                          bt._validate_max_norm(max_norm), float(norm_type),
-                         bool(error_if_nonfinite), None, None, mode, int(num_threads), fl)
+                         bool(error_if_nonfinite), None, None, mode, int(num_threads), fl, nd)
 
 
 @clip_grad_norm_op.register_fake
 def _(grads, positions, max_norm, norm_type, error_if_nonfinite, scale_mode, flavor,
-      num_threads):
-    return _fake_norm(grads)
+      num_threads, norm_dtype):
+    return _fake_norm(grads, norm_dtype)
 
 
 @torch.library.custom_op("bitexact::clip_grads_with_norm_", mutates_args=("grads",))
@@ -226,30 +231,39 @@ def _eager_clip_grads_with_norm_(*args, **kwargs):
     return _bt().clip_grads_with_norm_(*args, **kwargs)
 
 
+def _dtype_name(norm_dtype):
+    """norm_dtype= (None, a torch dtype or a name) as the ops' string."""
+    nd = _bt()._norm_dtype_arg(norm_dtype)
+    return "" if nd is None else str(nd).rsplit(".", 1)[-1]
+
+
 def get_total_norm(tensors, norm_type, error_if_nonfinite, process_group, owned, num_threads,
-                   flavor):
+                   flavor, norm_dtype):
     if _eager_only(tensors, process_group, owned):
         return _eager_get_total_norm(tensors, norm_type, error_if_nonfinite,
                                      process_group=process_group, owned=owned,
-                                     num_threads=num_threads, flavor=flavor)
+                                     num_threads=num_threads, flavor=flavor,
+                                     norm_dtype=norm_dtype)
     return torch.ops.bitexact.total_norm(tensors, float(norm_type), bool(error_if_nonfinite),
-                                         str(flavor), int(num_threads))
+                                         str(flavor), int(num_threads), _dtype_name(norm_dtype))
 
 
 def clip_grad_norm_(parameters, grads, max_norm, norm_type, error_if_nonfinite, use_main_grad,
-                    process_group, owned, scale_mode, num_threads, flavor):
+                    process_group, owned, scale_mode, num_threads, flavor, norm_dtype):
     if _eager_only(grads, process_group, owned):
         return _eager_clip_grad_norm_(parameters, max_norm, norm_type, error_if_nonfinite,
                                       use_main_grad=use_main_grad, process_group=process_group,
                                       owned=owned, scale_mode=scale_mode,
-                                      num_threads=num_threads, flavor=flavor)
+                                      num_threads=num_threads, flavor=flavor,
+                                      norm_dtype=norm_dtype)
     # where each gradient's parameter is in `parameters` (error messages)
     positions = [k for k, p in enumerate(parameters)
                  if p.grad is not None or (use_main_grad and
                                            getattr(p, "main_grad", None) is not None)]
     return torch.ops.bitexact.clip_grad_norm_(grads, positions, float(max_norm),
                                               float(norm_type), bool(error_if_nonfinite),
-                                              str(scale_mode), str(flavor), int(num_threads))
+                                              str(scale_mode), str(flavor), int(num_threads),
+                                              _dtype_name(norm_dtype))
 
 
 def clip_grads_with_norm_(grads, max_norm, total_norm, scale_mode, num_threads):

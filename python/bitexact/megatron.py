@@ -180,7 +180,7 @@ def _norm(blocks, chains, norm_type, flavor, num_threads, namer):
     try:
         with _core.Views([[_local(g) for g in b] for b in blocks]) as views:
             _join_legacy_stream(views)
-            total, _, _ = views.norm(p, False, int(num_threads), fl, fn, rank, -1, False, 0)
+            total, _, _, _ = views.norm(p, False, int(num_threads), fl, fn, rank, -1, False, 0)
     except Error as e:
         raise _rename(e, namer, rank if fn is not None else None)
     return total

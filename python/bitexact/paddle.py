@@ -227,8 +227,8 @@ class ClipGradByGlobalNorm(_ClipGradBase):
         try:
             with _core.Views([grads]) as views:
                 nd = _ND_F64 if views.dtypes & _F64 else _ND_F32
-                _, _, bits = views.norm(2.0, self.error_if_nonfinite, self.num_threads, 0, None,
-                                        0, 1, False, nd)
+                _, _, bits, _ = views.norm(2.0, self.error_if_nonfinite, self.num_threads, 0,
+                                           None, 0, 1, False, nd)
                 global_norm = _norm_tensor(bits, nd)
                 self.last_global_norm = global_norm
                 coefs = self._paddle_coefs(global_norm, _BITS[nd][2], grads)

@@ -54,8 +54,21 @@ Extensions (keyword-only):
 - ``process_group``: a torch.distributed group; every rank passes the
   gradients it holds and gets the same bits as one process holding the
   whole model (an int64 ``all_reduce(SUM)`` plus a tiny ``all_reduce(MAX)``
-  agreement step). Ranks whose dtypes promote differently raise
-  :class:`bitexact.MismatchError` on every rank.
+  agreement step). Every rank of the group must call, also one holding no
+  gradient (it passes an empty list). ``None`` is not torch.distributed's
+  "the default group": it means the gradients' own group where they carry
+  one (DTensor gradients: their mesh), otherwise this process alone, as
+  torch's own clip_grad_norm_ (right for replicated gradients, as under
+  DDP). FSDP1 flat-parameter shards (sharded strategies, ``use_orig_params``
+  or not) with ``None`` are refused by name, never reduced rank-locally:
+  pass ``**fsdp_norm_args(fsdp_model)``.
+- ``norm_dtype``: the dtype of the returned norm, rounded once from the
+  exact value: None (default) is torch's promotion of the gradients'
+  dtypes (fp32 for fp32 or mixed fp16/bf16, bf16 for all-bf16, ...), agreed
+  over the ranks of ``process_group``, so a rank holding no gradient
+  returns the others' dtype; or ``torch.float32`` / ``float64`` /
+  ``bfloat16`` / ``float16`` (or those names): e.g. an fp32 norm and
+  coefficient for bf16 gradients, as fp32 master-weight optimizers clip.
 - ``owned``: which plain (non-DTensor) tensors this rank owns, so that a
   replicated tensor is counted once: None (all), a bool, a predicate
   ``owned(param_or_tensor) -> bool``, or a collection of the owned
@@ -68,9 +81,12 @@ Extensions (keyword-only):
   instead of ``param.grad`` where present; any dtype mix in one call.
 - ``scale_mode="exact"``: the exact product rounded once to the grad dtype.
 """
+import functools as _functools
+import gc as _gc
 import sys as _sys
 import types as _types
 import warnings as _warnings
+import weakref as _weakref
 
 import torch
 import torch.distributed as _dist
@@ -84,6 +100,7 @@ from . import (
     _SCALE_MODES,
     _core,
     _join_legacy_stream,
+    _norm_dtype,
     _option,
     _rename,
     _torch_fast_export,
@@ -99,7 +116,7 @@ try:
 except ImportError:  # torch without distributed
     _DTensor = None
 
-__all__ = ["clip_grad_norm_", "get_total_norm", "clip_grads_with_norm_", "comm"]
+__all__ = ["clip_grad_norm_", "get_total_norm", "clip_grads_with_norm_", "comm", "fsdp_norm_args"]
 
 # Plain tensors export through torch's C function directly (what
 # Tensor.__dlpack__ calls for CPU tensors after its Python-level checks,
@@ -112,6 +129,23 @@ _NORM_DTYPE = {torch.float64: 0, torch.float32: 2, torch.bfloat16: 3, torch.floa
 # ... and the integer dtype its bits come in (Views.norm's third result)
 _INT_OF = {torch.float64: torch.int64, torch.float32: torch.int32, torch.bfloat16: torch.int16,
            torch.float16: torch.int16}
+# ... and back: the dtype the library rounded into (Views.norm's fourth result)
+_DTYPE_OF = {code: dt for dt, code in _NORM_DTYPE.items()}
+_NORM_GRADS = 1  # bx_norm_dtype BX_NORM_GRADS: chosen by the library over all ranks
+
+
+def _norm_dtype_arg(norm_dtype):
+    """norm_dtype= as a torch dtype, or None for torch's promotion of the
+    gradients' dtypes (None or "grads")."""
+    if norm_dtype is None:
+        return None
+    code = _norm_dtype(norm_dtype)
+    return None if code == _NORM_GRADS else _DTYPE_OF[code]
+
+
+def _empty_norm(dtype):
+    """The norm of no gradient: torch's tensor(0.), or 0 of the dtype asked for."""
+    return torch.tensor(0.0) if dtype is None else torch.zeros((), dtype=dtype)
 _compiling = torch.compiler.is_compiling
 
 
@@ -209,8 +243,135 @@ def _mesh_comm(meshes):
     if _dist.is_initialized() and mesh.size() == _dist.get_world_size():
         return comm(None)
     raise InvalidArgumentError(
-        "DTensor gradients on a multi-dimensional mesh smaller than the world; "
-        "pass process_group= (a group over all ranks of the mesh)")
+        "DTensor gradients on a multi-dimensional mesh smaller than the world: the ranks "
+        "outside it may hold other parts of the model (pipeline stages) or replicas; pass "
+        "process_group= a group over every rank that holds a shard of any gradient: all ranks "
+        "of the mesh and, under pipeline parallelism, of every stage (e.g. the world group); "
+        "a group over this stage's mesh alone gives each stage its own norm")
+
+
+# ---- FSDP1 (FullyShardedDataParallel): flat-parameter shards ------------------
+#
+# FSDP1 keeps a module's parameters in one FlatParameter per wrapped module,
+# sharded over the FlatParamHandle's process group; its gradients are plain
+# tensors (the flat shard, or with use_orig_params views of it), so nothing
+# on a gradient says it is a shard. The handles are found once by a scan of
+# the live objects and afterwards by a hook on FlatParamHandle.__init__
+# that only records each new handle (weakly): enough to refuse a
+# rank-local norm of shards (process_group=None) by name.
+
+_FSDP1_HANDLES = _weakref.WeakSet()
+_fsdp1_watching = False
+
+
+def _fsdp1_handles():
+    """The live FSDP1 FlatParamHandles (empty when FSDP1 was never imported)."""
+    global _fsdp1_watching
+    mod = _sys.modules.get("torch.distributed.fsdp._flat_param")
+    cls = getattr(mod, "FlatParamHandle", None) if mod is not None else None
+    if cls is None:
+        return ()
+    if not _fsdp1_watching:
+        _fsdp1_watching = True
+        init = cls.__init__
+
+        @_functools.wraps(init)
+        def __init__(self, *args, **kwargs):
+            init(self, *args, **kwargs)
+            _FSDP1_HANDLES.add(self)
+        cls.__init__ = __init__
+        for obj in _gc.get_objects():  # the handles made before this hook
+            if type(obj) is cls:
+                _FSDP1_HANDLES.add(obj)
+    return tuple(_FSDP1_HANDLES)
+
+
+def _fsdp1_shard_of(items, tensors):
+    """(k, handle) for the first tensors[k] (or items[k], its parameter)
+    that is a gradient of an FSDP1 flat parameter sharded over more than one
+    rank, or None."""
+    handles = [h for h in _fsdp1_handles() if h.uses_sharded_strategy and h.world_size > 1]
+    if not handles:
+        return None
+    ids = {}
+    for h in handles:
+        fp = h.flat_param
+        for obj in (fp, *(getattr(fp, "_params", None) or ())):
+            ids[id(obj)] = h
+            if obj.grad is not None:
+                ids[id(obj.grad)] = h
+    for k, (item, t) in enumerate(zip(items, tensors)):
+        h = ids.get(id(t)) or ids.get(id(item))
+        if h is not None:
+            return k, h
+    return None
+
+
+def _refuse_fsdp1_local(items, tensors, name_of):
+    """process_group=None over FSDP1 shards would be this rank's shard
+    alone (the under-clipping bug): refused, naming the fix."""
+    if not (_dist.is_available() and _dist.is_initialized()) or _dist.get_world_size() < 2:
+        return
+    found = _fsdp1_shard_of(items, tensors)
+    if found is None:
+        return
+    k, h = found
+    raise InvalidArgumentError(
+        f"{name_of(k)} is a gradient of an FSDP1 flat parameter sharded over "
+        f"{h.world_size} ranks ({h._sharding_strategy.name}): with process_group=None the "
+        "norm would be this rank's shard alone, not the model's. Pass the FSDP group and "
+        "ownership: **bitexact.torch.fsdp_norm_args(fsdp_model) (process_group= the group "
+        "FSDP shards over, owned= counting NO_SHARD replicas once); every rank must call, "
+        "also one whose shard holds no gradient (docs/python.md, 'FSDP1')")
+
+
+def fsdp_norm_args(module):
+    """The ``process_group=`` and ``owned=`` that make :func:`clip_grad_norm_`
+    / :func:`get_total_norm` compute an FSDP1 model's global norm, as
+    ``FullyShardedDataParallel.clip_grad_norm_`` does::
+
+        bt.clip_grad_norm_(model.parameters(), 1.0, **bt.fsdp_norm_args(model))
+
+    ``module``: the root FSDP1 module (or any module holding FSDP1 modules).
+    process_group: the group the sharded handles shard over (every sharded
+    handle must use the same one; HYBRID_SHARD: the intra-node shard group,
+    whose replicas outside it hold the same gradients). owned: a predicate
+    counting the gradients of NO_SHARD handles (whole replicas on every
+    rank) on that group's rank 0 only, and everything else (disjoint flat
+    shards, ``use_orig_params`` views of them) on every rank. Without FSDP1
+    modules: ``{}`` (this process alone). Every rank must call the norm,
+    also one whose shard holds no gradient."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    groups, replicated = {}, set()
+    for m in FSDP.fsdp_modules(module):
+        h = getattr(m, "_handle", None)
+        if h is None:
+            continue
+        fp = h.flat_param
+        if h.uses_sharded_strategy:
+            groups[id(h.process_group)] = h.process_group
+        else:  # the parameters and their gradients (get_total_norm is given those)
+            for obj in (fp, *(getattr(fp, "_params", None) or ())):
+                replicated.add(id(obj))
+                if obj.grad is not None:
+                    replicated.add(id(obj.grad))
+            groups.setdefault(("replicated", id(h.process_group)), h.process_group)
+    sharded = [g for key, g in groups.items() if not isinstance(key, tuple)]
+    if len({id(g) for g in sharded}) > 1:
+        raise InvalidArgumentError(
+            "fsdp_norm_args: the FSDP1 modules shard over different process groups; pass "
+            "process_group= a group over every rank holding a shard, and owned=")
+    if sharded:
+        group = sharded[0]
+    elif groups:
+        group = next(iter(groups.values()))
+    else:
+        return {}
+    first = _dist.get_rank(group) == 0
+
+    def owned(p):
+        return first or id(p) not in replicated
+    return {"process_group": group, "owned": owned}
 
 
 class _Plan:
@@ -219,9 +380,10 @@ class _Plan:
     error messages (name_of(k): the caller's name of tensors[k])."""
 
     __slots__ = ("views", "dtype", "device", "fn", "rank", "pos", "name_of", "tensors", "cuda",
-                 "nplan", "meshes", "special")
+                 "nplan", "meshes", "special", "agree_dtype")
 
-    def __init__(self, tensors, items, owned, process_group, name_of, norm_type=2.0):
+    def __init__(self, tensors, items, owned, process_group, name_of, norm_type=2.0,
+                 norm_dtype=None):
         self.name_of = name_of
         self.device = tensors[0].device if tensors else torch.device("cpu")
         self.special = None  # sparse/complex gradients: (dense locals, special locals)
@@ -238,6 +400,7 @@ class _Plan:
         elif meshes:
             c = _mesh_comm(meshes)
         else:
+            _refuse_fsdp1_local(items, tensors, name_of)
             c = None
         self.fn, self.rank = (c.allreduce, c.rank) if c is not None else (None, 0)
         self.meshes = meshes
@@ -260,8 +423,16 @@ class _Plan:
             raise self.renamed(e)
         self.cuda = kind == "cuda" and self.special is None
         self.nplan = None  # the CUDA norm plan, once used
-        self.dtype = _result_dtype(self.views.dtypes if self.special is None
-                                   else _dtype_mask(mine + others))
+        # the norm's dtype: asked for, or torch's promotion of the gradients'
+        # dtypes; with a communicator the library promotes over every rank's
+        # (a rank holding no gradient, or only other dtypes, gets the same),
+        # except for complex gradients with p != 2, whose |z| is counted one
+        # format wider than their dtype (then each rank's own promotion)
+        self.dtype = norm_dtype or _result_dtype(self.views.dtypes if self.special is None
+                                                 else _dtype_mask(mine + others))
+        self.agree_dtype = (norm_dtype is None and self.fn is not None
+                            and (self.special is None or norm_type == 2.0
+                                 or not any(t.is_complex() for t in mine + others)))
 
     def _special_views(self, mine, others, norm_type):
         """Views over the counted gradients with each sparse/complex one
@@ -305,8 +476,10 @@ class _Plan:
         try:
             if self.cuda:
                 _join_legacy_stream(self.views)
-            _, _, bits = self.views.norm(norm_type, error_if_nonfinite, num_threads, flavor,
-                                         self.fn, self.rank, 1, False, _NORM_DTYPE[self.dtype])
+            code = _NORM_GRADS if self.agree_dtype else _NORM_DTYPE[self.dtype]
+            _, _, bits, code = self.views.norm(norm_type, error_if_nonfinite, num_threads,
+                                               flavor, self.fn, self.rank, 1, False, code)
+            self.dtype = _DTYPE_OF[code]
         except NonFiniteError as e:
             raise _torch_nonfinite(self.renamed(e), norm_type)
         except Error as e:
@@ -429,7 +602,8 @@ def _coef(max_norm, total_norm):
 
 
 def get_total_norm(tensors, norm_type=2.0, error_if_nonfinite=False, foreach=None, *,
-                   process_group=None, owned=None, num_threads=0, flavor="exact"):
+                   process_group=None, owned=None, num_threads=0, flavor="exact",
+                   norm_dtype=None):
     """torch.nn.utils.get_total_norm, exact. See the module docstring."""
     if isinstance(tensors, torch.Tensor):
         tensors = [tensors]
@@ -437,18 +611,21 @@ def get_total_norm(tensors, norm_type=2.0, error_if_nonfinite=False, foreach=Non
         tensors = list(tensors)
     if _compiling():
         return _ops.get_total_norm(tensors, norm_type, error_if_nonfinite, process_group, owned,
-                                   num_threads, flavor)
+                                   num_threads, flavor, norm_dtype)
     fl = _option(_FLAVORS, flavor, "flavor")
+    nd = _norm_dtype_arg(norm_dtype)
     if not tensors and process_group is None:
-        return torch.tensor(0.0)
+        return _empty_norm(nd)
     return _total_norm_impl(tensors, lambda k: f"tensors[{k}]", float(norm_type),
-                            bool(error_if_nonfinite), process_group, owned, int(num_threads), fl)
+                            bool(error_if_nonfinite), process_group, owned, int(num_threads), fl,
+                            nd)
 
 
 def _total_norm_impl(tensors, name_of, norm_type, error_if_nonfinite, process_group, owned,
-                     num_threads, fl):
-    """get_total_norm's eager body (also the custom op's): options checked."""
-    plan = _Plan(tensors, tensors, owned, process_group, name_of, norm_type)
+                     num_threads, fl, norm_dtype=None):
+    """get_total_norm's eager body (also the custom op's): options checked;
+    norm_dtype a torch dtype or None."""
+    plan = _Plan(tensors, tensors, owned, process_group, name_of, norm_type, norm_dtype)
     try:
         return plan.result(plan.norm(norm_type, error_if_nonfinite, num_threads, fl))
     finally:
@@ -546,7 +723,7 @@ def _bump_versions(tensors):
 
 def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False,
                     foreach=None, *, use_main_grad=False, process_group=None, owned=None,
-                    scale_mode="torch", num_threads=0, flavor="exact"):
+                    scale_mode="torch", num_threads=0, flavor="exact", norm_dtype=None):
     """torch.nn.utils.clip_grad_norm_, exact and layout-invariant. Returns
     the total norm (0-dim tensor; a Replicate DTensor for DTensor
     gradients). See the module docstring for the keyword-only extensions."""
@@ -563,21 +740,25 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
     if _compiling():
         return _ops.clip_grad_norm_(parameters, grads, max_norm, norm_type, error_if_nonfinite,
                                     use_main_grad, process_group, owned, scale_mode,
-                                    num_threads, flavor)
+                                    num_threads, flavor, norm_dtype)
     mode = _option(_SCALE_MODES, scale_mode, "scale_mode")
     fl = _option(_FLAVORS, flavor, "flavor")
+    nd = _norm_dtype_arg(norm_dtype)
     if not grads and process_group is None:
-        return torch.tensor(0.0)
+        # no gradient here: still refuse what would be a rank-local norm of
+        # FSDP1 shards on the ranks that hold some
+        _refuse_fsdp1_local(parameters, parameters, lambda k: f"parameters[{k}]")
+        return _empty_norm(nd)
     return _clip_impl(grads, params, _param_namer(parameters, params), max_norm,
                       float(norm_type), bool(error_if_nonfinite), process_group, owned, mode,
-                      int(num_threads), fl)
+                      int(num_threads), fl, nd)
 
 
 def _clip_impl(grads, params, name_of, max_norm, norm_type, error_if_nonfinite, process_group,
-               owned, mode, num_threads, fl):
+               owned, mode, num_threads, fl, norm_dtype=None):
     """clip_grad_norm_'s eager body (also the custom op's): options checked,
-    grads non-empty or a process_group given."""
-    plan = _Plan(grads, params, owned, process_group, name_of, norm_type)
+    grads non-empty or a process_group given; norm_dtype a torch dtype or None."""
+    plan = _Plan(grads, params, owned, process_group, name_of, norm_type, norm_dtype)
     try:
         if grads and not plan.cuda and plan.fn is None:
             # one process: refuse what cannot be scaled even when the clip

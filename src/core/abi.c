@@ -73,3 +73,9 @@ bx_status bx_check_comm_size(const char *fn, const bx_comm *c) {
   return bx_check_struct_size(fn, "comm->struct_size", c->struct_size, sizeof *c, "bx_comm",
                               "BX_COMM_DEFAULT (or an adapter: bx_comm_mpi, bx_comm_nccl)");
 }
+
+bx_status bx_check_norm_info_size(const char *fn, const bx_norm_info *info) {
+  if (!info) return bx_fail(BX_EINVAL, "%s: info is NULL", fn);
+  return bx_check_struct_size(fn, "info->struct_size", info->struct_size, sizeof *info,
+                              "bx_norm_info", "BX_NORM_INFO_DEFAULT");
+}

@@ -30,6 +30,8 @@ bx_status bx_check_scale_opts_size(const char *fn, const bx_scale_opts *o);
  * scale options. */
 bx_status bx_check_clip_opts_size(const char *fn, const bx_clip_opts *o);
 bx_status bx_check_comm_size(const char *fn, const bx_comm *c);
+/* bx_total_norm_info's out struct: required (NULL fails too). */
+bx_status bx_check_norm_info_size(const char *fn, const bx_norm_info *info);
 
 #ifdef __cplusplus
 }

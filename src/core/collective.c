@@ -4,6 +4,7 @@
  * norm's own reduction is one fixed-size SUM (or MAX) issued by norm.c.
  */
 #include <stdio.h>
+#include <string.h>
 
 #include "call.h"
 #include "collective.h"
@@ -32,6 +33,58 @@ bx_status bx_comm_allreduce(const bx_comm *comm, bx_device_call *dev, const char
                       "with code %d; no gradient was modified",
                       fn, comm->rank, what, n, rc);
   return BX_OK;
+}
+
+/* An agreement item's value as a caller wrote it (dtypes and modes by
+ * name, doubles as numbers), for mismatch messages. */
+static void agree_value(int item, int64_t v, char *buf, size_t n) {
+  static const char *const dtypes[] = {"float64", "grads (the gradients' dtype)", "float32",
+                                       "bfloat16", "float16"};
+  static const char *const flavors[] = {"exact", "megatron_fp32"};
+  static const char *const formulas[] = {"torch", "max"};
+  static const char *const modes[] = {"torch", "exact"};
+  const char *name = NULL;
+  switch (item) {
+    case BX_AGREE_NORM_TYPE:
+    case BX_AGREE_MAX_NORM:
+    case BX_AGREE_EPS: {
+      double d;
+      memcpy(&d, &v, sizeof d);
+      snprintf(buf, n, "%.17g", d);
+      return;
+    }
+    case BX_AGREE_CALL:
+      name = v == BX_CALL_NORM ? "a norm" : v == BX_CALL_CLIP ? "a clip" : NULL;
+      break;
+    case BX_AGREE_NORM_DTYPE: name = v >= 0 && v <= 4 ? dtypes[v] : NULL; break;
+    case BX_AGREE_FLAVOR: name = v >= 0 && v <= 1 ? flavors[v] : NULL; break;
+    case BX_AGREE_FORMULA: name = v >= 0 && v <= 1 ? formulas[v] : NULL; break;
+    case BX_AGREE_SCALE_MODE: name = v >= 0 && v <= 1 ? modes[v] : NULL; break;
+    case BX_AGREE_FORMAT: snprintf(buf, n, "0x%llx", (unsigned long long)v); return;
+    default: break;
+  }
+  if (name) snprintf(buf, n, "%s", name);
+  else snprintf(buf, n, "%lld", (long long)v);
+}
+
+/* What to do about a disagreement on an item. */
+static const char *agree_hint(int item) {
+  switch (item) {
+    case BX_AGREE_FORMAT:
+      return "every rank must run the same build of bitexact";
+    case BX_AGREE_CALL:
+      return "every rank must make the same call (bx_total_norm or bx_clip_grad_norm) at the "
+             "same point";
+    case BX_AGREE_NGROUPS:
+      return "every rank must pass the same number of groups; a rank that owns nothing in a "
+             "group passes it empty";
+    case BX_AGREE_NORM_DTYPE:
+      return "every rank must ask for the same norm_dtype; to follow the gradients' dtype pass "
+             "BX_NORM_GRADS (\"grads\") on every rank: the library promotes the dtypes of all "
+             "ranks, so a rank holding no gradient or other dtypes gets the same result";
+    default:
+      return "every rank must pass the same options";
+  }
 }
 
 bx_status bx_agree(const bx_comm *comm, bx_device_call *dev, const char *fn,
@@ -77,12 +130,14 @@ bx_status bx_agree(const bx_comm *comm, bx_device_call *dev, const char *fn,
   int bad = bx_agree_mismatch(w);
   if (bad >= 0) {
     int64_t hi = w[2 * bad], lo = ~w[2 * bad + 1];
+    char here_v[48], a[48], b[48];
+    agree_value(bad, items[bad], here_v, sizeof here_v);
+    agree_value(bad, lo, a, sizeof a);
+    agree_value(bad, hi, b, sizeof b);
     return bx_fail_at(BX_EMISMATCH, comm->rank, BX_NO_INDEX, BX_NO_INDEX,
-                      "%s: rank %d: ranks disagree on %s (this rank: %lld; smallest: %lld, "
-                      "largest: %lld); every rank must call with the same build, group count "
-                      "and options. Nothing was modified",
-                      fn, comm->rank, bx_agree_name(bad), (long long)items[bad], (long long)lo,
-                      (long long)hi);
+                      "%s: rank %d: ranks disagree on %s (this rank: %s; the ranks pass at "
+                      "least %s and %s): %s. Nothing was modified",
+                      fn, comm->rank, bx_agree_name(bad), here_v, a, b, agree_hint(bad));
   }
   *offender = w[BX_AGREE_W_OFFENDER];
   *dtypes = bx_agree_dtypes(w);

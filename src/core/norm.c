@@ -166,19 +166,22 @@ bx_status bx_check_norm_opts(const char *fn, const bx_norm_opts *o, bx_mode *m) 
   return BX_OK;
 }
 
-/* The format of the norms: norm_dtype, with BX_NORM_GRADS resolved from
- * the dtypes of every rank's tensors (mask bit d: a tensor of dtype d) as
- * torch promotes them. */
-static bx_fmt norm_format(bx_norm_dtype nd, unsigned mask) {
+/* norm_dtype with BX_NORM_GRADS resolved from the dtypes of every rank's
+ * tensors (mask bit d: a tensor of dtype d) as torch promotes them. */
+static bx_norm_dtype resolved_dtype(bx_norm_dtype nd, unsigned mask) {
+  if (nd != BX_NORM_GRADS) return nd;
+  if (mask & (1u << BX_DT_F64)) return BX_NORM_F64;
+  if (mask == (1u << BX_DT_F16)) return BX_NORM_F16;
+  if (mask == (1u << BX_DT_BF16)) return BX_NORM_BF16;
+  return BX_NORM_F32; /* fp32 in it, fp16 with bf16, or nothing */
+}
+
+/* The format of a resolved norm_dtype. */
+static bx_fmt norm_format(bx_norm_dtype nd) {
   switch (nd) {
     case BX_NORM_F32: return bx_fmt_of_dtype(BX_DT_F32);
     case BX_NORM_BF16: return bx_fmt_of_dtype(BX_DT_BF16);
     case BX_NORM_F16: return bx_fmt_of_dtype(BX_DT_F16);
-    case BX_NORM_GRADS:
-      if (mask & (1u << BX_DT_F64)) return bx_fmt_of_dtype(BX_DT_F64);
-      if (mask == (1u << BX_DT_F16)) return bx_fmt_of_dtype(BX_DT_F16);
-      if (mask == (1u << BX_DT_BF16)) return bx_fmt_of_dtype(BX_DT_BF16);
-      return bx_fmt_of_dtype(BX_DT_F32); /* fp32 in it, fp16 with bf16, or nothing */
     default: return bx_fmt_f64();
   }
 }
@@ -389,7 +392,7 @@ static size_t finish_bytes(size_t ngroups, size_t ww) {
 
 bx_status bx_norm_run(const char *fn, const bx_group *groups, size_t ngroups, const bx_comm *comm,
                       const bx_norm_opts *opts, bx_clip_step *clip, bx_status prior,
-                      double *total_norm, double *group_norms) {
+                      double *total_norm, double *group_norms, bx_norm_dtype *norm_dtype) {
   bx_norm_opts o = BX_NORM_OPTS_DEFAULT;
   if (opts) o = *opts;
   bx_mode m = BX_M_SQ;
@@ -498,8 +501,9 @@ bx_status bx_norm_run(const char *fn, const bx_group *groups, size_t ngroups, co
           }
     }
     double total;
-    bx_finish_words(m, o.norm_type, words, ngroups, stride, norm_format(o.norm_dtype, dtmask),
-                    scratch, total_digits, &total, gnorms);
+    bx_norm_dtype nd = resolved_dtype(o.norm_dtype, dtmask);
+    bx_finish_words(m, o.norm_type, words, ngroups, stride, norm_format(nd), scratch,
+                    total_digits, &total, gnorms);
     if (o.error_if_nonfinite && (total != total || total == INFINITY)) {
       st = report_nonfinite(fn, offender, comm, total);
       goto done;
@@ -515,6 +519,7 @@ bx_status bx_norm_run(const char *fn, const bx_group *groups, size_t ngroups, co
     }
     *total_norm = total;
     if (group_norms) memcpy(group_norms, gnorms, ngroups * sizeof *group_norms);
+    if (norm_dtype) *norm_dtype = nd;
   }
 
 done:
@@ -522,24 +527,41 @@ done:
   return st;
 }
 
-bx_status bx_total_norm(const bx_group *groups, size_t ngroups, const bx_comm *comm,
-                        const bx_norm_opts *opts, double *total_norm, double *group_norms) {
-  static const char *fn = "bx_total_norm";
+/* bx_total_norm and bx_total_norm_info (with_info: info is required). */
+static bx_status norm_call(const char *fn, const bx_group *groups, size_t ngroups,
+                           const bx_comm *comm, const bx_norm_opts *opts, double *total_norm,
+                           double *group_norms, int with_info, bx_norm_info *info) {
   /* struct sizes before anything else; a comm of another layout is never
    * called (abi.h) */
   bx_status st = bx_check_comm_size(fn, comm);
   if (st != BX_OK) return st;
-  bx_status sizes = bx_check_norm_opts_size(fn, opts);
+  bx_status opts_size = bx_check_norm_opts_size(fn, opts), sizes = opts_size;
+  if (sizes == BX_OK && with_info) sizes = bx_check_norm_info_size(fn, info);
   if (sizes != BX_OK && !comm) return sizes;
   bx_call c;
   st = bx_call_enter(&c, fn);
   if (st != BX_OK) return st;
-  /* with a communicator, options of another layout are a local failure:
+  /* with a communicator, structs of another layout are a local failure:
    * the rank still joins the agreement step so that no rank waits */
-  st = bx_norm_run(fn, groups, ngroups, comm, sizes == BX_OK ? opts : NULL, NULL, sizes,
-                   total_norm, group_norms);
+  bx_norm_dtype nd = BX_NORM_F64;
+  st = bx_norm_run(fn, groups, ngroups, comm, opts_size == BX_OK ? opts : NULL, NULL, sizes,
+                   total_norm, group_norms, &nd);
+  if (st == BX_OK && with_info) info->norm_dtype = nd;
   bx_call_leave(&c);
   return st;
+}
+
+bx_status bx_total_norm(const bx_group *groups, size_t ngroups, const bx_comm *comm,
+                        const bx_norm_opts *opts, double *total_norm, double *group_norms) {
+  return norm_call("bx_total_norm", groups, ngroups, comm, opts, total_norm, group_norms, 0,
+                   NULL);
+}
+
+bx_status bx_total_norm_info(const bx_group *groups, size_t ngroups, const bx_comm *comm,
+                             const bx_norm_opts *opts, double *total_norm, double *group_norms,
+                             bx_norm_info *info) {
+  return norm_call("bx_total_norm_info", groups, ngroups, comm, opts, total_norm, group_norms,
+                   1, info);
 }
 
 /* ---- public accumulator entry points (calling thread only) ---------- */

@@ -48,7 +48,8 @@ typedef struct bx_clip_step {
  * rank fails) and returns prior. */
 bx_status bx_norm_run(const char *fn, const bx_group *groups, size_t ngroups,
                       const bx_comm *comm, const bx_norm_opts *opts, bx_clip_step *clip,
-                      bx_status prior, double *total_norm, double *group_norms);
+                      bx_status prior, double *total_norm, double *group_norms,
+                      bx_norm_dtype *norm_dtype);
 
 #ifdef __cplusplus
 }

@@ -225,7 +225,7 @@ bx_status bx_clip_grad_norm(const bx_group *groups, size_t ngroups, const bx_com
   bx_clip_step clip = {max_norm, &o, 1.0};
   double norm = 0.0;
   st = bx_norm_run(fn, groups, ngroups, comm, &o.norm, &clip, st, total_norm ? &norm : NULL,
-                   NULL);
+                   NULL, NULL);
   if (st == BX_OK) {
     *total_norm = norm;
     if (coef) *coef = clip.coef;
