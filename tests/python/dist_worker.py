@@ -190,14 +190,18 @@ def scenario_local_failure(rank, ws):
 
 
 def scenario_dtype_mismatch(rank, ws):
-    """fp32 gradients on rank 0, bf16 elsewhere: torch's dtype of the norm
-    differs between ranks, which the agreement step refuses on every rank."""
+    """fp32 gradients on rank 0, bf16 elsewhere: each rank alone would
+    promote to another dtype; the library promotes over all ranks (fp32 on
+    every rank). Asking for different norm_dtypes is refused on every rank."""
     dt = torch.float32 if rank == 0 else torch.bfloat16
+    out = {"total": bt.get_total_norm([torch.ones(3, dtype=dt)], process_group=dist.group.WORLD)}
     try:
-        bt.get_total_norm([torch.ones(3, dtype=dt)], process_group=dist.group.WORLD)
-        return {"error": None}
+        bt.get_total_norm([torch.ones(3, dtype=dt)], process_group=dist.group.WORLD,
+                          norm_dtype=dt)
+        out["error"] = None
     except bitexact.MismatchError as e:
-        return {"error": str(e)}
+        out["error"] = str(e)
+    return out
 
 
 def scenario_mismatch(rank, ws):

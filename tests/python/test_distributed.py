@@ -175,9 +175,17 @@ def test_local_failure_on_another_rank(ranks):
 
 
 def test_norm_dtype_differs_between_ranks(ranks):
+    """fp32 on rank 0, bf16 elsewhere: fp32 (torch's promotion of the whole
+    set) on every rank; different norm_dtype= per rank: MismatchError on
+    every rank, naming both dtypes."""
     ws, res = ranks
+    from exact_ref import exact_norm
+    want = torch.tensor(exact_norm([torch.ones(3 * ws)], "float32"), dtype=torch.float32)
     for r, o in enumerate(_get(res, "dtype_mismatch")):
+        assert o["total"].dtype == torch.float32, f"rank {r}: {o['total']}"
+        assert same_bits(o["total"], want), f"rank {r}: {o['total']}"
         assert o["error"] is not None and "norm_dtype" in o["error"], f"rank {r}: {o}"
+        assert "float32" in o["error"] and "bfloat16" in o["error"], o["error"]
 
 
 def test_mismatch_on_every_rank(ranks):

@@ -399,10 +399,14 @@ def test_custom_ops_pass_opcheck():
     (dtype/device), and the ops under the dispatcher's checks."""
     grads = random_tensors(23, ["float32", "bfloat16"], count=3, max_numel=200)
     z = [_complex(24, torch.complex64, (6,))]
-    torch.library.opcheck(torch.ops.bitexact.total_norm.default, (grads, 2.0, False, "exact", 0))
-    torch.library.opcheck(torch.ops.bitexact.total_norm.default, (z, 1.0, False, "exact", 0))
-    torch.library.opcheck(torch.ops.bitexact.clip_grad_norm_.default,
-                          ([g.clone() for g in grads], [0, 1, 2], 1e-3, 2.0, False, "torch",
-                           "exact", 0))
+    torch.library.opcheck(torch.ops.bitexact.total_norm.default,
+                          (grads, 2.0, False, "exact", 0, ""))
+    torch.library.opcheck(torch.ops.bitexact.total_norm.default,
+                          (grads, 2.0, False, "exact", 0, "float64"))
+    torch.library.opcheck(torch.ops.bitexact.total_norm.default, (z, 1.0, False, "exact", 0, ""))
+    for nd in ("", "float32"):
+        torch.library.opcheck(torch.ops.bitexact.clip_grad_norm_.default,
+                              ([g.clone() for g in grads], [0, 1, 2], 1e-3, 2.0, False, "torch",
+                               "exact", 0, nd))
     torch.library.opcheck(torch.ops.bitexact.clip_grads_with_norm_.default,
                           ([g.clone() for g in grads], 1e-3, torch.tensor(5.0), "torch", 0))
