@@ -84,6 +84,8 @@ import torch
 import torch.distributed as _dist
 
 from . import Comm, Error, InvalidArgumentError, total_norm
+from ._torch_groups import ChainComm as _ChainComm
+from ._torch_groups import Patched as _Patched
 
 __all__ = ["patch", "unpatch", "is_patched", "zero_norm", "zero3_norm", "tensors_norm"]
 
@@ -91,56 +93,6 @@ DEEPSPEED_VERSION = "0.19.8"  # the version whose internals patch() replaces
 
 
 # ---- the reduction: each block of words over its own chain of groups ------
-
-class _ChainComm:
-    """A bitexact.Comm allreduce for DeepSpeed's groups. The library calls
-    it twice: a small MAX agreement step, reduced over every group
-    involved, then the norm's reduction, one block of equal size per
-    bitexact group in group order; block k is summed over chains[k], one
-    process group after the other (integer sums compose: the sum over
-    their product, as DeepSpeed's successive all_reduces)."""
-
-    __slots__ = ("chains", "calls")
-
-    def __init__(self, chains):
-        self.chains = chains
-        self.calls = 0
-
-    def __call__(self, buf, op):
-        words = torch.frombuffer(buf, dtype=torch.int64)
-        reduce_op = _dist.ReduceOp.SUM if op == "sum" else _dist.ReduceOp.MAX
-        first = self.calls == 0
-        self.calls += 1
-        if first:
-            seen = []
-            for chain in self.chains:
-                for g in chain:
-                    if not any(g is s for s in seen):
-                        seen.append(g)
-            for g in seen:
-                _all_reduce(words, reduce_op, g)
-            return
-        n = words.numel() // len(self.chains)
-        if n * len(self.chains) != words.numel():
-            raise InvalidArgumentError(
-                f"bitexact.deepspeed: a norm buffer of {words.numel()} words does not split into "
-                f"{len(self.chains)} groups (library wire layout changed?)")
-        for k, chain in enumerate(self.chains):
-            for g in chain:
-                _all_reduce(words[k * n:(k + 1) * n], reduce_op, g)
-
-
-def _all_reduce(words, op, group):
-    """words (a CPU int64 tensor) all-reduced in place over group; through
-    the current CUDA device for groups without a CPU backend (NCCL)."""
-    backend = str(_dist.get_backend(group)).lower()
-    if "gloo" in backend or "mpi" in backend or "cpu" in backend or "ccl" in backend:
-        _dist.all_reduce(words, op=op, group=group)
-        return
-    moved = words.to(torch.device("cuda", torch.cuda.current_device()))
-    _dist.all_reduce(moved, op=op, group=group)
-    words.copy_(moved.cpu())
-
 
 def _parallel(group):
     """DeepSpeed's pg_utils.is_parallel: an optional group (None: absent)
@@ -177,7 +129,7 @@ def _exact(blocks, chains, names, norm_type, norm_dtype):
         labels.extend([k] * len(block))
         flat_names.extend(nm)
     distributed = _dist.is_available() and _dist.is_initialized() and any(merged_chains)
-    comm = Comm(_ChainComm(merged_chains), _dist.get_rank()) if distributed else None
+    comm = Comm(_ChainComm(merged_chains, "bitexact.deepspeed"), _dist.get_rank()) if distributed else None
     try:
         total, _ = total_norm(flat, norm_type, groups=labels,
                               group_names=list(range(max(len(merged), 1))), comm=comm,
@@ -529,7 +481,7 @@ def patch():
         setattr(obj, name, ours)
     _state["patched"] = {"records": records,
                          "functions": {name: pair for name, pair in functions.items()}}
-    return _Patched()
+    return _Patched(unpatch)
 
 
 def unpatch():
@@ -552,14 +504,3 @@ def unpatch():
 def is_patched():
     """Whether patch() is in effect."""
     return _state["patched"] is not None
-
-
-class _Patched:
-    """patch()'s result: ``with bitexact.deepspeed.patch(): ...`` unpatches on exit."""
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        unpatch()
-        return False

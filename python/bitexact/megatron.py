@@ -88,6 +88,8 @@ from . import (
     _rename,
 )
 from .torch import _bump_versions, _local  # also registers torch's fast DLPack export
+from ._torch_groups import ChainComm as _ChainComm
+from ._torch_groups import Patched as _Patched
 
 __all__ = ["get_grad_norm_fp32", "clip_grad_by_total_norm_fp32", "chained_grad_norm",
            "patch", "unpatch", "is_patched"]
@@ -96,58 +98,6 @@ _SCALE_TORCH = 0  # bx_scale_mode BX_SCALE_TORCH: fp32 coefficient, fp32 product
 
 
 # ---- the reduction: one bitexact call, each group's words over its own groups
-
-class _GroupComm:
-    """The allreduce of a bitexact.Comm for Megatron's groups: the library
-    calls it twice (DESIGN §5; bitexact.Comm): first a small MAX agreement
-    step, then the norm's one reduction, whose buffer holds one block of
-    equal size per bitexact group, in group order (bx_total_norm's wire).
-    The agreement step is reduced over every process group involved; block
-    k of the norm over chains[k] (a list of process groups, summed one after
-    the other: integer sums compose, so this is the sum over their product,
-    as Megatron's two all_reduces are for DTensor grads)."""
-
-    __slots__ = ("chains", "calls")
-
-    def __init__(self, chains):
-        self.chains = chains
-        self.calls = 0
-
-    def __call__(self, buf, op):
-        words = torch.frombuffer(buf, dtype=torch.int64)
-        reduce_op = _dist.ReduceOp.SUM if op == "sum" else _dist.ReduceOp.MAX
-        first = self.calls == 0
-        self.calls += 1
-        if first:
-            seen = []
-            for chain in self.chains:
-                for g in chain:
-                    if not any(g is s for s in seen):
-                        seen.append(g)
-            for g in seen:
-                _all_reduce(words, reduce_op, g)
-            return
-        n = words.numel() // len(self.chains)
-        if n * len(self.chains) != words.numel():
-            raise InvalidArgumentError(
-                f"bitexact.megatron: a norm buffer of {words.numel()} words does not split "
-                f"into {len(self.chains)} groups (library wire layout changed?)")
-        for k, chain in enumerate(self.chains):
-            for g in chain:
-                _all_reduce(words[k * n:(k + 1) * n], reduce_op, g)
-
-
-def _all_reduce(words, op, group):
-    """words (a CPU int64 tensor) all-reduced in place over group, on the
-    current CUDA device for groups without a CPU backend (NCCL)."""
-    backend = str(_dist.get_backend(group)).lower()
-    if "gloo" in backend or "mpi" in backend or "cpu" in backend:
-        _dist.all_reduce(words, op=op, group=group)
-        return
-    moved = words.to(torch.device("cuda", torch.cuda.current_device()))
-    _dist.all_reduce(moved, op=op, group=group)
-    words.copy_(moved.cpu())
-
 
 def _chain(grads, group):
     """The process groups a list of gradients is summed over, in Megatron's
@@ -175,7 +125,7 @@ def _norm(blocks, chains, norm_type, flavor, num_threads, namer):
     if isinstance(norm_type, bool) or not isinstance(norm_type, (int, float)):
         raise InvalidArgumentError(f"norm_type must be an int or float, not {norm_type!r}")
     p = float(norm_type)
-    fn = _GroupComm(chains) if any(chains) else None
+    fn = _ChainComm(chains, "bitexact.megatron") if any(chains) else None
     rank = _dist.get_rank() if fn is not None else 0
     try:
         with _core.Views([[_local(g) for g in b] for b in blocks]) as views:
@@ -375,7 +325,7 @@ def patch(flavor="exact", *, num_threads=0):
         setattr(obj, name, ours.get(name, get_grad_norm))
     _state["patched"] = {"flavor": flavor, "records": records, "originals": originals,
                          "ours": ours}
-    return _Patched()
+    return _Patched(unpatch)
 
 
 def unpatch():
@@ -400,14 +350,3 @@ def is_patched():
     """The flavour patch() installed, or None when Megatron's own are in use."""
     st = _state["patched"]
     return st["flavor"] if st is not None else None
-
-
-class _Patched:
-    """patch()'s result: ``with bitexact.megatron.patch(): ...`` unpatches on exit."""
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        unpatch()
-        return False
