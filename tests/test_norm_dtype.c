@@ -243,6 +243,16 @@ static void *info_rank(void *arg) {
   return NULL;
 }
 
+/* Two jobs with the default options, no tensor, an info struct of the
+ * right size. */
+static void info_jobs_init(info_job *jobs) {
+  for (int k = 0; k < 2; k++) {
+    memset(&jobs[k], 0, sizeof jobs[k]);
+    jobs[k].o = (bx_norm_opts)BX_NORM_OPTS_DEFAULT;
+    jobs[k].info = (bx_norm_info)BX_NORM_INFO_DEFAULT;
+  }
+}
+
 static void info_run(bxt_world *w, info_job *jobs) {
   pthread_t th[2];
   for (int r = 0; r < 2; r++) {
@@ -275,13 +285,10 @@ void test_norm_info_ranks(void) {
     int dts[2] = {cases[c].dt0, cases[c].dt1};
     ref_sum s;
     ref_sum_init(&s);
+    info_jobs_init(jobs);
     for (int k = 0; k < 2; k++) {
-      memset(&jobs[k], 0, sizeof jobs[k]);
-      jobs[k].o = (bx_norm_opts)BX_NORM_OPTS_DEFAULT;
       jobs[k].o.norm_dtype = BX_NORM_GRADS;
-      jobs[k].info = (bx_norm_info)BX_NORM_INFO_DEFAULT;
       jobs[k].info.norm_dtype = BX_NORM_GRADS; /* overwritten on success */
-      jobs[k].g = (bx_group){NULL, 0};
       if (dts[k] >= 0) {
         bxt_tensor_alloc(&xs[k], dts[k], 2000);
         bxt_fill_gradient(&r, &xs[k], 3.0);
@@ -314,12 +321,9 @@ void test_norm_info_ranks(void) {
     bxt_world w;
     bxt_world_init(&w, 2);
     info_job jobs[2];
-    for (int k = 0; k < 2; k++) {
-      memset(&jobs[k], 0, sizeof jobs[k]);
-      jobs[k].o = (bx_norm_opts)BX_NORM_OPTS_DEFAULT;
-      jobs[k].o.norm_dtype = k == 0 ? BX_NORM_F32 : BX_NORM_BF16;
-      jobs[k].info = (bx_norm_info)BX_NORM_INFO_DEFAULT;
-    }
+    info_jobs_init(jobs);
+    jobs[0].o.norm_dtype = BX_NORM_F32;
+    jobs[1].o.norm_dtype = BX_NORM_BF16;
     info_run(&w, jobs);
     for (int k = 0; k < 2; k++) {
       CHECK_STATUS(jobs[k].st, BX_EMISMATCH, "explicit formats, rank %d", k);
@@ -338,11 +342,7 @@ void test_norm_info_ranks(void) {
     bxt_world w;
     bxt_world_init(&w, 2);
     info_job jobs[2];
-    for (int k = 0; k < 2; k++) {
-      memset(&jobs[k], 0, sizeof jobs[k]);
-      jobs[k].o = (bx_norm_opts)BX_NORM_OPTS_DEFAULT;
-      jobs[k].info = (bx_norm_info)BX_NORM_INFO_DEFAULT;
-    }
+    info_jobs_init(jobs);
     jobs[1].info.struct_size = 4;
     info_run(&w, jobs);
     CHECK(!w.timed_out, "a bad info struct on rank 1 hangs rank 0");

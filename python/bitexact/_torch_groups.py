@@ -2,6 +2,8 @@
 bitexact.torchtitan) share: the norm's words reduced over a framework's
 own torch.distributed groups, and the context manager patch() returns.
 No numerics here: the words are the library's (bitexact.Comm)."""
+import inspect as _inspect
+
 import torch
 import torch.distributed as _dist
 
@@ -77,3 +79,18 @@ class Patched:
     def __exit__(self, *exc):
         self._unpatch()
         return False
+
+
+def check_signature(original, ours, who, supported):
+    """Refuse to patch a framework function whose positional signature
+    (names and defaults) is not the one ``ours`` implements (keyword-only
+    extensions of ours aside): another release of the framework. who: the
+    patch and the function ("bitexact.megatron: megatron-core's
+    get_grad_norm_fp32"); supported: the release bitexact supports."""
+    want = [(p.name, p.default) for p in _inspect.signature(original).parameters.values()]
+    have = [(p.name, p.default) for p in _inspect.signature(ours).parameters.values()
+            if p.kind is not p.KEYWORD_ONLY]
+    if want != have:
+        raise InvalidArgumentError(
+            f"{who}{_inspect.signature(original)} is not the signature bitexact implements "
+            f"({', '.join(n for n, _ in have)}); this bitexact supports {supported}")

@@ -71,7 +71,6 @@ Threading: like Megatron's, these functions are called from the training
 thread, the same collectives in the same order on every rank of each
 group; they keep no state between calls (patch() keeps the originals).
 """
-import inspect as _inspect
 import sys as _sys
 
 import torch
@@ -89,6 +88,7 @@ from . import (
 )
 from .torch import _bump_versions, _local  # also registers torch's fast DLPack export
 from ._torch_groups import ChainComm as _ChainComm
+from ._torch_groups import check_signature as _check_signature
 from ._torch_groups import Patched as _Patched
 
 __all__ = ["get_grad_norm_fp32", "clip_grad_by_total_norm_fp32", "chained_grad_norm",
@@ -259,17 +259,6 @@ def _megatron_base():
     return MegatronOptimizer
 
 
-def _check_signature(original, ours, name):
-    want = [(p.name, p.default) for p in _inspect.signature(original).parameters.values()]
-    have = [(p.name, p.default) for p in _inspect.signature(ours).parameters.values()
-            if p.kind is not p.KEYWORD_ONLY]
-    if want != have:
-        raise InvalidArgumentError(
-            f"bitexact.megatron: megatron-core's {name}{_inspect.signature(original)} is not "
-            f"the signature bitexact implements ({', '.join(n for n, _ in have)}); this "
-            "bitexact supports megatron-core 0.16.1's")
-
-
 def patch(flavor="exact", *, num_threads=0):
     """Switch Megatron to bitexact: replace ``get_grad_norm_fp32`` and
     ``clip_grad_by_total_norm_fp32`` in megatron.core.optimizer.clip_grads
@@ -307,7 +296,8 @@ def patch(flavor="exact", *, num_threads=0):
     ours = {"get_grad_norm_fp32": get_grad_norm_fp32_,
             "clip_grad_by_total_norm_fp32": clip_grad_by_total_norm_fp32_}
     for name in _NAMES:
-        _check_signature(originals[name], ours[name], name)
+        _check_signature(originals[name], ours[name],
+                         f"bitexact.megatron: megatron-core's {name}", "megatron-core 0.16.1's")
         ours[name].__name__ = name
         ours[name].__qualname__ = name
         ours[name].__doc__ = f"bitexact.megatron's {name} (flavor={flavor!r}), see bitexact.megatron."

@@ -73,7 +73,6 @@ norm scaling every gradient to NaN) follows :mod:`bitexact.torch`.
 Threading: called from the training thread, the same collectives in the
 same order on every rank, as torchtitan's; no state between calls.
 """
-import inspect as _inspect
 import sys as _sys
 
 import torch
@@ -82,6 +81,7 @@ import torch.distributed as _dist
 from . import InvalidArgumentError, _option, _FLAVORS
 from . import torch as _bt
 from ._torch_groups import Patched
+from ._torch_groups import check_signature as _check_signature
 
 try:
     from torch.distributed.tensor import DTensor as _DTensor
@@ -180,17 +180,6 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
 _state = {"patched": None}  # while patched: {"records", "original", "ours"}
 
 
-def _check_signature(original, ours):
-    want = [(p.name, p.default) for p in _inspect.signature(original).parameters.values()]
-    have = [(p.name, p.default) for p in _inspect.signature(ours).parameters.values()
-            if p.kind is not p.KEYWORD_ONLY]
-    if want != have:
-        raise InvalidArgumentError(
-            f"bitexact.torchtitan: torchtitan's clip_grad_norm_{_inspect.signature(original)} "
-            f"is not the signature bitexact implements ({', '.join(n for n, _ in have)}); "
-            "this bitexact supports torchtitan 0.3.0's")
-
-
 def _torchtitan_modules():
     return [m for name, m in list(_sys.modules.items())
             if m is not None and (name == "torchtitan" or name.startswith("torchtitan."))]
@@ -217,7 +206,8 @@ def patch(*, num_threads=0, flavor="exact"):
         return clip_grad_norm_(parameters, max_norm, norm_type, error_if_nonfinite, foreach,
                                pp_mesh, ep_enabled, num_threads=nt, flavor=flavor)
 
-    _check_signature(original, clip_grad_norm_patched)
+    _check_signature(original, clip_grad_norm_patched,
+                     "bitexact.torchtitan: torchtitan's clip_grad_norm_", "torchtitan 0.3.0's")
     clip_grad_norm_patched.__name__ = clip_grad_norm_patched.__qualname__ = "clip_grad_norm_"
     clip_grad_norm_patched.__doc__ = (
         f"bitexact.torchtitan's clip_grad_norm_ (flavor={flavor!r}), see bitexact.torchtitan.")

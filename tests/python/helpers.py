@@ -57,3 +57,42 @@ def params_with_grads(grads):
         p.grad = gr.clone()
         params.append(p)
     return params
+
+
+def free_port():
+    """A free TCP port on the loopback for a test's process group."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn_ranks(main, ws):
+    """Run main(rank, ws, port, out_dir) on ws spawned processes (a worker
+    that saves its results with torch.save to <out_dir>/rank<r>.pt) and
+    return every rank's results, in rank order."""
+    import os
+    import tempfile
+
+    import torch.multiprocessing as mp
+    with tempfile.TemporaryDirectory() as d:
+        mp.spawn(main, args=(ws, free_port(), d), nprocs=ws, join=True)
+        return [torch.load(os.path.join(d, f"rank{r}.pt"), weights_only=False)
+                for r in range(ws)]
+
+
+def rank_results(ranks, key):
+    """Every rank's result of one scenario (key), failing the test with the
+    traceback of a rank whose scenario raised."""
+    out = [r[key] for r in ranks]
+    for r, o in enumerate(out):
+        assert "exception" not in o, f"rank {r}:\n{o['exception']}"
+    return out
+
+
+def needs_gloo():
+    """A module's pytestmark for multi-process tests over gloo."""
+    import pytest
+    return pytest.mark.skipif(not torch.distributed.is_available()
+                              or not torch.distributed.is_gloo_available(),
+                              reason="torch.distributed with gloo is not available")

@@ -10,45 +10,27 @@
    gradient;
 3. norm_dtype= on get_total_norm / clip_grad_norm_ (eager and compiled);
    ranks asking for different dtypes get a message naming both dtypes."""
-import os
-import tempfile
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 import bitexact
 import bitexact.torch as bt
 import dropin_worker as W
 from exact_ref import exact_norm
-from helpers import FMT, random_tensors, same_bits
+from helpers import FMT, random_tensors, needs_gloo, rank_results, same_bits, spawn_ranks
 
-pytestmark = pytest.mark.skipif(not torch.distributed.is_available()
-                                or not torch.distributed.is_gloo_available(),
-                                reason="torch.distributed with gloo is not available")
+pytestmark = needs_gloo()
 WS = 2
-
-
-def _free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def ranks():
-    with tempfile.TemporaryDirectory() as d:
-        mp.spawn(W.main, args=(WS, _free_port(), d), nprocs=WS, join=True)
-        return [torch.load(os.path.join(d, f"rank{r}.pt"), weights_only=False)
-                for r in range(WS)]
+    return spawn_ranks(W.main, WS)
 
 
-def _get(ranks, key):
-    out = [r[key] for r in ranks]
-    for r, o in enumerate(out):
-        assert "exception" not in o, f"rank {r}:\n{o['exception']}"
-    return out
+_get = rank_results
+
 
 
 def _same_everywhere(values):

@@ -44,14 +44,12 @@ Runtime: about 30-45 s on 2 cores (one spawn of 2 workers for every case)."""
 import math
 import os
 import sys
-import tempfile
 
 import pytest
 import torch
 
 pytest.importorskip("specforge", reason="specforge is installed by scripts/clients_setup.sh")
 
-import torch.multiprocessing as mp  # noqa: E402
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 for _d in (_HERE, os.path.dirname(_HERE)):
@@ -60,34 +58,19 @@ for _d in (_HERE, os.path.dirname(_HERE)):
 
 import specforge_worker as W  # noqa: E402
 from exact_ref import exact_norm  # noqa: E402
-from helpers import FMT, same_bits  # noqa: E402
+from helpers import FMT, needs_gloo, rank_results, same_bits, spawn_ranks  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not torch.distributed.is_available()
-                                or not torch.distributed.is_gloo_available(),
-                                reason="torch.distributed with gloo is not available")
+pytestmark = needs_gloo()
 WS = 2
-
-
-def _free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def ranks():
-    with tempfile.TemporaryDirectory() as d:
-        mp.spawn(W.main, args=(WS, _free_port(), d), nprocs=WS, join=True)
-        return [torch.load(os.path.join(d, f"rank{r}.pt"), weights_only=False)
-                for r in range(WS)]
+    return spawn_ranks(W.main, WS)
 
 
-def _get(ranks, key):
-    out = [r[key] for r in ranks]
-    for r, o in enumerate(out):
-        assert "exception" not in o, f"rank {r}:\n{o['exception']}"
-    return out
+_get = rank_results
+
 
 
 def _value(res, what):
