@@ -137,7 +137,7 @@ def _bt():
 
 @torch.library.custom_op("bitexact::total_norm", mutates_args=())
 def total_norm_op(tensors: list[Tensor], norm_type: float, error_if_nonfinite: bool,
-                  flavor: str, num_threads: int, norm_dtype: str) -> Tensor:
+                  flavor: str, num_threads: int, norm_dtype: str = "") -> Tensor:
     """get_total_norm (single process): the exact norm, in norm_dtype (a
     torch dtype's name; "": torch's promotion of the gradients' dtypes)."""
     fl = _option(_FLAVORS, flavor, "flavor")
@@ -157,14 +157,14 @@ def _fake_norm(tensors, norm_dtype):
 
 
 @total_norm_op.register_fake
-def _(tensors, norm_type, error_if_nonfinite, flavor, num_threads, norm_dtype):
+def _(tensors, norm_type, error_if_nonfinite, flavor, num_threads, norm_dtype=""):
     return _fake_norm(tensors, norm_dtype)
 
 
 @torch.library.custom_op("bitexact::clip_grad_norm_", mutates_args=("grads",))
 def clip_grad_norm_op(grads: list[Tensor], positions: list[int], max_norm: float,
                       norm_type: float, error_if_nonfinite: bool, scale_mode: str, flavor: str,
-                      num_threads: int, norm_dtype: str) -> Tensor:
+                      num_threads: int, norm_dtype: str = "") -> Tensor:
     """clip_grad_norm_ (single process): scales grads in place, returns the norm."""
     mode = _option(_SCALE_MODES, scale_mode, "scale_mode")
     fl = _option(_FLAVORS, flavor, "flavor")
@@ -180,7 +180,7 @@ def clip_grad_norm_op(grads: list[Tensor], positions: list[int], max_norm: float
 
 @clip_grad_norm_op.register_fake
 def _(grads, positions, max_norm, norm_type, error_if_nonfinite, scale_mode, flavor,
-      num_threads, norm_dtype):
+      num_threads, norm_dtype=""):
     return _fake_norm(grads, norm_dtype)
 
 

@@ -399,8 +399,9 @@ def test_custom_ops_pass_opcheck():
     (dtype/device), and the ops under the dispatcher's checks."""
     grads = random_tensors(23, ["float32", "bfloat16"], count=3, max_numel=200)
     z = [_complex(24, torch.complex64, (6,))]
-    torch.library.opcheck(torch.ops.bitexact.total_norm.default,
-                          (grads, 2.0, False, "exact", 0, ""))
+    # norm_dtype defaults to "" (torch's promotion): callers of the ops
+    # from before it existed keep working
+    torch.library.opcheck(torch.ops.bitexact.total_norm.default, (grads, 2.0, False, "exact", 0))
     torch.library.opcheck(torch.ops.bitexact.total_norm.default,
                           (grads, 2.0, False, "exact", 0, "float64"))
     torch.library.opcheck(torch.ops.bitexact.total_norm.default, (z, 1.0, False, "exact", 0, ""))
