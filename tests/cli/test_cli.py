@@ -33,6 +33,7 @@ import cases_diff  # noqa: E402,F401
 import cases_bad  # noqa: E402,F401
 import cases_demo  # noqa: E402,F401
 import cases_train  # noqa: E402,F401
+import cases_golden  # noqa: E402,F401
 
 
 # ------------------------------------------------------------- runner
