@@ -25,16 +25,22 @@ foreach(_src ${_harnesses})
   if(_name STREQUAL "fuzz_safetensors")
     # the safetensors parser of the command line, not the library
     add_executable(${_name} "${_src}" "${PROJECT_SOURCE_DIR}/src/cli/safetensors.c")
-    target_include_directories(${_name} PRIVATE "${PROJECT_SOURCE_DIR}/src/cli")
+    target_include_directories(${_name} PRIVATE "${PROJECT_SOURCE_DIR}/src/cli"
+                               "${PROJECT_SOURCE_DIR}/src/glm")
     target_link_libraries(${_name} PRIVATE ${BX_JANSSON_LIBRARY})
   elseif(_name STREQUAL "fuzz_npy")
     # the .npy reader of `bitexact train --data`
     add_executable(${_name} "${_src}" "${PROJECT_SOURCE_DIR}/src/cli/train_data.c")
-    target_include_directories(${_name} PRIVATE "${PROJECT_SOURCE_DIR}/src/cli")
+    target_include_directories(${_name} PRIVATE "${PROJECT_SOURCE_DIR}/src/cli"
+                               "${PROJECT_SOURCE_DIR}/src/glm")
   elseif(_name STREQUAL "fuzz_train_config")
-    # the config.json reader of `bitexact train --config`
-    add_executable(${_name} "${_src}" "${PROJECT_SOURCE_DIR}/src/cli/train_config.c")
-    target_include_directories(${_name} PRIVATE "${PROJECT_SOURCE_DIR}/src/cli")
+    # the config.json reader of `bitexact train --config`, with the model
+    # module's checks
+    add_executable(${_name} "${_src}" "${PROJECT_SOURCE_DIR}/src/cli/train_config.c"
+                   "${PROJECT_SOURCE_DIR}/src/glm/glm_config.c")
+    target_include_directories(${_name} PRIVATE "${PROJECT_SOURCE_DIR}/src/cli"
+                               "${PROJECT_SOURCE_DIR}/src/glm")
+    target_link_libraries(${_name} PRIVATE m)
     target_link_libraries(${_name} PRIVATE ${BX_JANSSON_LIBRARY})
   else()
     add_executable(${_name} "${_src}" $<TARGET_OBJECTS:bx_fuzz_objects>)

@@ -55,10 +55,20 @@ if(NOT BITEXACT_TESTS STREQUAL "OFF")
   bx_need(TESTS BX_HAVE_TESTS "MPFR or GMP not found (Debian: libmpfr-dev libgmp-dev)")
 endif()
 
+# ---- the GLM-4.5 model module (src/glm, DESIGN §10): a library of its own -------
+# The model `bitexact train` trains (config, parameters, init, the blocks'
+# forward and backward, the gradient protocol, expert parallelism, the
+# step), on the public API (bitexact_train.h) only; the command and the
+# model's own test link it. Not installed (internal header: train_model.h).
+file(GLOB BX_GLM_SOURCES CONFIGURE_DEPENDS "${PROJECT_SOURCE_DIR}/src/glm/*.c")
+add_library(bx_glm STATIC ${BX_GLM_SOURCES})
+target_include_directories(bx_glm PUBLIC "${PROJECT_SOURCE_DIR}/src/glm")
+target_link_libraries(bx_glm PRIVATE bx_flags PUBLIC bx_static m)
+
 # ---- the `bitexact` command ---------------------------------------------------
 if(BX_HAVE_CLI)
   file(GLOB BX_CLI_SOURCES CONFIGURE_DEPENDS "${PROJECT_SOURCE_DIR}/src/cli/*.c")
-  set(_cli_libs ${BX_JANSSON_LIBRARY} ${BX_XXHASH_LIBRARY})
+  set(_cli_libs bx_glm ${BX_JANSSON_LIBRARY} ${BX_XXHASH_LIBRARY})
   if(BX_HAVE_MPI)
     # `bitexact demo` and `bitexact train` under mpirun use real ranks
     list(PREPEND _cli_libs bx_mpi_static MPI::MPI_C)
@@ -71,19 +81,13 @@ if(BX_HAVE_CLI)
                              ${BX_JANSSON_INCLUDE_DIR} ${BX_XXHASH_INCLUDE_DIR})
 endif()
 
-# ---- the model of `bitexact train`, tested on its own (public API only) ----------
-# tests/train/test_model.c compiles the model's files of src/cli directly:
-# gradients against an fp64 reference, layout invariance, the init.
+# ---- the model module, tested on its own (public API only) ----------------------
+# tests/train/test_model.c: gradients against an fp64 reference, layout
+# invariance, the init.
 if(NOT BITEXACT_TESTS STREQUAL "OFF")
-  set(BX_TRAIN_MODEL_SOURCES)
-  foreach(_f train_model train_layers train_moe_block train_moe_ep train_wgrad train_step train_config_tiny)
-    list(APPEND BX_TRAIN_MODEL_SOURCES "${PROJECT_SOURCE_DIR}/src/cli/${_f}.c")
-  endforeach()
   bx_program(bx_test_model tests/train/test_model
              SOURCES "${PROJECT_SOURCE_DIR}/tests/train/test_model.c"
-                     "${PROJECT_SOURCE_DIR}/tests/train/model_ref.c" ${BX_TRAIN_MODEL_SOURCES})
-  target_include_directories(bx_test_model PRIVATE "${PROJECT_SOURCE_DIR}/src/cli")
-  target_link_libraries(bx_test_model PRIVATE m)
+                     "${PROJECT_SOURCE_DIR}/tests/train/model_ref.c" LIBS bx_glm)
   add_test(NAME train_model COMMAND bx_test_model)
   # against transformers' Glm4MoeForCausalLM (skipped, 77, without torch + transformers)
   find_package(Python3 COMPONENTS Interpreter QUIET)

@@ -3,7 +3,7 @@
 the bodies here call the layers module of their framework (``_bx_api``:
 bitexact._torch_glm or bitexact._paddle_glm), whose subclasses add
 ``torch.nn.Module`` / ``paddle.nn.Layer``. The forward is the one of
-`bitexact train` (docs/train_model.md, src/cli/train_step.c,
+`bitexact train` (docs/train_model.md, src/glm/train_step.c,
 train_layers.c, train_moe_block.c), kernel for kernel, so a step of the
 torch model, of the Paddle model and of the C trainer give the same bits:
 

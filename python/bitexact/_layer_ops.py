@@ -2,7 +2,7 @@
 (_torch_layers.py) and bitexact.paddle (_paddle_layers.py).
 
 Each op's forward and backward body here is the sequence of bitexact
-kernel calls (bitexact.kernels) that computes it, as src/cli/train_layers.c
+kernel calls (bitexact.kernels) that computes it, as src/glm/train_layers.c
 composes them, with the weight gradients handed to the framework-neutral
 two-pass protocol of bitexact._gradred. The framework files keep only the
 autograd wrappers (a torch.autograd.Function or paddle.autograd.PyLayer

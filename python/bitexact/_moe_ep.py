@@ -1,5 +1,5 @@
 """Expert parallelism for the MoE block of the framework bindings (the
-Python counterpart of src/cli/train_moe_ep.c; docs/train_python.md,
+Python counterpart of src/glm/train_moe_ep.c; docs/train_python.md,
 "Expert parallelism"). Framework-neutral: the rows travel as numpy
 bytes through a :class:`bitexact.Comm` (the int64 all-reduce of
 torch.distributed or paddle.distributed); the experts' forward, backward

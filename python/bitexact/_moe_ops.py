@@ -4,7 +4,7 @@ bitexact.paddle (_paddle_moe.py); docs/torch_layers.md and
 docs/paddle_layers.md, "The MoE block".
 
 Every value is a bitexact kernel's, in the sequence and orders of
-`bitexact train` (src/cli/train_moe_block.c), written against the
+`bitexact train` (src/glm/train_moe_block.c), written against the
 framework :class:`~bitexact._layer_ops.Adapter` (allocation, reshape,
 the saved tensors), so both bindings run the same kernel calls on the same
 shapes and produce the same bits:

@@ -3,7 +3,7 @@ autograd Functions and nn.Modules (docs/torch_layers.md).
 
 Every forward and backward value is computed by a bitexact kernel (torch
 only allocates, copies to contiguous and reshapes); the bits are those of
-`bitexact train`'s kernels, composed as src/cli/train_layers.c composes
+`bitexact train`'s kernels, composed as src/glm/train_layers.c composes
 them. The kernel call sequences are _layer_ops.py's, shared with
 bitexact.paddle (the Functions are made from them by
 _layer_ops.autograd_functions; the modules' bodies are its *Base). Weight

@@ -3,7 +3,7 @@
 (docs/torch_layers.md, "The MoE block").
 
 The numerics (the kernel sequence and orders of `bitexact train`'s
-src/cli/train_moe_block.c: router, dispatch, the experts on their rows,
+src/glm/train_moe_block.c: router, dispatch, the experts on their rows,
 the shared experts, the combine, the one-node backward, the expert weight
 gradients per global chunk) are _moe_ops.py's, shared with
 bitexact.paddle; this file holds torch's binding of them (the Functions,

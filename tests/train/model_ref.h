@@ -5,7 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "train_config.h"
+#include "glm_config.h"
 
 typedef struct ref_model {
   tr_config c;

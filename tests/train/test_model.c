@@ -1,5 +1,5 @@
 /*
- * test_model.c — the model of `bitexact train` (src/cli/train_model.h):
+ * test_model.c — the model of `bitexact train` (src/glm/train_model.h):
  *   grad   the loss against an fp64 re-implementation (model_ref.c) and
  *          the gradients of a sample of elements of every parameter
  *          against its central finite differences in fp64;

@@ -1,12 +1,13 @@
 /*
- * errbuf.h — the one-line error text of the command's parsers and file
- * writers (safetensors.c, train_config.c, train_data.c, train_ckpt.c):
+ * errbuf.h — the one-line error text of the model module's config checks
+ * (glm_config.c) and of the command's parsers and file writers
+ * (src/cli: safetensors.c, train_config.c, train_data.c, train_ckpt.c):
  * formatted into the caller's buffer, every control byte replaced by '?'
  * so a message stays one line whatever a file held. Header-only, so each
  * parser still builds alone into its fuzz harness.
  */
-#ifndef BX_CLI_ERRBUF_H
-#define BX_CLI_ERRBUF_H
+#ifndef BX_GLM_ERRBUF_H
+#define BX_GLM_ERRBUF_H
 
 #include <stdarg.h>
 #include <stddef.h>
@@ -42,4 +43,4 @@ static inline int cli_errf_ascii(char *err, size_t errlen, const char *fmt, ...)
   return -1;
 }
 
-#endif /* BX_CLI_ERRBUF_H */
+#endif /* BX_GLM_ERRBUF_H */

@@ -18,7 +18,7 @@
 #include <stdint.h>
 
 #include "bitexact_train.h"
-#include "train_config.h"
+#include "glm_config.h"
 
 /* Clipping groups (bx_clip_grad_norm's groups): dense parameters and the
  * routed experts' parameters. */
