@@ -21,50 +21,6 @@
 
 #include "train_model_internal.h"
 
-/* ---- small helpers ---------------------------------------------------------- */
-
-static DLTensor *tr_view_init(tr_view *v, const void *p, uint8_t code, uint8_t bits, int ndim,
-                              int64_t d0, int64_t d1, int64_t d2) {
-  memset(v, 0, sizeof *v);
-  v->shape[0] = d0;
-  v->shape[1] = d1;
-  v->shape[2] = d2;
-  v->t.data = (void *)p;
-  v->t.device.device_type = kDLCPU;
-  v->t.ndim = ndim;
-  v->t.dtype.code = code;
-  v->t.dtype.bits = bits;
-  v->t.dtype.lanes = 1;
-  v->t.shape = v->shape;
-  return &v->t;
-}
-
-DLTensor *tr_f32(tr_view *v, const float *p, int ndim, int64_t d0, int64_t d1, int64_t d2) {
-  return tr_view_init(v, p, kDLFloat, 32, ndim, d0, d1, d2);
-}
-
-DLTensor *tr_bf16(tr_view *v, const uint16_t *p, int ndim, int64_t d0, int64_t d1) {
-  return tr_view_init(v, p, kDLBfloat, 16, ndim, d0, d1, 0);
-}
-
-DLTensor *tr_i64(tr_view *v, const int64_t *p, int ndim, int64_t d0, int64_t d1) {
-  return tr_view_init(v, p, kDLInt, 64, ndim, d0, d1, 0);
-}
-
-DLTensor *tr_i32(tr_view *v, const int32_t *p, int64_t d0) {
-  return tr_view_init(v, p, kDLInt, 32, 1, d0, 0, 0);
-}
-
-int tr_ck(tr_ctx *c, bx_status st, const char *what) {
-  if (st == BX_OK) return 0;
-  snprintf(c->err, c->errlen, "%s: %s: %s", what, bx_status_str(st), bx_last_error());
-  return -1;
-}
-
-void tr_add_inplace(float *y, const float *x, int64_t n) {
-  for (int64_t i = 0; i < n; i++) y[i] = y[i] + x[i];
-}
-
 static void set_err(char *err, size_t errlen, const char *msg) {
   if (err && errlen) snprintf(err, errlen, "%s", msg);
 }
@@ -315,7 +271,7 @@ static void *wal(tr_work *w, int64_t n, size_t elem) {
 
 void tr_work_free(tr_work *w) {
   if (!w) return;
-  tr_ep_work_free(w->epw);
+  if (w->epw) w->epw_free(w->epw); /* set by train_moe_ep.c with the buffers */
   for (size_t i = 0; i < w->nallocs; i++) free(w->allocs[i]);
   free(w->allocs);
   free(w->act);

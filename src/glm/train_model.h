@@ -11,8 +11,8 @@
  * per-sequence partials are computed in a fixed order from that
  * sequence's data alone.
  */
-#ifndef BX_CLI_TRAIN_MODEL_H
-#define BX_CLI_TRAIN_MODEL_H
+#ifndef BX_GLM_TRAIN_MODEL_H
+#define BX_GLM_TRAIN_MODEL_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -108,4 +108,4 @@ void tr_model_set_ep(tr_model *m, tr_ep *ep);
 /* Whether this rank holds routed expert e (always under size 1). */
 int tr_ep_holds(const tr_ep *ep, int64_t n_experts, int64_t e);
 
-#endif /* BX_CLI_TRAIN_MODEL_H */
+#endif /* BX_GLM_TRAIN_MODEL_H */

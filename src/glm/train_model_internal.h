@@ -1,12 +1,20 @@
 /*
- * train_model_internal.h — what train_model.c, train_layers.c and
- * train_moe_block.c share: the model's layout (parameter indices per
- * layer), the per-micro-batch activations, the weight-gradient context of
- * the two passes, and small DLTensor helpers. Public API only
- * (bitexact.h, bitexact_train.h): no src/core internals.
+ * train_model_internal.h — what the files of the model module (src/glm)
+ * share: the model's layout (parameter indices per layer), the
+ * per-micro-batch activations, the weight-gradient context of the two
+ * passes, and the helpers of glm_ops.c. Public API only (bitexact.h,
+ * bitexact_train.h): no src/core internals.
+ *
+ * Which file calls which (no circle; docs/architecture.md rule 8), from the
+ * bottom: glm_ops.c (views, status, bf16 operands, the GEMM entry) <-
+ * train_wgrad.c (weight gradients through the token reduction) <-
+ * train_layers.c (attention, dense MLP, head, SwiGLU rows) <-
+ * train_moe_ep.c (the expert stage over EP ranks) <- train_moe_block.c <-
+ * train_step.c; train_model.c (parameters, init, workspaces) beside them,
+ * calling none (the EP buffers are freed through tr_work.epw_free).
  */
-#ifndef BX_CLI_TRAIN_MODEL_INTERNAL_H
-#define BX_CLI_TRAIN_MODEL_INTERNAL_H
+#ifndef BX_GLM_TRAIN_MODEL_INTERNAL_H
+#define BX_GLM_TRAIN_MODEL_INTERNAL_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -72,6 +80,7 @@ typedef struct tr_work {
   size_t nallocs, cap;
   int oom;                          /* an allocation failed */
   struct tr_ep_work *epw;           /* expert parallelism's buffers (train_moe_ep.c), lazily */
+  void (*epw_free)(struct tr_ep_work *); /* how tr_work_free frees them (set with epw) */
 } tr_work;
 
 struct tr_model {
@@ -96,7 +105,7 @@ tr_work *tr_work_make(const tr_model *m, int64_t T, int64_t C);
 void tr_work_free(tr_work *w);
 void tr_model_set_work(tr_model *m, tr_work *w);
 
-/* ---- DLTensor views ----------------------------------------------------- */
+/* ---- DLTensor views (glm_ops.c) ----------------------------------------------------- */
 
 typedef struct tr_view {
   int64_t shape[3];
@@ -141,7 +150,8 @@ int tr_wg_expert(tr_ctx *c, int64_t idx, const float *dy, int64_t n, const float
 /* y[i] = fl(y[i] + x[i]) */
 void tr_add_inplace(float *y, const float *x, int64_t n);
 
-/* ---- layers (train_layers.c, train_moe_block.c) ------------------------------ */
+/* ---- bf16 operands and the GEMM entry (glm_ops.c); layers (train_layers.c,
+ * train_moe_block.c) ------------------------------ */
 
 /* C[T,n] = A[T,k] · W[n,k]ᵀ;  dX[T,k] (accumulate: +=) dY[T,n] · W[n,k];
  * w = the weight's parameter index. With c->bf16 and a weight that has a
@@ -209,4 +219,4 @@ void tr_ep_work_free(struct tr_ep_work *w);
  * rounded fp32 log and cos (Box-Muller), times fl(std). */
 float tr_init_normal(uint64_t seed, uint64_t param, uint64_t elem, float std);
 
-#endif /* BX_CLI_TRAIN_MODEL_INTERNAL_H */
+#endif /* BX_GLM_TRAIN_MODEL_INTERNAL_H */

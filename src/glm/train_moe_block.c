@@ -34,25 +34,6 @@ static bx_moe_router_opts router_opts(const tr_ctx *c) {
   return ro;
 }
 
-int tr_swiglu_fwd(tr_ctx *c, const float *g, const float *u, float *h, int64_t rows,
-                      int64_t n, const char *what) {
-  tr_view vg, vu, vh;
-  bx_swiglu_opts so = BX_SWIGLU_OPTS_DEFAULT;
-  so.num_threads = c->threads;
-  return tr_ck(c, bx_swiglu_forward(tr_f32(&vg, g, 2, rows, n, 0), tr_f32(&vu, u, 2, rows, n, 0),
-                                    tr_f32(&vh, h, 2, rows, n, 0), &so), what);
-}
-
-int tr_swiglu_bwd(tr_ctx *c, const float *g, const float *u, const float *dh, float *dg,
-                      float *du, int64_t rows, int64_t n, const char *what) {
-  tr_view v[5];
-  bx_swiglu_opts so = BX_SWIGLU_OPTS_DEFAULT;
-  so.num_threads = c->threads;
-  return tr_ck(c, bx_swiglu_backward(tr_f32(&v[0], g, 2, rows, n, 0), tr_f32(&v[1], u, 2, rows, n, 0),
-                                     tr_f32(&v[2], dh, 2, rows, n, 0), tr_f32(&v[3], dg, 2, rows, n, 0),
-                                     tr_f32(&v[4], du, 2, rows, n, 0), &so), what);
-}
-
 int tr_moe_forward(tr_ctx *c, int64_t layer, float *out) {
   const tr_model *m = c->m;
   const tr_layer_ix *x = &m->lx[layer];

@@ -103,6 +103,7 @@ static struct tr_ep_work *ep_work(tr_ctx *c) {
     return NULL;
   }
   w->epw = e;
+  w->epw_free = tr_ep_work_free; /* tr_work_free calls it: no arrow back to here */
   return e;
 }
 
