@@ -30,7 +30,9 @@ foreach(_src ${_harnesses})
     target_link_libraries(${_name} PRIVATE ${BX_JANSSON_LIBRARY})
   elseif(_name STREQUAL "fuzz_npy")
     # the .npy reader of `bitexact train --data`
-    add_executable(${_name} "${_src}" "${PROJECT_SOURCE_DIR}/src/cli/train_data.c")
+    add_executable(${_name} "${_src}" "${PROJECT_SOURCE_DIR}/src/cli/train_data.c"
+                   "${PROJECT_SOURCE_DIR}/src/glm/glm_data.c")
+    target_link_libraries(${_name} PRIVATE m)
     target_include_directories(${_name} PRIVATE "${PROJECT_SOURCE_DIR}/src/cli"
                                "${PROJECT_SOURCE_DIR}/src/glm")
   elseif(_name STREQUAL "fuzz_train_config")

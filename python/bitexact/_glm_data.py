@@ -1,5 +1,5 @@
 """The data of `bitexact train` in Python (docs/train_cli.md, "Data and its
-order"; src/cli/train_data.c): the synthetic Markov corpus, ``.npy`` and
+order"; src/glm/glm_data.c, src/cli/train_data.c): the synthetic Markov corpus, ``.npy`` and
 nanoGPT ``.bin`` token files, and the order of the sequences (with and
 without ``--shuffle``), for the framework bindings' trainers
 (bitexact._glm_run). Integer arithmetic only (numpy uint64 wraps mod
@@ -52,7 +52,7 @@ def _mix_np(z):
 
 def synthetic(vocab, seed):
     """(tokens int32 [2^20 + 1], entropy_bits, entropy_nats): the Markov
-    corpus of train_data.c's synth_make."""
+    corpus of glm_data.c's glm_synth_tokens."""
     V, N = int(vocab), SYNTH_TOKENS
     K = min(8, V - 1)
     offs, c = [], 0

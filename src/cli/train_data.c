@@ -1,6 +1,7 @@
 /*
  * train_data.c — token data of `bitexact train`: the .npy and .bin
- * readers, the synthetic corpus and the data order (train_data.h).
+ * readers, and the data order over them (train_data.h; the order and the
+ * synthetic corpus themselves: src/glm/glm_data.c).
  */
 #include "errbuf.h"
 #include "train_data.h"
@@ -15,27 +16,6 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-/* ---- the counter-based generator ------------------------------------- */
-
-static uint64_t mix(uint64_t z) {
-  z += 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-uint64_t td_rand(uint64_t seed, uint64_t domain, uint64_t i) {
-  return mix(mix(mix(seed) ^ domain) ^ i);
-}
-
-uint64_t td_rand3(uint64_t seed, uint64_t domain, uint64_t a, uint64_t b) {
-  return mix(td_rand(seed, domain, a) ^ b);
-}
-
-static uint64_t mulhi(uint64_t x, uint64_t n) {
-  return (uint64_t)(((unsigned __int128)x * n) >> 64);
-}
 
 /* ---- .npy header -------------------------------------------------------- */
 
@@ -229,26 +209,8 @@ static int synth_make(td_data *d, int64_t V, char *err, size_t errlen) {
   int64_t N = TD_SYNTH_TOKENS;
   d->synth = malloc((size_t)N * sizeof *d->synth);
   if (!d->synth) return cli_errf_ascii(err, errlen, "out of memory for the synthetic corpus");
-  int K = V - 1 < 8 ? (int)(V - 1) : 8;
-  int64_t off[8];
-  int n = 0;
-  for (uint64_t c = 0; n < K; c++) {
-    int64_t o = 1 + (int64_t)mulhi(td_rand(d->seed, 1, c), (uint64_t)V - 1);
-    int dup = 0;
-    for (int j = 0; j < n; j++) dup |= off[j] == o;
-    if (!dup) off[n++] = o;
-  }
-  int64_t tok = (int64_t)mulhi(td_rand(d->seed, 2, 0), (uint64_t)V);
-  for (int64_t t = 0; t < N; t++) {
-    d->synth[t] = (int32_t)tok;
-    uint64_t r = td_rand(d->seed, 3, (uint64_t)t);
-    int k = r ? __builtin_clzll(r) : 64;
-    if (k > K - 1) k = K - 1;
-    tok = (tok + off[k]) % V;
-  }
-  double h = 0;
-  for (int k = 0; k < K - 1; k++) h += (double)(k + 1) * ldexp(1.0, -(k + 1));
-  h += (double)(K - 1) * ldexp(1.0, -(K - 1));
+  glm_synth_tokens(d->seed, V, d->synth, N);
+  double h = glm_synth_entropy_bits(V);
   d->entropy_bits = h;
   d->entropy_nats = h * 0x1.62e42fefa39efp-1;
   d->ntokens = N;
@@ -353,13 +315,7 @@ int64_t td_sequence(td_data *d, int64_t g) {
   if (d->perm_epoch != e) {
     if (!d->perm) d->perm = malloc((size_t)S * sizeof *d->perm);
     if (!d->perm) return -1;
-    for (int64_t i = 0; i < S; i++) d->perm[i] = i;
-    for (int64_t i = S - 1; i >= 1; i--) {
-      int64_t j = (int64_t)mulhi(td_rand3(d->seed, 4, (uint64_t)e, (uint64_t)i), (uint64_t)i + 1);
-      int64_t t = d->perm[i];
-      d->perm[i] = d->perm[j];
-      d->perm[j] = t;
-    }
+    glm_epoch_perm(d->seed, e, S, d->perm);
     d->perm_epoch = e;
   }
   return d->perm[k];

@@ -14,35 +14,9 @@
  * Every id must lie in [0, vocab_size): the whole file is checked when it
  * is opened, so a bad id is refused before anything runs.
  *
- * Order: with L = seq_len, sequence i of the data is tokens [i*L, i*L+L+1)
- * (L+1 tokens: the model reads the first L, predicts the last L), i in
- * [0, S) with S = floor((N - 1) / L) whole sequences (S >= 1 required).
- * Global sequence g (step s uses g = s*B .. s*B+B-1 for the global batch
- * B) is data sequence
- *     g mod S                     without --shuffle;
- *     perm_e(g mod S), e = g / S  with --shuffle,
- * where perm_e is the Fisher-Yates permutation of epoch e: p = identity;
- * for i = S-1 down to 1: j = mulhi(r3(seed, 4, e, i), i + 1), swap p[i],
- * p[j]; then perm_e(k) = p[k].
- *
- * The counter-based generator (no state: a pure function of its counters):
- *     mix(x)  = splitmix64's output function of x + 0x9E3779B97F4A7C15
- *               (z ^= z >> 30; z *= 0xBF58476D1CE4E5B9; z ^= z >> 27;
- *                z *= 0x94D049BB133111EB; z ^= z >> 31)
- *     r(seed, d, i)     = mix(mix(mix(seed) ^ d) ^ i)
- *     r3(seed, d, a, b) = mix(r(seed, d, a) ^ b)
- *     mulhi(x, n)       = (x * n) >> 64 in 128-bit integers (in [0, n))
- *
- * Synthetic corpus (vocabulary V): K = min(8, V - 1) distinct offsets
- * o_0..o_{K-1}, the first K distinct values of 1 + mulhi(r(seed, 1, c),
- * V - 1), c = 0, 1, ...; token 0 = mulhi(r(seed, 2, 0), V); token t+1 =
- * (token t + o_k) mod V with k = min(clz64(r(seed, 3, t)), K - 1) (clz64(0)
- * = 64). So P(k) = 2^-(k+1) for k < K-1 and P(K-1) = 2^-(K-1): given the
- * previous token the next one has entropy
- *     H = sum_{k<K-1} (k+1) 2^-(k+1) + (K-1) 2^-(K-1)   bits
- * (exact in binary; 1.984375 bits for K = 8), and since every prediction
- * of a sequence follows at least one token, H (in nats: H ln 2) is the
- * lowest expected loss: a run's loss goes toward it.
+ * Order and the synthetic corpus: src/glm/glm_data.h (pure functions of
+ * their counters; this file maps the data and keeps the epoch's
+ * permutation).
  */
 #ifndef BX_CLI_TRAIN_DATA_H
 #define BX_CLI_TRAIN_DATA_H
@@ -50,7 +24,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define TD_SYNTH_TOKENS (((int64_t)1 << 20) + 1)
+#include "glm_data.h"
+
+#define TD_SYNTH_TOKENS GLM_SYNTH_TOKENS
 
 typedef enum td_kind { TD_SYNTH = 0, TD_NPY = 1, TD_BIN = 2 } td_kind;
 
@@ -104,9 +80,5 @@ int64_t td_sequence(td_data *d, int64_t g);
 
 /* Tokens [i*L, i*L+L+1) of data sequence i (0 <= i < nseq) into out[L+1]. */
 void td_tokens(const td_data *d, int64_t i, int32_t *out);
-
-/* The generator above (exposed for the tests and tools). */
-uint64_t td_rand(uint64_t seed, uint64_t domain, uint64_t i);
-uint64_t td_rand3(uint64_t seed, uint64_t domain, uint64_t a, uint64_t b);
 
 #endif /* BX_CLI_TRAIN_DATA_H */
