@@ -200,7 +200,9 @@ int bxpy_pycomm_allreduce(int64_t *buf, size_t n, bx_op op, void *ctx);
 extern PyMethodDef bxpy_train_methods[];    /* _train.c */
 extern PyMethodDef bxpy_train_moe_methods[]; /* _train_moe.c */
 extern PyMethodDef bxpy_tokred_methods[];   /* _train_tokred.c */
-/* Adds the three tables and the TokRed type to the module; -1 on failure. */
+extern PyMethodDef bxpy_glm_methods[];      /* _glm.c: the model module (src/glm) */
+/* Adds the training tables (kernels, MoE, token reduction, the model
+ * module) and the TokRed type to the module; -1 on failure. */
 int bxpy_train_init(PyObject *module);
 int bxpy_tokred_init(PyObject *module);
 
