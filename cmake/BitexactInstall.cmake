@@ -21,7 +21,8 @@ if(NOT BX_DLPACK_INCLUDE_DIR IN_LIST CMAKE_C_IMPLICIT_INCLUDE_DIRECTORIES)
 endif()
 
 # ---- headers, libraries, the command ---------------------------------------------
-set(_headers "${PROJECT_SOURCE_DIR}/include/bitexact.h" "${PROJECT_SOURCE_DIR}/include/bitexact_train.h")
+file(GLOB _train_headers "${PROJECT_SOURCE_DIR}/include/bitexact_train*.h")
+set(_headers "${PROJECT_SOURCE_DIR}/include/bitexact.h" ${_train_headers})
 if(BX_HAVE_CUDA)
   list(APPEND _headers "${PROJECT_SOURCE_DIR}/include/bitexact_cuda.h")
 endif()

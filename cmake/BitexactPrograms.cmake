@@ -168,12 +168,13 @@ if(BITEXACT_SHARED AND Python3_FOUND)
   if(BX_HAVE_CUDA)
     set(_cuda_hdr "${PROJECT_SOURCE_DIR}/include/bitexact_cuda.h")
   endif()
+  # bitexact_train.h and the per-concern headers it includes
+  file(GLOB _train_hdrs "${PROJECT_SOURCE_DIR}/include/bitexact_train*.h")
   add_test(NAME exported_symbols
            COMMAND Python3::Interpreter "${PROJECT_SOURCE_DIR}/tests/abi/check_exports.py"
                    --lib $<TARGET_FILE:bx_shared>
                    --soname libbitexact.so.${PROJECT_VERSION_MAJOR}
-                   "${PROJECT_SOURCE_DIR}/include/bitexact.h"
-                   "${PROJECT_SOURCE_DIR}/include/bitexact_train.h" ${_cuda_hdr})
+                   "${PROJECT_SOURCE_DIR}/include/bitexact.h" ${_train_hdrs} ${_cuda_hdr})
   foreach(_a mpi nccl)
     if(TARGET bx_${_a}_shared)
       add_test(NAME exported_symbols_${_a}

@@ -91,7 +91,7 @@ consume() { # LABEL BUILDDIR
   check "$label: cmake --install" cmake --install "$bdir" --prefix "$p" || return
   check "$label: installed libbitexact.so exports exactly the public API, SONAME libbitexact.so.0" \
     python3 tests/abi/check_exports.py --lib "$p/lib/libbitexact.so" --soname libbitexact.so.0 \
-      "$p"/include/bitexact.h "$p"/include/bitexact_train.h \
+      "$p"/include/bitexact.h "$p"/include/bitexact_train*.h \
       $( [ -f "$p/include/bitexact_cuda.h" ] && echo "$p/include/bitexact_cuda.h")
   if [ -f "$p/lib/libbitexact_mpi.so" ]; then
     check "$label: installed libbitexact_mpi.so exports exactly bitexact_mpi.h" \

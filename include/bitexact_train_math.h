@@ -1,0 +1,133 @@
+/*
+ * bitexact_train_math.h — elementwise math built from IEEE basic operations (exp, log, sigmoid, SiLU, rsqrt, ...) and AdamW (DESIGN §9). Part of bitexact_train.h (the umbrella: include
+ * that); the conventions of bitexact.h hold here too unless a comment says
+ * otherwise.
+ */
+#ifndef BITEXACT_TRAIN_MATH_H
+#define BITEXACT_TRAIN_MATH_H
+
+#include "bitexact.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ======================================================================
+ * Elementwise math
+ * ==================================================================== */
+
+/* fp32 elementwise functions whose bits are bitexact's own (DESIGN §9.3):
+ * built from IEEE basic operations only (src/common/math_det.h, shared
+ * with the CUDA kernels), so no ISA, thread count or device changes them.
+ * Every result is the exact value correctly rounded to fp32 (round to
+ * nearest even; checked for all 2^32 inputs, docs/train_math.md):
+ *
+ *   bx_exp      e^x
+ *   bx_log      ln x              (x < 0: NaN, +-0: -Inf)
+ *   bx_sigmoid  1 / (1 + e^-x)
+ *   bx_silu     x / (1 + e^-x)    (x sigmoid(x) rounded once, not the
+ *                                  product of a rounded sigmoid; -Inf -> -0)
+ *   bx_rsqrt    1 / sqrt(x)       (+-0: +-Inf, x < 0: NaN)
+ *   bx_sin, bx_cos                for |x| < 2^28 (BX_TRIG_DOMAIN; RoPE
+ *                                  angles), NaN beyond and for +-Inf
+ *
+ * NaN inputs give the input NaN quieted (payload kept); an invalid
+ * operation gives the NaN 0x7fc00000.
+ *
+ * Speed: the tensor calls run AVX-512 or AVX2 kernels where the CPU has
+ * them (8 or 4 binary64 lanes; BX_ISA forces a table) and give the same
+ * bits as the portable scalar code on every input (checked for all 2^32
+ * inputs); figures against torch and glibc in docs/train_math.md.
+ *
+ * Tensors: x and y fp32 (BX_EDTYPE otherwise), host memory (kDLCPU,
+ * kDLCUDAHost, kDLCUDAManaged; BX_EDEVICE otherwise), the same shape
+ * (BX_EINVAL otherwise) and the same strides, dense (BX_ELAYOUT otherwise).
+ * Both are borrowed for the duration of the call. In place is allowed: y
+ * may be x itself (the same data, byte offset and strides); any other
+ * overlap of y with x is BX_ELAYOUT. On error nothing is written and
+ * bx_last_error() names the tensor ("bx_exp: tensor 1: ..."; x is tensor
+ * 0, y tensor 1).
+ *
+ * Threading: the elements are split over the library's worker threads
+ * (opts->num_threads, 0 = bx_default_threads()); the results do not
+ * depend on the count. Thread-safe: calls on distinct outputs may run
+ * concurrently. opts: NULL = BX_MATH_OPTS_DEFAULT; else opts->struct_size
+ * must be sizeof(bx_math_opts) (BX_EINVAL otherwise; checked first). */
+typedef struct bx_math_opts {
+  size_t struct_size; /* sizeof(bx_math_opts) */
+  int num_threads;    /* 0 = default, >= 1 = at most that many; < 0 BX_EINVAL */
+} bx_math_opts;
+#define BX_MATH_OPTS_DEFAULT {sizeof(bx_math_opts), 0}
+
+/* |x| below this: the domain of bx_sin / bx_cos (2^28). */
+#define BX_TRIG_DOMAIN 268435456.0f
+
+BX_API bx_status bx_exp(const DLTensor *x, DLTensor *y, const bx_math_opts *opts);
+BX_API bx_status bx_log(const DLTensor *x, DLTensor *y, const bx_math_opts *opts);
+BX_API bx_status bx_sigmoid(const DLTensor *x, DLTensor *y, const bx_math_opts *opts);
+BX_API bx_status bx_silu(const DLTensor *x, DLTensor *y, const bx_math_opts *opts);
+BX_API bx_status bx_rsqrt(const DLTensor *x, DLTensor *y, const bx_math_opts *opts);
+BX_API bx_status bx_sin(const DLTensor *x, DLTensor *y, const bx_math_opts *opts);
+BX_API bx_status bx_cos(const DLTensor *x, DLTensor *y, const bx_math_opts *opts);
+
+/* The same functions on one value (the bits of the tensor calls; no
+ * error cases: every input has a defined result). Thread-safe; they run
+ * in the library's floating-point environment whatever the caller's. */
+BX_API float bx_exp_f32(float x);
+BX_API float bx_log_f32(float x);
+BX_API float bx_sigmoid_f32(float x);
+BX_API float bx_silu_f32(float x);
+BX_API float bx_rsqrt_f32(float x);
+BX_API float bx_sin_f32(float x);
+BX_API float bx_cos_f32(float x);
+
+/* ---- AdamW -------------------------------------------------------------
+ *
+ * One step of torch.optim.AdamW (foreach=False, amsgrad=False,
+ * maximize=False; fp32 parameters, gradients and states: fp32 master
+ * weights) with the roundings torch's CPU kernels make, in this order
+ * (f32(.) rounds a double to fp32; every operation below on fp32 values
+ * is one fp32 rounding, fmaf one rounding of the exact a*b + c):
+ *
+ *   t = step (>= 1, the count after this step, as torch's state["step"])
+ *   bc1 = 1 - beta1^t, bc2 = 1 - beta2^t      double; ^ is bx_pow_det
+ *   step_size = lr / bc1, bc2_sqrt = sqrt(bc2) double (torch: Python floats)
+ *   if weight_decay != 0: p = p * f32(1 - lr*weight_decay)
+ *   w = f32(1 - beta1), d = g - m
+ *   m = |w| < 0.5 ? fmaf(w, d, m) : fmaf(w - 1, d, g)  (torch's lerp_)
+ *   v = fmaf(f32(1 - beta2) * g, g, v * f32(beta2))   (mul_, addcmul_)
+ *   denom = sqrtf(v) / f32(bc2_sqrt) + f32(eps)
+ *   p = p + (f32(-step_size) * m) / denom           (addcdiv_)
+ *
+ * docs/train_math.md compares this with torch's CPU AdamW bit for bit.
+ *
+ * Tensors: param, exp_avg, exp_avg_sq are updated in place, grad is read;
+ * all fp32 (BX_EDTYPE), host (BX_EDEVICE), the same shape (BX_EINVAL) and
+ * strides, dense, and no two share a byte (BX_ELAYOUT). Borrowed for the
+ * call. Errors name the tensor (param 0, grad 1, exp_avg 2, exp_avg_sq
+ * 3); on any error nothing is written. Options: lr >= 0, 0 <= beta1, beta2
+ * < 1, eps >= 0, weight_decay >= 0, all finite, step >= 1 (BX_EINVAL
+ * otherwise). Threading as the elementwise calls: bits independent of the
+ * thread count. opts: NULL = BX_ADAMW_OPTS_DEFAULT (torch's defaults);
+ * else opts->struct_size must be sizeof(bx_adamw_opts) (BX_EINVAL, checked
+ * first). */
+typedef struct bx_adamw_opts {
+  size_t struct_size; /* sizeof(bx_adamw_opts) */
+  double lr;          /* 1e-3 */
+  double beta1;       /* 0.9 */
+  double beta2;       /* 0.999 */
+  double eps;         /* 1e-8 */
+  double weight_decay; /* 1e-2 */
+  int num_threads;    /* 0 = default */
+} bx_adamw_opts;
+#define BX_ADAMW_OPTS_DEFAULT {sizeof(bx_adamw_opts), 1e-3, 0.9, 0.999, 1e-8, 1e-2, 0}
+
+BX_API bx_status bx_adamw_step(DLTensor *param, const DLTensor *grad, DLTensor *exp_avg,
+                               DLTensor *exp_avg_sq, int64_t step, const bx_adamw_opts *opts);
+
+
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* BITEXACT_TRAIN_MATH_H */
