@@ -425,10 +425,10 @@ static int views_check_targets(Views *v, const char *fn) {
 /* The bits of a norm v of the format norm_dtype names (a value of that
  * format, as the library returned it), as the signed integer of the same
  * size (torch: int64/int32/int16, viewed as the float dtype); norm_dtype is
- * a resolved one (never BX_NORM_GRADS). Stored by the library's own code in its floating-point
- * environment: the caller's may flush subnormals (torch.set_flush_denormal
- * sets FTZ/DAZ, under which converting v to fp32 in C or Python or torch
- * would give 0). */
+ * a resolved one (never BX_NORM_GRADS). Stored by the library's own code
+ * in its floating-point environment: the caller's may flush subnormals
+ * (torch.set_flush_denormal sets FTZ/DAZ, under which converting v to fp32
+ * in C or Python or torch would give 0). */
 static PyObject *norm_bits(double v, int norm_dtype) {
   static const int codes[5] = {BX_DT_F64, -1, BX_DT_F32, BX_DT_BF16, BX_DT_F16};
   int code = norm_dtype >= 0 && norm_dtype <= 4 ? codes[norm_dtype] : -1;

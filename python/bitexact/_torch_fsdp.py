@@ -102,30 +102,26 @@ def fsdp_norm_args(module):
     modules: ``{}`` (this process alone). Every rank must call the norm,
     also one whose shard holds no gradient."""
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    groups, replicated = {}, set()
+    sharded, replicated_group, replicated = {}, None, set()
     for m in FSDP.fsdp_modules(module):
         h = getattr(m, "_handle", None)
         if h is None:
             continue
-        fp = h.flat_param
         if h.uses_sharded_strategy:
-            groups[id(h.process_group)] = h.process_group
-        else:  # the parameters and their gradients (get_total_norm is given those)
-            for obj in (fp, *(getattr(fp, "_params", None) or ())):
-                replicated.add(id(obj))
-                if obj.grad is not None:
-                    replicated.add(id(obj.grad))
-            groups.setdefault(("replicated", id(h.process_group)), h.process_group)
-    sharded = [g for key, g in groups.items() if not isinstance(key, tuple)]
-    if len({id(g) for g in sharded}) > 1:
+            sharded[id(h.process_group)] = h.process_group
+            continue
+        replicated_group = replicated_group or h.process_group
+        fp = h.flat_param  # its parameters and their gradients (get_total_norm is given those)
+        for obj in (fp, *(getattr(fp, "_params", None) or ())):
+            replicated.add(id(obj))
+            if obj.grad is not None:
+                replicated.add(id(obj.grad))
+    if len(sharded) > 1:
         raise InvalidArgumentError(
             "fsdp_norm_args: the FSDP1 modules shard over different process groups; pass "
             "process_group= a group over every rank holding a shard, and owned=")
-    if sharded:
-        group = sharded[0]
-    elif groups:
-        group = next(iter(groups.values()))
-    else:
+    group = next(iter(sharded.values())) if sharded else replicated_group
+    if group is None:
         return {}
     first = _dist.get_rank(group) == 0
 

@@ -145,6 +145,8 @@ def _norm_dtype_arg(norm_dtype):
 def _empty_norm(dtype):
     """The norm of no gradient: torch's tensor(0.), or 0 of the dtype asked for."""
     return torch.tensor(0.0) if dtype is None else torch.zeros((), dtype=dtype)
+
+
 _compiling = torch.compiler.is_compiling
 
 
