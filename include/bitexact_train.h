@@ -11,6 +11,51 @@
  * bitexact_train_tokred.h (token reduction, weight gradients),
  * bitexact_train_moe.h (router, dispatch), bitexact_train_layers.h
  * (RMSNorm, RoPE, SwiGLU, attention, embedding, cross-entropy).
+ *
+ * Conventions of every bitexact_train_*.h (a call's comment says where it
+ * differs):
+ *
+ * Options. A kernel that threads or has settings takes `const bx_X_opts
+ * *opts` as its last argument. Every bx_X_opts begins with `size_t
+ * struct_size`, set by its BX_X_OPTS_DEFAULT macro (see "Struct sizes" in
+ * bitexact.h: start from the macro, set fields by name), followed by `int
+ * num_threads` (0 = bx_default_threads(), >= 1 = at most that many, < 0
+ * BX_EINVAL; no bit depends on it) where the call threads, then the
+ * kernel's own fields; new fields go at the end. opts == NULL means the
+ * macro's values; otherwise struct_size is checked before anything else
+ * (BX_EINVAL, nothing written). Two structs keep an older layout:
+ * bx_adamw_opts has num_threads last, bx_tokred_opts has none (its calls
+ * are single-threaded).
+ *
+ * Ownership. DLTensors and their data are borrowed for the call only:
+ * nothing is kept after it returns, except what a bx_tokred state owns
+ * (created by bx_tokred_create/fork, freed by bx_tokred_destroy).
+ *
+ * In place. An output shares no byte with any other tensor of the call
+ * (BX_ELAYOUT) unless its comment says "may be X itself": then exactly the
+ * same data, byte offset and shape, nothing else. Every check runs before
+ * the first write: a failing call writes nothing.
+ *
+ * Threading. Calls on distinct outputs (distinct bx_tokred states) may run
+ * concurrently; a bx_tokred is used by one thread at a time. Threaded
+ * calls split fixed pieces over the library's pool, never a reduction, so
+ * no bit depends on the thread count. The caller's floating-point
+ * environment is not used and is given back unchanged.
+ *
+ * Names. The same quantity has the same argument name in every header:
+ * chunk_tokens (C, tokens per chunk of a token reduction), total_tokens
+ * (tokens of the global batch), token_begin (the global id of a call's
+ * first token), first_chunk (the global index of a call's first chunk),
+ * chunk (one global chunk index), seq_len, num_heads, num_kv_heads,
+ * head_dim, rotary_dim, grads/ntensors (the gradients a bx_tokred state was
+ * created for), tensor (an index into them), s (the state).
+ *
+ * Experimental. A header's calls that no bitexact model uses (the GLM-4.5
+ * module src/glm, `bitexact train`, the Python model path) sit in its
+ * closing "Experimental" section (all but bitexact_train_gemm.h have one).
+ * They are tested like the rest but carry no ABI promise: they may change
+ * or go in any release. docs/architecture.md ("The public training API")
+ * lists them and why each is kept.
  */
 #ifndef BITEXACT_TRAIN_H
 #define BITEXACT_TRAIN_H

@@ -1,6 +1,8 @@
 /*
- * bitexact_train_gemm.h — the batch-invariant GEMM (DESIGN §9). Part of bitexact_train.h (the umbrella: include
- * that); the conventions of bitexact.h hold here too unless a comment says
+ * bitexact_train_gemm.h — the batch-invariant GEMM (DESIGN §9). Part of
+ * bitexact_train.h (the umbrella: include that); the conventions of
+ * bitexact.h and of bitexact_train.h (options, ownership, in place,
+ * threading, names, Experimental) hold here too unless a comment says
  * otherwise.
  */
 #ifndef BITEXACT_TRAIN_GEMM_H
@@ -66,7 +68,7 @@ typedef enum bx_gemm_layout {
 
 typedef struct bx_gemm_opts {
   size_t struct_size; /* sizeof(bx_gemm_opts): see "Struct sizes" in bitexact.h */
-  int num_threads;    /* 0 = library default; results never depend on it */
+  int num_threads;    /* 0 = default, >= 1 = at most that many; < 0 BX_EINVAL */
   int accumulate;     /* 0: C = A·op(B); 1: C += A·op(B) (C's value starts each chain) */
 } bx_gemm_opts;
 

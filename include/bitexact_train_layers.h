@@ -1,7 +1,9 @@
 /*
- * bitexact_train_layers.h — the layers: RMSNorm, RoPE, SwiGLU, causal GQA attention, embedding, cross-entropy (DESIGN §9). Part of bitexact_train.h (the umbrella: include
- * that); the conventions of bitexact.h hold here too unless a comment says
- * otherwise.
+ * bitexact_train_layers.h — the layers: RMSNorm, RoPE, SwiGLU, causal GQA
+ * attention, embedding, cross-entropy (DESIGN §9). Part of bitexact_train.h
+ * (the umbrella: include that); the conventions of bitexact.h and of
+ * bitexact_train.h (options, ownership, in place, threading, names,
+ * Experimental) hold here too unless a comment says otherwise.
  */
 #ifndef BITEXACT_TRAIN_LAYERS_H
 #define BITEXACT_TRAIN_LAYERS_H
@@ -44,7 +46,9 @@ extern "C" {
  * rows (or of weight-gradient chunks) over up to num_threads workers of
  * the library's pool (0 = bx_default_threads()); no piece splits a
  * reduction, so the bits do not depend on the count. Thread-safe on
- * distinct outputs. The caller's floating-point environment is not used. */
+ * distinct outputs. The caller's floating-point environment is not used.
+ * opts: NULL = the call's DEFAULT macro; else opts->struct_size is checked
+ * first (BX_EINVAL). */
 
 /* ---- RMSNorm -----------------------------------------------------------
  *
@@ -140,8 +144,8 @@ BX_API bx_status bx_rmsnorm_backward(const DLTensor *x, const DLTensor *weight,
  * large base). y (dx) like x; may be x (dy) itself: in place. Tensor
  * positions: x (dy) 0, positions 1, y (dx) 2. */
 typedef struct bx_rope_opts {
-  size_t struct_size; /* sizeof(bx_rope_opts) */
-  int num_threads;    /* 0 = default; < 0 BX_EINVAL */
+  size_t struct_size; /* sizeof(bx_rope_opts): see "Struct sizes" in bitexact.h */
+  int num_threads;    /* 0 = default, >= 1 = at most that many; < 0 BX_EINVAL */
 } bx_rope_opts;
 #define BX_ROPE_OPTS_DEFAULT {sizeof(bx_rope_opts), 0}
 
@@ -151,13 +155,6 @@ BX_API bx_status bx_rope_forward(const DLTensor *x, const DLTensor *positions, i
 BX_API bx_status bx_rope_backward(const DLTensor *dy, const DLTensor *positions,
                                   int64_t head_dim, int64_t rotary_dim, double theta,
                                   DLTensor *dx, const bx_rope_opts *opts);
-
-/* The table itself: cos and sin [T, rotary_dim/2] (or any shape of T rows
- * of rotary_dim/2 elements), the distinct half of torch's
- * cat((freqs, freqs)) tables, computed as above. Tensor positions:
- * positions 0, cos 1, sin 2 (they must not overlap). */
-BX_API bx_status bx_rope_cos_sin(const DLTensor *positions, int64_t rotary_dim, double theta,
-                                 DLTensor *cos, DLTensor *sin, const bx_rope_opts *opts);
 
 /* ---- SwiGLU --------------------------------------------------------------
  *
@@ -177,30 +174,24 @@ BX_API bx_status bx_rope_cos_sin(const DLTensor *positions, int64_t rotary_dim, 
  *   du    = fl(dh * bx_silu_f32(g))
  *
  * Two-tensor form: gate, up, h, dh, dgate, dup all [T, F] (or [B, L, F]).
- * Fused form: gate_up [T, 2F] holds gate in columns [0, F) and up in
- * [F, 2F) of each row (the experts' gate_up_proj output split by
- * .chunk(2, dim=-1): gate first), h and dh [T, F], dgate_up [T, 2F] in the
- * same layout. In place: h may be gate or up itself; dgate may be gate
+ * Fused form (Experimental section): gate_up [T, 2F] holds gate in
+ * columns [0, F) and up in [F, 2F) of each row (the experts' gate_up_proj
+ * output split by .chunk(2, dim=-1): gate first), h and dh [T, F],
+ * dgate_up [T, 2F] in the same layout. In place: h may be gate or up itself; dgate may be gate
  * itself and dup up itself; dgate_up may be gate_up itself.
  * Tensor positions: forward gate 0, up 1, h 2 (fused: gate_up 0, h 1);
  * backward gate 0, up 1, dh 2, dgate 3, dup 4 (fused: gate_up 0, dh 1,
  * dgate_up 2). */
 typedef struct bx_swiglu_opts {
-  size_t struct_size; /* sizeof(bx_swiglu_opts) */
-  int num_threads;    /* 0 = default; < 0 BX_EINVAL */
+  size_t struct_size; /* sizeof(bx_swiglu_opts): see "Struct sizes" in bitexact.h */
+  int num_threads;    /* 0 = default, >= 1 = at most that many; < 0 BX_EINVAL */
 } bx_swiglu_opts;
 #define BX_SWIGLU_OPTS_DEFAULT {sizeof(bx_swiglu_opts), 0}
 
 BX_API bx_status bx_swiglu_forward(const DLTensor *gate, const DLTensor *up, DLTensor *h,
                                    const bx_swiglu_opts *opts);
-BX_API bx_status bx_swiglu_forward_fused(const DLTensor *gate_up, DLTensor *h,
-                                         const bx_swiglu_opts *opts);
 BX_API bx_status bx_swiglu_backward(const DLTensor *gate, const DLTensor *up, const DLTensor *dh,
                                     DLTensor *dgate, DLTensor *dup, const bx_swiglu_opts *opts);
-BX_API bx_status bx_swiglu_backward_fused(const DLTensor *gate_up, const DLTensor *dh,
-                                          DLTensor *dgate_up, const bx_swiglu_opts *opts);
-
-
 /* ======================================================================
  * Layers: causal GQA attention
  * ==================================================================== */
@@ -287,7 +278,7 @@ BX_API bx_status bx_swiglu_backward_fused(const DLTensor *gate_up, const DLTenso
  * T = 0 does nothing. Thread-safe on distinct outputs; the caller's
  * floating-point environment is not used. */
 typedef struct bx_attention_opts {
-  size_t struct_size; /* sizeof(bx_attention_opts) */
+  size_t struct_size; /* sizeof(bx_attention_opts): see "Struct sizes" in bitexact.h */
   int num_threads;    /* 0 = default, >= 1 = at most that many; < 0 BX_EINVAL */
 } bx_attention_opts;
 #define BX_ATTENTION_OPTS_DEFAULT {sizeof(bx_attention_opts), 0}
@@ -350,8 +341,8 @@ BX_API bx_status bx_attention_backward(const DLTensor *dout, const DLTensor *q, 
  * it).
  */
 typedef struct bx_embedding_opts {
-  size_t struct_size; /* sizeof(bx_embedding_opts) */
-  int num_threads;    /* 0 = default */
+  size_t struct_size; /* sizeof(bx_embedding_opts): see "Struct sizes" in bitexact.h */
+  int num_threads;    /* 0 = default, >= 1 = at most that many; < 0 BX_EINVAL */
   int64_t padding_idx; /* < 0: none (torch's padding_idx=None); else the row in
                           [0, V) whose gradient stays zero (torch's negative
                           padding_idx p is V + p here) */
@@ -396,7 +387,8 @@ BX_API bx_status bx_embedding_backward(const DLTensor *ids, const DLTensor *dy,
  * dense partials; through bx_tokred_bound_exp). Before bx_tokred_agree.
  * Errors as bx_tokred_bound_exp, and BX_EINVAL/BX_EDTYPE/BX_ELAYOUT for
  * rows and offsets (offsets not starting at 0, decreasing, or past the
- * rows). s is unchanged on error. */
+ * rows). s is unchanged on error. Single-threaded in the calling thread;
+ * rows and offsets are only read. */
 BX_API bx_status bx_embedding_grad_bound(bx_tokred *s, size_t tensor, const DLTensor *rows,
                                          const DLTensor *offsets);
 
@@ -453,22 +445,12 @@ BX_API bx_status bx_embedding_grad_add(bx_tokred *s, const DLTensor *grads, size
  * shifts them left by one (target[t] = labels[t + 1], the last position
  * -100); the caller does that shift. */
 typedef struct bx_xent_opts {
-  size_t struct_size;   /* sizeof(bx_xent_opts) */
-  int num_threads;      /* 0 = default */
+  size_t struct_size; /* sizeof(bx_xent_opts): see "Struct sizes" in bitexact.h */
+  int num_threads;    /* 0 = default, >= 1 = at most that many; < 0 BX_EINVAL */
   int64_t ignore_index; /* -100 (torch's default) */
   double grad_scale;    /* dloss: the upstream gradient of the mean (1.0); finite */
 } bx_xent_opts;
 #define BX_XENT_OPTS_DEFAULT {sizeof(bx_xent_opts), 0, -100, 1.0}
-
-/* Forward: losses [T] (or [B, L]) fp32 the per-token loss_t (0 for an
- * ignored token); loss_partials [nchunks] fp32, chunk j's sum
- *     acc = +0.0f; for t in chunk, ascending, not ignored: acc = acc + loss_t;
- * counts [nchunks] int64, chunk j's number of non-ignored tokens.
- * loss_partials and counts may be NULL (not computed). chunk_tokens >= 1. */
-BX_API bx_status bx_xent_forward(const DLTensor *logits, const DLTensor *targets,
-                                 int64_t chunk_tokens, DLTensor *losses,
-                                 DLTensor *loss_partials, DLTensor *counts,
-                                 const bx_xent_opts *opts);
 
 /* Backward of the global mean: dlogits [T, V] (or [B, L, V]) fp32, the
  * formula above with n_global = N_global >= 1 (and >= this call's own
@@ -480,9 +462,14 @@ BX_API bx_status bx_xent_backward(const DLTensor *logits, const DLTensor *target
                                   int64_t n_global, DLTensor *dlogits,
                                   const bx_xent_opts *opts);
 
-/* Forward and backward in one pass over the logits: the outputs of both
- * calls, bit for bit (dlogits may be logits itself; loss_partials and
- * counts may be NULL). */
+/* Forward and backward in one pass over the logits. Forward outputs:
+ * losses [T] (or [B, L]) fp32 the per-token loss_t (0 for an ignored
+ * token); loss_partials [nchunks] fp32, chunk j's sum
+ *     acc = +0.0f; for t in chunk, ascending, not ignored: acc = acc + loss_t;
+ * counts [nchunks] int64, chunk j's number of non-ignored tokens
+ * (chunk_tokens >= 1); loss_partials and counts may be NULL (not
+ * computed). Backward output: dlogits as bx_xent_backward, bit for bit.
+ * In place: dlogits may be logits itself; nothing else overlaps. */
 BX_API bx_status bx_xent_forward_backward(const DLTensor *logits, const DLTensor *targets,
                                           int64_t n_global, int64_t chunk_tokens,
                                           DLTensor *losses, DLTensor *loss_partials,
@@ -496,6 +483,43 @@ BX_API bx_status bx_xent_forward_backward(const DLTensor *logits, const DLTensor
 BX_API bx_status bx_xent_count(const DLTensor *targets, int64_t chunk_tokens, DLTensor *counts,
                                const bx_xent_opts *opts);
 
+/* ======================================================================
+ * Experimental: not used by any bitexact model
+ * ======================================================================
+ * No bitexact model calls these (src/glm, `bitexact train`, the Python
+ * model path); they are tested like the rest (references, fixed bits,
+ * Python cases) but may change without an ABI promise. Kept as building
+ * blocks of other models: the RoPE table for a caller who applies the
+ * rotation itself (fused into its own kernel; also what dev/
+ * layers_vs_torch.py compares with torch's table), the fused SwiGLU for
+ * models that store gate and up as one gate_up_proj, gate first
+ * (transformers' fused experts, split by .chunk(2, dim=-1)), the loss
+ * forward alone for an evaluation pass that needs no dlogits. */
+
+/* The RoPE table itself: cos and sin [T, rotary_dim/2] (or any shape of T
+ * rows of rotary_dim/2 elements), the distinct half of torch's
+ * cat((freqs, freqs)) tables, computed as in the RoPE section. Tensor
+ * positions: positions 0, cos 1, sin 2 (outputs: they must not overlap
+ * each other or positions). Threads, opts: as bx_rope_forward. */
+BX_API bx_status bx_rope_cos_sin(const DLTensor *positions, int64_t rotary_dim, double theta,
+                                 DLTensor *cos, DLTensor *sin, const bx_rope_opts *opts);
+
+/* SwiGLU on the fused gate_up layout (SwiGLU section: formulas, tensor
+ * positions; in place: dgate_up may be gate_up itself, h overlaps
+ * nothing). Threads, opts: as bx_swiglu_forward. */
+BX_API bx_status bx_swiglu_forward_fused(const DLTensor *gate_up, DLTensor *h,
+                                         const bx_swiglu_opts *opts);
+BX_API bx_status bx_swiglu_backward_fused(const DLTensor *gate_up, const DLTensor *dh,
+                                          DLTensor *dgate_up, const bx_swiglu_opts *opts);
+
+/* The cross-entropy forward alone: losses, loss_partials and counts as
+ * bx_xent_forward_backward writes them, bit for bit, without dlogits.
+ * loss_partials and counts may be NULL; no output overlaps another
+ * tensor. Threads, opts: as bx_xent_forward_backward. */
+BX_API bx_status bx_xent_forward(const DLTensor *logits, const DLTensor *targets,
+                                 int64_t chunk_tokens, DLTensor *losses,
+                                 DLTensor *loss_partials, DLTensor *counts,
+                                 const bx_xent_opts *opts);
 
 #ifdef __cplusplus
 }

@@ -1,6 +1,9 @@
 /*
- * bitexact_train_math.h — elementwise math built from IEEE basic operations (exp, log, sigmoid, SiLU, rsqrt, ...) and AdamW (DESIGN §9). Part of bitexact_train.h (the umbrella: include
- * that); the conventions of bitexact.h hold here too unless a comment says
+ * bitexact_train_math.h — elementwise math built from IEEE basic operations
+ * (exp, log, sigmoid, SiLU, rsqrt, ...) and AdamW (DESIGN §9). Part of
+ * bitexact_train.h (the umbrella: include that); the conventions of
+ * bitexact.h and of bitexact_train.h (options, ownership, in place,
+ * threading, names, Experimental) hold here too unless a comment says
  * otherwise.
  */
 #ifndef BITEXACT_TRAIN_MATH_H
@@ -22,63 +25,28 @@ extern "C" {
  * Every result is the exact value correctly rounded to fp32 (round to
  * nearest even; checked for all 2^32 inputs, docs/train_math.md):
  *
- *   bx_exp      e^x
- *   bx_log      ln x              (x < 0: NaN, +-0: -Inf)
- *   bx_sigmoid  1 / (1 + e^-x)
- *   bx_silu     x / (1 + e^-x)    (x sigmoid(x) rounded once, not the
- *                                  product of a rounded sigmoid; -Inf -> -0)
- *   bx_rsqrt    1 / sqrt(x)       (+-0: +-Inf, x < 0: NaN)
- *   bx_sin, bx_cos                for |x| < 2^28 (BX_TRIG_DOMAIN; RoPE
- *                                  angles), NaN beyond and for +-Inf
+ *   exp      e^x
+ *   log      ln x              (x < 0: NaN, +-0: -Inf)
+ *   sigmoid  1 / (1 + e^-x)
+ *   silu     x / (1 + e^-x)    (x sigmoid(x) rounded once, not the product
+ *                               of a rounded sigmoid; -Inf -> -0)
+ *   rsqrt    1 / sqrt(x)       (+-0: +-Inf, x < 0: NaN)
+ *   sin, cos                   for |x| < 2^28 (BX_TRIG_DOMAIN; RoPE
+ *                               angles), NaN beyond and for +-Inf
  *
  * NaN inputs give the input NaN quieted (payload kept); an invalid
- * operation gives the NaN 0x7fc00000.
- *
- * Speed: the tensor calls run AVX-512 or AVX2 kernels where the CPU has
- * them (8 or 4 binary64 lanes; BX_ISA forces a table) and give the same
- * bits as the portable scalar code on every input (checked for all 2^32
- * inputs); figures against torch and glibc in docs/train_math.md.
- *
- * Tensors: x and y fp32 (BX_EDTYPE otherwise), host memory (kDLCPU,
- * kDLCUDAHost, kDLCUDAManaged; BX_EDEVICE otherwise), the same shape
- * (BX_EINVAL otherwise) and the same strides, dense (BX_ELAYOUT otherwise).
- * Both are borrowed for the duration of the call. In place is allowed: y
- * may be x itself (the same data, byte offset and strides); any other
- * overlap of y with x is BX_ELAYOUT. On error nothing is written and
- * bx_last_error() names the tensor ("bx_exp: tensor 1: ..."; x is tensor
- * 0, y tensor 1).
- *
- * Threading: the elements are split over the library's worker threads
- * (opts->num_threads, 0 = bx_default_threads()); the results do not
- * depend on the count. Thread-safe: calls on distinct outputs may run
- * concurrently. opts: NULL = BX_MATH_OPTS_DEFAULT; else opts->struct_size
- * must be sizeof(bx_math_opts) (BX_EINVAL otherwise; checked first). */
-typedef struct bx_math_opts {
-  size_t struct_size; /* sizeof(bx_math_opts) */
-  int num_threads;    /* 0 = default, >= 1 = at most that many; < 0 BX_EINVAL */
-} bx_math_opts;
-#define BX_MATH_OPTS_DEFAULT {sizeof(bx_math_opts), 0}
+ * operation gives the NaN 0x7fc00000. Each function exists on one value
+ * (bx_exp_f32, ...) and over a tensor (bx_exp, ...), with the same bits.
+ * The model uses bx_log_f32 and bx_cos_f32 (its normal initialisation);
+ * the other forms are in the Experimental section at the end. */
 
-/* |x| below this: the domain of bx_sin / bx_cos (2^28). */
+/* |x| below this: the domain of bx_sin_f32 / bx_cos_f32 (2^28). */
 #define BX_TRIG_DOMAIN 268435456.0f
 
-BX_API bx_status bx_exp(const DLTensor *x, DLTensor *y, const bx_math_opts *opts);
-BX_API bx_status bx_log(const DLTensor *x, DLTensor *y, const bx_math_opts *opts);
-BX_API bx_status bx_sigmoid(const DLTensor *x, DLTensor *y, const bx_math_opts *opts);
-BX_API bx_status bx_silu(const DLTensor *x, DLTensor *y, const bx_math_opts *opts);
-BX_API bx_status bx_rsqrt(const DLTensor *x, DLTensor *y, const bx_math_opts *opts);
-BX_API bx_status bx_sin(const DLTensor *x, DLTensor *y, const bx_math_opts *opts);
-BX_API bx_status bx_cos(const DLTensor *x, DLTensor *y, const bx_math_opts *opts);
-
-/* The same functions on one value (the bits of the tensor calls; no
- * error cases: every input has a defined result). Thread-safe; they run
- * in the library's floating-point environment whatever the caller's. */
-BX_API float bx_exp_f32(float x);
+/* One value, no error cases (every input has a defined result). No
+ * memory, no threads: thread-safe; they run in the library's
+ * floating-point environment whatever the caller's. */
 BX_API float bx_log_f32(float x);
-BX_API float bx_sigmoid_f32(float x);
-BX_API float bx_silu_f32(float x);
-BX_API float bx_rsqrt_f32(float x);
-BX_API float bx_sin_f32(float x);
 BX_API float bx_cos_f32(float x);
 
 /* ---- AdamW -------------------------------------------------------------
@@ -107,25 +75,77 @@ BX_API float bx_cos_f32(float x);
  * call. Errors name the tensor (param 0, grad 1, exp_avg 2, exp_avg_sq
  * 3); on any error nothing is written. Options: lr >= 0, 0 <= beta1, beta2
  * < 1, eps >= 0, weight_decay >= 0, all finite, step >= 1 (BX_EINVAL
- * otherwise). Threading as the elementwise calls: bits independent of the
- * thread count. opts: NULL = BX_ADAMW_OPTS_DEFAULT (torch's defaults);
- * else opts->struct_size must be sizeof(bx_adamw_opts) (BX_EINVAL, checked
- * first). */
+ * otherwise). Threading: the elements over up to opts->num_threads
+ * workers of the pool, bits independent of the count; thread-safe on
+ * distinct param/state tensors. opts: NULL = BX_ADAMW_OPTS_DEFAULT
+ * (torch's defaults); else opts->struct_size must be sizeof(bx_adamw_opts)
+ * (BX_EINVAL, checked first). num_threads is the struct's last field here
+ * (an older layout than the other options, kept for the ABI). */
 typedef struct bx_adamw_opts {
-  size_t struct_size; /* sizeof(bx_adamw_opts) */
+  size_t struct_size; /* sizeof(bx_adamw_opts): see "Struct sizes" in bitexact.h */
   double lr;          /* 1e-3 */
   double beta1;       /* 0.9 */
   double beta2;       /* 0.999 */
   double eps;         /* 1e-8 */
   double weight_decay; /* 1e-2 */
-  int num_threads;    /* 0 = default */
+  int num_threads;    /* 0 = default, >= 1 = at most that many; < 0 BX_EINVAL */
 } bx_adamw_opts;
 #define BX_ADAMW_OPTS_DEFAULT {sizeof(bx_adamw_opts), 1e-3, 0.9, 0.999, 1e-8, 1e-2, 0}
 
 BX_API bx_status bx_adamw_step(DLTensor *param, const DLTensor *grad, DLTensor *exp_avg,
                                DLTensor *exp_avg_sq, int64_t step, const bx_adamw_opts *opts);
 
+/* ======================================================================
+ * Experimental: not used by any bitexact model
+ * ======================================================================
+ * No bitexact model calls these (src/glm, `bitexact train`, the Python
+ * model path); they are tested like the rest (all 2^32 inputs, the same
+ * bits as the scalar calls) but may change without an ABI promise. Kept
+ * because they are the bits the layers' contracts cite (bx_rsqrt_f32 in
+ * RMSNorm, bx_sigmoid_f32 and bx_silu_f32 in SwiGLU and the router,
+ * bx_sin_f32 in RoPE), so a caller can reproduce any elementwise step, and
+ * because the tensor calls are the vectorised building blocks of other
+ * models (benchmarks against torch and glibc: docs/train_math.md).
+ *
+ * Scalar calls: as bx_log_f32 above. */
+BX_API float bx_exp_f32(float x);
+BX_API float bx_sigmoid_f32(float x);
+BX_API float bx_silu_f32(float x);
+BX_API float bx_rsqrt_f32(float x);
+BX_API float bx_sin_f32(float x);
 
+/* Tensor calls: y = f(x) elementwise, the bits of the scalar call.
+ *
+ * Speed: AVX-512 or AVX2 kernels where the CPU has them (8 or 4 binary64
+ * lanes; BX_ISA forces a table), the same bits as the portable scalar code
+ * on every input.
+ *
+ * Tensors: x and y fp32 (BX_EDTYPE otherwise), host memory (kDLCPU,
+ * kDLCUDAHost, kDLCUDAManaged; BX_EDEVICE otherwise), the same shape
+ * (BX_EINVAL otherwise) and the same strides, dense (BX_ELAYOUT otherwise).
+ * Ownership: both borrowed for the call. In place: y may be x itself (the
+ * same data, byte offset and strides); any other overlap of y with x is
+ * BX_ELAYOUT. On error nothing is written and bx_last_error() names the
+ * tensor ("bx_exp: tensor 1: ..."; x is tensor 0, y tensor 1).
+ *
+ * Threading: the elements are split over the library's worker threads
+ * (opts->num_threads, 0 = bx_default_threads()); the results do not
+ * depend on the count. Thread-safe: calls on distinct outputs may run
+ * concurrently. opts: NULL = BX_MATH_OPTS_DEFAULT; else opts->struct_size
+ * must be sizeof(bx_math_opts) (BX_EINVAL otherwise; checked first). */
+typedef struct bx_math_opts {
+  size_t struct_size; /* sizeof(bx_math_opts): see "Struct sizes" in bitexact.h */
+  int num_threads;    /* 0 = default, >= 1 = at most that many; < 0 BX_EINVAL */
+} bx_math_opts;
+#define BX_MATH_OPTS_DEFAULT {sizeof(bx_math_opts), 0}
+
+BX_API bx_status bx_exp(const DLTensor *x, DLTensor *y, const bx_math_opts *opts);
+BX_API bx_status bx_log(const DLTensor *x, DLTensor *y, const bx_math_opts *opts);
+BX_API bx_status bx_sigmoid(const DLTensor *x, DLTensor *y, const bx_math_opts *opts);
+BX_API bx_status bx_silu(const DLTensor *x, DLTensor *y, const bx_math_opts *opts);
+BX_API bx_status bx_rsqrt(const DLTensor *x, DLTensor *y, const bx_math_opts *opts);
+BX_API bx_status bx_sin(const DLTensor *x, DLTensor *y, const bx_math_opts *opts);
+BX_API bx_status bx_cos(const DLTensor *x, DLTensor *y, const bx_math_opts *opts);
 
 #ifdef __cplusplus
 }

@@ -1,6 +1,8 @@
 /*
- * bitexact_train_moe.h — the MoE router and the token dispatch (DESIGN §9). Part of bitexact_train.h (the umbrella: include
- * that); the conventions of bitexact.h hold here too unless a comment says
+ * bitexact_train_moe.h — the MoE router and the token dispatch (DESIGN §9).
+ * Part of bitexact_train.h (the umbrella: include that); the conventions of
+ * bitexact.h and of bitexact_train.h (options, ownership, in place,
+ * threading, names, Experimental) hold here too unless a comment says
  * otherwise.
  */
 #ifndef BITEXACT_TRAIN_MOE_H
@@ -38,18 +40,21 @@ extern "C" {
  * BX_EDTYPE, BX_EDEVICE, BX_ELAYOUT, BX_ENONFINITE, BX_ENOMEM;
  * bx_last_error() names the function and the tensor ("bx_moe_permute:
  * tensor 1 (row_map): ..."; tensors are numbered in argument order from 0).
- * Threading: tokens (or rows) in fixed pieces over up to num_threads
- * workers; every output element is computed by one worker in one fixed
- * order, so no bit depends on the thread count, T, the ISA or the piece.
- * Thread-safe on distinct outputs. The library's floating-point
- * environment is used for the call, the caller's given back.
+ * Threading: the calls with opts split tokens (or rows) in fixed pieces
+ * over up to num_threads workers; every output element is computed by one
+ * worker in one fixed order, so no bit depends on the thread count, T, the
+ * ISA or the piece; the calls without opts are single-threaded.
+ * Thread-safe on distinct outputs. In place: never (no output may be an
+ * input) except bx_moe_bias_update's bias, updated in place. The
+ * library's floating-point environment is used for the call, the caller's
+ * given back.
  */
 
 /* ---- router ------------------------------------------------------------ */
 
 typedef struct bx_moe_router_opts {
-  size_t struct_size;           /* sizeof(bx_moe_router_opts) */
-  int num_threads;              /* 0 = default; < 0 BX_EINVAL */
+  size_t struct_size; /* sizeof(bx_moe_router_opts): see "Struct sizes" in bitexact.h */
+  int num_threads;    /* 0 = default, >= 1 = at most that many; < 0 BX_EINVAL */
   int64_t n_group;              /* G >= 1, divides E, E / G >= 2 (transformers' topk(2)) */
   int64_t topk_group;           /* 1 <= topk_group <= G */
   int norm_topk_prob;           /* 0 or 1 */
@@ -123,26 +128,11 @@ BX_API bx_status bx_moe_router_backward(const DLTensor *logits, const DLTensor *
                                         const DLTensor *dweights, DLTensor *dlogits,
                                         const bx_moe_router_opts *opts);
 
-/* Expert-bias update (auxiliary-loss-free balancing, DeepSeek-V3 /
- * GLM-4.5 training; Megatron's moe_router_bias_update_rate): with
- * N = sum of the counts of all experts and E experts, in exact integers,
- *   sgn_e = sign(N - E * count_e)   (= sign(mean - count_e), no division)
- *   bias_e = f32(bias_e + sgn_e * f32(rate))
- * transformers does not train this buffer (it is a no-grad buffer there);
- * the rule is the training frameworks'.
- *   bias   [E] fp32, updated in place
- *   counts [E] or [n, E] int64 >= 0: the GLOBAL counts (all ranks and
- *          micro-batches of the step summed, e.g. the router's chunk
- *          counts); a 2-D tensor's rows are summed first (int64)
- *   rate   finite, >= 0
- * BX_EINVAL for negative counts or sums past 2^62. Single-threaded. */
-BX_API bx_status bx_moe_bias_update(DLTensor *bias, const DLTensor *counts, double rate);
-
 /* ---- dispatch ---------------------------------------------------------- */
 
 typedef struct bx_moe_dispatch_opts {
-  size_t struct_size; /* sizeof(bx_moe_dispatch_opts) */
-  int num_threads;    /* 0 = default; < 0 BX_EINVAL */
+  size_t struct_size; /* sizeof(bx_moe_dispatch_opts): see "Struct sizes" in bitexact.h */
+  int num_threads;    /* 0 = default, >= 1 = at most that many; < 0 BX_EINVAL */
 } bx_moe_dispatch_opts;
 #define BX_MOE_DISPATCH_OPTS_DEFAULT {sizeof(bx_moe_dispatch_opts), 0}
 
@@ -177,15 +167,15 @@ BX_API bx_status bx_moe_dispatch_order(const DLTensor *expert_ids, const DLTenso
 
 /* The global chunks of one expert's rows: token_ids [n] int64, the global
  * token ids of the expert's rows in dispatch order (strictly ascending),
- * each in [chunk_begin*C, (chunk_begin + m)*C) for m = bounds' length - 1
+ * each in [first_chunk*C, (first_chunk + m)*C) for m = bounds' length - 1
  * (BX_EINVAL otherwise). bounds [m+1] int64, written: bounds[i] = the
- * number of rows with id < (chunk_begin + i) * C, so the expert's rows of
- * global chunk chunk_begin + i are [bounds[i], bounds[i+1]) — a
+ * number of rows with id < (first_chunk + i) * C, so the expert's rows of
+ * global chunk first_chunk + i are [bounds[i], bounds[i+1]) — a
  * contiguous range: the expert's weight-gradient partial of that chunk
  * (bx_tokred_add) is a GEMM over those rows. C = chunk_tokens >= 1,
- * chunk_begin >= 0. */
+ * first_chunk >= 0. Single-threaded (no opts). */
 BX_API bx_status bx_moe_expert_chunks(const DLTensor *token_ids, int64_t chunk_tokens,
-                                      int64_t chunk_begin, DLTensor *bounds);
+                                      int64_t first_chunk, DLTensor *bounds);
 
 /* Permute (the gather of the experts' inputs): x_perm[r] = x[row_map[r][0]].
  *   x [T, H] fp32; row_map [R, 2] int64 (t in [0, T), j in [0, R / T));
@@ -231,6 +221,30 @@ BX_API bx_status bx_moe_unpermute_backward(const DLTensor *dout, const DLTensor 
                                            DLTensor *dweights,
                                            const bx_moe_dispatch_opts *opts);
 
+/* ======================================================================
+ * Experimental: not used by any bitexact model
+ * ======================================================================
+ * No bitexact model calls this (src/glm, `bitexact train`, the Python
+ * model path: e_score_correction_bias is a frozen buffer there, as in
+ * transformers); tested like the rest but may change without an ABI
+ * promise. Kept because it is the training frameworks' (Megatron's)
+ * balancing rule over the router's exact integer counts, the one piece a
+ * trainer that updates the bias needs on top of bx_moe_router_forward. */
+
+/* Expert-bias update (auxiliary-loss-free balancing, DeepSeek-V3 /
+ * GLM-4.5 training; Megatron's moe_router_bias_update_rate): with
+ * N = sum of the counts of all experts and E experts, in exact integers,
+ *   sgn_e = sign(N - E * count_e)   (= sign(mean - count_e), no division)
+ *   bias_e = f32(bias_e + sgn_e * f32(rate))
+ * transformers does not train this buffer (it is a no-grad buffer there);
+ * the rule is the training frameworks'.
+ *   bias   [E] fp32, updated in place
+ *   counts [E] or [n, E] int64 >= 0: the GLOBAL counts (all ranks and
+ *          micro-batches of the step summed, e.g. the router's chunk
+ *          counts); a 2-D tensor's rows are summed first (int64)
+ *   rate   finite, >= 0
+ * BX_EINVAL for negative counts or sums past 2^62. Single-threaded. */
+BX_API bx_status bx_moe_bias_update(DLTensor *bias, const DLTensor *counts, double rate);
 
 #ifdef __cplusplus
 }

@@ -1,7 +1,10 @@
 /*
- * bitexact_train_tokred.h — the layout-invariant token reduction (canonical addends on an int64 grid) and the weight gradients over tokens (DESIGN §9). Part of bitexact_train.h (the umbrella: include
- * that); the conventions of bitexact.h hold here too unless a comment says
- * otherwise.
+ * bitexact_train_tokred.h — the layout-invariant token reduction (canonical
+ * addends on an int64 grid) and the weight gradients over tokens (DESIGN
+ * §9). Part of bitexact_train.h (the umbrella: include that); the
+ * conventions of bitexact.h and of bitexact_train.h (options, ownership, in
+ * place, threading, names, Experimental) hold here too unless a comment
+ * says otherwise.
  */
 #ifndef BITEXACT_TRAIN_TOKRED_H
 #define BITEXACT_TRAIN_TOKRED_H
@@ -69,7 +72,7 @@ extern "C" {
  * calls, but fp32 sums in the order of the calls (add, merge) and, over
  * ranks, in rank order, as frameworks do: its bits depend on the layout.
  *
- * A step, on each rank (threads: one state each from bx_tokred_fork):
+ * A step, on each rank:
  *     bx_tokred_create(grads, n, C, T, &opts, &s);
  *     for each local chunk c, tensor t: bx_tokred_bound(s, t, c, &partial);
  *     bx_tokred_agree(s, comm);          // MAX all-reduce: the grid
@@ -81,9 +84,14 @@ extern "C" {
  * fixed exponent, calls bx_tokred_bound_exp instead of bx_tokred_bound and
  * adds each partial as soon as it is computed.)
  *
- * Threads: a bx_tokred is used by one thread at a time; different states
- * may be used by different threads at once (bx_tokred_fork one per thread,
- * bx_tokred_merge them in any order). DLTensors are borrowed for the call.
+ * Threads: a bx_tokred is used by one thread at a time (every call below
+ * that takes one); different states may be used by different threads at
+ * once. The calls on a state are single-threaded, except
+ * bx_linear_wgrad(_bound), which split their work over the pool. (A caller
+ * with threads of its own gives each a state from bx_tokred_fork and merges
+ * them with bx_tokred_merge in any order: Experimental section.)
+ * Ownership: DLTensors are borrowed for the call; a state owns its words
+ * until bx_tokred_destroy. In place: no call writes a tensor it reads.
  * Tensors: fp32 (kDLFloat, 32, lanes 1), host memory, dense (strides NULL
  * or row-major); a partial has the shape of its gradient.
  */
@@ -115,12 +123,13 @@ typedef struct bx_tokred bx_tokred;
  * checked first). ntensors == 0 is allowed. Errors: BX_EINVAL (NULL out,
  * NULL grads with ntensors > 0, bad counts, bad mode), BX_EDTYPE (not
  * fp32), BX_EDEVICE, BX_ELAYOUT (not dense), BX_ENOMEM; *out is written
- * only on success. Thread-safe. */
+ * only on success and owned by the caller. grads is borrowed (its shapes
+ * are copied). Thread-safe. */
 BX_API bx_status bx_tokred_create(const DLTensor *grads, size_t ntensors, int64_t chunk_tokens,
                                   int64_t total_tokens, const bx_tokred_opts *opts,
                                   bx_tokred **out);
 
-/* Frees s (NULL: nothing). */
+/* Frees s and its words (NULL: nothing); no call may be using s. */
 BX_API void bx_tokred_destroy(bx_tokred *s);
 
 /* The chunks [*chunk_begin, *chunk_end) of the token range
@@ -157,15 +166,6 @@ BX_API bx_status bx_tokred_bound_exp(bx_tokred *s, size_t tensor, int exp2);
  * comm->struct_size is checked first (BX_EINVAL, no collective). */
 BX_API bx_status bx_tokred_agree(bx_tokred *s, const bx_comm *comm);
 
-/* The tensor's agreed grid exponent e_t (after bx_tokred_agree; grid mode;
- * else BX_EINVAL). */
-BX_API bx_status bx_tokred_grid_exp(const bx_tokred *s, size_t tensor, int *exp2);
-
-/* A new empty state with s's configuration and agreed grid (s after
- * bx_tokred_agree): one per thread or micro-batch, merged back with
- * bx_tokred_merge. *out written only on success. s is only read. */
-BX_API bx_status bx_tokred_fork(const bx_tokred *s, bx_tokred **out);
-
 /* Adds chunk's partial (shape of the tensor, fp32) of tensor: each element
  * rounded onto the tensor's grid and added as an int64 word (grid mode),
  * or added in fp32 (ordinary mode). The chunk's coverage word is
@@ -178,19 +178,13 @@ BX_API bx_status bx_tokred_fork(const bx_tokred *s, bx_tokred **out);
 BX_API bx_status bx_tokred_add(bx_tokred *s, size_t tensor, int64_t chunk,
                                const DLTensor *partial);
 
-/* into += from (both after bx_tokred_agree, the same configuration and
- * grid: BX_EMISMATCH otherwise, into unchanged). Grid mode: word-by-word
- * int64 addition, so any merge order gives the same words. into == from
- * is refused (BX_EINVAL). from is only read. */
-BX_API bx_status bx_tokred_merge(bx_tokred *into, const bx_tokred *from);
-
 /* The state's wire words, for a caller's own all-reduce (grid mode): the
  * word-by-word int64 SUM over ranks of these words, in any order (MPI_SUM
  * on MPI_INT64_T, all_reduce(SUM) on an int64 tensor), written back in
- * place, is the state of the whole global batch. Valid until s is
- * destroyed; *count words (per tensor its elements and one non-finite
- * word, then one coverage word per (tensor, chunk)). The grid must have
- * been agreed first. Ordinary mode: BX_EINVAL (fp32 sums are not summable
+ * place, is the state of the whole global batch. *words points into s
+ * (owned by it), valid until s is destroyed; *count words (per tensor its
+ * elements and one non-finite word, then one coverage word per (tensor,
+ * chunk)). The grid must have been agreed first. Ordinary mode: BX_EINVAL (fp32 sums are not summable
  * words). */
 BX_API bx_status bx_tokred_words(bx_tokred *s, int64_t **words, size_t *count);
 
@@ -260,30 +254,12 @@ BX_API int bx_wgrad_bound_exp(int64_t rows, float max_abs_a, float max_abs_b);
 
 typedef struct bx_wgrad_opts {
   size_t struct_size; /* sizeof(bx_wgrad_opts): see "Struct sizes" in bitexact.h */
-  int num_threads;    /* 0 = library default; results never depend on it */
+  int num_threads;    /* 0 = default, >= 1 = at most that many; < 0 BX_EINVAL */
 } bx_wgrad_opts;
 #define BX_WGRAD_OPTS_DEFAULT {sizeof(bx_wgrad_opts), 0}
 
 /* No tensor of the state (bx_linear_wgrad's bias or weight index). */
 #define BX_WGRAD_NONE ((size_t)-1)
-
-/* Bias-gradient chunk partials: partials[j][n] = the bias partial (above)
- * of dy's rows [j·C, min((j+1)·C, T)), C = chunk_tokens >= 1, for
- * j < nchunks = ceil(T / C).
- *   dy        [T,N] (or [batch,rows,N], read as [T,N]), fp32 or bf16, row-major
- *             contiguous, host memory.
- *   partials  [nchunks, N], fp32, row-major contiguous, host memory, not
- *             overlapping dy.
- * The caller passes partial j to bx_tokred_bound / bx_tokred_add as chunk
- * first_chunk + j, where dy's first row is the global token first_chunk·C
- * (a global chunk boundary: bx_tokred_chunks checks it). T = 0: nothing.
- * Threads take (chunk, column block) pieces, never a chunk's rows apart;
- * bits independent of the count. Errors (checked before any write; nothing
- * written): BX_EINVAL (NULLs, shapes, chunk_tokens < 1, num_threads < 0,
- * struct_size), BX_EDTYPE, BX_EDEVICE, BX_ELAYOUT (strides, alignment,
- * overlap), naming the tensor. */
-BX_API bx_status bx_bias_grad_partials(const DLTensor *dy, int64_t chunk_tokens,
-                                       DLTensor *partials, const bx_wgrad_opts *opts);
 
 /* Before bx_tokred_agree, from the inputs alone: raises the exponent bound
  * of tensor w_tensor (the weight, [N,K]) to cover the TN partial of every
@@ -326,7 +302,53 @@ BX_API bx_status bx_linear_wgrad(bx_tokred *s, size_t w_tensor, size_t b_tensor,
                                  const DLTensor *dy, const DLTensor *x, int64_t token_begin,
                                  const bx_wgrad_opts *opts);
 
+/* ======================================================================
+ * Experimental: not used by any bitexact model
+ * ======================================================================
+ * No bitexact model calls these (src/glm, `bitexact train`, the Python
+ * model path: their threads live inside bx_linear_wgrad, their bias
+ * partials come from it too); they are tested like the rest but may
+ * change without an ABI promise. Kept as tested building blocks: fork and
+ * merge for a caller that adds partials from threads or micro-batches of
+ * its own (the invariance tests and fuzz_tokred merge in every order),
+ * the grid exponent for accuracy diagnostics, the bias partials for a
+ * caller who bounds computed partials (bx_tokred_bound) instead of the
+ * inputs (the bias counterpart of bx_gemm(BX_GEMM_TN) on row views). */
 
+/* The tensor's agreed grid exponent e_t (after bx_tokred_agree; grid mode;
+ * else BX_EINVAL): the accuracy of the reduction, for diagnostics and
+ * tests. s is only read; *exp2 written only on success. */
+BX_API bx_status bx_tokred_grid_exp(const bx_tokred *s, size_t tensor, int *exp2);
+
+/* A new empty state with s's configuration and agreed grid (s after
+ * bx_tokred_agree): one per thread or micro-batch, merged back with
+ * bx_tokred_merge. *out written only on success, owned by the caller
+ * (bx_tokred_destroy). s is only read. */
+BX_API bx_status bx_tokred_fork(const bx_tokred *s, bx_tokred **out);
+
+/* into += from (both after bx_tokred_agree, the same configuration and
+ * grid: BX_EMISMATCH otherwise, into unchanged). Grid mode: word-by-word
+ * int64 addition, so any merge order gives the same words. into == from
+ * is refused (BX_EINVAL). from is only read. */
+BX_API bx_status bx_tokred_merge(bx_tokred *into, const bx_tokred *from);
+
+/* Bias-gradient chunk partials: partials[j][n] = the bias partial (above)
+ * of dy's rows [j·C, min((j+1)·C, T)), C = chunk_tokens >= 1, for
+ * j < nchunks = ceil(T / C).
+ *   dy        [T,N] (or [batch,rows,N], read as [T,N]), fp32 or bf16, row-major
+ *             contiguous, host memory.
+ *   partials  [nchunks, N], fp32, row-major contiguous, host memory, not
+ *             overlapping dy.
+ * The caller passes partial j to bx_tokred_bound / bx_tokred_add as chunk
+ * first_chunk + j, where dy's first row is the global token first_chunk·C
+ * (a global chunk boundary: bx_tokred_chunks checks it). T = 0: nothing.
+ * Threads take (chunk, column block) pieces, never a chunk's rows apart;
+ * bits independent of the count. Errors (checked before any write; nothing
+ * written): BX_EINVAL (NULLs, shapes, chunk_tokens < 1, num_threads < 0,
+ * struct_size), BX_EDTYPE, BX_EDEVICE, BX_ELAYOUT (strides, alignment,
+ * overlap), naming the tensor. */
+BX_API bx_status bx_bias_grad_partials(const DLTensor *dy, int64_t chunk_tokens,
+                                       DLTensor *partials, const bx_wgrad_opts *opts);
 
 #ifdef __cplusplus
 }

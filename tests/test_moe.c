@@ -893,7 +893,7 @@ void test_moe_dispatch_bad_input(void) {
   CHECK_STATUS(bx_moe_expert_chunks(&eg.t, 5, 0, &bd.t), BX_OK, "chunks");
   CHECK(L(&bd)[0] == 0 && L(&bd)[1] == 1 && L(&bd)[2] == 3, "bounds %lld %lld %lld",
         (long long)L(&bd)[0], (long long)L(&bd)[1], (long long)L(&bd)[2]);
-  CHECK_STATUS(bx_moe_expert_chunks(&eg.t, 5, 1, &bd.t), BX_EINVAL, "id below chunk_begin");
+  CHECK_STATUS(bx_moe_expert_chunks(&eg.t, 5, 1, &bd.t), BX_EINVAL, "id below first_chunk");
   CHECK_STATUS(bx_moe_expert_chunks(&eg.t, 0, 0, &bd.t), BX_EINVAL, "C = 0");
   L(&eg)[1] = 2;
   CHECK_STATUS(bx_moe_expert_chunks(&eg.t, 5, 0, &bd.t), BX_EINVAL, "duplicate");

@@ -136,13 +136,13 @@ static PyObject *k_order BXK_ARGS {
 }
 
 PyDoc_STRVAR(chunks_doc,
-             "moe_expert_chunks(token_ids, chunk_tokens, chunk_begin, bounds)\n--\n\n"
+             "moe_expert_chunks(token_ids, chunk_tokens, first_chunk, bounds)\n--\n\n"
              "The global chunks of one expert's rows (bx_moe_expert_chunks): token_ids [n] "
              "int64\nascending; bounds [m+1] int64 written, the expert's rows of chunk "
-             "chunk_begin + i being\n[bounds[i], bounds[i+1]). GIL released.");
+             "first_chunk + i being\n[bounds[i], bounds[i+1]). GIL released.");
 static PyObject *k_chunks BXK_ARGS {
   (void)self;
-  static char *kwl[] = {"token_ids", "chunk_tokens", "chunk_begin", "bounds", NULL};
+  static char *kwl[] = {"token_ids", "chunk_tokens", "first_chunk", "bounds", NULL};
   static const char *const nm[] = {"token_ids", "bounds"};
   static const signed char loc[] = {0, 3};
   PyObject *o[2];

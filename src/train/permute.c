@@ -205,7 +205,7 @@ done:
 /* ---- global chunks of one expert's rows --------------------------------------- */
 
 bx_status bx_moe_expert_chunks(const DLTensor *token_ids, int64_t chunk_tokens,
-                               int64_t chunk_begin, DLTensor *bounds) {
+                               int64_t first_chunk, DLTensor *bounds) {
   const char *fn = "bx_moe_expert_chunks";
   bx_call call;
   bx_status st = bx_call_enter(&call, fn);
@@ -218,28 +218,28 @@ bx_status bx_moe_expert_chunks(const DLTensor *token_ids, int64_t chunk_tokens,
     st = bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, 3, "%s: tensor 3 (bounds) is empty, want m+1 >= 1 elements", fn);
     goto done;
   }
-  if (C < 1 || chunk_begin < 0 || chunk_begin > INT64_MAX / C - m) {
-    st = bx_fail(BX_EINVAL, "%s: chunk_tokens = %lld, chunk_begin = %lld: want C >= 1, "
-                 "chunk_begin >= 0 and (chunk_begin + m) * C < 2^63", fn, (long long)C,
-                 (long long)chunk_begin);
+  if (C < 1 || first_chunk < 0 || first_chunk > INT64_MAX / C - m) {
+    st = bx_fail(BX_EINVAL, "%s: chunk_tokens = %lld, first_chunk = %lld: want C >= 1, "
+                 "first_chunk >= 0 and (first_chunk + m) * C < 2^63", fn, (long long)C,
+                 (long long)first_chunk);
     goto done;
   }
   const bx_tc_tensor *all[2] = {&tg, &tb};
   if ((st = bx_tc_overlap(fn, all, 2)) != BX_OK) goto done;
   if ((st = check_ascending(fn, &tg)) != BX_OK) goto done;
   const int64_t *g = bx_tc_i64(&tg);
-  int64_t n = tg.dim[0], lo = chunk_begin * C, hi = (chunk_begin + m) * C;
+  int64_t n = tg.dim[0], lo = first_chunk * C, hi = (first_chunk + m) * C;
   if (n && (g[0] < lo || g[n - 1] >= hi)) {
     st = bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, 0,
                     "%s: tensor 0 (token_ids): ids %lld..%lld are not all in chunks %lld..%lld "
                     "(tokens [%lld, %lld))",
-                    fn, (long long)g[0], (long long)g[n - 1], (long long)chunk_begin,
-                    (long long)(chunk_begin + m - 1), (long long)lo, (long long)hi);
+                    fn, (long long)g[0], (long long)g[n - 1], (long long)first_chunk,
+                    (long long)(first_chunk + m - 1), (long long)lo, (long long)hi);
     goto done;
   }
   int64_t *b = tb.data, r = 0;
   for (int64_t i = 0; i <= m; i++) {
-    int64_t edge = (chunk_begin + i) * C;
+    int64_t edge = (first_chunk + i) * C;
     while (r < n && g[r] < edge) r++;
     b[i] = r;
   }
