@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "bitexact.h"
+#include "bitexact_train.h"
 
 /* DLPack >= 1.0 (Debian's libdlpack-dev 0.6 predates it): the versioned
  * managed tensor. DLTensor itself is unchanged between 0.6 and 1.x. */
@@ -145,7 +146,7 @@ int bxpy_cuda_init(PyObject *module);
  * GIL released, then the capsules are released. Errors name the argument:
  * "fn: argument 'name': <text>" (attributes tensor = the slot, argument =
  * the name). */
-#define BXK_MAX 10
+#define BXK_MAX 16
 typedef struct bxk_call {
   const char *fn;           /* the Python name, for messages */
   int n;                    /* tensor slots */
@@ -205,5 +206,10 @@ extern PyMethodDef bxpy_glm_methods[];      /* _glm.c: the model module (src/glm
  * module) and the TokRed type to the module; -1 on failure. */
 int bxpy_train_init(PyObject *module);
 int bxpy_tokred_init(PyObject *module);
+/* The bx_tokred of a TokRed object, marked in use (a second taker, or a
+ * TokRed method, is refused until bxpy_tokred_give); NULL with the error
+ * raised when o is not a TokRed or is in use. Called with the GIL. */
+bx_tokred *bxpy_tokred_take(PyObject *o, const char *fn);
+void bxpy_tokred_give(PyObject *o);
 
 #endif /* BXPY_H */

@@ -354,6 +354,28 @@ def all_or_nothing(mb, idx=(), loss=False):
         raise
 
 
+def node_grads(mb, what):
+    """A node's ``grads`` argument (bitexact._core.glm_*_backward): None
+    without a micro-batch, else (state, pass, first token, first chunk),
+    after checking that the micro-batch's pass still runs."""
+    if mb is None:
+        return None
+    bound = mb.check(what)
+    return (mb.red._state, 0 if bound else 1, mb.tok0, mb.chunk0)
+
+
+@_contextlib.contextmanager
+def named(mb):
+    """Around a node call: a state error's 'tensor i' followed by the
+    parameter's name."""
+    try:
+        yield
+    except Error as e:
+        if mb is None:
+            raise
+        raise _renamed(e, mb.red.names) from e
+
+
 def wgrad(mb, idx, dy, x, what, bias_idx=None, bf=None):
     """A linear weight's gradient dY^T X (state tensor idx; None: none) and
     its bias's column sums of dY (bias_idx; None: none) over the

@@ -28,7 +28,7 @@ GIL and use ``num_threads`` workers (bits never depend on it).
 import sys
 import types
 
-from . import InvalidArgumentError
+from . import InvalidArgumentError, _core
 from . import _gradred as _g
 from . import kernels as _k
 from ._gradred import _active, _err
@@ -179,75 +179,70 @@ def _rounded(fw, t):
     return r
 
 
+def _wbf(fw, ctx, w):
+    """The node's bf16 copy of weight w (bf16 compute), else None."""
+    return _rounded(fw, w) if ctx.bf else None
+
+
+def _ix(i):
+    return -1 if i is None else i
+
+
 def linear_forward(fw, ctx, x, weight, bias, nt, mb, widx):
-    """y = x W^T (bx_gemm NT), then fl(y + b) when bias is given."""
-    ctx.bf = _g.bf16_active()  # bf16 compute: every GEMM's operands rounded (mm)
+    """The node glm_linear_fwd: y = x W^T, then fl(y + b) with a bias."""
+    ctx.bf = _g.bf16_active()  # bf16 compute: the GEMM's operands rounded (the node)
     x2 = fw.rows(x, weight.shape[1])
     y = fw.empty([x2.shape[0], weight.shape[0]])
-    mm(fw, ctx.bf, x2, weight, "nt", y, num_threads=nt)
-    if bias is not None:
-        fw.add_(y, bias)
+    _core.glm_linear_forward(x2, weight, _wbf(fw, ctx, weight), bias, y, num_threads=nt)
     ctx.save_for_backward(x2, weight)
     ctx.meta = (list(x.shape), nt, mb, widx)
     return fw.reshape(y, list(x.shape[:-1]) + [weight.shape[0]])
 
 
 def linear_backward(fw, ctx, dy, need_dx):
-    """dx = dy W (NN) or None; dW = dy^T x and db (column sums) as chunk
+    """The node glm_linear_bwd: dx = dy W (or None); dW and db as chunk
     partials; widx = (weight index, bias index), either None."""
     shape, nt, mb, (wi, bi) = ctx.meta
-    if mb is not None:
-        mb.check("Linear backward")  # first: a stale pass computes nothing
+    grads = _g.node_grads(mb, "Linear backward")  # first: a stale pass computes nothing
     x2, weight = fw.saved(ctx)
     dy2 = fw.rows(dy.contiguous(), weight.shape[0])
-    dx = None
-    if need_dx:
-        dx = fw.empty(x2.shape)
-        mm(fw, ctx.bf, dy2, weight, "nn", dx, num_threads=nt)
-        dx = fw.reshape(dx, shape)
-    if wi is not None or bi is not None:
-        _g.wgrad(mb, wi, dy2, x2, "Linear backward", bi, bf=_bf(fw, ctx))
-    return dx
+    dx = fw.empty(x2.shape) if need_dx else None
+    if dx is not None or wi is not None or bi is not None:
+        with _g.named(mb):
+            _core.glm_linear_backward(dy2, x2, weight, _wbf(fw, ctx, weight), dx, grads, _ix(wi),
+                                      _ix(bi), num_threads=nt)
+    return fw.reshape(dx, shape) if dx is not None else None
 
 
 def qkv_forward(fw, ctx, x, wq, wk, wv, bq, bk, bv, nt, mb, idx):
-    """(x Wq^T, x Wk^T, x Wv^T), three NT GEMMs, each followed by fl(y + b)
-    where its bias is given (train_layers.c: the bias after the product)."""
-    ctx.bf = _g.bf16_active()  # bf16 compute: every GEMM's operands rounded (mm)
+    """The node glm_qkv_fwd: (x Wq^T, x Wk^T, x Wv^T), each followed by
+    fl(y + b) where its bias is given."""
+    ctx.bf = _g.bf16_active()
     x2 = fw.rows(x, wq.shape[1])
-    outs = []
-    for w, b in ((wq, bq), (wk, bk), (wv, bv)):
-        y = fw.empty([x2.shape[0], w.shape[0]])
-        mm(fw, ctx.bf, x2, w, "nt", y, num_threads=nt)
-        if b is not None:
-            fw.add_(y, b)
-        outs.append(fw.reshape(y, list(x.shape[:-1]) + [w.shape[0]]))
+    ws = (wq, wk, wv)
+    outs = [fw.empty([x2.shape[0], w.shape[0]]) for w in ws]
+    _core.glm_qkv_forward(x2, *ws, *(_wbf(fw, ctx, w) for w in ws), bq, bk, bv, *outs,
+                          num_threads=nt)
     ctx.save_for_backward(x2, wq, wk, wv)
     ctx.meta = (list(x.shape), nt, mb, idx)
-    return tuple(outs)
+    return tuple(fw.reshape(y, list(x.shape[:-1]) + [w.shape[0]]) for y, w in zip(outs, ws))
 
 
 def qkv_backward(fw, ctx, dq, dk, dv, need_dx):
-    """dx = dq Wq + dk Wk + dv Wv as ONE fmaf chain (the k and v NN GEMMs
-    accumulate onto q's, as train_layers.c) or None; the three weight (and
-    bias) gradients as chunk partials. Why one node: three autograd
-    branches would leave the order of the two rounded additions to the
-    framework's engine. idx: ((w, b) state indices, either None) for q, k, v."""
+    """The node glm_qkv_bwd: dx = dq Wq + dk Wk + dv Wv as ONE fmaf chain
+    (or None), the three weight (and bias) gradients as chunk partials.
+    Why one node: three autograd branches would leave the order of the two
+    rounded additions to the framework's engine. idx: ((w, b) state
+    indices, either None) for q, k, v."""
     shape, nt, mb, idx = ctx.meta
-    if mb is not None:
-        mb.check("qkv_projection backward")
+    grads = _g.node_grads(mb, "qkv_projection backward")
     x2, *ws = fw.saved(ctx)
     ds = [fw.rows(d.contiguous(), w.shape[0]) for d, w in zip((dq, dk, dv), ws)]
-    dx = None
-    if need_dx:
-        dx = fw.empty(x2.shape)
-        for j, (d, w) in enumerate(zip(ds, ws)):
-            mm(fw, ctx.bf, d, w, "nn", dx, accumulate=j > 0, num_threads=nt)
-        dx = fw.reshape(dx, shape)
-    for (wi, bi), d, what in zip(idx, ds, ("q_proj", "k_proj", "v_proj")):
-        if wi is not None or bi is not None:
-            _g.wgrad(mb, wi, d, x2, f"qkv_projection backward ({what})", bi, bf=_bf(fw, ctx))
-    return dx
+    dx = fw.empty(x2.shape) if need_dx else None
+    with _g.named(mb):
+        _core.glm_qkv_backward(*ds, x2, *ws, *(_wbf(fw, ctx, w) for w in ws), dx, grads,
+                               tuple(_ix(i) for pair in idx for i in pair), num_threads=nt)
+    return fw.reshape(dx, shape) if dx is not None else None
 
 
 # ---- RMSNorm --------------------------------------------------------------
@@ -264,21 +259,20 @@ def rmsnorm_forward(fw, ctx, x, weight, eps, nt, mb, widx):
 
 
 def rmsnorm_backward(fw, ctx, dy, need_dx):
-    """bx_rmsnorm_backward: dx (always computed; returned if need_dx) and
-    the gain's per-chunk partials (a chunk: rows per token * seq_len)."""
+    """The node glm_rmsnorm_bwd: dx (always computed; returned if need_dx)
+    and the gain's per-chunk partials (a chunk: rows per token * seq_len)."""
     shape, nt, mb, widx = ctx.meta
-    if widx is not None:
-        mb.check("RMSNorm backward")
+    grads = _g.node_grads(mb, "RMSNorm backward") if widx is not None else None
     x2, weight, rstd = fw.saved(ctx)
     dy2 = fw.rows(dy.contiguous(), weight.shape[0])
     dx = fw.empty(x2.shape)
-    parts, per_chunk = None, x2.shape[0]
+    parts, per_chunk = None, max(1, x2.shape[0])
     if widx is not None:
         per_chunk = x2.shape[0] // mb.T * mb.red.seq_len  # rows per token * tokens per chunk
         parts = fw.empty([-(-x2.shape[0] // per_chunk), weight.shape[0]])
-    _k.rmsnorm_backward(x2, weight, dy2, rstd, per_chunk, dx, parts, num_threads=nt)
-    if widx is not None:
-        _g.partials(mb, widx, parts, "RMSNorm backward")
+    with _g.named(mb):
+        _core.glm_rmsnorm_backward(x2, weight, dy2, rstd, per_chunk, dx, parts, grads, _ix(widx),
+                                   num_threads=nt)
     return fw.reshape(dx, shape) if need_dx else None
 
 
@@ -302,50 +296,36 @@ def swiglu_backward(fw, ctx, dh):
 
 
 def mlp_forward(fw, ctx, x, wg, wu, wd, nt, mb, idx):
-    """Glm4MoeMLP as train_layers.c: g = x Wg^T, u = x Wu^T,
+    """The node glm_mlp_fwd (Glm4MoeMLP): g = x Wg^T, u = x Wu^T,
     a = swiglu(g, u), y = a Wd^T."""
-    ctx.bf = _g.bf16_active()  # bf16 compute: every GEMM's operands rounded (mm)
+    ctx.bf = _g.bf16_active()
     I = wg.shape[0]
     x2 = fw.rows(x, wg.shape[1])
     T = x2.shape[0]
     g, u, a = (fw.empty([T, I]) for _ in range(3))
-    mm(fw, ctx.bf, x2, wg, "nt", g, num_threads=nt)
-    mm(fw, ctx.bf, x2, wu, "nt", u, num_threads=nt)
-    _k.swiglu_forward(g, u, a, num_threads=nt)
     y = fw.empty([T, wd.shape[0]])
-    mm(fw, ctx.bf, a, wd, "nt", y, num_threads=nt)
+    ws = (wg, wu, wd)
+    _core.glm_mlp_forward(x2, *ws, *(_wbf(fw, ctx, w) for w in ws), g, u, a, y, num_threads=nt)
     ctx.save_for_backward(x2, wg, wu, wd, g, u, a)
     ctx.meta = (list(x.shape), nt, mb, idx)
     return fw.reshape(y, list(x.shape[:-1]) + [wd.shape[0]])
 
 
 def mlp_backward(fw, ctx, dy, need_dx):
-    """da = dy Wd, (dg, du), then dx = dg Wg + du Wu as ONE fmaf chain per
-    element (the second NN GEMM accumulates onto the first) or None; the
-    three weight gradients as chunk partials. So the bits equal `bitexact
-    train`'s (two autograd branches would add two rounded products)."""
-    shape, nt, mb, (ig, iu, idd) = ctx.meta
-    if mb is not None:
-        mb.check("SwiGLUMLP backward")
+    """The node glm_mlp_bwd: da = dy Wd, (dg, du), then dx = dg Wg + du Wu
+    as ONE fmaf chain per element (or None), the three weight gradients as
+    chunk partials: the bits of `bitexact train`'s dense MLP."""
+    shape, nt, mb, idx = ctx.meta
+    grads = _g.node_grads(mb, "SwiGLUMLP backward")
     x2, wg, wu, wd, g, u, a = fw.saved(ctx)
     dy2 = fw.rows(dy.contiguous(), wd.shape[0])
-    da = fw.empty(a.shape)
-    mm(fw, ctx.bf, dy2, wd, "nn", da, num_threads=nt)
-    if idd is not None:
-        _g.wgrad(mb, idd, dy2, a, "SwiGLUMLP backward (down_proj)", bf=_bf(fw, ctx))
-    dg, du = fw.empty(g.shape), fw.empty(u.shape)
-    _k.swiglu_backward(g, u, da, dg, du, num_threads=nt)
-    dx = None
-    if need_dx:
-        dx = fw.empty(x2.shape)
-        mm(fw, ctx.bf, dg, wg, "nn", dx, num_threads=nt)
-        mm(fw, ctx.bf, du, wu, "nn", dx, accumulate=True, num_threads=nt)
-        dx = fw.reshape(dx, shape)
-    if ig is not None:
-        _g.wgrad(mb, ig, dg, x2, "SwiGLUMLP backward (gate_proj)", bf=_bf(fw, ctx))
-    if iu is not None:
-        _g.wgrad(mb, iu, du, x2, "SwiGLUMLP backward (up_proj)", bf=_bf(fw, ctx))
-    return dx
+    da, dg, du = (fw.empty(a.shape) for _ in range(3))
+    dx = fw.empty(x2.shape) if need_dx else None
+    ws = (wg, wu, wd)
+    with _g.named(mb):
+        _core.glm_mlp_backward(dy2, x2, g, u, a, *ws, *(_wbf(fw, ctx, w) for w in ws), da, dg, du,
+                               dx, grads, tuple(_ix(i) for i in idx), num_threads=nt)
+    return fw.reshape(dx, shape) if dx is not None else None
 
 
 # ---- Embedding ----------------------------------------------------------------

@@ -612,6 +612,20 @@ PyMethodDef bxpy_tokred_methods[] = {
              "bx_embedding_grad_add).\nSingle-threaded; GIL released."),
     {NULL, NULL, 0, NULL}};
 
+bx_tokred *bxpy_tokred_take(PyObject *o, const char *fn) {
+  if (!PyObject_TypeCheck(o, &TokRedType)) {
+    bxpy_raise_fmt(BX_EINVAL, NULL, "%s: the gradient state must be a TokRed, got %.80s", fn,
+                   Py_TYPE(o)->tp_name);
+    return NULL;
+  }
+  TokRed *t = (TokRed *)o;
+  if (tr_check(t, fn) < 0) return NULL;
+  t->busy = 1;
+  return t->s;
+}
+
+void bxpy_tokred_give(PyObject *o) { ((TokRed *)o)->busy = 0; }
+
 int bxpy_tokred_init(PyObject *m) {
   if (PyType_Ready(&TokRedType) < 0) return -1;
   Py_INCREF(&TokRedType);

@@ -22,21 +22,11 @@
 
 #include "train_model_internal.h"
 
-static void add_bias(float *y, const float *b, int64_t T, int64_t n) {
-  for (int64_t t = 0; t < T; t++)
-    for (int64_t j = 0; j < n; j++) y[t * n + j] = y[t * n + j] + b[j];
-}
-
 #define W(idx) (c->m->p[(idx)].data)
 
-static int norm_fwd(tr_ctx *c, const float *x, int64_t rows, int64_t h, const float *wt, float *y,
+static int norm_fwd(tr_ctx *c, const float *x, int64_t rows, int64_t h, int64_t w_idx, float *y,
                     float *rstd, const char *what) {
-  tr_view vx, vw, vy, vr;
-  bx_rmsnorm_opts no = BX_RMSNORM_OPTS_DEFAULT;
-  no.num_threads = c->threads;
-  return tr_ck(c, bx_rmsnorm_forward(tr_f32(&vx, x, 2, rows, h, 0), tr_f32(&vw, wt, 1, h, 0, 0),
-                                     c->m->c.rms_norm_eps, tr_f32(&vy, y, 2, rows, h, 0),
-                                     tr_f32(&vr, rstd, 1, rows, 0, 0), &no), what);
+  return glm_rmsnorm_fwd(&c->n, x, rows, h, W(w_idx), c->m->c.rms_norm_eps, y, rstd, what);
 }
 
 /* dx (may be dy: in place) and the gain's chunk partials (rows_per_chunk
@@ -44,26 +34,18 @@ static int norm_fwd(tr_ctx *c, const float *x, int64_t rows, int64_t h, const fl
 static int norm_bwd(tr_ctx *c, const float *x, int64_t rows, int64_t h, int64_t w_idx,
                     const float *dy, const float *rstd, int64_t rows_per_chunk, float *dx,
                     const char *what) {
-  tr_view vx, vw, vd, vr, vdx, vp;
-  bx_rmsnorm_opts no = BX_RMSNORM_OPTS_DEFAULT;
-  no.num_threads = c->threads;
-  float *part = c->w->s.partials;
-  bx_status st = bx_rmsnorm_backward(tr_f32(&vx, x, 2, rows, h, 0), tr_f32(&vw, W(w_idx), 1, h, 0, 0),
-                                     tr_f32(&vd, dy, 2, rows, h, 0), tr_f32(&vr, rstd, 1, rows, 0, 0),
-                                     rows_per_chunk, tr_f32(&vdx, dx, 2, rows, h, 0),
-                                     tr_f32(&vp, part, 2, c->w->nch, h, 0), &no);
-  if (tr_ck(c, st, what)) return -1;
-  return tr_wg_partials(c, w_idx, part, what);
+  return glm_rmsnorm_bwd(&c->n, x, rows, h, W(w_idx), dy, rstd, rows_per_chunk, dx,
+                         c->w->s.partials, w_idx, what);
 }
 
 static int rope(tr_ctx *c, float *x, int64_t width, int backward, const char *what) {
-  tr_view vx, vp, vy;
+  glm_view vx, vp, vy;
   bx_rope_opts ro = BX_ROPE_OPTS_DEFAULT;
-  ro.num_threads = c->threads;
+  ro.num_threads = c->n.threads;
   const tr_model *m = c->m;
   int64_t T = c->w->T;
-  DLTensor *tx = tr_f32(&vx, x, 2, T, width, 0), *ty = tr_f32(&vy, x, 2, T, width, 0);
-  const DLTensor *pos = tr_i64(&vp, c->w->positions, 1, T, 0);
+  DLTensor *tx = glm_f32(&vx, x, 2, T, width, 0), *ty = glm_f32(&vy, x, 2, T, width, 0);
+  const DLTensor *pos = glm_i64(&vp, c->w->positions, 1, T, 0);
   bx_status st = backward ? bx_rope_backward(tx, pos, m->c.head_dim, m->rotary_dim, m->c.rope_theta, ty, &ro)
                           : bx_rope_forward(tx, pos, m->c.head_dim, m->rotary_dim, m->c.rope_theta, ty, &ro);
   return tr_ck(c, st, what);
@@ -77,31 +59,26 @@ int tr_attention_forward(tr_ctx *c, int64_t layer) {
   int64_t Hq = m->c.num_attention_heads, Hkv = m->c.num_key_value_heads;
   int qkn = m->c.use_qk_norm;
   float *qd = qkn ? a->q_raw : a->q, *kd = qkn ? a->k_raw : a->k;
-  if (norm_fwd(c, a->x_in, T, H, W(x->in_norm), a->xn1, a->rstd1, "input_layernorm")) return -1;
-  if (tr_gemm_nt(c, a->xn1, T, H, x->q_w, Q, qd, "q_proj") ||
-      tr_gemm_nt(c, a->xn1, T, H, x->k_w, KV, kd, "k_proj") ||
-      tr_gemm_nt(c, a->xn1, T, H, x->v_w, KV, a->v, "v_proj"))
-    return -1;
-  if (x->q_b >= 0) {
-    add_bias(qd, W(x->q_b), T, Q);
-    add_bias(kd, W(x->k_b), T, KV);
-    add_bias(a->v, W(x->v_b), T, KV);
-  }
-  if (qkn && (norm_fwd(c, a->q_raw, T * Hq, D, W(x->q_norm), a->q, a->rstd_q, "q_norm") ||
-              norm_fwd(c, a->k_raw, T * Hkv, D, W(x->k_norm), a->k, a->rstd_k, "k_norm")))
+  if (norm_fwd(c, a->x_in, T, H, x->in_norm, a->xn1, a->rstd1, "input_layernorm")) return -1;
+  glm_lin qkv[3] = {tr_lin(c, x->q_w, x->q_b), tr_lin(c, x->k_w, x->k_b), tr_lin(c, x->v_w, x->v_b)};
+  float *const y[3] = {qd, kd, a->v};
+  if (glm_qkv_fwd(&c->n, qkv, a->xn1, T, y)) return -1;
+  if (qkn && (norm_fwd(c, a->q_raw, T * Hq, D, x->q_norm, a->q, a->rstd_q, "q_norm") ||
+              norm_fwd(c, a->k_raw, T * Hkv, D, x->k_norm, a->k, a->rstd_k, "k_norm")))
     return -1;
   if (rope(c, a->q, Q, 0, "rope q") || rope(c, a->k, KV, 0, "rope k")) return -1;
-  tr_view vq, vk, vv, vo, vs;
+  glm_view vq, vk, vv, vo, vs;
   bx_attention_opts ao = BX_ATTENTION_OPTS_DEFAULT;
-  ao.num_threads = c->threads;
-  bx_status st = bx_attention_forward(tr_f32(&vq, a->q, 2, T, Q, 0), tr_f32(&vk, a->k, 2, T, KV, 0),
-                                      tr_f32(&vv, a->v, 2, T, KV, 0), c->L, Hq, Hkv, D,
-                                      tr_f32(&vo, a->o, 2, T, Q, 0),
-                                      tr_f32(&vs, a->stats, 3, T, Hq, 2), &ao);
+  ao.num_threads = c->n.threads;
+  bx_status st = bx_attention_forward(glm_f32(&vq, a->q, 2, T, Q, 0), glm_f32(&vk, a->k, 2, T, KV, 0),
+                                      glm_f32(&vv, a->v, 2, T, KV, 0), c->L, Hq, Hkv, D,
+                                      glm_f32(&vo, a->o, 2, T, Q, 0),
+                                      glm_f32(&vs, a->stats, 3, T, Hq, 2), &ao);
   if (tr_ck(c, st, "attention")) return -1;
-  if (tr_gemm_nt(c, a->o, T, Q, x->o_w, H, a->h1, "o_proj")) return -1;
+  glm_lin o = tr_lin(c, x->o_w, -1);
+  if (glm_linear_fwd(&c->n, &o, a->o, T, a->h1, "o_proj")) return -1;
   for (int64_t i = 0; i < T * H; i++) a->h1[i] = a->x_in[i] + a->h1[i];
-  return norm_fwd(c, a->h1, T, H, W(x->post_norm), a->xn2, a->rstd2, "post_attention_layernorm");
+  return norm_fwd(c, a->h1, T, H, x->post_norm, a->xn2, a->rstd2, "post_attention_layernorm");
 }
 
 /* In: s.dx = dh1 (the gradient of h1, both paths summed). Out: s.dx = the
@@ -113,30 +90,25 @@ int tr_attention_backward(tr_ctx *c, int64_t layer) {
   tr_scratch *s = &c->w->s;
   int64_t T = c->w->T, H = m->c.hidden_size, Q = m->qdim, KV = m->kvdim, D = m->c.head_dim;
   int64_t Hq = m->c.num_attention_heads, Hkv = m->c.num_key_value_heads, C = c->w->C;
-  if (tr_gemm_nn(c, s->dx, T, H, x->o_w, Q, s->dattn, 0, "o_proj backward")) return -1;
-  if (tr_wg_linear(c, x->o_w, -1, s->dx, H, a->o, Q, "o_proj wgrad")) return -1;
-  tr_view v[8];
+  glm_lin o = tr_lin(c, x->o_w, -1);
+  if (glm_linear_bwd(&c->n, &o, s->dx, a->o, T, s->dattn, 0, "o_proj backward")) return -1;
+  glm_view v[8];
   bx_attention_opts ao = BX_ATTENTION_OPTS_DEFAULT;
-  ao.num_threads = c->threads;
+  ao.num_threads = c->n.threads;
   bx_status st = bx_attention_backward(
-      tr_f32(&v[0], s->dattn, 2, T, Q, 0), tr_f32(&v[1], a->q, 2, T, Q, 0),
-      tr_f32(&v[2], a->k, 2, T, KV, 0), tr_f32(&v[3], a->v, 2, T, KV, 0),
-      tr_f32(&v[4], a->stats, 3, T, Hq, 2), c->L, Hq, Hkv, D, tr_f32(&v[5], s->dq, 2, T, Q, 0),
-      tr_f32(&v[6], s->dk, 2, T, KV, 0), tr_f32(&v[7], s->dv, 2, T, KV, 0), &ao);
+      glm_f32(&v[0], s->dattn, 2, T, Q, 0), glm_f32(&v[1], a->q, 2, T, Q, 0),
+      glm_f32(&v[2], a->k, 2, T, KV, 0), glm_f32(&v[3], a->v, 2, T, KV, 0),
+      glm_f32(&v[4], a->stats, 3, T, Hq, 2), c->L, Hq, Hkv, D, glm_f32(&v[5], s->dq, 2, T, Q, 0),
+      glm_f32(&v[6], s->dk, 2, T, KV, 0), glm_f32(&v[7], s->dv, 2, T, KV, 0), &ao);
   if (tr_ck(c, st, "attention backward")) return -1;
   if (rope(c, s->dq, Q, 1, "rope q backward") || rope(c, s->dk, KV, 1, "rope k backward")) return -1;
   if (m->c.use_qk_norm &&
       (norm_bwd(c, a->q_raw, T * Hq, D, x->q_norm, s->dq, a->rstd_q, C * Hq, s->dq, "q_norm backward") ||
        norm_bwd(c, a->k_raw, T * Hkv, D, x->k_norm, s->dk, a->rstd_k, C * Hkv, s->dk, "k_norm backward")))
     return -1;
-  if (tr_gemm_nn(c, s->dq, T, Q, x->q_w, H, s->dtmp, 0, "q_proj backward") ||
-      tr_gemm_nn(c, s->dk, T, KV, x->k_w, H, s->dtmp, 1, "k_proj backward") ||
-      tr_gemm_nn(c, s->dv, T, KV, x->v_w, H, s->dtmp, 1, "v_proj backward"))
-    return -1;
-  if (tr_wg_linear(c, x->q_w, x->q_b, s->dq, Q, a->xn1, H, "q_proj wgrad") ||
-      tr_wg_linear(c, x->k_w, x->k_b, s->dk, KV, a->xn1, H, "k_proj wgrad") ||
-      tr_wg_linear(c, x->v_w, x->v_b, s->dv, KV, a->xn1, H, "v_proj wgrad"))
-    return -1;
+  glm_lin qkv[3] = {tr_lin(c, x->q_w, x->q_b), tr_lin(c, x->k_w, x->k_b), tr_lin(c, x->v_w, x->v_b)};
+  const float *const dy[3] = {s->dq, s->dk, s->dv};
+  if (glm_qkv_bwd(&c->n, qkv, dy, a->xn1, T, s->dtmp)) return -1;
   if (norm_bwd(c, a->x_in, T, H, x->in_norm, s->dtmp, a->rstd1, C, s->dtmp, "input_layernorm backward"))
     return -1;
   tr_add_inplace(s->dx, s->dtmp, T * H);
@@ -162,80 +134,61 @@ int tr_head_forward(tr_ctx *c) {
   const tr_model *m = c->m;
   tr_work *w = c->w;
   int64_t T = w->T, H = m->c.hidden_size;
-  if (norm_fwd(c, w->x_final, w->T, H, W(m->final_norm), w->xf, w->rstdf, "model.norm")) return -1;
-  return tr_gemm_nt(c, w->xf, T, H, m->lm_head, m->c.vocab_size, w->logits, "lm_head");
+  if (norm_fwd(c, w->x_final, w->T, H, m->final_norm, w->xf, w->rstdf, "model.norm")) return -1;
+  glm_lin head = tr_lin(c, m->lm_head, -1);
+  return glm_linear_fwd(&c->n, &head, w->xf, T, w->logits, "lm_head");
 }
 
 int tr_head_backward(tr_ctx *c) {
   const tr_model *m = c->m;
   tr_work *w = c->w;
-  int64_t T = w->T, H = m->c.hidden_size, V = m->c.vocab_size;
-  if (tr_gemm_nn(c, w->logits, T, V, m->lm_head, H, w->s.dtmp, 0, "lm_head backward")) return -1;
-  if (tr_wg_linear(c, m->lm_head, -1, w->logits, V, w->xf, H, "lm_head wgrad")) return -1;
+  int64_t T = w->T, H = m->c.hidden_size;
+  glm_lin head = tr_lin(c, m->lm_head, -1);
+  if (glm_linear_bwd(&c->n, &head, w->logits, w->xf, T, w->s.dtmp, 0, "lm_head backward")) return -1;
   return norm_bwd(c, w->x_final, w->T, H, m->final_norm, w->s.dtmp, w->rstdf, w->C, w->s.dx,
                   "model.norm backward");
 }
 
 /* ---- dense MLP: down(silu(gate(x)) * up(x)) ------------------------------------- */
 
+static void mlp_lin(const tr_ctx *c, const tr_layer_ix *x, glm_lin l[3]) {
+  l[0] = tr_lin(c, x->gate_w, -1);
+  l[1] = tr_lin(c, x->up_w, -1);
+  l[2] = tr_lin(c, x->down_w, -1);
+}
+
 int tr_dense_mlp_forward(tr_ctx *c, int64_t layer, float *out) {
-  const tr_model *m = c->m;
-  const tr_layer_ix *x = &m->lx[layer];
   tr_layer_act *a = &c->w->act[layer];
-  int64_t T = c->w->T, H = m->c.hidden_size, I = m->c.intermediate_size;
-  if (tr_gemm_nt(c, a->xn2, T, H, x->gate_w, I, a->g, "mlp.gate_proj") ||
-      tr_gemm_nt(c, a->xn2, T, H, x->up_w, I, a->u, "mlp.up_proj"))
-    return -1;
-  tr_view vg, vu, vh;
-  bx_swiglu_opts so = BX_SWIGLU_OPTS_DEFAULT;
-  so.num_threads = c->threads;
-  if (tr_ck(c, bx_swiglu_forward(tr_f32(&vg, a->g, 2, T, I, 0), tr_f32(&vu, a->u, 2, T, I, 0),
-                                 tr_f32(&vh, a->a, 2, T, I, 0), &so), "mlp swiglu"))
-    return -1;
-  return tr_gemm_nt(c, a->a, T, I, x->down_w, H, out, "mlp.down_proj");
+  glm_lin l[3];
+  mlp_lin(c, &c->m->lx[layer], l);
+  return glm_mlp_fwd(&c->n, l, a->xn2, c->w->T, a->g, a->u, a->a, out);
 }
 
 int tr_dense_mlp_backward(tr_ctx *c, int64_t layer, const float *dout, float *dxn2) {
-  const tr_model *m = c->m;
-  const tr_layer_ix *x = &m->lx[layer];
   tr_layer_act *a = &c->w->act[layer];
   tr_scratch *s = &c->w->s;
-  int64_t T = c->w->T, H = m->c.hidden_size, I = m->c.intermediate_size;
-  if (tr_gemm_nn(c, dout, T, H, x->down_w, I, s->da, 0, "mlp.down_proj backward")) return -1;
-  if (tr_wg_linear(c, x->down_w, -1, dout, H, a->a, I, "mlp.down_proj wgrad")) return -1;
-  tr_view v[5];
-  bx_swiglu_opts so = BX_SWIGLU_OPTS_DEFAULT;
-  so.num_threads = c->threads;
-  if (tr_ck(c, bx_swiglu_backward(tr_f32(&v[0], a->g, 2, T, I, 0), tr_f32(&v[1], a->u, 2, T, I, 0),
-                                  tr_f32(&v[2], s->da, 2, T, I, 0), tr_f32(&v[3], s->dg, 2, T, I, 0),
-                                  tr_f32(&v[4], s->du, 2, T, I, 0), &so), "mlp swiglu backward"))
-    return -1;
-  if (tr_gemm_nn(c, s->dg, T, I, x->gate_w, H, dxn2, 0, "mlp.gate_proj backward") ||
-      tr_gemm_nn(c, s->du, T, I, x->up_w, H, dxn2, 1, "mlp.up_proj backward"))
-    return -1;
-  if (tr_wg_linear(c, x->gate_w, -1, s->dg, I, a->xn2, H, "mlp.gate_proj wgrad") ||
-      tr_wg_linear(c, x->up_w, -1, s->du, I, a->xn2, H, "mlp.up_proj wgrad"))
-    return -1;
-  return 0;
+  glm_lin l[3];
+  mlp_lin(c, &c->m->lx[layer], l);
+  return glm_mlp_bwd(&c->n, l, dout, a->xn2, c->w->T, a->g, a->u, a->a, s->da, s->dg, s->du, dxn2);
 }
 
 /* ---- SwiGLU over rows (the MoE experts and the shared expert) ---- */
 
 int tr_swiglu_fwd(tr_ctx *c, const float *g, const float *u, float *h, int64_t rows,
                       int64_t n, const char *what) {
-  tr_view vg, vu, vh;
+  glm_view vg, vu, vh;
   bx_swiglu_opts so = BX_SWIGLU_OPTS_DEFAULT;
-  so.num_threads = c->threads;
-  return tr_ck(c, bx_swiglu_forward(tr_f32(&vg, g, 2, rows, n, 0), tr_f32(&vu, u, 2, rows, n, 0),
-                                    tr_f32(&vh, h, 2, rows, n, 0), &so), what);
+  so.num_threads = c->n.threads;
+  return tr_ck(c, bx_swiglu_forward(glm_f32(&vg, g, 2, rows, n, 0), glm_f32(&vu, u, 2, rows, n, 0),
+                                    glm_f32(&vh, h, 2, rows, n, 0), &so), what);
 }
 
 int tr_swiglu_bwd(tr_ctx *c, const float *g, const float *u, const float *dh, float *dg,
                       float *du, int64_t rows, int64_t n, const char *what) {
-  tr_view v[5];
+  glm_view v[5];
   bx_swiglu_opts so = BX_SWIGLU_OPTS_DEFAULT;
-  so.num_threads = c->threads;
-  return tr_ck(c, bx_swiglu_backward(tr_f32(&v[0], g, 2, rows, n, 0), tr_f32(&v[1], u, 2, rows, n, 0),
-                                     tr_f32(&v[2], dh, 2, rows, n, 0), tr_f32(&v[3], dg, 2, rows, n, 0),
-                                     tr_f32(&v[4], du, 2, rows, n, 0), &so), what);
+  so.num_threads = c->n.threads;
+  return tr_ck(c, bx_swiglu_backward(glm_f32(&v[0], g, 2, rows, n, 0), glm_f32(&v[1], u, 2, rows, n, 0),
+                                     glm_f32(&v[2], dh, 2, rows, n, 0), glm_f32(&v[3], dg, 2, rows, n, 0),
+                                     glm_f32(&v[4], du, 2, rows, n, 0), &so), what);
 }

@@ -206,8 +206,8 @@ int tr_model_create(const tr_config *c, uint64_t seed, tr_model **out, char *err
       p->exp_avg = calloc((size_t)p->numel, sizeof(float));
       p->exp_avg_sq = calloc((size_t)p->numel, sizeof(float));
       if (!p->grad || !p->exp_avg || !p->exp_avg_sq) goto oom;
-      tr_view v;
-      m->grad_t[i] = *tr_f32(&v, p->grad, p->ndim, p->shape[0], p->shape[1], 0);
+      glm_view v;
+      m->grad_t[i] = *glm_f32(&v, p->grad, p->ndim, p->shape[0], p->shape[1], 0);
       m->grad_t[i].shape = p->shape;
     }
     size_t len = strlen(p->name);
@@ -236,8 +236,7 @@ void tr_model_destroy(tr_model *m) {
     free(m->p[i].exp_avg_sq);
     free(m->p[i].bf);
   }
-  free(m->cvt[0]);
-  free(m->cvt[1]);
+  glm_bfws_free(&m->ws);
   free(m->p);
   free(m->grad_t);
   free(m->lx);

@@ -6,8 +6,10 @@
  * bitexact_train.h): no src/core internals.
  *
  * Which file calls which (no circle; docs/architecture.md rule 8), from the
- * bottom: glm_ops.c (views, status, bf16 operands, the GEMM entry) <-
- * train_wgrad.c (weight gradients through the token reduction) <-
+ * bottom: glm_node.c (views, status, bf16 operands, the GEMM entry, the
+ * weight-gradient pieces; glm_node.h) <- glm_nodes.c (the autograd nodes
+ * the bindings call too) <- glm_ops.c (the model's wrappers: its weights'
+ * bf16 copies, GEMMs by parameter index) <- train_wgrad.c (weight gradients through the token reduction) <-
  * train_layers.c (attention, dense MLP, head, SwiGLU rows) <-
  * train_moe_ep.c (the expert stage over EP ranks) <- train_moe_block.c <-
  * train_step.c; train_model.c (parameters, init, workspaces) beside them,
@@ -19,6 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "glm_node.h"
 #include "train_model.h"
 
 /* Parameter indices of one decoder layer (-1: absent). */
@@ -85,8 +88,7 @@ typedef struct tr_work {
 
 struct tr_model {
   tr_config c;
-  uint16_t *cvt[2];                 /* bf16 operand workspaces (tr_gemm_op) */
-  int64_t cvtcap[2];
+  glm_bfws ws;                      /* bf16 operand workspaces (glm_gemm) */
   int64_t rotary_dim, qdim, kvdim, shared_inter;
   size_t nparams;                   /* trainable */
   size_t nall;                      /* + the buffers */
@@ -105,53 +107,43 @@ tr_work *tr_work_make(const tr_model *m, int64_t T, int64_t C);
 void tr_work_free(tr_work *w);
 void tr_model_set_work(tr_model *m, tr_work *w);
 
-/* ---- DLTensor views (glm_ops.c) ----------------------------------------------------- */
-
-typedef struct tr_view {
-  int64_t shape[3];
-  DLTensor t;
-} tr_view;
-
-DLTensor *tr_f32(tr_view *v, const float *p, int ndim, int64_t d0, int64_t d1, int64_t d2);
-DLTensor *tr_i64(tr_view *v, const int64_t *p, int ndim, int64_t d0, int64_t d1);
-DLTensor *tr_i32(tr_view *v, const int32_t *p, int64_t d0);
-
 /* ---- the run context ------------------------------------------------------ */
 
 typedef struct tr_ctx {
+  glm_nctx n;                       /* threads, bf16 workspace, the gradients' state (tensor i
+                                       = parameter i), pass (0: bounds only, no weight TN
+                                       GEMM; 1: add), tok0 (global token id of row 0 of the
+                                       micro-batch), chunk0 (its chunk), err */
   tr_model *m;
   tr_work *w;
-  int threads;
   bx_tokred_mode mode;
   int64_t L;
-  int64_t tok0;                     /* global token id of row 0 of the micro-batch */
-  int64_t chunk0;                   /* its chunk: tok0 / w->C */
   int64_t n_global;                 /* global token count */
   int64_t local_tokens;             /* tokens of each rank (the same on every rank) */
-  int pass;                         /* 0: bounds only (no weight TN GEMM), 1: add */
-  bx_tokred *s;                     /* the gradients' state (tensor i = parameter i) */
-  char *err;
-  size_t errlen;
   int bf16;                         /* tr_run_opts.bf16 */
 } tr_ctx;
 
-/* 0 on BX_OK; else -1 with "what: status: detail" in c->err. */
+/* 0 on BX_OK; else -1 with "what: status: detail" in c->n.err. */
 int tr_ck(tr_ctx *c, bx_status st, const char *what);
 
-/* Weight gradients through the token reduction (pass 0: bound, pass 1: add). */
+/* Weight gradients through the token reduction (pass 0: bound, pass 1:
+ * add) over the micro-batch's T rows: glm_wg_linear of parameters w_idx,
+ * b_idx (bf16 operands with tr_bf16_on). tr_wg_expert: train_wgrad.c. */
 int tr_wg_linear(tr_ctx *c, int64_t w_idx, int64_t b_idx, const float *dy, int64_t n,
                  const float *x, int64_t k, const char *what);
-/* The a-priori bound exponent of a TN partial (bf: of bf16-rounded operands). */
-int tr_wg_bound_exp(int bf, int64_t rows, const float *dy, int64_t n, const float *x, int64_t k);
-int tr_wg_partials(tr_ctx *c, int64_t idx, const float *partials, const char *what);
 int tr_wg_expert(tr_ctx *c, int64_t idx, const float *dy, int64_t n, const float *x, int64_t k,
                  int64_t r0, int64_t rows, const char *what);
 
 /* y[i] = fl(y[i] + x[i]) */
 void tr_add_inplace(float *y, const float *x, int64_t n);
 
-/* ---- bf16 operands and the GEMM entry (glm_ops.c); layers (train_layers.c,
+/* ---- the model's GEMMs and bf16 weights (glm_ops.c); layers (train_layers.c,
  * train_moe_block.c) ------------------------------ */
+
+/* The node weights (glm_lin) of parameter w with bias b (< 0: none): its
+ * data, its bf16 copy when tr_bf16_on, the parameters' indices as the
+ * gradients' state indices. */
+glm_lin tr_lin(const tr_ctx *c, int64_t w, int64_t b);
 
 /* C[T,n] = A[T,k] · W[n,k]ᵀ;  dX[T,k] (accumulate: +=) dY[T,n] · W[n,k];
  * w = the weight's parameter index. With c->bf16 and a weight that has a
@@ -162,25 +154,10 @@ int tr_gemm_nt(tr_ctx *c, const float *a, int64_t T, int64_t k, int64_t w, int64
                float *out, const char *what);
 int tr_gemm_nn(tr_ctx *c, const float *dy, int64_t T, int64_t n, int64_t w, int64_t k,
                float *dx, int accumulate, const char *what);
-/* The one place every GEMM of the model goes through: C (+)= A · op(B)
- * (layout BX_GEMM_NT / NN / TN), a [ar, ac], b [br, bc], out [orow, ocol].
- * bf: 0 fp32 operands; 1 a rounded to bf16 in a workspace, b's bf16 given
- * in bbf (NT/NN: the weight copy); 2 both a and b rounded (TN). */
-int tr_gemm_op(tr_ctx *c, int bf, bx_gemm_layout layout, const float *a, int64_t ar, int64_t ac,
-               const float *b, const uint16_t *bbf, int64_t br, int64_t bc, float *out,
-               int64_t orow, int64_t ocol, int accumulate, const char *what);
-/* fp32 -> bf16, round to nearest even (NaN kept quiet NaN) */
-uint16_t tr_bf16_round(float x);
-float tr_bf16_widen(uint16_t h);
-/* Rounds n floats into bf16. */
-void tr_bf16_convert(const float *x, uint16_t *y, int64_t n);
 /* The bf16 copies of the GEMM weights from the fp32 masters (once per
  * step, before its first GEMM): every 2-D parameter but the embedding and
  * the routers. 0 / -1 (out of memory). */
 int tr_bf16_weights(tr_model *m);
-/* A bf16 workspace of n elements (slot 0 or 1), NULL: out of memory. */
-uint16_t *tr_bf16_ws(tr_model *m, int slot, int64_t n);
-DLTensor *tr_bf16(tr_view *v, const uint16_t *p, int ndim, int64_t d0, int64_t d1);
 /* Whether parameter idx's GEMMs run in bf16 in this context. */
 int tr_bf16_on(const tr_ctx *c, int64_t idx);
 

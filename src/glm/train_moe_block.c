@@ -1,7 +1,6 @@
 /*
  * train_moe_block.c — transformers' Glm4MoeMoE, forward and backward,
- * from bitexact_train.h's MoE kernels (the composition of
- * bench/bench_moe.c):
+ * from bitexact_train.h's MoE kernels (bench/bench_moe.c times this block):
  *   logits = xn2·W_routerᵀ (fp32); bx_moe_router_forward (sigmoid,
  *   e_score_correction_bias for the choice only, group-limited top-k,
  *   norm_topk_prob, routed_scaling_factor); the dispatch plan (rows sorted
@@ -26,7 +25,7 @@
 
 static bx_moe_router_opts router_opts(const tr_ctx *c) {
   bx_moe_router_opts ro = BX_MOE_ROUTER_OPTS_DEFAULT;
-  ro.num_threads = c->threads;
+  ro.num_threads = c->n.threads;
   ro.n_group = c->m->c.n_group;
   ro.topk_group = c->m->c.topk_group;
   ro.norm_topk_prob = c->m->c.norm_topk_prob;
@@ -40,21 +39,21 @@ int tr_moe_forward(tr_ctx *c, int64_t layer, float *out) {
   tr_layer_act *a = &c->w->act[layer];
   int64_t T = c->w->T, H = m->c.hidden_size, E = m->c.n_routed_experts;
   int64_t K = m->c.num_experts_per_tok, R = T * K, I = m->c.moe_intermediate_size, SI = m->shared_inter;
-  tr_view v[8];
+  glm_view v[8];
   if (tr_gemm_nt(c, a->xn2, T, H, x->router_w, E, a->logits, "mlp.gate (router)")) return -1;
   bx_moe_router_opts ro = router_opts(c);
   bx_moe_dispatch_opts dop = BX_MOE_DISPATCH_OPTS_DEFAULT;
-  dop.num_threads = c->threads;
-  if (tr_ck(c, bx_moe_router_forward(tr_f32(&v[0], a->logits, 2, T, E, 0), tr_f32(&v[1], W(x->ecb), 1, E, 0, 0),
-                                     tr_i64(&v[2], a->ids, 2, T, K), tr_f32(&v[3], a->w, 2, T, K, 0),
+  dop.num_threads = c->n.threads;
+  if (tr_ck(c, bx_moe_router_forward(glm_f32(&v[0], a->logits, 2, T, E, 0), glm_f32(&v[1], W(x->ecb), 1, E, 0, 0),
+                                     glm_i64(&v[2], a->ids, 2, T, K), glm_f32(&v[3], a->w, 2, T, K, 0),
                                      c->w->C, NULL, &ro), "router"))
     return -1;
-  if (tr_ck(c, bx_moe_dispatch_plan(tr_i64(&v[0], a->ids, 2, T, K), NULL, tr_i64(&v[1], a->offsets, 1, E + 1, 0),
-                                    tr_i64(&v[2], a->row_map, 2, R, 2), tr_i64(&v[3], a->pos, 2, T, K), &dop),
+  if (tr_ck(c, bx_moe_dispatch_plan(glm_i64(&v[0], a->ids, 2, T, K), NULL, glm_i64(&v[1], a->offsets, 1, E + 1, 0),
+                                    glm_i64(&v[2], a->row_map, 2, R, 2), glm_i64(&v[3], a->pos, 2, T, K), &dop),
             "dispatch plan"))
     return -1;
-  if (tr_ck(c, bx_moe_permute(tr_f32(&v[0], a->xn2, 2, T, H, 0), tr_i64(&v[1], a->row_map, 2, R, 2),
-                              tr_f32(&v[2], a->xp, 2, R, H, 0), &dop), "permute"))
+  if (tr_ck(c, bx_moe_permute(glm_f32(&v[0], a->xn2, 2, T, H, 0), glm_i64(&v[1], a->row_map, 2, R, 2),
+                              glm_f32(&v[2], a->xp, 2, R, H, 0), &dop), "permute"))
     return -1;
   int ep = tr_ep_active(m);
   if (ep && tr_moe_ep_forward(c, layer)) return -1; /* the experts on their ranks */
@@ -72,9 +71,9 @@ int tr_moe_forward(tr_ctx *c, int64_t layer, float *out) {
       tr_swiglu_fwd(c, a->sg, a->su, a->sa, T, SI, "shared swiglu") ||
       tr_gemm_nt(c, a->sa, T, SI, x->sh_down, H, a->so, "shared down_proj"))
     return -1;
-  return tr_ck(c, bx_moe_unpermute(tr_f32(&v[0], a->yp, 2, R, H, 0), tr_f32(&v[1], a->w, 2, T, K, 0),
-                                   tr_i64(&v[2], a->row_map, 2, R, 2), tr_i64(&v[3], a->pos, 2, T, K),
-                                   tr_f32(&v[4], a->so, 2, T, H, 0), tr_f32(&v[5], out, 2, T, H, 0), &dop),
+  return tr_ck(c, bx_moe_unpermute(glm_f32(&v[0], a->yp, 2, R, H, 0), glm_f32(&v[1], a->w, 2, T, K, 0),
+                                   glm_i64(&v[2], a->row_map, 2, R, 2), glm_i64(&v[3], a->pos, 2, T, K),
+                                   glm_f32(&v[4], a->so, 2, T, H, 0), glm_f32(&v[5], out, 2, T, H, 0), &dop),
                "unpermute");
 }
 
@@ -85,13 +84,13 @@ int tr_moe_backward(tr_ctx *c, int64_t layer, const float *dout, float *dxn2) {
   tr_scratch *s = &c->w->s;
   int64_t T = c->w->T, H = m->c.hidden_size, E = m->c.n_routed_experts;
   int64_t K = m->c.num_experts_per_tok, R = T * K, I = m->c.moe_intermediate_size, SI = m->shared_inter;
-  tr_view v[8];
+  glm_view v[8];
   bx_moe_dispatch_opts dop = BX_MOE_DISPATCH_OPTS_DEFAULT;
-  dop.num_threads = c->threads;
-  if (tr_ck(c, bx_moe_unpermute_backward(tr_f32(&v[0], dout, 2, T, H, 0), tr_f32(&v[1], a->yp, 2, R, H, 0),
-                                         tr_f32(&v[2], a->w, 2, T, K, 0), tr_i64(&v[3], a->row_map, 2, R, 2),
-                                         tr_i64(&v[4], a->pos, 2, T, K), tr_f32(&v[5], s->dyp, 2, R, H, 0),
-                                         tr_f32(&v[6], s->dw, 2, T, K, 0), &dop), "unpermute backward"))
+  dop.num_threads = c->n.threads;
+  if (tr_ck(c, bx_moe_unpermute_backward(glm_f32(&v[0], dout, 2, T, H, 0), glm_f32(&v[1], a->yp, 2, R, H, 0),
+                                         glm_f32(&v[2], a->w, 2, T, K, 0), glm_i64(&v[3], a->row_map, 2, R, 2),
+                                         glm_i64(&v[4], a->pos, 2, T, K), glm_f32(&v[5], s->dyp, 2, R, H, 0),
+                                         glm_f32(&v[6], s->dw, 2, T, K, 0), &dop), "unpermute backward"))
     return -1;
   int ep = tr_ep_active(m);
   if (ep && tr_moe_ep_backward(c, layer)) return -1; /* dxp and the held experts' wgrads */
@@ -105,13 +104,13 @@ int tr_moe_backward(tr_ctx *c, int64_t layer, const float *dout, float *dxn2) {
         tr_gemm_nn(c, s->dup + r0 * I, n, I, p0 + 1, H, s->dxp + r0 * H, 1, "expert up backward"))
       return -1;
   }
-  if (tr_ck(c, bx_moe_permute_backward(tr_f32(&v[0], s->dxp, 2, R, H, 0), tr_i64(&v[1], a->row_map, 2, R, 2),
-                                       tr_i64(&v[2], a->pos, 2, T, K), tr_f32(&v[3], dxn2, 2, T, H, 0), &dop),
+  if (tr_ck(c, bx_moe_permute_backward(glm_f32(&v[0], s->dxp, 2, R, H, 0), glm_i64(&v[1], a->row_map, 2, R, 2),
+                                       glm_i64(&v[2], a->pos, 2, T, K), glm_f32(&v[3], dxn2, 2, T, H, 0), &dop),
             "permute backward"))
     return -1;
   bx_moe_router_opts ro = router_opts(c);
-  if (tr_ck(c, bx_moe_router_backward(tr_f32(&v[0], a->logits, 2, T, E, 0), tr_i64(&v[1], a->ids, 2, T, K),
-                                      tr_f32(&v[2], s->dw, 2, T, K, 0), tr_f32(&v[3], s->dlogits_r, 2, T, E, 0),
+  if (tr_ck(c, bx_moe_router_backward(glm_f32(&v[0], a->logits, 2, T, E, 0), glm_i64(&v[1], a->ids, 2, T, K),
+                                      glm_f32(&v[2], s->dw, 2, T, K, 0), glm_f32(&v[3], s->dlogits_r, 2, T, E, 0),
                                       &ro), "router backward"))
     return -1;
   if (tr_gemm_nn(c, s->dlogits_r, T, E, x->router_w, H, dxn2, 1, "router dX") ||
@@ -127,7 +126,7 @@ int tr_moe_backward(tr_ctx *c, int64_t layer, const float *dout, float *dxn2) {
       tr_wg_linear(c, x->sh_down, -1, dout, H, a->sa, SI, "shared down wgrad"))
     return -1;
   if (ep) return 0;
-  for (int64_t r = 0; r < R; r++) s->tok[r] = c->tok0 + a->row_map[2 * r];
+  for (int64_t r = 0; r < R; r++) s->tok[r] = c->n.tok0 + a->row_map[2 * r];
   for (int64_t e = 0; e < E; e++) {
     int64_t r0 = a->offsets[e], n = a->offsets[e + 1] - r0, p0 = x->expert0 + 3 * e;
     if (tr_wg_expert(c, p0, s->dgp, I, a->xp, H, r0, n, "expert gate_proj wgrad") ||

@@ -75,7 +75,7 @@ static int grow(void **p, int64_t n, size_t elem) {
 }
 
 static int oom(tr_ctx *c) {
-  snprintf(c->err, c->errlen, "expert parallelism: out of memory");
+  snprintf(c->n.err, c->n.errlen, "expert parallelism: out of memory");
   return -1;
 }
 
@@ -130,7 +130,7 @@ static int ensure(tr_ctx *c, struct tr_ep_work *e, tr_ep_layer *l, int64_t n) {
 }
 
 static int a2a_fail(tr_ctx *c, const char *what) {
-  snprintf(c->err, c->errlen, "expert parallelism: the all-to-all of %s failed", what);
+  snprintf(c->n.err, c->n.errlen, "expert parallelism: the all-to-all of %s failed", what);
   return -1;
 }
 
@@ -172,7 +172,7 @@ int tr_moe_ep_forward(tr_ctx *c, int64_t layer) {
   for (int64_t ex = 0; ex < NE; ex++)
     for (int64_t r = a->offsets[ex]; r < a->offsets[ex + 1]; r++) {
       e->smeta[2 * r] = ex;
-      e->smeta[2 * r + 1] = c->tok0 + a->row_map[2 * r];
+      e->smeta[2 * r + 1] = c->n.tok0 + a->row_map[2 * r];
     }
   /* 2. the exchange */
   if (exchange(c, e, e->smeta, l->sc, e->rmeta, l->rc, -1, "token ids") ||
@@ -185,9 +185,9 @@ int tr_moe_ep_forward(tr_ctx *c, int64_t layer) {
       e->eid[i] = e->rmeta[2 * i] - first;
       e->tin[i] = e->rmeta[2 * i + 1];
     }
-    tr_view v[4];
-    if (tr_ck(c, bx_moe_dispatch_order(tr_i64(&v[0], e->eid, 1, n, 0), tr_i64(&v[1], e->tin, 1, n, 0),
-                                       tr_i64(&v[2], l->off, 1, nl + 1, 0), tr_i64(&v[3], l->order, 1, n, 0)),
+    glm_view v[4];
+    if (tr_ck(c, bx_moe_dispatch_order(glm_i64(&v[0], e->eid, 1, n, 0), glm_i64(&v[1], e->tin, 1, n, 0),
+                                       glm_i64(&v[2], l->off, 1, nl + 1, 0), glm_i64(&v[3], l->order, 1, n, 0)),
               "dispatch order"))
       return -1;
     for (int64_t i = 0; i < n; i++) {
@@ -222,15 +222,15 @@ static int wg_expert(tr_ctx *c, struct tr_ep_work *e, int64_t idx, const float *
   tr_work *w = c->w;
   const tr_param *p = &c->m->p[idx];
   int64_t C = w->C, nch = w->nch, lc = c->local_tokens / C;
-  int64_t cb0 = c->chunk0 - (int64_t)c->m->ep->rank * lc, span = (e->E - 1) * lc + nch;
+  int64_t cb0 = c->n.chunk0 - (int64_t)c->m->ep->rank * lc, span = (e->E - 1) * lc + nch;
   if (span + 1 > e->bcap) {
     if (grow((void **)&e->bounds, span + 1, 8)) return oom(c);
     e->bcap = span + 1;
   }
   int64_t *bd = e->bounds;
   if (rows > 0) {
-    tr_view vt, vb;
-    if (tr_ck(c, bx_moe_expert_chunks(tr_i64(&vt, tok + r0, 1, rows, 0), C, cb0, tr_i64(&vb, bd, 1, span + 1, 0)),
+    glm_view vt, vb;
+    if (tr_ck(c, bx_moe_expert_chunks(glm_i64(&vt, tok + r0, 1, rows, 0), C, cb0, glm_i64(&vb, bd, 1, span + 1, 0)),
               what))
       return -1;
   } else {
@@ -241,18 +241,18 @@ static int wg_expert(tr_ctx *c, struct tr_ep_work *e, int64_t idx, const float *
       int64_t b = i * lc + j, ch = cb0 + b, s0 = bd[b], mrows = bd[b + 1] - bd[b];
       const float *pa = dy + (r0 + s0) * n, *pb = x + (r0 + s0) * k;
       bx_status st;
-      tr_view vp;
-      if (c->pass == 0) {
+      glm_view vp;
+      if (c->n.pass == 0) {
         if (mrows == 0) continue;
-        int ex = tr_wg_bound_exp(tr_bf16_on(c, idx), mrows, pa, n, pb, k);
-        st = bx_tokred_bound_exp(c->s, (size_t)idx, ex);
+        int ex = glm_wg_bound_exp(tr_bf16_on(c, idx), mrows, pa, n, pb, k);
+        st = bx_tokred_bound_exp(c->n.s, (size_t)idx, ex);
       } else if (mrows == 0) {
-        st = bx_tokred_add(c->s, (size_t)idx, ch, tr_f32(&vp, w->s.zeros, 2, p->shape[0], p->shape[1], 0));
+        st = bx_tokred_add(c->n.s, (size_t)idx, ch, glm_f32(&vp, w->s.zeros, 2, p->shape[0], p->shape[1], 0));
       } else {
-        if (tr_gemm_op(c, tr_bf16_on(c, idx) ? 2 : 0, BX_GEMM_TN, pa, mrows, n, pb, NULL, mrows, k,
+        if (glm_gemm(&c->n, tr_bf16_on(c, idx) ? 2 : 0, BX_GEMM_TN, pa, mrows, n, pb, NULL, mrows, k,
                        w->s.ep, n, k, 0, what))
           return -1;
-        st = bx_tokred_add(c->s, (size_t)idx, ch, tr_f32(&vp, w->s.ep, 2, p->shape[0], p->shape[1], 0));
+        st = bx_tokred_add(c->n.s, (size_t)idx, ch, glm_f32(&vp, w->s.ep, 2, p->shape[0], p->shape[1], 0));
       }
       if (tr_ck(c, st, what)) return -1;
     }
@@ -305,7 +305,7 @@ int tr_ep_allreduce(tr_ctx *c, const bx_comm *comm) {
   tr_ep *ep = m->ep;
   int64_t *words;
   size_t count;
-  if (tr_ck(c, bx_tokred_words(c->s, &words, &count), "tokred words")) return -1;
+  if (tr_ck(c, bx_tokred_words(c->n.s, &words, &count), "tokred words")) return -1;
   size_t at = 0, nx = 0, nw = 0;
   for (size_t t = 0; t < m->nparams; t++) {
     size_t ne = (size_t)m->p[t].numel;
@@ -314,7 +314,7 @@ int tr_ep_allreduce(tr_ctx *c, const bx_comm *comm) {
     at += ne + 1;
   }
   if (at > count) {
-    snprintf(c->err, c->errlen, "expert parallelism: the token reduction's words are not laid out "
+    snprintf(c->n.err, c->n.errlen, "expert parallelism: the token reduction's words are not laid out "
              "as bx_tokred_words documents");
     return -1;
   }
@@ -364,7 +364,7 @@ int tr_ep_allreduce(tr_ctx *c, const bx_comm *comm) {
     }
     memcpy(words + at, bw + iw, (count - at) * sizeof *bw);
   } else {
-    snprintf(c->err, c->errlen, "expert parallelism: the all-reduce of the gradient words failed");
+    snprintf(c->n.err, c->n.errlen, "expert parallelism: the all-reduce of the gradient words failed");
   }
   free(bw);
   free(bx);

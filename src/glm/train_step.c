@@ -17,11 +17,11 @@ static int micro_batch(tr_ctx *c, bx_tokred *sl, float *token_losses) {
   tr_model *m = c->m;
   tr_work *w = c->w;
   int64_t T = w->T, H = m->c.hidden_size, NL = m->c.num_hidden_layers;
-  tr_view v[8];
+  glm_view v[8];
   bx_embedding_opts eo = BX_EMBEDDING_OPTS_DEFAULT;
-  eo.num_threads = c->threads;
-  if (tr_ck(c, bx_embedding_forward(tr_f32(&v[0], m->p[m->embed].data, 2, m->c.vocab_size, H, 0),
-                                    tr_i32(&v[1], w->ids, T), tr_f32(&v[2], w->act[0].x_in, 2, T, H, 0), &eo),
+  eo.num_threads = c->n.threads;
+  if (tr_ck(c, bx_embedding_forward(glm_f32(&v[0], m->p[m->embed].data, 2, m->c.vocab_size, H, 0),
+                                    glm_i32(&v[1], w->ids, T), glm_f32(&v[2], w->act[0].x_in, 2, T, H, 0), &eo),
             "embed_tokens"))
     return -1;
   for (int64_t l = 0; l < NL; l++) {
@@ -34,20 +34,20 @@ static int micro_batch(tr_ctx *c, bx_tokred *sl, float *token_losses) {
   if (tr_head_forward(c)) return -1;
   /* the loss of the global token mean: dlogits in place of the logits */
   bx_xent_opts xo = BX_XENT_OPTS_DEFAULT;
-  xo.num_threads = c->threads;
+  xo.num_threads = c->n.threads;
   int64_t V = m->c.vocab_size;
-  if (tr_ck(c, bx_xent_forward_backward(tr_f32(&v[0], w->logits, 2, T, V, 0), tr_i32(&v[1], w->targets, T),
-                                        c->n_global, w->C, tr_f32(&v[2], w->losses, 1, T, 0, 0),
-                                        tr_f32(&v[3], w->loss_partials, 1, w->nch, 0, 0), NULL,
-                                        tr_f32(&v[4], w->logits, 2, T, V, 0), &xo),
+  if (tr_ck(c, bx_xent_forward_backward(glm_f32(&v[0], w->logits, 2, T, V, 0), glm_i32(&v[1], w->targets, T),
+                                        c->n_global, w->C, glm_f32(&v[2], w->losses, 1, T, 0, 0),
+                                        glm_f32(&v[3], w->loss_partials, 1, w->nch, 0, 0), NULL,
+                                        glm_f32(&v[4], w->logits, 2, T, V, 0), &xo),
             "cross-entropy"))
     return -1;
   for (int64_t j = 0; j < w->nch; j++) {
-    DLTensor *t = tr_f32(&v[0], w->loss_partials + j, 1, 1, 0, 0);
-    bx_status st = c->pass == 0 ? bx_tokred_bound(sl, 0, c->chunk0 + j, t) : bx_tokred_add(sl, 0, c->chunk0 + j, t);
+    DLTensor *t = glm_f32(&v[0], w->loss_partials + j, 1, 1, 0, 0);
+    bx_status st = c->n.pass == 0 ? bx_tokred_bound(sl, 0, c->n.chunk0 + j, t) : bx_tokred_add(sl, 0, c->n.chunk0 + j, t);
     if (tr_ck(c, st, "loss")) return -1;
   }
-  if (c->pass == 1 && token_losses) memcpy(token_losses, w->losses, (size_t)T * sizeof(float));
+  if (c->n.pass == 1 && token_losses) memcpy(token_losses, w->losses, (size_t)T * sizeof(float));
   /* backward */
   if (tr_head_backward(c)) return -1;
   for (int64_t l = NL - 1; l >= 0; l--) {
@@ -57,15 +57,15 @@ static int micro_batch(tr_ctx *c, bx_tokred *sl, float *token_losses) {
     if (tr_post_norm_backward(c, l) || tr_attention_backward(c, l)) return -1;
   }
   int64_t *rid = w->emb_row_ids, *off = w->emb_offsets;
-  DLTensor *trid = tr_i64(&v[0], rid, 1, T, 0), *trows = tr_f32(&v[1], w->emb_rows, 2, T, H, 0);
-  DLTensor *toff = tr_i64(&v[2], off, 1, w->nch + 1, 0);
-  if (tr_ck(c, bx_embedding_backward(tr_i32(&v[3], w->ids, T), tr_f32(&v[4], w->s.dx, 2, T, H, 0),
+  DLTensor *trid = glm_i64(&v[0], rid, 1, T, 0), *trows = glm_f32(&v[1], w->emb_rows, 2, T, H, 0);
+  DLTensor *toff = glm_i64(&v[2], off, 1, w->nch + 1, 0);
+  if (tr_ck(c, bx_embedding_backward(glm_i32(&v[3], w->ids, T), glm_f32(&v[4], w->s.dx, 2, T, H, 0),
                                      m->c.vocab_size, w->C, trid, trows, toff, &eo),
             "embed_tokens backward"))
     return -1;
-  bx_status st = c->pass == 0
-                     ? bx_embedding_grad_bound(c->s, (size_t)m->embed, trows, toff)
-                     : bx_embedding_grad_add(c->s, m->grad_t, m->nparams, (size_t)m->embed, c->chunk0,
+  bx_status st = c->n.pass == 0
+                     ? bx_embedding_grad_bound(c->n.s, (size_t)m->embed, trows, toff)
+                     : bx_embedding_grad_add(c->n.s, m->grad_t, m->nparams, (size_t)m->embed, c->n.chunk0,
                                              trid, trows, toff);
   return tr_ck(c, st, "embed_tokens wgrad");
 }
@@ -123,8 +123,19 @@ int tr_model_grad(tr_model *m, const tr_run_opts *o, const int32_t *tokens, int6
     }
     tr_model_set_work(m, nw);
   }
-  tr_ctx c = {m, m->work, o->threads, o->mode, L, 0, 0, global_seqs * L, local_seqs * L, 0, NULL, err, errlen,
-              o->bf16};
+  tr_ctx c;
+  memset(&c, 0, sizeof c);
+  c.n.threads = o->threads;
+  c.n.ws = &m->ws;
+  c.n.err = err;
+  c.n.errlen = errlen;
+  c.m = m;
+  c.w = m->work;
+  c.mode = o->mode;
+  c.L = L;
+  c.n_global = global_seqs * L;
+  c.local_tokens = local_seqs * L;
+  c.bf16 = o->bf16;
   if (o->bf16 && tr_bf16_weights(m)) {
     snprintf(err, errlen, "tr_model_grad: out of memory (bf16 weight copies)");
     return -1;
@@ -135,22 +146,22 @@ int tr_model_grad(tr_model *m, const tr_run_opts *o, const int32_t *tokens, int6
   int rc = -1;
   bx_tokred_opts to = BX_TOKRED_OPTS_DEFAULT;
   to.mode = o->mode;
-  tr_view vl;
+  glm_view vl;
   float lsum = 0;
-  DLTensor *tl = tr_f32(&vl, &lsum, 1, 1, 0, 0);
-  if (tr_ck(&c, bx_tokred_create(m->grad_t, m->nparams, C, c.n_global, &to, &c.s), "tokred create") ||
+  DLTensor *tl = glm_f32(&vl, &lsum, 1, 1, 0, 0);
+  if (tr_ck(&c, bx_tokred_create(m->grad_t, m->nparams, C, c.n_global, &to, &c.n.s), "tokred create") ||
       tr_ck(&c, bx_tokred_create(tl, 1, C, c.n_global, &to, &sl), "tokred create (loss)"))
     goto done;
   for (int pass = 0; pass < 2; pass++) {
-    c.pass = pass;
-    if (pass == 1 && (tr_ck(&c, bx_tokred_agree(c.s, comm), "tokred agree") ||
+    c.n.pass = pass;
+    if (pass == 1 && (tr_ck(&c, bx_tokred_agree(c.n.s, comm), "tokred agree") ||
                       tr_ck(&c, bx_tokred_agree(sl, comm), "tokred agree (loss)")))
       goto done;
     for (int64_t b = 0; b < micro_batches; b++) {
       int64_t s0 = b * mb, cb, ce;
-      c.tok0 = (first_seq + s0) * L;
-      if (tr_ck(&c, bx_tokred_chunks(c.s, c.tok0, c.tok0 + T, &cb, &ce), "micro-batch chunks")) goto done;
-      c.chunk0 = cb;
+      c.n.tok0 = (first_seq + s0) * L;
+      if (tr_ck(&c, bx_tokred_chunks(c.n.s, c.n.tok0, c.n.tok0 + T, &cb, &ce), "micro-batch chunks")) goto done;
+      c.n.chunk0 = cb;
       for (int64_t q = 0; q < mb; q++) {
         const int32_t *seq = tokens + (s0 + q) * (L + 1);
         for (int64_t i = 0; i < L; i++) {
@@ -164,21 +175,21 @@ int tr_model_grad(tr_model *m, const tr_run_opts *o, const int32_t *tokens, int6
   }
   if (tr_ep_active(m) && o->mode == BX_TOKRED_GRID) {
     if (tr_ep_allreduce(&c, comm)) goto done; /* expert words over their replicas only */
-  } else if (tr_ck(&c, bx_tokred_allreduce(c.s, comm), "tokred allreduce")) {
+  } else if (tr_ck(&c, bx_tokred_allreduce(c.n.s, comm), "tokred allreduce")) {
     goto done;
   } else if (m->ep && comm && o->mode == BX_TOKRED_GRID) {
     int64_t *wd;
     size_t nw = 0;
-    if (bx_tokred_words(c.s, &wd, &nw) == BX_OK) m->ep->ar_world_words += (int64_t)nw;
+    if (bx_tokred_words(c.n.s, &wd, &nw) == BX_OK) m->ep->ar_world_words += (int64_t)nw;
   }
   if (tr_ck(&c, bx_tokred_allreduce(sl, comm), "tokred allreduce (loss)"))
     goto done;
-  if (tr_ck(&c, bx_tokred_finish(c.s, m->grad_t, m->nparams, 1), "tokred finish")) goto done;
+  if (tr_ck(&c, bx_tokred_finish(c.n.s, m->grad_t, m->nparams, 1), "tokred finish")) goto done;
   if (tr_ck(&c, bx_tokred_finish(sl, tl, 1, c.n_global), "tokred finish (loss)")) goto done;
   if (loss) *loss = lsum;
   rc = 0;
 done:
-  bx_tokred_destroy(c.s);
+  bx_tokred_destroy(c.n.s);
   bx_tokred_destroy(sl);
   return rc;
 }

@@ -1,0 +1,174 @@
+/*
+ * glm_node.h — the autograd nodes of the model module (DESIGN §10: one C
+ * entry per node). A node is the forward or the backward of one block that
+ * a binding wraps as one autograd function (bitexact.torch / bitexact.paddle
+ * layers) and that the model's own layers (train_layers.c) call: the order
+ * of its kernels, its bf16 operands and its weight gradients' part of the
+ * two-pass protocol (pass 0 bounds, pass 1 adds chunk partials to a token
+ * reduction) live here once.
+ *
+ * Nothing here knows the model (no tr_model): a node takes raw fp32
+ * row-major buffers, the weights' optional bf16 copies and the state
+ * indices of their gradients. glm_node.c is the bottom (views, status,
+ * bf16 rounding and workspaces, the one GEMM entry, the weight-gradient
+ * pieces); glm_nodes.c the nodes over it. The Python extension
+ * (python/bitexact/_glm.c) checks its DLTensors with glm_dl_f32 /
+ * glm_dl_bf16 and calls the nodes; nothing numeric is left to a binding.
+ *
+ * Threading: a node runs in the calling thread with c->threads kernel
+ * workers (bits never depend on them); a context and its workspace are
+ * one thread's. Errors: -1 with c->st (the bx_status) and c->err ("what:
+ * status: detail"); a node that fails may have written its outputs.
+ */
+#ifndef BX_GLM_NODE_H
+#define BX_GLM_NODE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "bitexact_train.h"
+
+/* ---- views ------------------------------------------------------------------------------ */
+
+typedef struct glm_view {
+  int64_t shape[3];
+  DLTensor t;
+} glm_view;
+
+DLTensor *glm_f32(glm_view *v, const float *p, int ndim, int64_t d0, int64_t d1, int64_t d2);
+DLTensor *glm_i64(glm_view *v, const int64_t *p, int ndim, int64_t d0, int64_t d1);
+DLTensor *glm_i32(glm_view *v, const int32_t *p, int64_t d0);
+DLTensor *glm_bf16(glm_view *v, const uint16_t *p, int ndim, int64_t d0, int64_t d1);
+
+/* ---- bf16 operands ---------------------------------------------------------------------- */
+
+/* fp32 -> bf16, round to nearest even (NaN kept a quiet NaN: its top bits
+ * | 0x40); bf16 -> fp32 exact. */
+uint16_t glm_bf16_round(float x);
+float glm_bf16_widen(uint16_t h);
+void glm_bf16_convert(const float *x, uint16_t *y, int64_t n);
+
+/* Two growable bf16 workspaces (slot 0: the A operand, 1: the B operand
+ * of a TN product). Zero-initialise; glm_bfws_free releases. */
+typedef struct glm_bfws {
+  uint16_t *p[2];
+  int64_t cap[2];
+} glm_bfws;
+
+uint16_t *glm_bfws_get(glm_bfws *ws, int slot, int64_t n); /* NULL: out of memory */
+void glm_bfws_free(glm_bfws *ws);
+
+/* ---- the node context ------------------------------------------------------------------- */
+
+/* What a node needs besides its tensors. s NULL: no weight gradients (a
+ * node's state indices are then ignored). The micro-batch's rows are
+ * global tokens [tok0, tok0 + rows); chunk j of a partial array is global
+ * chunk chunk0 + j. pass 0: weight gradients are bounded (their TN GEMMs
+ * skipped), 1: added. */
+typedef struct glm_nctx {
+  int threads;
+  glm_bfws *ws;          /* bf16 workspaces (needed when a bf16 copy is given) */
+  bx_tokred *s;          /* the gradients' token reduction, or NULL */
+  int pass;
+  int64_t tok0, chunk0;
+  bx_status st;          /* the failing call's status */
+  char *err;
+  size_t errlen;
+} glm_nctx;
+
+/* 0 on BX_OK; else -1 with c->st = st and "what: status: detail" in c->err. */
+int glm_ck(glm_nctx *c, bx_status st, const char *what);
+/* -1 with c->st = st and the formatted text in c->err. */
+int glm_fail(glm_nctx *c, bx_status st, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+/* The checked data of a binding's argument: fp32 (glm_dl_f32) or bf16
+ * (glm_dl_bf16), host, compact row-major (any ndim), viewed as rows x
+ * cols: numel = rows * cols, or with rows -1 any multiple of cols
+ * (*rows_out, when not NULL, gets the row count). NULL with c->err
+ * naming `name` otherwise. */
+const float *glm_dl_f32(glm_nctx *c, const DLTensor *t, const char *name, int64_t rows,
+                        int64_t cols, int64_t *rows_out);
+const uint16_t *glm_dl_bf16(glm_nctx *c, const DLTensor *t, const char *name, int64_t rows,
+                            int64_t cols);
+
+/* ---- the GEMM entry and the weight-gradient pieces -------------------------------------- */
+
+/* C (+)= A · op(B) (layout BX_GEMM_NT / NN / TN), a [ar, ac], b [br, bc],
+ * out [orow, ocol]. bf: 0 fp32 operands; 1 a rounded to bf16 in workspace
+ * slot 0, b's bf16 given in bbf; 2 a and b rounded (slots 0, 1). fp32
+ * accumulation and output either way. Every GEMM of the model goes here. */
+int glm_gemm(glm_nctx *c, int bf, bx_gemm_layout layout, const float *a, int64_t ar, int64_t ac,
+             const float *b, const uint16_t *bbf, int64_t br, int64_t bc, float *out, int64_t orow,
+             int64_t ocol, int accumulate, const char *what);
+
+/* A linear layer's weight gradient dYᵀX (state tensor wi; < 0: none) and
+ * its bias's column sums of dY (bi; < 0: none) over rows of dY [rows, n],
+ * X [rows, k], as chunk partials: bounded a priori (pass 0) or computed
+ * and added (pass 1). bf: the weight's partial from dY and X rounded to
+ * bf16 (the bias's always from fp32 dY). Nothing without c->s. */
+int glm_wg_linear(glm_nctx *c, int64_t wi, int bf, int64_t bi, const float *dy, int64_t rows,
+                  int64_t n, const float *x, int64_t k, const char *what);
+/* Per-chunk partials [nch, shape...] of state tensor idx (numel elements
+ * each, shape of ndim <= 2 dims): bounded or added. */
+int glm_wg_partials(glm_nctx *c, int64_t idx, const float *partials, int64_t nch, int ndim,
+                    const int64_t *shape, const char *what);
+/* The a-priori bound exponent of a TN partial over rows of dY [rows, n]
+ * and X [rows, k] (bf: of their bf16 roundings). */
+int glm_wg_bound_exp(int bf, int64_t rows, const float *dy, int64_t n, const float *x, int64_t k);
+
+/* ---- the nodes -------------------------------------------------------------------------- */
+
+/* A linear layer's weights: w [n, k] fp32, wbf its bf16 copy or NULL (then
+ * fp32 GEMMs), b [n] or NULL; gi / bi the state indices of their
+ * gradients (< 0: none). */
+typedef struct glm_lin {
+  const float *w;
+  const uint16_t *wbf;
+  const float *b;
+  int64_t n, k;
+  int64_t gi, bi;
+} glm_lin;
+
+/* y [T, n] = x [T, k] · Wᵀ, then y[t][j] = fl(y[t][j] + b[j]) with a
+ * bias (one rounding, as torch's addmm). */
+int glm_linear_fwd(glm_nctx *c, const glm_lin *l, const float *x, int64_t T, float *y,
+                   const char *what);
+/* dx [T, k] (+)= dy [T, n] · W (dx NULL: not wanted); then the weight and
+ * bias gradients from dy and x (glm_wg_linear). */
+int glm_linear_bwd(glm_nctx *c, const glm_lin *l, const float *dy, const float *x, int64_t T,
+                   float *dx, int accumulate, const char *what);
+
+/* q, k, v = three linear layers of one input (the attention's
+ * projections). Backward: dx = dq·Wq + dk·Wk + dv·Wv as ONE fmaf chain per
+ * element (the k and v NN GEMMs accumulate onto q's), then the three
+ * weight (and bias) gradients. */
+int glm_qkv_fwd(glm_nctx *c, const glm_lin l[3], const float *x, int64_t T, float *const y[3]);
+int glm_qkv_bwd(glm_nctx *c, const glm_lin l[3], const float *const dy[3], const float *x,
+                int64_t T, float *dx);
+
+/* RMSNorm over rows [rows, h] (weight [h]; y may be x). */
+int glm_rmsnorm_fwd(glm_nctx *c, const float *x, int64_t rows, int64_t h, const float *w,
+                    double eps, float *y, float *rstd, const char *what);
+/* dx (may be dy) and, with gi >= 0, the gain's per-chunk partials
+ * (rows_per_chunk rows a chunk) in parts [ceil(rows / rows_per_chunk), h]
+ * (scratch) bounded or added to state tensor gi. */
+int glm_rmsnorm_bwd(glm_nctx *c, const float *x, int64_t rows, int64_t h, const float *w,
+                    const float *dy, const float *rstd, int64_t rows_per_chunk, float *dx,
+                    float *parts, int64_t gi, const char *what);
+
+/* SwiGLU MLP (Glm4MoeMLP): g = x·Wgᵀ, u = x·Wuᵀ, a = silu(g)·u, y =
+ * a·Wdᵀ; l = {gate, up, down}; g, u, a [T, I] kept for the backward.
+ * Backward: da = dy·Wd, the down gradient, (dg, du), dx = dg·Wg + du·Wu
+ * as one fmaf chain (dx NULL: not wanted), the gate and up gradients;
+ * da, dg, du [T, I] scratch. */
+int glm_mlp_fwd(glm_nctx *c, const glm_lin l[3], const float *x, int64_t T, float *g, float *u,
+                float *a, float *y);
+int glm_mlp_bwd(glm_nctx *c, const glm_lin l[3], const float *dy, const float *x, int64_t T,
+                const float *g, const float *u, const float *a, float *da, float *dg, float *du,
+                float *dx);
+
+#endif /* BX_GLM_NODE_H */

@@ -1,0 +1,116 @@
+/*
+ * glm_nodes.c — the autograd nodes (glm_node.h): linear, the q/k/v
+ * projections, RMSNorm and the SwiGLU MLP, forward and backward, from
+ * bitexact_train.h's kernels through glm_node.c's GEMM entry and weight
+ * gradients. The model's layers (train_layers.c) and the bindings'
+ * autograd functions (python/bitexact/_glm.c) call these; neither orders
+ * these kernels itself.
+ */
+#include "glm_node.h"
+
+static int bf_of(const glm_lin *l) { return l->wbf != NULL; }
+
+int glm_linear_fwd(glm_nctx *c, const glm_lin *l, const float *x, int64_t T, float *y,
+                   const char *what) {
+  if (glm_gemm(c, bf_of(l), BX_GEMM_NT, x, T, l->k, l->w, l->wbf, l->n, l->k, y, T, l->n, 0, what))
+    return -1;
+  if (l->b) /* the bias after the product: one rounding per element */
+    for (int64_t t = 0; t < T; t++)
+      for (int64_t j = 0; j < l->n; j++) y[t * l->n + j] = y[t * l->n + j] + l->b[j];
+  return 0;
+}
+
+int glm_linear_bwd(glm_nctx *c, const glm_lin *l, const float *dy, const float *x, int64_t T,
+                   float *dx, int accumulate, const char *what) {
+  if (dx && glm_gemm(c, bf_of(l), BX_GEMM_NN, dy, T, l->n, l->w, l->wbf, l->n, l->k, dx, T, l->k,
+                     accumulate, what))
+    return -1;
+  return glm_wg_linear(c, l->gi, bf_of(l), l->bi, dy, T, l->n, x, l->k, what);
+}
+
+static const char *const QKV[3] = {"q_proj", "k_proj", "v_proj"};
+
+int glm_qkv_fwd(glm_nctx *c, const glm_lin l[3], const float *x, int64_t T, float *const y[3]) {
+  for (int i = 0; i < 3; i++)
+    if (glm_linear_fwd(c, &l[i], x, T, y[i], QKV[i])) return -1;
+  return 0;
+}
+
+int glm_qkv_bwd(glm_nctx *c, const glm_lin l[3], const float *const dy[3], const float *x,
+                int64_t T, float *dx) {
+  static const char *const back[3] = {"q_proj backward", "k_proj backward", "v_proj backward"};
+  static const char *const wg[3] = {"q_proj wgrad", "k_proj wgrad", "v_proj wgrad"};
+  for (int i = 0; dx && i < 3; i++)
+    if (glm_gemm(c, bf_of(&l[i]), BX_GEMM_NN, dy[i], T, l[i].n, l[i].w, l[i].wbf, l[i].n, l[i].k,
+                 dx, T, l[i].k, i > 0, back[i]))
+      return -1;
+  for (int i = 0; i < 3; i++)
+    if (glm_wg_linear(c, l[i].gi, bf_of(&l[i]), l[i].bi, dy[i], T, l[i].n, x, l[i].k, wg[i]))
+      return -1;
+  return 0;
+}
+
+int glm_rmsnorm_fwd(glm_nctx *c, const float *x, int64_t rows, int64_t h, const float *w,
+                    double eps, float *y, float *rstd, const char *what) {
+  glm_view vx, vw, vy, vr;
+  bx_rmsnorm_opts no = BX_RMSNORM_OPTS_DEFAULT;
+  no.num_threads = c->threads;
+  return glm_ck(c, bx_rmsnorm_forward(glm_f32(&vx, x, 2, rows, h, 0), glm_f32(&vw, w, 1, h, 0, 0),
+                                      eps, glm_f32(&vy, y, 2, rows, h, 0),
+                                      rstd ? glm_f32(&vr, rstd, 1, rows, 0, 0) : NULL, &no),
+                what);
+}
+
+int glm_rmsnorm_bwd(glm_nctx *c, const float *x, int64_t rows, int64_t h, const float *w,
+                    const float *dy, const float *rstd, int64_t rows_per_chunk, float *dx,
+                    float *parts, int64_t gi, const char *what) {
+  glm_view vx, vw, vd, vr, vdx, vp;
+  bx_rmsnorm_opts no = BX_RMSNORM_OPTS_DEFAULT;
+  no.num_threads = c->threads;
+  int want = c->s && gi >= 0 && parts;
+  int64_t nch = rows_per_chunk > 0 ? (rows + rows_per_chunk - 1) / rows_per_chunk : 0;
+  bx_status st = bx_rmsnorm_backward(
+      glm_f32(&vx, x, 2, rows, h, 0), glm_f32(&vw, w, 1, h, 0, 0), glm_f32(&vd, dy, 2, rows, h, 0),
+      glm_f32(&vr, rstd, 1, rows, 0, 0), rows_per_chunk, glm_f32(&vdx, dx, 2, rows, h, 0),
+      want ? glm_f32(&vp, parts, 2, nch, h, 0) : NULL, &no);
+  if (glm_ck(c, st, what)) return -1;
+  return want ? glm_wg_partials(c, gi, parts, nch, 1, &h, what) : 0;
+}
+
+int glm_mlp_fwd(glm_nctx *c, const glm_lin l[3], const float *x, int64_t T, float *g, float *u,
+                float *a, float *y) {
+  if (glm_linear_fwd(c, &l[0], x, T, g, "mlp.gate_proj") ||
+      glm_linear_fwd(c, &l[1], x, T, u, "mlp.up_proj"))
+    return -1;
+  glm_view vg, vu, vh;
+  bx_swiglu_opts so = BX_SWIGLU_OPTS_DEFAULT;
+  so.num_threads = c->threads;
+  int64_t I = l[0].n;
+  if (glm_ck(c, bx_swiglu_forward(glm_f32(&vg, g, 2, T, I, 0), glm_f32(&vu, u, 2, T, I, 0),
+                                  glm_f32(&vh, a, 2, T, I, 0), &so), "mlp swiglu"))
+    return -1;
+  return glm_linear_fwd(c, &l[2], a, T, y, "mlp.down_proj");
+}
+
+int glm_mlp_bwd(glm_nctx *c, const glm_lin l[3], const float *dy, const float *x, int64_t T,
+                const float *g, const float *u, const float *a, float *da, float *dg, float *du,
+                float *dx) {
+  int64_t I = l[0].n;
+  if (glm_linear_bwd(c, &l[2], dy, a, T, da, 0, "mlp.down_proj backward")) return -1;
+  glm_view v[5];
+  bx_swiglu_opts so = BX_SWIGLU_OPTS_DEFAULT;
+  so.num_threads = c->threads;
+  if (glm_ck(c, bx_swiglu_backward(glm_f32(&v[0], g, 2, T, I, 0), glm_f32(&v[1], u, 2, T, I, 0),
+                                   glm_f32(&v[2], da, 2, T, I, 0), glm_f32(&v[3], dg, 2, T, I, 0),
+                                   glm_f32(&v[4], du, 2, T, I, 0), &so), "mlp swiglu backward"))
+    return -1;
+  if (dx && (glm_gemm(c, bf_of(&l[0]), BX_GEMM_NN, dg, T, I, l[0].w, l[0].wbf, I, l[0].k, dx, T,
+                      l[0].k, 0, "mlp.gate_proj backward") ||
+             glm_gemm(c, bf_of(&l[1]), BX_GEMM_NN, du, T, I, l[1].w, l[1].wbf, I, l[1].k, dx, T,
+                      l[1].k, 1, "mlp.up_proj backward")))
+    return -1;
+  if (glm_wg_linear(c, l[0].gi, bf_of(&l[0]), l[0].bi, dg, T, I, x, l[0].k, "mlp.gate_proj wgrad") ||
+      glm_wg_linear(c, l[1].gi, bf_of(&l[1]), l[1].bi, du, T, I, x, l[1].k, "mlp.up_proj wgrad"))
+    return -1;
+  return 0;
+}
