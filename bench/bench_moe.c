@@ -1,428 +1,233 @@
 /*
- * bench_moe.c — forward + backward of one GLM-4.5 MoE layer built from
- * bitexact_train.h's kernels, next to the same layer in torch eager
+ * bench_moe.c — forward + backward of the model module's GLM-4.5 MoE block
+ * (tr_moe_forward / tr_moe_backward of src/glm/train_moe_block.c: the
+ * block `bitexact train` runs), next to the same layer in torch eager
  * (bench/bench_moe_torch.py, --torch) in the same run.
  *
- * The layer (transformers' Glm4MoeMoE): router logits = X·Wrᵀ (fp32),
- * bx_moe_router_forward (sigmoid, e_score_correction_bias for the choice,
- * group-limited top-k, normalisation, routed scaling), the dispatch plan,
- * bx_moe_permute, per expert gate_up = Xe·Wguᵀ, bx_swiglu_forward_fused,
- * Ye = He·Wdᵀ, bx_moe_unpermute with the shared expert's output as
- * `initial`; backward: bx_moe_unpermute_backward, per expert dHe = dYe·Wd,
- * bx_swiglu_backward_fused, dXe = dGUe·Wgu, bx_moe_permute_backward, the
- * router backward and dX += dlogits·Wr, the shared expert's backward. The
- * weight gradients (router, every expert's gate_up and down, the shared
- * expert's three) are token reductions, in one of three modes:
- *   invariant  chunk partials (TN GEMM over each global chunk's rows, via
- *              bx_moe_expert_chunks for an expert) added to a bx_tokred
- *              state on the int64 grid, the bound stated beforehand from
- *              the inputs (bx_wgrad_bound_exp / bx_linear_wgrad_bound), one
- *              bx_tokred_agree, then bx_tokred_finish: the layout-invariant
- *              gradients bitexact train uses;
- *   plain      one fixed-order TN GEMM over all rows (no token reduction:
- *              layout-dependent across micro-batches, the speed baseline);
- * Shapes (defaults, the tiny config): T = 1024 tokens, hidden 256, 8
- * experts top-2 in 2 groups (1 kept), expert intermediate 128, 1 shared
- * expert; --tokens etc. change them. A time is the median of --reps steps
- * after one warm-up; with --torch each rep also runs the torch script (its
- * own median of 3 steps), so both see the same machine load; the ratios
- * printed are medians over reps of the per-rep ratios.
+ * The model: the built-in tiny config (tr_config_tiny) cut to one decoder
+ * layer whose MLP is the MoE block (first_k_dense_replace 0), with the
+ * bench's shapes: hidden 256, 8 routed experts top-2 in 2 groups (1 kept),
+ * expert intermediate 128, 1 shared expert, routed scaling 2.5 (as the
+ * torch script); parameters from tr_model_create's seeded init (weights
+ * normal(0, 0.02), e_score_correction_bias 0). Only the MoE block runs:
+ * its input (the layer's act.xn2, the post-attention norm's output) and
+ * the gradient of its output are normal(0, 1) from tr_init_normal with
+ * fixed seeds, T tokens (--tokens, default 1024).
+ *
+ * A step is what tr_model_grad (src/glm/train_step.c) does for this layer
+ * of one micro-batch of T tokens: a bx_tokred state over the block's
+ * weight gradients, pass 0 (tr_moe_forward, tr_moe_backward: the weight
+ * gradients' a-priori bounds, no TN GEMM), bx_tokred_agree, pass 1 (the
+ * forward and backward again, every chunk partial added), bx_tokred_finish
+ * into the parameters' grads. In two modes of the token reduction:
+ *   grid      BX_TOKRED_GRID, chunks of --chunk tokens (default 256, a
+ *             "sequence"): the layout-invariant gradients;
+ *   ordinary  BX_TOKRED_ORDINARY, one chunk of all T tokens (the model's
+ *             ordinary mode: a micro-batch is a chunk, fp32 sums): the
+ *             in-run baseline.
+ * "pass 1" columns: the time of pass 1 + finish alone (one forward +
+ * backward with the gradients added), the part comparable to torch's one
+ * forward + backward. The state's tensor i is parameter i (the block adds
+ * to its parameters' indices); the parameters below the block's last
+ * that the block does not own (embedding, attention) are one-element
+ * stand-ins given a zero partial per chunk, so that finish's coverage
+ * check passes at no cost.
+ *
+ * What the earlier bench_moe did and this one does not: its own copy of
+ * the layer from bitexact_train.h's kernels (fused gate_up experts, one
+ * forward per step) and its "plain" mode (one fixed-order TN GEMM per
+ * weight, no token reduction); the model's block has separate gate and up
+ * projections, runs the forward and backward in both passes, and always
+ * goes through the token reduction, so the baseline is its ordinary mode.
+ *
+ * A time is the median of --reps steps after one warm-up step per mode;
+ * with --torch each rep also runs the torch script (its own median of 3
+ * steps), so both see the same machine load; the ratios printed are
+ * medians over reps of the per-rep ratios.
  *
  *   bench_moe [--torch] [--torch-script PATH] [--threads 1,2] [--reps R]
  *             [--tokens T] [--chunk C]
  *
- * It checks that 1 and T threads give the same output and gradient bits
- * (exit status 1 if not).
+ * It checks that every thread count gives the output, dxn2 and weight
+ * gradient bits of the first, in each mode (exit status 1 if not).
  */
 #define _POSIX_C_SOURCE 200809L
-#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "bench_common.h"
-#include "bitexact_train.h"
-#include "../tests/dl_view.h"
-#include "rng.h"
+#include "glm_config.h"
+#include "train_model_internal.h"
 
-/* ---- configuration ---------------------------------------------------- */
+/* The bench's shapes (the torch script's arguments too). */
+enum { HIDDEN = 256, EXPERTS = 8, TOPK = 2, GROUPS = 2, KEPT_GROUPS = 1, EXPERT_INTER = 128,
+       SHARED = 1 };
+#define ROUTED_SCALING 2.5 /* bench_moe_torch.py's factor */
+#define MAX_THREAD_COUNTS 8
+#define MAX_REPS 99
 
-typedef struct cfg {
-  int64_t T, H, E, K, G, TG, I, S; /* tokens, hidden, experts, top-k, groups, kept groups, inter, shared */
-  int64_t chunk;
+static void fail(const char *what, const char *detail) {
+  fprintf(stderr, "bench_moe: %s: %s\n", what, detail);
+  exit(2);
+}
+
+/* One micro-batch's workspace of the block in one token-reduction mode. */
+typedef struct mode_run {
+  bx_tokred_mode mode;
+  const char *name;
+  tr_work *w;          /* C = --chunk (grid) or T (ordinary) */
+} mode_run;
+
+/* The model and what a step needs around it. */
+typedef struct bench {
+  tr_model *m;
+  int64_t layer;       /* 0: the one MoE layer */
+  int64_t T;
   int threads;
-} cfg;
+  size_t ntensors;     /* the state's tensors: parameters [0, ntensors) */
+  char *in_block;      /* [ntensors] 1: a parameter of the block, 0: a stand-in */
+  DLTensor *grads;     /* [ntensors] the state's tensors (grad_t or a stand-in) */
+  float *standin;      /* [ntensors] stand-in i's one element (finish's output) */
+  int64_t standin_shape[1];
+  float zero;          /* the stand-ins' partial */
+} bench;
 
-/* ---- tensors ---------------------------------------------------------- */
-
-typedef struct ten {
-  void *data;
-  int64_t shape[3];
-  DLTensor t;
-} ten;
-
-static void ten_init(ten *x, DLDataTypeCode code, int bits, int ndim, int64_t d0, int64_t d1,
-                     int64_t d2) {
-  memset(x, 0, sizeof *x);
-  x->shape[0] = d0;
-  x->shape[1] = d1;
-  x->shape[2] = d2;
-  int64_t n = d0 * (ndim > 1 ? d1 : 1) * (ndim > 2 ? d2 : 1);
-  x->data = calloc((size_t)(n > 0 ? n : 1), (size_t)bits / 8);
-  if (!x->data) {
-    fprintf(stderr, "bench_moe: out of memory\n");
-    exit(2);
+/* The block's parameters: experts, router, shared expert (not e_score_correction_bias,
+ * a buffer without a gradient). */
+static void mark_block(bench *b) {
+  const tr_layer_ix *x = &b->m->lx[b->layer];
+  int64_t idx[4 + 3 * EXPERTS], n = 0, hi = 0;
+  idx[n++] = x->router_w, idx[n++] = x->sh_gate, idx[n++] = x->sh_up, idx[n++] = x->sh_down;
+  for (int64_t e = 0; e < 3 * EXPERTS; e++) idx[n++] = x->expert0 + e;
+  for (int64_t i = 0; i < n; i++) hi = idx[i] > hi ? idx[i] : hi;
+  b->ntensors = (size_t)hi + 1;
+  b->in_block = calloc(b->ntensors, 1);
+  b->grads = calloc(b->ntensors, sizeof *b->grads);
+  b->standin = calloc(b->ntensors, sizeof *b->standin);
+  if (!b->in_block || !b->grads || !b->standin) fail("setup", "out of memory");
+  for (int64_t i = 0; i < n; i++) b->in_block[idx[i]] = 1;
+  b->standin_shape[0] = 1;
+  for (size_t i = 0; i < b->ntensors; i++) {
+    b->grads[i] = b->m->grad_t[i];
+    if (!b->in_block[i]) {
+      b->grads[i].data = &b->standin[i];
+      b->grads[i].ndim = 1;
+      b->grads[i].shape = b->standin_shape;
+      b->grads[i].strides = NULL;
+      b->grads[i].byte_offset = 0;
+    }
   }
-  x->t = bxt_view(x->data, code, bits, ndim, x->shape);
 }
 
-/* (A ten holds its own shape: it is made in place, never copied.) */
-static void f32(ten *x, int ndim, int64_t d0, int64_t d1, int64_t d2) {
-  ten_init(x, kDLFloat, 32, ndim, d0, d1, d2);
+/* normal(0, 1) from tr_init_normal's counter-based generator. */
+static void fill_normal(float *p, int64_t n, uint64_t seed) {
+  for (int64_t i = 0; i < n; i++) p[i] = tr_init_normal(seed, 0, (uint64_t)i, 1.0f);
 }
 
-static void i64(ten *x, int ndim, int64_t d0, int64_t d1) { ten_init(x, kDLInt, 64, ndim, d0, d1, 0); }
-
-/* A row view [r0, r0+n) of a 2-D fp32 tensor, or matrix m of a 3-D one. */
-typedef struct view {
-  int64_t shape[2];
-  DLTensor t;
-} view;
-
-static DLTensor *rows_of(view *v, const ten *x, int64_t r0, int64_t n) {
-  v->t = x->t;
-  v->shape[0] = n;
-  v->shape[1] = x->shape[1];
-  v->t.ndim = 2;
-  v->t.shape = v->shape;
-  v->t.byte_offset = (uint64_t)(r0 * x->shape[1]) * 4u;
-  return &v->t;
+/* A workspace of T tokens in chunks of C; the block's input xn2, the
+ * gradient of its output (s.dx, as tr_model_grad passes it) filled. */
+static tr_work *make_work(const bench *b, int64_t C) {
+  tr_work *w = tr_work_make(b->m, b->T, C);
+  if (!w) fail("workspace", "out of memory");
+  fill_normal(w->act[b->layer].xn2, b->T * HIDDEN, 11);
+  fill_normal(w->s.dx, b->T * HIDDEN, 12);
+  return w;
 }
 
-static DLTensor *mat_of(view *v, const ten *x, int64_t m) {
-  v->t = x->t;
-  v->shape[0] = x->shape[1];
-  v->shape[1] = x->shape[2];
-  v->t.ndim = 2;
-  v->t.shape = v->shape;
-  v->t.byte_offset = (uint64_t)(m * x->shape[1] * x->shape[2]) * 4u;
-  return &v->t;
-}
-
-static void fill(ten *x, uint64_t seed, float scale) {
-  int64_t n = x->shape[0] * (x->t.ndim > 1 ? x->shape[1] : 1) * (x->t.ndim > 2 ? x->shape[2] : 1);
-  bx_rng r;
-  bx_rng_seed(&r, seed);
-  float *p = x->data;
-  for (int64_t i = 0; i < n; i++) p[i] = (float)(bx_rng_normal(&r) * scale);
-}
-
-static void must(bx_status st, const char *what) {
+static void check(bx_status st, const char *what) {
   if (st != BX_OK) {
     fprintf(stderr, "bench_moe: %s: %s: %s\n", what, bx_status_str(st), bx_last_error());
     exit(2);
   }
 }
 
-static float max_abs(const float *p, int64_t n) {
-  float m = 0;
-  for (int64_t i = 0; i < n; i++) {
-    float a = fabsf(p[i]);
-    if (a > m && isfinite(a)) m = a;
+/* The run context of one micro-batch of T tokens at global tokens [0, T),
+ * as tr_model_grad sets it up (fp32 GEMMs), with the state s and its
+ * first chunk; the pass is set by block_pass. */
+static void block_ctx(tr_ctx *c, const bench *b, const mode_run *r, bx_tokred *s, int64_t chunk0,
+                      char *err, size_t errlen) {
+  memset(c, 0, sizeof *c);
+  c->n.threads = b->threads;
+  c->n.ws = &b->m->ws;
+  c->n.s = s;
+  c->n.tok0 = 0;
+  c->n.chunk0 = chunk0;
+  c->n.err = err;
+  c->n.errlen = errlen;
+  c->m = b->m;
+  c->w = r->w;
+  c->mode = r->mode;
+  c->L = r->w->C;
+  c->n_global = b->T;
+  c->local_tokens = b->T;
+}
+
+/* One pass over the block (pass 0 bounds, 1 adds): forward into x_final,
+ * backward from s.dx into s.dtmp (dxn2), and in pass 1 the stand-ins'
+ * zero partials. */
+static void block_pass(bench *b, tr_ctx *c, int pass) {
+  tr_work *w = c->w;
+  c->n.pass = pass;
+  if (tr_moe_forward(c, b->layer, w->x_final) || tr_moe_backward(c, b->layer, w->s.dx, w->s.dtmp))
+    fail("step", c->n.err);
+  for (size_t i = 0; pass == 1 && i < b->ntensors; i++) {
+    DLTensor zero = b->grads[i];
+    zero.data = &b->zero;
+    for (int64_t j = 0; !b->in_block[i] && j < w->nch; j++)
+      check(bx_tokred_add(c->n.s, i, c->n.chunk0 + j, &zero), "stand-in add");
   }
-  return m;
 }
 
-/* ---- the layer -------------------------------------------------------- */
-
-enum { W_ROUTER, W_SH_GATE, W_SH_UP, W_SH_DOWN, W_EXPERT0 }; /* + 2e: gate_up, + 2e+1: down */
-
-typedef struct layer {
-  cfg c;
-  ten x, dout, wr, bias, wgu, wd, sg, su, sd;      /* inputs and weights */
-  ten logits, ids, w, offsets, row_map, pos, xp, gu, h, yp, sgu, sh, so, out; /* forward */
-  ten dyp, dw, dh, dgu, dxp, dx, dlogits, dsh, dsg, dsu;                       /* backward */
-  ten grad[64];                                   /* weight gradients (fp32) */
-  size_t ngrad;
-} layer;
-
-static void layer_make(layer *L, cfg c) {
-  memset(L, 0, sizeof *L);
-  L->c = c;
-  int64_t T = c.T, H = c.H, E = c.E, I = c.I, SI = c.I * c.S, R = c.T * c.K;
-  f32(&L->x, 2, T, H, 0), fill(&L->x, 11, 1.0f);
-  f32(&L->dout, 2, T, H, 0), fill(&L->dout, 12, 1.0f);
-  f32(&L->wr, 2, E, H, 0), fill(&L->wr, 13, 0.02f);
-  f32(&L->bias, 1, E, 0, 0), fill(&L->bias, 14, 0.01f);
-  f32(&L->wgu, 3, E, 2 * I, H), fill(&L->wgu, 15, 0.02f);
-  f32(&L->wd, 3, E, H, I), fill(&L->wd, 16, 0.02f);
-  f32(&L->sg, 2, SI, H, 0), fill(&L->sg, 17, 0.02f);
-  f32(&L->su, 2, SI, H, 0), fill(&L->su, 18, 0.02f);
-  f32(&L->sd, 2, H, SI, 0), fill(&L->sd, 19, 0.02f);
-  f32(&L->logits, 2, T, E, 0);
-  i64(&L->ids, 2, T, c.K);
-  f32(&L->w, 2, T, c.K, 0);
-  i64(&L->offsets, 1, E + 1, 0);
-  i64(&L->row_map, 2, R, 2);
-  i64(&L->pos, 2, T, c.K);
-  f32(&L->xp, 2, R, H, 0);
-  f32(&L->gu, 2, R, 2 * I, 0);
-  f32(&L->h, 2, R, I, 0);
-  f32(&L->yp, 2, R, H, 0);
-  f32(&L->sgu, 2, T, SI, 0); /* shared gate output, then up in su_out */
-  f32(&L->sh, 2, T, SI, 0);
-  f32(&L->so, 2, T, H, 0);
-  f32(&L->out, 2, T, H, 0);
-  f32(&L->dyp, 2, R, H, 0);
-  f32(&L->dw, 2, T, c.K, 0);
-  f32(&L->dh, 2, R, I, 0);
-  f32(&L->dgu, 2, R, 2 * I, 0);
-  f32(&L->dxp, 2, R, H, 0);
-  f32(&L->dx, 2, T, H, 0);
-  f32(&L->dlogits, 2, T, E, 0);
-  f32(&L->dsh, 2, T, SI, 0);
-  f32(&L->dsg, 2, T, SI, 0);
-  f32(&L->dsu, 2, T, SI, 0);
-  f32(&L->grad[W_ROUTER], 2, E, H, 0);
-  f32(&L->grad[W_SH_GATE], 2, SI, H, 0);
-  f32(&L->grad[W_SH_UP], 2, SI, H, 0);
-  f32(&L->grad[W_SH_DOWN], 2, H, SI, 0);
-  for (int64_t e = 0; e < E; e++) {
-    f32(&L->grad[W_EXPERT0 + 2 * e], 2, 2 * I, H, 0);
-    f32(&L->grad[W_EXPERT0 + 2 * e + 1], 2, H, I, 0);
-  }
-  L->ngrad = (size_t)(W_EXPERT0 + 2 * E);
-}
-
-static void layer_free(layer *L) {
-  ten *all[] = {&L->x, &L->dout, &L->wr, &L->bias, &L->wgu, &L->wd, &L->sg, &L->su, &L->sd,
-                &L->logits, &L->ids, &L->w, &L->offsets, &L->row_map, &L->pos, &L->xp, &L->gu,
-                &L->h, &L->yp, &L->sgu, &L->sh, &L->so, &L->out, &L->dyp, &L->dw, &L->dh,
-                &L->dgu, &L->dxp, &L->dx, &L->dlogits, &L->dsh, &L->dsg, &L->dsu};
-  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]->data);
-  for (size_t i = 0; i < L->ngrad; i++) free(L->grad[i].data);
-}
-
-/* The options of every call of a step: c.threads threads, the router's groups. */
-typedef struct layer_opts {
-  bx_gemm_opts go;
-  bx_moe_router_opts ro;
-  bx_moe_dispatch_opts dop;
-  bx_swiglu_opts so;
-} layer_opts;
-
-static layer_opts opts_of(const cfg *c) {
-  layer_opts o = {BX_GEMM_OPTS_DEFAULT, BX_MOE_ROUTER_OPTS_DEFAULT, BX_MOE_DISPATCH_OPTS_DEFAULT,
-                  BX_SWIGLU_OPTS_DEFAULT};
-  o.go.num_threads = o.ro.num_threads = o.dop.num_threads = o.so.num_threads = c->threads;
-  o.ro.n_group = c->G;
-  o.ro.topk_group = c->TG;
-  o.ro.routed_scaling_factor = 2.5;
-  return o;
-}
-
-/* Shared expert's up projection lands in sh's buffer first (then SwiGLU in
- * place): gate in sgu, up in sh, h = silu(gate) * up written into sh. */
-static void forward(layer *L) {
-  cfg c = L->c;
-  layer_opts O = opts_of(&c);
-  must(bx_gemm(&L->x.t, &L->wr.t, BX_GEMM_NT, &L->logits.t, &O.go), "router gemm");
-  must(bx_moe_router_forward(&L->logits.t, &L->bias.t, &L->ids.t, &L->w.t, c.T, NULL, &O.ro), "router");
-  must(bx_moe_dispatch_plan(&L->ids.t, NULL, &L->offsets.t, &L->row_map.t, &L->pos.t, &O.dop), "plan");
-  must(bx_moe_permute(&L->x.t, &L->row_map.t, &L->xp.t, &O.dop), "permute");
-  const int64_t *off = L->offsets.data;
-  for (int64_t e = 0; e < c.E; e++) {
-    int64_t r0 = off[e], n = off[e + 1] - off[e];
-    if (n == 0) continue;
-    view a, b, g, h, y;
-    must(bx_gemm(rows_of(&a, &L->xp, r0, n), mat_of(&b, &L->wgu, e), BX_GEMM_NT,
-                 rows_of(&g, &L->gu, r0, n), &O.go), "expert gate_up");
-    must(bx_swiglu_forward_fused(rows_of(&g, &L->gu, r0, n), rows_of(&h, &L->h, r0, n), &O.so), "swiglu");
-    must(bx_gemm(rows_of(&h, &L->h, r0, n), mat_of(&b, &L->wd, e), BX_GEMM_NT,
-                 rows_of(&y, &L->yp, r0, n), &O.go), "expert down");
-  }
-  must(bx_gemm(&L->x.t, &L->sg.t, BX_GEMM_NT, &L->sgu.t, &O.go), "shared gate");
-  must(bx_gemm(&L->x.t, &L->su.t, BX_GEMM_NT, &L->sh.t, &O.go), "shared up");
-  must(bx_swiglu_forward(&L->sgu.t, &L->sh.t, &L->dsh.t, &O.so), "shared swiglu"); /* h in dsh's buffer */
-  memcpy(L->sh.data, L->dsh.data, (size_t)(c.T * c.I * c.S) * 4u);
-  must(bx_gemm(&L->sh.t, &L->sd.t, BX_GEMM_NT, &L->so.t, &O.go), "shared down");
-  must(bx_moe_unpermute(&L->yp.t, &L->w.t, &L->row_map.t, &L->pos.t, &L->so.t, &L->out.t, &O.dop),
-       "unpermute");
-}
-
-/* The weight gradient dW = dYᵀ·X over rows [r0, r0+n) of dy and x, whose
- * global token ids are tok[r0..] (NULL: row r is token r). invariant:
- * through s (tensor index ti); plain: one TN GEMM into grad. */
-typedef struct wg {
-  int invariant, bounding;
+/* One step of the block (the module's comment); seconds of the whole
+ * step and of pass 1 + finish. */
+static double block_step(bench *b, const mode_run *r, double *pass1) {
+  char err[512] = "";
+  bx_tokred_opts to = BX_TOKRED_OPTS_DEFAULT;
+  to.mode = r->mode;
   bx_tokred *s;
-  const cfg *c;
-} wg;
-
-static void wgrad(wg *g, layer *L, size_t ti, const ten *dy, const ten *x, int64_t r0, int64_t n,
-                  const int64_t *tok) {
-  bx_gemm_opts go = BX_GEMM_OPTS_DEFAULT;
-  go.num_threads = g->c->threads;
-  view a, b, out;
-  if (!g->invariant) {
-    if (g->bounding) return;
-    must(bx_gemm(rows_of(&a, dy, r0, n), rows_of(&b, x, r0, n), BX_GEMM_TN, &L->grad[ti].t, &go),
-         "wgrad TN");
-    return;
-  }
-  bx_wgrad_opts wo = BX_WGRAD_OPTS_DEFAULT;
-  wo.num_threads = g->c->threads;
-  if (!tok) { /* rows are the global tokens 0..T-1 */
-    if (g->bounding)
-      must(bx_linear_wgrad_bound(g->s, ti, BX_WGRAD_NONE, rows_of(&a, dy, r0, n),
-                                 rows_of(&b, x, r0, n), r0, &wo), "wgrad bound");
-    else
-      must(bx_linear_wgrad(g->s, ti, BX_WGRAD_NONE, rows_of(&a, dy, r0, n), rows_of(&b, x, r0, n),
-                           r0, &wo), "linear wgrad");
-    return;
-  }
-  /* an expert: its rows of each global chunk are a contiguous range */
-  int64_t C = g->c->chunk, nch = (g->c->T + C - 1) / C;
-  ten tid, bounds;
-  i64(&tid, 1, n, 0);
-  i64(&bounds, 1, nch + 1, 0);
-  memcpy(tid.data, tok + r0, (size_t)n * 8u);
-  must(bx_moe_expert_chunks(&tid.t, C, 0, &bounds.t), "expert chunks");
-  const int64_t *bd = bounds.data;
-  for (int64_t ch = 0; ch < nch; ch++) {
-    int64_t m = bd[ch + 1] - bd[ch];
-    if (m == 0) { /* no token of this chunk chose the expert: its partial is 0 */
-      if (!g->bounding) {
-        memset(L->grad[ti].data, 0, (size_t)(L->grad[ti].shape[0] * L->grad[ti].shape[1]) * 4u);
-        must(bx_tokred_add(g->s, ti, ch, &L->grad[ti].t), "tokred add 0");
-      }
-      continue;
-    }
-    const float *pa = (const float *)dy->data + (r0 + bd[ch]) * dy->shape[1];
-    const float *pb = (const float *)x->data + (r0 + bd[ch]) * x->shape[1];
-    if (g->bounding) {
-      int ex = bx_wgrad_bound_exp(m, max_abs(pa, m * dy->shape[1]), max_abs(pb, m * x->shape[1]));
-      must(bx_tokred_bound_exp(g->s, ti, ex), "bound exp");
-      continue;
-    }
-    must(bx_gemm(rows_of(&a, dy, r0 + bd[ch], m), rows_of(&b, x, r0 + bd[ch], m), BX_GEMM_TN,
-                 rows_of(&out, &L->grad[ti], 0, L->grad[ti].shape[0]), &go), "expert TN");
-    must(bx_tokred_add(g->s, ti, ch, &L->grad[ti].t), "tokred add");
-  }
-  free(tid.data);
-  free(bounds.data);
-}
-
-/* The weight-gradient products of the backward, in one fixed list. */
-static void all_wgrads(wg *g, layer *L, const int64_t *tok) {
-  cfg c = *g->c;
-  wgrad(g, L, W_ROUTER, &L->dlogits, &L->x, 0, c.T, NULL);
-  wgrad(g, L, W_SH_DOWN, &L->dout, &L->sh, 0, c.T, NULL);
-  wgrad(g, L, W_SH_GATE, &L->dsg, &L->x, 0, c.T, NULL);
-  wgrad(g, L, W_SH_UP, &L->dsu, &L->x, 0, c.T, NULL);
-  const int64_t *off = L->offsets.data;
-  for (int64_t e = 0; e < c.E; e++) {
-    int64_t r0 = off[e], n = off[e + 1] - off[e];
-    if (n == 0) continue;
-    wgrad(g, L, (size_t)(W_EXPERT0 + 2 * e + 1), &L->dyp, &L->h, r0, n, tok);
-    wgrad(g, L, (size_t)(W_EXPERT0 + 2 * e), &L->dgu, &L->xp, r0, n, tok);
-  }
-}
-
-static void backward(layer *L, int invariant) {
-  cfg c = L->c;
-  layer_opts O = opts_of(&c);
-  bx_gemm_opts acc = O.go;
-  acc.accumulate = 1;
-  must(bx_moe_unpermute_backward(&L->dout.t, &L->yp.t, &L->w.t, &L->row_map.t, &L->pos.t,
-                                 &L->dyp.t, &L->dw.t, &O.dop), "unpermute backward");
-  const int64_t *off = L->offsets.data;
-  for (int64_t e = 0; e < c.E; e++) {
-    int64_t r0 = off[e], n = off[e + 1] - off[e];
-    if (n == 0) continue;
-    view a, b, d, g;
-    must(bx_gemm(rows_of(&a, &L->dyp, r0, n), mat_of(&b, &L->wd, e), BX_GEMM_NN,
-                 rows_of(&d, &L->dh, r0, n), &O.go), "expert dH");
-    must(bx_swiglu_backward_fused(rows_of(&g, &L->gu, r0, n), rows_of(&d, &L->dh, r0, n),
-                                  rows_of(&a, &L->dgu, r0, n), &O.so), "swiglu backward");
-    must(bx_gemm(rows_of(&a, &L->dgu, r0, n), mat_of(&b, &L->wgu, e), BX_GEMM_NN,
-                 rows_of(&d, &L->dxp, r0, n), &O.go), "expert dX");
-  }
-  must(bx_moe_permute_backward(&L->dxp.t, &L->row_map.t, &L->pos.t, &L->dx.t, &O.dop), "permute bwd");
-  must(bx_moe_router_backward(&L->logits.t, &L->ids.t, &L->dw.t, &L->dlogits.t, &O.ro), "router bwd");
-  must(bx_gemm(&L->dlogits.t, &L->wr.t, BX_GEMM_NN, &L->dx.t, &acc), "router dX");
-  /* shared expert: h in sh, gate in sgu, up recomputed into dsh's neighbour */
-  must(bx_gemm(&L->dout.t, &L->sd.t, BX_GEMM_NN, &L->dsh.t, &O.go), "shared dH");
-  must(bx_gemm(&L->x.t, &L->su.t, BX_GEMM_NT, &L->dsu.t, &O.go), "shared up again");
-  ten up;
-  f32(&up, 2, c.T, c.I * c.S, 0);
-  memcpy(up.data, L->dsu.data, (size_t)(c.T * c.I * c.S) * 4u);
-  must(bx_swiglu_backward(&L->sgu.t, &up.t, &L->dsh.t, &L->dsg.t, &L->dsu.t, &O.so), "shared swiglu bwd");
-  free(up.data);
-  must(bx_gemm(&L->dsg.t, &L->sg.t, BX_GEMM_NN, &L->dx.t, &acc), "shared gate dX");
-  must(bx_gemm(&L->dsu.t, &L->su.t, BX_GEMM_NN, &L->dx.t, &acc), "shared up dX");
-
-  /* the weight gradients: token ids of the permuted rows */
-  int64_t R = c.T * c.K;
-  int64_t *tok = malloc((size_t)R * 8u);
-  const int64_t *rm = L->row_map.data;
-  for (int64_t r = 0; r < R; r++) tok[r] = rm[2 * r];
-  wg g = {invariant, 0, NULL, &L->c};
-  if (invariant) {
-    DLTensor gs[64];
-    for (size_t i = 0; i < L->ngrad; i++) gs[i] = L->grad[i].t;
-    bx_tokred_opts to = BX_TOKRED_OPTS_DEFAULT;
-    must(bx_tokred_create(gs, L->ngrad, c.chunk, c.T, &to, &g.s), "tokred create");
-    g.bounding = 1;
-    all_wgrads(&g, L, tok);
-    must(bx_tokred_agree(g.s, NULL), "agree");
-    g.bounding = 0;
-    all_wgrads(&g, L, tok);
-    DLTensor outs[64];
-    for (size_t i = 0; i < L->ngrad; i++) outs[i] = L->grad[i].t;
-    bx_status st = bx_tokred_finish(g.s, outs, L->ngrad, 1);
-    must(st, "tokred finish");
-    bx_tokred_destroy(g.s);
-  } else {
-    all_wgrads(&g, L, tok);
-  }
-  free(tok);
-}
-
-/* ---- timing and the comparison ---------------------------------------- */
-
-static double step_time(layer *L, int invariant) {
+  int64_t cb, ce;
   double t0 = now();
-  forward(L);
-  backward(L, invariant);
-  return now() - t0;
+  check(bx_tokred_create(b->grads, b->ntensors, r->w->C, b->T, &to, &s), "tokred create");
+  check(bx_tokred_chunks(s, 0, b->T, &cb, &ce), "micro-batch chunks");
+  tr_ctx c;
+  block_ctx(&c, b, r, s, cb, err, sizeof err);
+  block_pass(b, &c, 0);
+  check(bx_tokred_agree(s, NULL), "tokred agree");
+  double t1 = now();
+  block_pass(b, &c, 1);
+  check(bx_tokred_finish(s, b->grads, b->ntensors, 1), "tokred finish");
+  bx_tokred_destroy(s);
+  double t2 = now();
+  *pass1 = t2 - t1;
+  return t2 - t0;
 }
 
-/* FNV-1a over the bits of the output, dX and every weight gradient. */
-static uint64_t result_hash(const layer *L) {
-  uint64_t h = 1469598103934665603ull;
-  const ten *ts[64 + 2];
-  size_t n = 0;
-  ts[n++] = &L->out;
-  ts[n++] = &L->dx;
-  for (size_t i = 0; i < L->ngrad; i++) ts[n++] = &L->grad[i];
-  for (size_t i = 0; i < n; i++) {
-    int64_t cnt = ts[i]->shape[0] * (ts[i]->t.ndim > 1 ? ts[i]->shape[1] : 1);
-    const unsigned char *p = ts[i]->data;
-    for (int64_t b = 0; b < cnt * 4; b++) h = (h ^ p[b]) * 1099511628211ull;
-  }
+/* FNV-1a over the bits of the block's output, dxn2 and its weight gradients. */
+static uint64_t fnv(uint64_t h, const void *p, size_t bytes) {
+  const unsigned char *q = p;
+  for (size_t i = 0; i < bytes; i++) h = (h ^ q[i]) * 1099511628211ull;
   return h;
 }
 
-static double torch_time(const char *script, const cfg *c) {
-  char cmd[1024];
-  snprintf(cmd, sizeof cmd,
-           "python3 '%s' --tokens %lld --hidden %lld --experts %lld --topk %lld --groups %lld "
-           "--topk-groups %lld --inter %lld --shared %lld --threads %d --iters 3",
-           script, (long long)c->T, (long long)c->H, (long long)c->E, (long long)c->K,
-           (long long)c->G, (long long)c->TG, (long long)c->I, (long long)c->S, c->threads);
+static uint64_t result_hash(const bench *b, const tr_work *w) {
+  size_t th = (size_t)(b->T * HIDDEN) * sizeof(float);
+  uint64_t h = fnv(1469598103934665603ull, w->x_final, th);
+  h = fnv(h, w->s.dtmp, th);
+  for (size_t i = 0; i < b->ntensors; i++)
+    if (b->in_block[i]) h = fnv(h, b->m->p[i].grad, (size_t)b->m->p[i].numel * sizeof(float));
+  return h;
+}
+
+static double torch_time(const char *script, int64_t T, int threads) {
+  char cmd[2048]; /* the script's path (< 1024) and the arguments */
+  int len = snprintf(cmd, sizeof cmd,
+           "python3 '%s' --tokens %lld --hidden %d --experts %d --topk %d --groups %d "
+           "--topk-groups %d --inter %d --shared %d --threads %d --iters 3",
+           script, (long long)T, HIDDEN, EXPERTS, TOPK, GROUPS, KEPT_GROUPS, EXPERT_INTER, SHARED,
+           threads);
+  if (len < 0 || (size_t)len >= sizeof cmd) return -1;
   FILE *f = popen(cmd, "r");
   if (!f) return -1;
   char line[256];
@@ -433,81 +238,116 @@ static double torch_time(const char *script, const cfg *c) {
   return t;
 }
 
+/* The one-layer MoE config of the bench's shapes. */
+static void bench_config(tr_config *c) {
+  tr_config_tiny(c);
+  c->num_hidden_layers = 1;
+  c->first_k_dense_replace = 0;
+  c->hidden_size = HIDDEN;
+  c->n_routed_experts = EXPERTS;
+  c->num_experts_per_tok = TOPK;
+  c->n_group = GROUPS;
+  c->topk_group = KEPT_GROUPS;
+  c->moe_intermediate_size = EXPERT_INTER;
+  c->n_shared_experts = SHARED;
+  c->routed_scaling_factor = ROUTED_SCALING;
+}
+
 int main(int argc, char **argv) {
-  cfg c = {1024, 256, 8, 2, 2, 1, 128, 1, 256, 1};
-  int use_torch = 0, reps = 5, nthr = 0, thr[8];
-  const char *script = "bench/bench_moe_torch.py", *tlist = "1,2";
+  int use_torch = 0, reps = 5, nthr = 0, thr[MAX_THREAD_COUNTS];
+  int64_t T = 1024, chunk = 256;
+  char tlist[64] = "1,2", script_buf[1024];
+  const char *script = NULL;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--torch")) use_torch = 1;
     else if (!strcmp(argv[i], "--torch-script") && i + 1 < argc) script = argv[++i], use_torch = 1;
-    else if (!strcmp(argv[i], "--threads") && i + 1 < argc) tlist = argv[++i];
+    else if (!strcmp(argv[i], "--threads") && i + 1 < argc) snprintf(tlist, sizeof tlist, "%s", argv[++i]);
     else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
-    else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) c.T = atoll(argv[++i]);
-    else if (!strcmp(argv[i], "--chunk") && i + 1 < argc) c.chunk = atoll(argv[++i]);
+    else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) T = atoll(argv[++i]);
+    else if (!strcmp(argv[i], "--chunk") && i + 1 < argc) chunk = atoll(argv[++i]);
     else {
       fprintf(stderr, "usage: bench_moe [--torch] [--torch-script PATH] [--threads 1,2] [--reps R] "
                       "[--tokens T] [--chunk C]\n");
       return 2;
     }
   }
-  for (const char *p = tlist; *p && nthr < 8;) {
-    thr[nthr++] = atoi(p);
-    const char *q = strchr(p, ',');
-    if (!q) break;
-    p = q + 1;
-  }
-  if (reps < 1 || reps > 99 || c.T < 1 || c.chunk < 1) {
-    fprintf(stderr, "bench_moe: bad --reps, --tokens or --chunk\n");
+  nthr = parse_threads(tlist, thr, MAX_THREAD_COUNTS);
+  int bad_threads = nthr < 1;
+  for (int i = 0; i < nthr; i++) bad_threads |= thr[i] < 1;
+  if (reps < 1 || reps > MAX_REPS || T < 1 || chunk < 1 || bad_threads) {
+    fprintf(stderr, "bench_moe: bad --reps (1..%d), --tokens, --chunk or --threads\n", MAX_REPS);
     return 2;
   }
-  printf("# bench_moe: one GLM-4.5 MoE layer, forward + backward; T %lld, hidden %lld, %lld experts "
-         "top-%lld (%lld groups, %lld kept), expert intermediate %lld, %lld shared; chunk %lld tokens\n",
-         (long long)c.T, (long long)c.H, (long long)c.E, (long long)c.K, (long long)c.G,
-         (long long)c.TG, (long long)c.I, (long long)c.S, (long long)c.chunk);
-  printf("# medians of %d steps (seconds); ratios: medians of per-rep ratios%s\n", reps,
-         use_torch ? "; torch: bench_moe_torch.py in the same reps" : "");
-  printf("%4s %10s %10s %10s %9s %11s %11s\n", "thr", "invariant", "plain", "torch", "inv/plain",
-         "torch/inv", "torch/plain");
+  if (use_torch && !script)
+    script = torch_script(script_buf, sizeof script_buf, argv[0], "bench_moe_torch.py");
+
+  tr_config cfg;
+  bench_config(&cfg);
+  char err[512];
+  if (tr_config_check(&cfg, err, sizeof err)) fail("config", err);
+  bench b = {.layer = 0, .T = T};
+  if (tr_model_create(&cfg, 1, &b.m, err, sizeof err)) fail("model", err);
+  mark_block(&b);
+  mode_run runs[2] = {{BX_TOKRED_GRID, "grid", make_work(&b, chunk)},
+                      {BX_TOKRED_ORDINARY, "ordinary", make_work(&b, T)}};
+
+  char cpu[128];
+  cpu_model(cpu, sizeof cpu);
+  printf("# bench_moe: the model's MoE block (tr_moe_forward + tr_moe_backward), both passes of a "
+         "step; %s\n", cpu);
+  printf("# T %lld, hidden %d, %d experts top-%d (%d groups, %d kept), expert intermediate %d, "
+         "%d shared; grid: chunk %lld tokens, ordinary: one chunk of T\n",
+         (long long)T, HIDDEN, EXPERTS, TOPK, GROUPS, KEPT_GROUPS, EXPERT_INTER, SHARED,
+         (long long)chunk);
+  printf("# medians of %d steps (seconds); ratios: medians of per-rep ratios of step times%s\n", reps,
+         use_torch ? "; torch: bench_moe_torch.py (one forward + backward) in the same reps" : "");
+  printf("%4s %9s %9s %9s %9s %9s %9s %10s %10s\n", "thr", "grid", "grid p1", "ordinary", "ord p1",
+         "torch", "grid/ord", "torch/grid", "torch/ord");
   int bad = 0;
-  uint64_t ref_inv = 0, ref_plain = 0;
+  uint64_t ref[2] = {0, 0};
   for (int ti = 0; ti < nthr; ti++) {
-    c.threads = thr[ti];
-    layer L;
-    layer_make(&L, c);
-    step_time(&L, 1);
-    uint64_t h_inv = result_hash(&L);
-    step_time(&L, 0);
-    uint64_t h_plain = result_hash(&L);
-    if (ti == 0) ref_inv = h_inv, ref_plain = h_plain;
-    else if (h_inv != ref_inv || h_plain != ref_plain) {
-      fprintf(stderr, "bench_moe: %d threads changed the bits (invariant %016llx vs %016llx)\n",
-              c.threads, (unsigned long long)h_inv, (unsigned long long)ref_inv);
-      bad = 1;
-    }
-    double ti_[99], tp[99], tt[99], r_ip[99], r_ti[99], r_tp[99];
-    int nt = 0;
-    for (int r = 0; r < reps; r++) {
-      ti_[r] = step_time(&L, 1);
-      tp[r] = step_time(&L, 0);
-      r_ip[r] = ti_[r] / tp[r];
-      if (use_torch) {
-        double t = torch_time(script, &c);
-        if (t > 0) {
-          tt[nt] = t;
-          r_ti[nt] = t / ti_[r];
-          r_tp[nt] = t / tp[r];
-          nt++;
-        }
+    b.threads = thr[ti];
+    double p1;
+    for (int k = 0; k < 2; k++) { /* the warm-up step, and the bits of this thread count */
+      block_step(&b, &runs[k], &p1);
+      uint64_t h = result_hash(&b, runs[k].w);
+      if (ti == 0) {
+        ref[k] = h;
+      } else if (h != ref[k]) {
+        fprintf(stderr, "bench_moe: %s mode: %d threads changed the bits (%016llx vs %016llx with %d)\n",
+                runs[k].name, b.threads, (unsigned long long)h, (unsigned long long)ref[k], thr[0]);
+        bad = 1;
       }
     }
-    double mi = median(ti_, reps), mp = median(tp, reps), rip = median(r_ip, reps);
+    double tg[MAX_REPS], tg1[MAX_REPS], to[MAX_REPS], to1[MAX_REPS], tt[MAX_REPS];
+    double r_go[MAX_REPS], r_tg[MAX_REPS], r_to[MAX_REPS];
+    int nt = 0;
+    for (int r = 0; r < reps; r++) {
+      tg[r] = block_step(&b, &runs[0], &tg1[r]);
+      to[r] = block_step(&b, &runs[1], &to1[r]);
+      r_go[r] = tg[r] / to[r];
+      double t = use_torch ? torch_time(script, T, b.threads) : -1;
+      if (t > 0) {
+        tt[nt] = t;
+        r_tg[nt] = t / tg[r];
+        r_to[nt] = t / to[r];
+        nt++;
+      }
+    }
+    printf("%4d %9.4f %9.4f %9.4f %9.4f", b.threads, median(tg, reps), median(tg1, reps),
+           median(to, reps), median(to1, reps));
     if (nt > 0)
-      printf("%4d %10.4f %10.4f %10.4f %9.3f %11.2f %11.2f\n", c.threads, mi, mp, median(tt, nt), rip,
-             median(r_ti, nt), median(r_tp, nt));
+      printf(" %9.4f %9.3f %10.2f %10.2f\n", median(tt, nt), median(r_go, reps), median(r_tg, nt),
+             median(r_to, nt));
     else
-      printf("%4d %10.4f %10.4f %10s %9.3f %11s %11s\n", c.threads, mi, mp, "-", rip, "-", "-");
+      printf(" %9s %9.3f %10s %10s\n", "-", median(r_go, reps), "-", "-");
     fflush(stdout);
-    layer_free(&L);
   }
+  tr_work_free(runs[0].w);
+  tr_work_free(runs[1].w);
+  free(b.in_block);
+  free(b.grads);
+  free(b.standin);
+  tr_model_destroy(b.m);
   return bad;
 }

@@ -58,8 +58,8 @@ endif()
 # ---- the GLM-4.5 model module (src/glm, DESIGN §10): a library of its own -------
 # The model `bitexact train` trains (config, parameters, init, the blocks'
 # forward and backward, the gradient protocol, expert parallelism, the
-# step), on the public API (bitexact_train.h) only; the command and the
-# model's own test link it. Not installed (internal header: train_model.h).
+# step), on the public API (bitexact_train.h) only; the command, the
+# model's own test and bench_moe link it. Not installed (internal header: train_model.h).
 file(GLOB BX_GLM_SOURCES CONFIGURE_DEPENDS "${PROJECT_SOURCE_DIR}/src/glm/*.c")
 add_library(bx_glm STATIC ${BX_GLM_SOURCES})
 target_include_directories(bx_glm PUBLIC "${PROJECT_SOURCE_DIR}/src/glm")
@@ -111,6 +111,8 @@ bx_programs_of(tests/cross tests/cross)
 
 # ---- benchmarks -----------------------------------------------------------------
 bx_programs_of(bench bench INTERNAL)
+# bench_moe times the model module's MoE block (src/glm/train_moe_block.c)
+target_link_libraries(bench_bench_moe PRIVATE bx_glm)
 bx_programs_of(bench/cli bench/cli)
 if(BX_HAVE_MPI)
   bx_programs_of(bench/mpi bench/mpi INTERNAL LIBS bx_mpi_static MPI::MPI_C)
