@@ -207,9 +207,11 @@ extern PyMethodDef bxpy_glm_methods[];      /* _glm.c: the model module (src/glm
 int bxpy_train_init(PyObject *module);
 int bxpy_tokred_init(PyObject *module);
 /* The bx_tokred of a TokRed object, marked in use (a second taker, or a
- * TokRed method, is refused until bxpy_tokred_give); NULL with the error
- * raised when o is not a TokRed or is in use. Called with the GIL. */
-bx_tokred *bxpy_tokred_take(PyObject *o, const char *fn);
+ * TokRed method, is refused until bxpy_tokred_give), and the gradient
+ * descriptors it was created with (*grads, *n; either may be NULL); NULL
+ * with the error raised when o is not a TokRed or is in use. Called with
+ * the GIL. */
+bx_tokred *bxpy_tokred_take(PyObject *o, const char *fn, const DLTensor **grads, size_t *n);
 void bxpy_tokred_give(PyObject *o);
 
 #endif /* BXPY_H */

@@ -109,7 +109,7 @@ static int node_begin(node *nd, const char *fn, const char *const *names, int n,
       bxpy_raise_fmt(BX_EINVAL, NULL, "%s: grads pass %lld is not 0 (bound) or 1 (add)", fn, pass);
       return -1;
     }
-    if (!(nd->c.s = bxpy_tokred_take(st, fn))) return -1;
+    if (!(nd->c.s = bxpy_tokred_take(st, fn, &nd->c.grads, &nd->c.ngrads))) return -1;
     nd->state = st;
     nd->c.pass = (int)pass;
     nd->c.tok0 = tok0;
@@ -396,6 +396,71 @@ static PyObject *py_mlp_bwd(PyObject *self, PyObject *args, PyObject *kw) {
   NODE_RUN(nd, glm_mlp_bwd(&nd.c, l, dy, x, T, g, u, a, da, dg, du, dx));
 }
 
+static PyObject *py_embedding_bwd(PyObject *self, PyObject *args, PyObject *kw) {
+  (void)self;
+  static char *kwl[] = {"ids", "dy", "num_embeddings", "chunk_tokens", "row_ids", "rows",
+                        "offsets", "grads", "index", "padding_idx", "num_threads", NULL};
+  static const char *const nm[] = {"ids", "dy", "row_ids", "rows", "offsets"};
+  PyObject *o[5], *grads;
+  long long V, C, gi, pad = -1;
+  int nt = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "OOLLOOOOL|$Li:glm_embedding_backward", kwl, &o[0],
+                                   &o[1], &V, &C, &o[2], &o[3], &o[4], &grads, &gi, &pad, &nt))
+    return NULL;
+  node nd;
+  if (node_begin(&nd, "glm_embedding_backward", nm, 5, o, 7u << 2, 0u, grads, nt)) return NULL;
+  const DLTensor *ti = nd.k.p[0], *td = nd.k.p[1];
+  int64_t T = 1;
+  for (int d = 0; d < ti->ndim; d++) T *= ti->shape[d];
+  int64_t H = td->ndim >= 1 ? td->shape[td->ndim - 1] : 0, nch = C > 0 ? (T + C - 1) / C : 0;
+  const float *dy;
+  float *rows;
+  if (C < 1) {
+    glm_fail(&nd.c, BX_EINVAL, "chunk_tokens %lld < 1", C);
+    return node_end(&nd, -1);
+  }
+  if (!(dy = f32_at(&nd, 1, T, H, NULL)) || !(rows = (float *)f32_at(&nd, 3, T, H, NULL)))
+    return node_end(&nd, -1);
+  int64_t *rid, *off;
+  if (!(rid = (int64_t *)glm_dl_i64(&nd.c, nd.k.p[2], "row_ids", 1, T)) ||
+      !(off = (int64_t *)glm_dl_i64(&nd.c, nd.k.p[4], "offsets", 1, nch + 1)))
+    return node_end(&nd, -1);
+  NODE_RUN(nd, glm_embedding_bwd(&nd.c, ti, dy, T, H, V, C, pad, rid, rows, off, gi));
+}
+
+/* loss_grads: None, or (loss state, pass, first_token, first_chunk); mean:
+ * a 0-d fp32 tensor or None. */
+static PyObject *py_xent_fwd(PyObject *self, PyObject *args, PyObject *kw) {
+  (void)self;
+  static char *kwl[] = {"logits", "targets", "n_global", "chunk_tokens", "ignore_index",
+                        "losses", "partials", "dlogits", "loss_grads", "mean", "num_threads", NULL};
+  static const char *const nm[] = {"logits", "targets", "losses", "partials", "dlogits", "mean"};
+  PyObject *o[6], *grads;
+  long long ng, C, ign;
+  int nt = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "OOLLLOOOOO|$i:glm_xent_forward", kwl, &o[0], &o[1],
+                                   &ng, &C, &ign, &o[2], &o[3], &o[4], &grads, &o[5], &nt))
+    return NULL;
+  node nd;
+  if (node_begin(&nd, "glm_xent_forward", nm, 6, o, 15u << 2, 1u << 5, grads, nt)) return NULL;
+  bx_tokred *sl = nd.c.s;
+  nd.c.s = NULL; /* the state given is the loss's */
+  const DLTensor *tz = nd.k.p[0];
+  int64_t V = tz->ndim >= 1 ? tz->shape[tz->ndim - 1] : 0, T = 0;
+  const float *z;
+  float *losses, *parts, *dz, *mean = NULL;
+  if (C < 1) {
+    glm_fail(&nd.c, BX_EINVAL, "chunk_tokens %lld < 1", C);
+    return node_end(&nd, -1);
+  }
+  if (!(z = f32_at(&nd, 0, -1, V, &T)) || !(losses = (float *)f32_at(&nd, 2, 1, T, NULL)) ||
+      !(parts = (float *)f32_at(&nd, 3, 1, (T + C - 1) / C, NULL)) ||
+      !(dz = (float *)f32_at(&nd, 4, T, V, NULL)) ||
+      (nd.k.p[5] && !(mean = (float *)f32_at(&nd, 5, 1, 1, NULL))))
+    return node_end(&nd, -1);
+  NODE_RUN(nd, glm_xent_fwd(&nd.c, sl, z, T, V, nd.k.p[1], ng, C, ign, losses, parts, dz, mean));
+}
+
 #define NODE_METH(name, fn, doc) {name, (PyCFunction)(void (*)(void))fn, METH_VARARGS | METH_KEYWORDS, doc}
 
 PyMethodDef bxpy_glm_methods[] = {
@@ -429,4 +494,12 @@ PyMethodDef bxpy_glm_methods[] = {
     NODE_METH("glm_mlp_backward", py_mlp_bwd,
               "glm_mlp_backward(dy, x, g, u, a, gate/up/down_weight, their bf16 copies, da, dg, "
               "du, dx, grads, indices, *, num_threads=0) (glm_mlp_bwd)"),
+    NODE_METH("glm_embedding_backward", py_embedding_bwd,
+              "glm_embedding_backward(ids, dy, num_embeddings, chunk_tokens, row_ids, rows, "
+              "offsets, grads, index, *, padding_idx=-1, num_threads=0): the compact chunk rows "
+              "into grads (glm_embedding_bwd)"),
+    NODE_METH("glm_xent_forward", py_xent_fwd,
+              "glm_xent_forward(logits, targets, n_global, chunk_tokens, ignore_index, losses, "
+              "partials, dlogits, loss_grads, mean, *, num_threads=0): losses, partials (into "
+              "loss_grads), dlogits, the exact mean (glm_xent_fwd)"),
     {NULL, NULL, 0, NULL}};

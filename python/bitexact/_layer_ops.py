@@ -148,11 +148,6 @@ def qkv_args(fw, check, capture, fn, x, weights, biases):
     return x, ws, bs, mb, tuple((next(it), next(it) if b is not None else None) for b in bs)
 
 
-def _bf(fw, ctx):
-    """The weight gradients' operand rounding of an op (None: fp32)."""
-    return fw.bf16 if ctx.bf else None
-
-
 def mm(fw, bf, a, b, layout, c, accumulate=False, num_threads=0):
     """c (+)= a op b by bx_gemm; with bf16 compute (bf) both operands are
     rounded to bf16 first (fw.bf16: round to nearest even, as
@@ -340,21 +335,20 @@ def embedding_forward(fw, ctx, weight, ids, padding_idx, nt, mb, widx):
 
 
 def embedding_backward(fw, ctx, dy):
-    """The weight's gradient as compact per-chunk rows
-    (bx_embedding_backward) into the GradReduction; no input gradient."""
+    """The node glm_embedding_bwd: the weight's gradient as compact
+    per-chunk rows into the GradReduction; no input gradient."""
     (ids,) = fw.saved(ctx)
     (V, H), pad, nt, mb, widx = ctx.meta
     if widx is None:
         return
-    mb.check("Embedding backward")  # first: a stale pass computes nothing
+    grads = _g.node_grads(mb, "Embedding backward")  # first: a stale pass computes nothing
     T, C = fw.numel(ids), mb.red.seq_len
-    nch = -(-T // C)
-    row_ids = fw.empty([T], fw.i64)
-    rows = fw.empty([T, H])
-    offsets = fw.empty([nch + 1], fw.i64)
-    _k.embedding_backward(fw.reshape(ids, [-1]), fw.rows(dy.contiguous(), H), V, C, row_ids,
-                          rows, offsets, padding_idx=pad, num_threads=nt)
-    _g.embedding_grad(mb, widx, row_ids, rows, offsets)
+    row_ids, rows = fw.empty([T], fw.i64), fw.empty([T, H])
+    offsets = fw.empty([-(-T // C) + 1], fw.i64)
+    with _g.named(mb):
+        _core.glm_embedding_backward(fw.reshape(ids, [-1]), fw.rows(dy.contiguous(), H), V, C,
+                                     row_ids, rows, offsets, grads, widx,
+                                     padding_idx=pad, num_threads=nt)
 
 
 # ---- cross-entropy --------------------------------------------------------------
@@ -381,24 +375,26 @@ def xent_step(fw, fn, targets, ignore_index):
 
 
 def xent_forward(fw, ctx, logits, targets, ignore_index, nt, mb, n_global):
-    """bx_xent_forward_backward (the dlogits for a unit loss gradient kept
-    for backward); the chunk partials into the loss reduction inside a
-    micro-batch; returns sum(partials) / n_global, the exact sum rounded
-    once, as a 0-d tensor."""
+    """The node glm_xent_fwd: per-token losses, the dlogits for a unit loss
+    gradient (kept for backward), inside a micro-batch the chunk partials
+    into the loss reduction; returns sum(partials) / n_global, the exact
+    sum rounded once, as a 0-d tensor."""
     z = fw.rows(logits, logits.shape[-1])
     T = z.shape[0]
     t1 = fw.reshape(targets, [-1])
     C = mb.red.seq_len if mb is not None else max(T, 1)
-    nch = -(-T // C)
-    losses, parts, dz = fw.empty([T]), fw.empty([nch]), fw.empty(z.shape)
-    _k.xent_forward_backward(z, t1, n_global, C, losses, parts, None, dz,
-                             ignore_index=ignore_index, num_threads=nt)
+    losses, parts, dz, mean = fw.empty([T]), fw.empty([-(-T // C)]), fw.empty(z.shape), fw.empty([])
+    lg = None
     if mb is not None:  # the step's loss: the partials into the loss reduction
-        _g.loss_partials(mb, lambda j: parts[j], nch, "cross_entropy")
+        bound = mb.check("cross_entropy")
+        lg = (mb.red._loss_state, 0 if bound else 1, mb.tok0, mb.chunk0)
+    _core.glm_xent_forward(z, t1, n_global, C, ignore_index, losses, parts, dz, lg, mean,
+                           num_threads=nt)
+    if mb is not None:
         mb.token_losses = losses  # the per-token losses (a run record's loss_hash)
     ctx.save_for_backward(z, t1, dz)
     ctx.meta = (list(logits.shape), ignore_index, nt, n_global, mb)
-    return _g.exact_mean(lambda j: parts[j], nch, C, T, n_global, fw.empty([]))
+    return mean
 
 
 def xent_backward(fw, ctx, dloss):

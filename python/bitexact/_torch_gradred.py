@@ -139,8 +139,5 @@ def _capture(fn, weights, exact=True):
     return _g.capture(fn, weights, trainable, "docs/torch_layers.md", exact)
 
 
-_wgrad, _partials = _g.wgrad, _g.partials
-
-
 def _rows(t, last):
     return t.reshape(-1, last)

@@ -612,7 +612,7 @@ PyMethodDef bxpy_tokred_methods[] = {
              "bx_embedding_grad_add).\nSingle-threaded; GIL released."),
     {NULL, NULL, 0, NULL}};
 
-bx_tokred *bxpy_tokred_take(PyObject *o, const char *fn) {
+bx_tokred *bxpy_tokred_take(PyObject *o, const char *fn, const DLTensor **grads, size_t *n) {
   if (!PyObject_TypeCheck(o, &TokRedType)) {
     bxpy_raise_fmt(BX_EINVAL, NULL, "%s: the gradient state must be a TokRed, got %.80s", fn,
                    Py_TYPE(o)->tp_name);
@@ -621,6 +621,8 @@ bx_tokred *bxpy_tokred_take(PyObject *o, const char *fn) {
   TokRed *t = (TokRed *)o;
   if (tr_check(t, fn) < 0) return NULL;
   t->busy = 1;
+  if (grads) *grads = t->grads;
+  if (n) *n = t->n;
   return t->s;
 }
 

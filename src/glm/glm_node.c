@@ -68,12 +68,13 @@ int glm_ck(glm_nctx *c, bx_status st, const char *what) {
 }
 
 static const void *dl_data(glm_nctx *c, const DLTensor *t, const char *name, uint8_t code,
-                           const char *dtype, int64_t rows, int64_t cols, int64_t *rows_out) {
+                           uint8_t bits, const char *dtype, int64_t rows, int64_t cols,
+                           int64_t *rows_out) {
   if (!t) {
     glm_fail(c, BX_EINVAL, "argument '%s': a tensor is required", name);
     return NULL;
   }
-  if (t->dtype.code != code || t->dtype.bits != (code == kDLFloat ? 32 : 16) || t->dtype.lanes != 1) {
+  if (t->dtype.code != code || t->dtype.bits != bits || t->dtype.lanes != 1) {
     glm_fail(c, BX_EDTYPE, "argument '%s': must be %s", name, dtype);
     return NULL;
   }
@@ -112,12 +113,17 @@ static const void *dl_data(glm_nctx *c, const DLTensor *t, const char *name, uin
 
 const float *glm_dl_f32(glm_nctx *c, const DLTensor *t, const char *name, int64_t rows,
                         int64_t cols, int64_t *rows_out) {
-  return dl_data(c, t, name, kDLFloat, "float32", rows, cols, rows_out);
+  return dl_data(c, t, name, kDLFloat, 32, "float32", rows, cols, rows_out);
+}
+
+const int64_t *glm_dl_i64(glm_nctx *c, const DLTensor *t, const char *name, int64_t rows,
+                          int64_t cols) {
+  return dl_data(c, t, name, kDLInt, 64, "int64", rows, cols, NULL);
 }
 
 const uint16_t *glm_dl_bf16(glm_nctx *c, const DLTensor *t, const char *name, int64_t rows,
                             int64_t cols) {
-  return dl_data(c, t, name, kDLBfloat, "bfloat16", rows, cols, NULL);
+  return dl_data(c, t, name, kDLBfloat, 16, "bfloat16", rows, cols, NULL);
 }
 
 /* ---- bf16 operands -----------------------------------------------------------------------

@@ -69,6 +69,8 @@ typedef struct glm_nctx {
   int threads;
   glm_bfws *ws;          /* bf16 workspaces (needed when a bf16 copy is given) */
   bx_tokred *s;          /* the gradients' token reduction, or NULL */
+  const DLTensor *grads; /* the descriptors s was created with (bx_embedding_grad_add) */
+  size_t ngrads;
   int pass;
   int64_t tok0, chunk0;
   bx_status st;          /* the failing call's status */
@@ -85,8 +87,8 @@ int glm_fail(glm_nctx *c, bx_status st, const char *fmt, ...)
 #endif
     ;
 
-/* The checked data of a binding's argument: fp32 (glm_dl_f32) or bf16
- * (glm_dl_bf16), host, compact row-major (any ndim), viewed as rows x
+/* The checked data of a binding's argument: fp32 (glm_dl_f32), bf16
+ * (glm_dl_bf16) or int64 (glm_dl_i64), host, compact row-major (any ndim), viewed as rows x
  * cols: numel = rows * cols, or with rows -1 any multiple of cols
  * (*rows_out, when not NULL, gets the row count). NULL with c->err
  * naming `name` otherwise. */
@@ -94,6 +96,8 @@ const float *glm_dl_f32(glm_nctx *c, const DLTensor *t, const char *name, int64_
                         int64_t cols, int64_t *rows_out);
 const uint16_t *glm_dl_bf16(glm_nctx *c, const DLTensor *t, const char *name, int64_t rows,
                             int64_t cols);
+const int64_t *glm_dl_i64(glm_nctx *c, const DLTensor *t, const char *name, int64_t rows,
+                          int64_t cols);
 
 /* ---- the GEMM entry and the weight-gradient pieces -------------------------------------- */
 
@@ -170,5 +174,25 @@ int glm_mlp_fwd(glm_nctx *c, const glm_lin l[3], const float *x, int64_t T, floa
 int glm_mlp_bwd(glm_nctx *c, const glm_lin l[3], const float *dy, const float *x, int64_t T,
                 const float *g, const float *u, const float *a, float *da, float *dg, float *du,
                 float *dx);
+
+/* The embedding's backward (no input gradient): bx_embedding_backward of
+ * dy [T, H] for ids (int32/int64 [T], vocabulary V) into compact
+ * per-chunk rows (row_ids [T], rows [T, H], offsets [ceil(T / C) + 1]
+ * scratch, C tokens a chunk; padding_idx < 0: none, else that row's
+ * gradient stays zero), then bounded (pass 0) or added (pass 1) as
+ * state tensor gi's chunks (bx_embedding_grad_bound / _add; c->grads). */
+int glm_embedding_bwd(glm_nctx *c, const DLTensor *ids, const float *dy, int64_t T, int64_t H,
+                      int64_t V, int64_t C, int64_t padding_idx, int64_t *row_ids, float *rows,
+                      int64_t *offsets, int64_t gi);
+
+/* The cross-entropy of the global token mean over logits [T, V] and
+ * targets (int32/int64 [T]): bx_xent_forward_backward (per-token losses
+ * [T], per-chunk partials parts [ceil(T / C)], dlogits [T, V] for a unit
+ * loss gradient; may be logits itself). With sl (a one-tensor 0-d state,
+ * the loss) the partials are bounded or added as its chunks c->chunk0 +
+ * j; with mean, *mean = the exact sum of the partials rounded once. */
+int glm_xent_fwd(glm_nctx *c, bx_tokred *sl, const float *logits, int64_t T, int64_t V,
+                 const DLTensor *targets, int64_t n_global, int64_t C, int64_t ignore_index,
+                 float *losses, float *parts, float *dlogits, float *mean);
 
 #endif /* BX_GLM_NODE_H */

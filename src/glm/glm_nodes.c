@@ -114,3 +114,67 @@ int glm_mlp_bwd(glm_nctx *c, const glm_lin l[3], const float *dy, const float *x
     return -1;
   return 0;
 }
+
+int glm_embedding_bwd(glm_nctx *c, const DLTensor *ids, const float *dy, int64_t T, int64_t H,
+                      int64_t V, int64_t C, int64_t padding_idx, int64_t *row_ids, float *rows,
+                      int64_t *offsets, int64_t gi) {
+  glm_view v[4];
+  bx_embedding_opts eo = BX_EMBEDDING_OPTS_DEFAULT;
+  eo.num_threads = c->threads;
+  eo.padding_idx = padding_idx;
+  int64_t nch = C > 0 ? (T + C - 1) / C : 0;
+  DLTensor *trid = glm_i64(&v[0], row_ids, 1, T, 0), *trows = glm_f32(&v[1], rows, 2, T, H, 0);
+  DLTensor *toff = glm_i64(&v[2], offsets, 1, nch + 1, 0);
+  if (glm_ck(c, bx_embedding_backward(ids, glm_f32(&v[3], dy, 2, T, H, 0), V, C, trid, trows, toff,
+                                      &eo), "embed_tokens backward"))
+    return -1;
+  if (!c->s || gi < 0) return 0;
+  bx_status st = c->pass == 0 ? bx_embedding_grad_bound(c->s, (size_t)gi, trows, toff)
+                              : bx_embedding_grad_add(c->s, c->grads, c->ngrads, (size_t)gi,
+                                                      c->chunk0, trid, trows, toff);
+  return glm_ck(c, st, "embed_tokens wgrad");
+}
+
+/* *mean = the exact sum of parts[0 .. n) / divisor, rounded once (a
+ * token reduction of its own over these n chunks of C tokens). */
+static int exact_mean(glm_nctx *c, const float *parts, int64_t n, int64_t C, int64_t total,
+                      int64_t divisor, float *mean) {
+  glm_view vm, vp;
+  bx_tokred *s = NULL;
+  bx_tokred_opts to = BX_TOKRED_OPTS_DEFAULT;
+  DLTensor *tm = glm_f32(&vm, mean, 0, 0, 0, 0);
+  int rc = glm_ck(c, bx_tokred_create(tm, 1, C, total, &to, &s), "cross-entropy mean");
+  for (int64_t j = 0; !rc && j < n; j++)
+    rc = glm_ck(c, bx_tokred_bound(s, 0, j, glm_f32(&vp, parts + j, 0, 0, 0, 0)), "cross-entropy mean");
+  if (!rc) rc = glm_ck(c, bx_tokred_agree(s, NULL), "cross-entropy mean");
+  for (int64_t j = 0; !rc && j < n; j++)
+    rc = glm_ck(c, bx_tokred_add(s, 0, j, glm_f32(&vp, parts + j, 0, 0, 0, 0)), "cross-entropy mean");
+  if (!rc) rc = glm_ck(c, bx_tokred_finish(s, tm, 1, divisor), "cross-entropy mean");
+  bx_tokred_destroy(s);
+  return rc;
+}
+
+int glm_xent_fwd(glm_nctx *c, bx_tokred *sl, const float *logits, int64_t T, int64_t V,
+                 const DLTensor *targets, int64_t n_global, int64_t C, int64_t ignore_index,
+                 float *losses, float *parts, float *dlogits, float *mean) {
+  glm_view v[4];
+  bx_xent_opts xo = BX_XENT_OPTS_DEFAULT;
+  xo.num_threads = c->threads;
+  xo.ignore_index = ignore_index;
+  int64_t nch = C > 0 ? (T + C - 1) / C : 0;
+  if (glm_ck(c, bx_xent_forward_backward(glm_f32(&v[0], logits, 2, T, V, 0), targets, n_global, C,
+                                         glm_f32(&v[1], losses, 1, T, 0, 0),
+                                         glm_f32(&v[2], parts, 1, nch, 0, 0), NULL,
+                                         glm_f32(&v[3], dlogits, 2, T, V, 0), &xo),
+             "cross-entropy"))
+    return -1;
+  if (sl) {
+    glm_nctx cl = *c;
+    cl.s = sl;
+    if (glm_wg_partials(&cl, 0, parts, nch, 0, NULL, "loss")) {
+      c->st = cl.st;
+      return -1;
+    }
+  }
+  return mean ? exact_mean(c, parts, nch, C, T, n_global, mean) : 0;
+}

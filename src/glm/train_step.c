@@ -33,20 +33,9 @@ static int micro_batch(tr_ctx *c, bx_tokred *sl, float *token_losses) {
   }
   if (tr_head_forward(c)) return -1;
   /* the loss of the global token mean: dlogits in place of the logits */
-  bx_xent_opts xo = BX_XENT_OPTS_DEFAULT;
-  xo.num_threads = c->n.threads;
-  int64_t V = m->c.vocab_size;
-  if (tr_ck(c, bx_xent_forward_backward(glm_f32(&v[0], w->logits, 2, T, V, 0), glm_i32(&v[1], w->targets, T),
-                                        c->n_global, w->C, glm_f32(&v[2], w->losses, 1, T, 0, 0),
-                                        glm_f32(&v[3], w->loss_partials, 1, w->nch, 0, 0), NULL,
-                                        glm_f32(&v[4], w->logits, 2, T, V, 0), &xo),
-            "cross-entropy"))
+  if (glm_xent_fwd(&c->n, sl, w->logits, T, m->c.vocab_size, glm_i32(&v[1], w->targets, T),
+                   c->n_global, w->C, -100, w->losses, w->loss_partials, w->logits, NULL))
     return -1;
-  for (int64_t j = 0; j < w->nch; j++) {
-    DLTensor *t = glm_f32(&v[0], w->loss_partials + j, 1, 1, 0, 0);
-    bx_status st = c->n.pass == 0 ? bx_tokred_bound(sl, 0, c->n.chunk0 + j, t) : bx_tokred_add(sl, 0, c->n.chunk0 + j, t);
-    if (tr_ck(c, st, "loss")) return -1;
-  }
   if (c->n.pass == 1 && token_losses) memcpy(token_losses, w->losses, (size_t)T * sizeof(float));
   /* backward */
   if (tr_head_backward(c)) return -1;
@@ -56,18 +45,8 @@ static int micro_batch(tr_ctx *c, bx_tokred *sl, float *token_losses) {
       return -1;
     if (tr_post_norm_backward(c, l) || tr_attention_backward(c, l)) return -1;
   }
-  int64_t *rid = w->emb_row_ids, *off = w->emb_offsets;
-  DLTensor *trid = glm_i64(&v[0], rid, 1, T, 0), *trows = glm_f32(&v[1], w->emb_rows, 2, T, H, 0);
-  DLTensor *toff = glm_i64(&v[2], off, 1, w->nch + 1, 0);
-  if (tr_ck(c, bx_embedding_backward(glm_i32(&v[3], w->ids, T), glm_f32(&v[4], w->s.dx, 2, T, H, 0),
-                                     m->c.vocab_size, w->C, trid, trows, toff, &eo),
-            "embed_tokens backward"))
-    return -1;
-  bx_status st = c->n.pass == 0
-                     ? bx_embedding_grad_bound(c->n.s, (size_t)m->embed, trows, toff)
-                     : bx_embedding_grad_add(c->n.s, m->grad_t, m->nparams, (size_t)m->embed, c->n.chunk0,
-                                             trid, trows, toff);
-  return tr_ck(c, st, "embed_tokens wgrad");
+  return glm_embedding_bwd(&c->n, glm_i32(&v[0], w->ids, T), w->s.dx, T, H, m->c.vocab_size, w->C, -1,
+                           w->emb_row_ids, w->emb_rows, w->emb_offsets, m->embed);
 }
 
 static int check_args(const tr_model *m, const tr_run_opts *o, const int32_t *tokens,
@@ -127,6 +106,8 @@ int tr_model_grad(tr_model *m, const tr_run_opts *o, const int32_t *tokens, int6
   memset(&c, 0, sizeof c);
   c.n.threads = o->threads;
   c.n.ws = &m->ws;
+  c.n.grads = m->grad_t;
+  c.n.ngrads = m->nparams;
   c.n.err = err;
   c.n.errlen = errlen;
   c.m = m;
@@ -148,7 +129,7 @@ int tr_model_grad(tr_model *m, const tr_run_opts *o, const int32_t *tokens, int6
   to.mode = o->mode;
   glm_view vl;
   float lsum = 0;
-  DLTensor *tl = glm_f32(&vl, &lsum, 1, 1, 0, 0);
+  DLTensor *tl = glm_f32(&vl, &lsum, 0, 0, 0, 0); /* the loss: one 0-d tensor */
   if (tr_ck(&c, bx_tokred_create(m->grad_t, m->nparams, C, c.n_global, &to, &c.n.s), "tokred create") ||
       tr_ck(&c, bx_tokred_create(tl, 1, C, c.n_global, &to, &sl), "tokred create (loss)"))
     goto done;
