@@ -102,6 +102,11 @@ static int node_begin(node *nd, const char *fn, const char *const *names, int n,
   if (grads && grads != Py_None) {
     PyObject *st;
     long long pass, tok0, chunk0;
+    if (!PyTuple_Check(grads)) {
+      PyErr_Format(PyExc_TypeError, "%s: grads must be None or a tuple (state, pass, "
+                   "first_token, first_chunk), not %.80s", fn, Py_TYPE(grads)->tp_name);
+      return -1;
+    }
     if (!PyArg_ParseTuple(grads, "OLLL;grads: (state, pass, first_token, first_chunk)", &st, &pass,
                           &tok0, &chunk0))
       return -1;
