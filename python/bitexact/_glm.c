@@ -398,7 +398,7 @@ static PyObject *py_mlp_bwd(PyObject *self, PyObject *args, PyObject *kw) {
       !(du = (float *)f32_at(&nd, 13, T, l[0].n, NULL)) ||
       (nd.k.p[14] && !(dx = (float *)f32_at(&nd, 14, T, l[0].k, NULL))))
     return node_end(&nd, -1);
-  NODE_RUN(nd, glm_mlp_bwd(&nd.c, l, dy, x, T, g, u, a, da, dg, du, dx));
+  NODE_RUN(nd, glm_mlp_bwd(&nd.c, l, dy, x, T, g, u, a, da, dg, du, dx, 0));
 }
 
 static PyObject *py_embedding_bwd(PyObject *self, PyObject *args, PyObject *kw) {

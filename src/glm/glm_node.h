@@ -141,6 +141,9 @@ typedef struct glm_lin {
  * bias (one rounding, as torch's addmm). */
 int glm_linear_fwd(glm_nctx *c, const glm_lin *l, const float *x, int64_t T, float *y,
                    const char *what);
+/* dx [T, k] (+)= dy [T, n] · W alone (no weight gradient). */
+int glm_linear_dx(glm_nctx *c, const glm_lin *l, const float *dy, int64_t T, float *dx,
+                  int accumulate, const char *what);
 /* dx [T, k] (+)= dy [T, n] · W (dx NULL: not wanted); then the weight and
  * bias gradients from dy and x (glm_wg_linear). */
 int glm_linear_bwd(glm_nctx *c, const glm_lin *l, const float *dy, const float *x, int64_t T,
@@ -164,16 +167,23 @@ int glm_rmsnorm_bwd(glm_nctx *c, const float *x, int64_t rows, int64_t h, const 
                     const float *dy, const float *rstd, int64_t rows_per_chunk, float *dx,
                     float *parts, int64_t gi, const char *what);
 
+/* h = SiLU(g)·u over rows [rows, n] (bx_swiglu_forward) and its backward
+ * (dg, du of dh). */
+int glm_swiglu_fwd(glm_nctx *c, const float *g, const float *u, float *h, int64_t rows, int64_t n,
+                   const char *what);
+int glm_swiglu_bwd(glm_nctx *c, const float *g, const float *u, const float *dh, float *dg,
+                   float *du, int64_t rows, int64_t n, const char *what);
+
 /* SwiGLU MLP (Glm4MoeMLP): g = x·Wgᵀ, u = x·Wuᵀ, a = silu(g)·u, y =
  * a·Wdᵀ; l = {gate, up, down}; g, u, a [T, I] kept for the backward.
  * Backward: da = dy·Wd, the down gradient, (dg, du), dx = dg·Wg + du·Wu
- * as one fmaf chain (dx NULL: not wanted), the gate and up gradients;
- * da, dg, du [T, I] scratch. */
+ * as one fmaf chain (accumulate: onto dx's values; dx NULL: not wanted),
+ * the gate and up gradients; da, dg, du [T, I] scratch. */
 int glm_mlp_fwd(glm_nctx *c, const glm_lin l[3], const float *x, int64_t T, float *g, float *u,
                 float *a, float *y);
 int glm_mlp_bwd(glm_nctx *c, const glm_lin l[3], const float *dy, const float *x, int64_t T,
                 const float *g, const float *u, const float *a, float *da, float *dg, float *du,
-                float *dx);
+                float *dx, int accumulate);
 
 /* The embedding's backward (no input gradient): bx_embedding_backward of
  * dy [T, H] for ids (int32/int64 [T], vocabulary V) into compact

@@ -20,11 +20,15 @@ int glm_linear_fwd(glm_nctx *c, const glm_lin *l, const float *x, int64_t T, flo
   return 0;
 }
 
+int glm_linear_dx(glm_nctx *c, const glm_lin *l, const float *dy, int64_t T, float *dx,
+                  int accumulate, const char *what) {
+  return glm_gemm(c, bf_of(l), BX_GEMM_NN, dy, T, l->n, l->w, l->wbf, l->n, l->k, dx, T, l->k,
+                  accumulate, what);
+}
+
 int glm_linear_bwd(glm_nctx *c, const glm_lin *l, const float *dy, const float *x, int64_t T,
                    float *dx, int accumulate, const char *what) {
-  if (dx && glm_gemm(c, bf_of(l), BX_GEMM_NN, dy, T, l->n, l->w, l->wbf, l->n, l->k, dx, T, l->k,
-                     accumulate, what))
-    return -1;
+  if (dx && glm_linear_dx(c, l, dy, T, dx, accumulate, what)) return -1;
   return glm_wg_linear(c, l->gi, bf_of(l), l->bi, dy, T, l->n, x, l->k, what);
 }
 
@@ -41,9 +45,7 @@ int glm_qkv_bwd(glm_nctx *c, const glm_lin l[3], const float *const dy[3], const
   static const char *const back[3] = {"q_proj backward", "k_proj backward", "v_proj backward"};
   static const char *const wg[3] = {"q_proj wgrad", "k_proj wgrad", "v_proj wgrad"};
   for (int i = 0; dx && i < 3; i++)
-    if (glm_gemm(c, bf_of(&l[i]), BX_GEMM_NN, dy[i], T, l[i].n, l[i].w, l[i].wbf, l[i].n, l[i].k,
-                 dx, T, l[i].k, i > 0, back[i]))
-      return -1;
+    if (glm_linear_dx(c, &l[i], dy[i], T, dx, i > 0, back[i])) return -1;
   for (int i = 0; i < 3; i++)
     if (glm_wg_linear(c, l[i].gi, bf_of(&l[i]), l[i].bi, dy[i], T, l[i].n, x, l[i].k, wg[i]))
       return -1;
@@ -77,37 +79,42 @@ int glm_rmsnorm_bwd(glm_nctx *c, const float *x, int64_t rows, int64_t h, const 
   return want ? glm_wg_partials(c, gi, parts, nch, 1, &h, what) : 0;
 }
 
-int glm_mlp_fwd(glm_nctx *c, const glm_lin l[3], const float *x, int64_t T, float *g, float *u,
-                float *a, float *y) {
-  if (glm_linear_fwd(c, &l[0], x, T, g, "mlp.gate_proj") ||
-      glm_linear_fwd(c, &l[1], x, T, u, "mlp.up_proj"))
-    return -1;
+int glm_swiglu_fwd(glm_nctx *c, const float *g, const float *u, float *h, int64_t rows, int64_t n,
+                   const char *what) {
   glm_view vg, vu, vh;
   bx_swiglu_opts so = BX_SWIGLU_OPTS_DEFAULT;
   so.num_threads = c->threads;
-  int64_t I = l[0].n;
-  if (glm_ck(c, bx_swiglu_forward(glm_f32(&vg, g, 2, T, I, 0), glm_f32(&vu, u, 2, T, I, 0),
-                                  glm_f32(&vh, a, 2, T, I, 0), &so), "mlp swiglu"))
-    return -1;
-  return glm_linear_fwd(c, &l[2], a, T, y, "mlp.down_proj");
+  return glm_ck(c, bx_swiglu_forward(glm_f32(&vg, g, 2, rows, n, 0), glm_f32(&vu, u, 2, rows, n, 0),
+                                     glm_f32(&vh, h, 2, rows, n, 0), &so), what);
+}
+
+int glm_swiglu_bwd(glm_nctx *c, const float *g, const float *u, const float *dh, float *dg,
+                   float *du, int64_t rows, int64_t n, const char *what) {
+  glm_view v[5];
+  bx_swiglu_opts so = BX_SWIGLU_OPTS_DEFAULT;
+  so.num_threads = c->threads;
+  return glm_ck(c, bx_swiglu_backward(glm_f32(&v[0], g, 2, rows, n, 0), glm_f32(&v[1], u, 2, rows, n, 0),
+                                      glm_f32(&v[2], dh, 2, rows, n, 0), glm_f32(&v[3], dg, 2, rows, n, 0),
+                                      glm_f32(&v[4], du, 2, rows, n, 0), &so), what);
+}
+
+int glm_mlp_fwd(glm_nctx *c, const glm_lin l[3], const float *x, int64_t T, float *g, float *u,
+                float *a, float *y) {
+  return glm_linear_fwd(c, &l[0], x, T, g, "mlp.gate_proj") ||
+         glm_linear_fwd(c, &l[1], x, T, u, "mlp.up_proj") ||
+         glm_swiglu_fwd(c, g, u, a, T, l[0].n, "mlp swiglu") ||
+         glm_linear_fwd(c, &l[2], a, T, y, "mlp.down_proj") ? -1 : 0;
 }
 
 int glm_mlp_bwd(glm_nctx *c, const glm_lin l[3], const float *dy, const float *x, int64_t T,
                 const float *g, const float *u, const float *a, float *da, float *dg, float *du,
-                float *dx) {
+                float *dx, int accumulate) {
   int64_t I = l[0].n;
-  if (glm_linear_bwd(c, &l[2], dy, a, T, da, 0, "mlp.down_proj backward")) return -1;
-  glm_view v[5];
-  bx_swiglu_opts so = BX_SWIGLU_OPTS_DEFAULT;
-  so.num_threads = c->threads;
-  if (glm_ck(c, bx_swiglu_backward(glm_f32(&v[0], g, 2, T, I, 0), glm_f32(&v[1], u, 2, T, I, 0),
-                                   glm_f32(&v[2], da, 2, T, I, 0), glm_f32(&v[3], dg, 2, T, I, 0),
-                                   glm_f32(&v[4], du, 2, T, I, 0), &so), "mlp swiglu backward"))
+  if (glm_linear_bwd(c, &l[2], dy, a, T, da, 0, "mlp.down_proj backward") ||
+      glm_swiglu_bwd(c, g, u, da, dg, du, T, I, "mlp swiglu backward"))
     return -1;
-  if (dx && (glm_gemm(c, bf_of(&l[0]), BX_GEMM_NN, dg, T, I, l[0].w, l[0].wbf, I, l[0].k, dx, T,
-                      l[0].k, 0, "mlp.gate_proj backward") ||
-             glm_gemm(c, bf_of(&l[1]), BX_GEMM_NN, du, T, I, l[1].w, l[1].wbf, I, l[1].k, dx, T,
-                      l[1].k, 1, "mlp.up_proj backward")))
+  if (dx && (glm_linear_dx(c, &l[0], dg, T, dx, accumulate, "mlp.gate_proj backward") ||
+             glm_linear_dx(c, &l[1], du, T, dx, 1, "mlp.up_proj backward")))
     return -1;
   if (glm_wg_linear(c, l[0].gi, bf_of(&l[0]), l[0].bi, dg, T, I, x, l[0].k, "mlp.gate_proj wgrad") ||
       glm_wg_linear(c, l[1].gi, bf_of(&l[1]), l[1].bi, du, T, I, x, l[1].k, "mlp.up_proj wgrad"))

@@ -1,8 +1,7 @@
 /*
  * glm_ops.c — the model's side of the bottom (glm_node.c): its status
  * text, fl(y + x), the bf16 copies of its weights (once per step), and its
- * GEMMs and linear weight gradients by parameter index, through glm_node.c's
- * one GEMM entry and weight-gradient pieces.
+ * parameters as the nodes' weights (tr_lin).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,25 +40,4 @@ glm_lin tr_lin(const tr_ctx *c, int64_t w, int64_t b) {
   glm_lin l = {p->data, tr_bf16_on(c, w) ? p->bf : NULL, b >= 0 ? c->m->p[b].data : NULL,
                p->shape[0], p->shape[1], w, b};
   return l;
-}
-
-/* C[T,n] = A[T,k] · W[n,k]ᵀ (accumulate: C +=) */
-int tr_gemm_nt(tr_ctx *c, const float *a, int64_t T, int64_t k, int64_t w, int64_t n,
-               float *out, const char *what) {
-  const tr_param *p = &c->m->p[w];
-  return glm_gemm(&c->n, tr_bf16_on(c, w), BX_GEMM_NT, a, T, k, p->data, p->bf, n, k, out, T, n,
-                  0, what);
-}
-
-/* dX[T,k] (+)= dY[T,n] · W[n,k] */
-int tr_gemm_nn(tr_ctx *c, const float *dy, int64_t T, int64_t n, int64_t w, int64_t k,
-               float *dx, int accumulate, const char *what) {
-  const tr_param *p = &c->m->p[w];
-  return glm_gemm(&c->n, tr_bf16_on(c, w), BX_GEMM_NN, dy, T, n, p->data, p->bf, n, k, dx, T, k,
-                  accumulate, what);
-}
-
-int tr_wg_linear(tr_ctx *c, int64_t w_idx, int64_t b_idx, const float *dy, int64_t n,
-                 const float *x, int64_t k, const char *what) {
-  return glm_wg_linear(&c->n, w_idx, tr_bf16_on(c, w_idx), b_idx, dy, c->w->T, n, x, k, what);
 }

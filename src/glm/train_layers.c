@@ -169,26 +169,5 @@ int tr_dense_mlp_backward(tr_ctx *c, int64_t layer, const float *dout, float *dx
   tr_scratch *s = &c->w->s;
   glm_lin l[3];
   mlp_lin(c, &c->m->lx[layer], l);
-  return glm_mlp_bwd(&c->n, l, dout, a->xn2, c->w->T, a->g, a->u, a->a, s->da, s->dg, s->du, dxn2);
-}
-
-/* ---- SwiGLU over rows (the MoE experts and the shared expert) ---- */
-
-int tr_swiglu_fwd(tr_ctx *c, const float *g, const float *u, float *h, int64_t rows,
-                      int64_t n, const char *what) {
-  glm_view vg, vu, vh;
-  bx_swiglu_opts so = BX_SWIGLU_OPTS_DEFAULT;
-  so.num_threads = c->n.threads;
-  return tr_ck(c, bx_swiglu_forward(glm_f32(&vg, g, 2, rows, n, 0), glm_f32(&vu, u, 2, rows, n, 0),
-                                    glm_f32(&vh, h, 2, rows, n, 0), &so), what);
-}
-
-int tr_swiglu_bwd(tr_ctx *c, const float *g, const float *u, const float *dh, float *dg,
-                      float *du, int64_t rows, int64_t n, const char *what) {
-  glm_view v[5];
-  bx_swiglu_opts so = BX_SWIGLU_OPTS_DEFAULT;
-  so.num_threads = c->n.threads;
-  return tr_ck(c, bx_swiglu_backward(glm_f32(&v[0], g, 2, rows, n, 0), glm_f32(&v[1], u, 2, rows, n, 0),
-                                     glm_f32(&v[2], dh, 2, rows, n, 0), glm_f32(&v[3], dg, 2, rows, n, 0),
-                                     glm_f32(&v[4], du, 2, rows, n, 0), &so), what);
+  return glm_mlp_bwd(&c->n, l, dout, a->xn2, c->w->T, a->g, a->u, a->a, s->da, s->dg, s->du, dxn2, 0);
 }

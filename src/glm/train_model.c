@@ -270,7 +270,10 @@ static void *wal(tr_work *w, int64_t n, size_t elem) {
 
 void tr_work_free(tr_work *w) {
   if (!w) return;
-  if (w->epw) w->epw_free(w->epw); /* set by train_moe_ep.c with the buffers */
+  glm_ep_scratch_free(w->eps);
+  for (int64_t l = 0; w->epl && l < w->nlayers; l++) glm_ep_layer_free(w->epl[l]);
+  free(w->epl);
+  free(w->elin);
   for (size_t i = 0; i < w->nallocs; i++) free(w->allocs[i]);
   free(w->allocs);
   free(w->act);
@@ -292,8 +295,11 @@ tr_work *tr_work_make(const tr_model *m, int64_t T, int64_t C) {
   w->T = T;
   w->C = C;
   w->nch = (T + C - 1) / C;
+  w->nlayers = c->num_hidden_layers;
   w->act = calloc((size_t)c->num_hidden_layers, sizeof *w->act);
-  if (!w->act) goto fail;
+  w->epl = calloc((size_t)c->num_hidden_layers, sizeof *w->epl);
+  w->elin = calloc((size_t)(3 * E > 0 ? 3 * E : 1), sizeof *w->elin);
+  if (!w->act || !w->epl || !w->elin) goto fail;
   w->ids = wal(w, T, sizeof(int32_t));
   w->targets = wal(w, T, sizeof(int32_t));
   w->positions = I64(T);

@@ -8,12 +8,13 @@
  * Which file calls which (no circle; docs/architecture.md rule 8), from the
  * bottom: glm_node.c (views, status, bf16 operands, the GEMM entry, the
  * weight-gradient pieces; glm_node.h) <- glm_nodes.c (the autograd nodes
- * the bindings call too) <- glm_ops.c (the model's wrappers: its weights'
- * bf16 copies, GEMMs by parameter index) <- train_wgrad.c (weight gradients through the token reduction) <-
- * train_layers.c (attention, dense MLP, head, SwiGLU rows) <-
- * train_moe_ep.c (the expert stage over EP ranks) <- train_moe_block.c <-
- * train_step.c; train_model.c (parameters, init, workspaces) beside them,
- * calling none (the EP buffers are freed through tr_work.epw_free).
+ * the bindings call too) <- glm_moe.c (the MoE block's nodes, expert
+ * parallelism; glm_moe.h) <- glm_ops.c (the model's wrappers: its weights'
+ * bf16 copies, its weights as the nodes' glm_lin) <- train_layers.c
+ * (attention, dense MLP, head), train_moe_block.c (the MoE layers),
+ * train_moe_ep.c (which experts a rank holds; the gradient words over the
+ * EP ranks) <- train_step.c; train_model.c (parameters, init, workspaces)
+ * beside them, calling only the nodes' free functions.
  */
 #ifndef BX_GLM_TRAIN_MODEL_INTERNAL_H
 #define BX_GLM_TRAIN_MODEL_INTERNAL_H
@@ -21,6 +22,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "glm_moe.h"
 #include "glm_node.h"
 #include "train_model.h"
 
@@ -82,8 +84,10 @@ typedef struct tr_work {
   void **allocs;                    /* every buffer above, for freeing */
   size_t nallocs, cap;
   int oom;                          /* an allocation failed */
-  struct tr_ep_work *epw;           /* expert parallelism's buffers (train_moe_ep.c), lazily */
-  void (*epw_free)(struct tr_ep_work *); /* how tr_work_free frees them (set with epw) */
+  int64_t nlayers;
+  glm_lin *elin;                    /* [3E]: the MoE node's expert weights (train_moe_block.c) */
+  glm_ep_scratch *eps;              /* the MoE node's EP staging, lazily */
+  glm_ep_layer **epl;               /* [nlayers]: each MoE layer's EP state, lazily */
 } tr_work;
 
 struct tr_model {
@@ -126,14 +130,6 @@ typedef struct tr_ctx {
 /* 0 on BX_OK; else -1 with "what: status: detail" in c->n.err. */
 int tr_ck(tr_ctx *c, bx_status st, const char *what);
 
-/* Weight gradients through the token reduction (pass 0: bound, pass 1:
- * add) over the micro-batch's T rows: glm_wg_linear of parameters w_idx,
- * b_idx (bf16 operands with tr_bf16_on). tr_wg_expert: train_wgrad.c. */
-int tr_wg_linear(tr_ctx *c, int64_t w_idx, int64_t b_idx, const float *dy, int64_t n,
-                 const float *x, int64_t k, const char *what);
-int tr_wg_expert(tr_ctx *c, int64_t idx, const float *dy, int64_t n, const float *x, int64_t k,
-                 int64_t r0, int64_t rows, const char *what);
-
 /* y[i] = fl(y[i] + x[i]) */
 void tr_add_inplace(float *y, const float *x, int64_t n);
 
@@ -145,15 +141,6 @@ void tr_add_inplace(float *y, const float *x, int64_t n);
  * gradients' state indices. */
 glm_lin tr_lin(const tr_ctx *c, int64_t w, int64_t b);
 
-/* C[T,n] = A[T,k] · W[n,k]ᵀ;  dX[T,k] (accumulate: +=) dY[T,n] · W[n,k];
- * w = the weight's parameter index. With c->bf16 and a weight that has a
- * bf16 copy (every GEMM weight but the router's), both operands are bf16:
- * the weight's copy (tr_bf16_weights) and the activation rounded into a
- * workspace; fp32 accumulation and output either way. */
-int tr_gemm_nt(tr_ctx *c, const float *a, int64_t T, int64_t k, int64_t w, int64_t n,
-               float *out, const char *what);
-int tr_gemm_nn(tr_ctx *c, const float *dy, int64_t T, int64_t n, int64_t w, int64_t k,
-               float *dx, int accumulate, const char *what);
 /* The bf16 copies of the GEMM weights from the fp32 masters (once per
  * step, before its first GEMM): every 2-D parameter but the embedding and
  * the routers. 0 / -1 (out of memory). */
@@ -169,25 +156,15 @@ int tr_attention_backward(tr_ctx *c, int64_t layer); /* s.dx holds dh1 in, dx_in
 int tr_dense_mlp_forward(tr_ctx *c, int64_t layer, float *out);
 int tr_dense_mlp_backward(tr_ctx *c, int64_t layer, const float *dout, float *dxn2);
 int tr_moe_forward(tr_ctx *c, int64_t layer, float *out);
-int tr_swiglu_fwd(tr_ctx *c, const float *g, const float *u, float *h, int64_t rows, int64_t n,
-                  const char *what);
-int tr_swiglu_bwd(tr_ctx *c, const float *g, const float *u, const float *dh, float *dg, float *du,
-                  int64_t rows, int64_t n, const char *what);
 int tr_moe_backward(tr_ctx *c, int64_t layer, const float *dout, float *dxn2);
 
 /* ---- expert parallelism (train_moe_ep.c) ------------------------------------ */
 
 /* Whether the model's MoE layers run expert-parallel (m->ep, size > 1). */
 int tr_ep_active(const tr_model *m);
-/* The routed experts of layer: a->xp (the local dispatched rows) in,
- * a->yp out, through the EP group's all-to-alls. */
-int tr_moe_ep_forward(tr_ctx *c, int64_t layer);
-/* s.dyp in, s.dxp out; the held experts' weight gradients. */
-int tr_moe_ep_backward(tr_ctx *c, int64_t layer);
 /* The gradient state's words over the ranks: expert words over
  * ep->replica, the others over comm (grid mode). */
 int tr_ep_allreduce(tr_ctx *c, const bx_comm *comm);
-void tr_ep_work_free(struct tr_ep_work *w);
 
 /* ---- init ------------------------------------------------------------------ */
 
