@@ -24,6 +24,7 @@
 
 #include "_bxpy.h"
 #include "glm_data.h"
+#include "glm_moe.h"
 #include "glm_node.h"
 
 /* glm_synth_tokens(seed, vocab, n) -> bytes: n int32 tokens (native order)
@@ -134,6 +135,14 @@ static PyObject *node_end(node *nd, int rc) {
   if (nd->state) bxpy_tokred_give(nd->state);
   if (rc) return bxpy_raise_fmt(nd->c.st ? nd->c.st : BX_EINTERNAL, NULL, "%s: %s", nd->k.fn, nd->err);
   Py_RETURN_NONE;
+}
+
+/* Release everything after an error already raised. */
+static PyObject *node_abort(node *nd) {
+  bxk_release(&nd->k);
+  glm_bfws_free(&nd->ws);
+  if (nd->state) bxpy_tokred_give(nd->state);
+  return NULL;
 }
 
 /* The data of slot i: fp32 rows x cols (rows -1: any; *rows_out). */
@@ -466,6 +475,625 @@ static PyObject *py_xent_fwd(PyObject *self, PyObject *args, PyObject *kw) {
   NODE_RUN(nd, glm_xent_fwd(&nd.c, sl, z, T, V, nd.k.p[1], ng, C, ign, losses, parts, dz, mean));
 }
 
+/* ---- the MoE block ------------------------------------------------------------------------
+ * Tensors in lists (the experts): a tlist exports a sequence (None items
+ * allowed where the node reads nothing). */
+
+typedef struct tlist {
+  Py_ssize_t n;
+  DLTensor *dl;
+  bxpy_owner *own;
+  int *has;
+} tlist;
+
+static void tlist_release(tlist *l) {
+  for (Py_ssize_t i = 0; l->own && i < l->n; i++)
+    if (l->has[i]) bxpy_release_owner(&l->own[i]);
+  PyMem_Free(l->dl);
+  PyMem_Free(l->own);
+  PyMem_Free(l->has);
+  memset(l, 0, sizeof *l);
+}
+
+/* Export seq (a sequence of want tensors or None; out: refuse read-only
+ * or copied exports). -1 with the error raised, nothing held. */
+static int tlist_export(tlist *l, const char *fn, const char *what, PyObject *seq, Py_ssize_t want,
+                        int out) {
+  memset(l, 0, sizeof *l);
+  PyObject *fast = PySequence_Fast(seq, "a list of tensors is required");
+  if (!fast) return -1;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+  if (n != want) {
+    Py_DECREF(fast);
+    bxpy_raise_fmt(BX_EINVAL, NULL, "%s: argument '%s': %zd tensors, expected %zd", fn, what, n, want);
+    return -1;
+  }
+  l->dl = PyMem_Calloc((size_t)(n ? n : 1), sizeof *l->dl);
+  l->own = PyMem_Calloc((size_t)(n ? n : 1), sizeof *l->own);
+  l->has = PyMem_Calloc((size_t)(n ? n : 1), sizeof *l->has);
+  l->n = n;
+  if (!l->dl || !l->own || !l->has) {
+    Py_DECREF(fast);
+    tlist_release(l);
+    PyErr_NoMemory();
+    return -1;
+  }
+  for (Py_ssize_t i = 0; i < n; i++) {
+    PyObject *o = PySequence_Fast_GET_ITEM(fast, i);
+    if (o == Py_None) continue;
+    if (bxpy_export_tensor(o, &l->dl[i], &l->own[i], -1, i) < 0) {
+      PyObject *exc = bxpy_take_exception();
+      PyObject *text = exc ? PyObject_Str(exc) : NULL;
+      const char *t = text ? PyUnicode_AsUTF8(text) : NULL;
+      PyErr_Clear();
+      bxpy_raise_fmt(BX_EINVAL, NULL, "%s: argument '%s[%zd]': %s", fn, what, i, t ? t : "?");
+      Py_XDECREF(text);
+      Py_XDECREF(exc);
+      Py_DECREF(fast);
+      tlist_release(l);
+      return -1;
+    }
+    l->has[i] = 1;
+    if (out && (l->own[i].flags & (BXPY_FLAG_READ_ONLY | BXPY_FLAG_IS_COPIED))) {
+      Py_DECREF(fast);
+      tlist_release(l);
+      bxpy_raise_fmt(BX_EINVAL, NULL, "%s: argument '%s[%zd]': is read-only or a copy but it is "
+                     "an output; nothing was modified", fn, what, i);
+      return -1;
+    }
+  }
+  Py_DECREF(fast);
+  return 0;
+}
+
+static const DLTensor *tl_at(const tlist *l, Py_ssize_t i) { return l->has[i] ? &l->dl[i] : NULL; }
+
+/* The data of list item i: rows x cols fp32 / int64 (named what[i]). */
+static void *tl_f32(glm_nctx *c, const tlist *l, const char *what, Py_ssize_t i, int64_t rows,
+                    int64_t cols) {
+  char name[64];
+  PyOS_snprintf(name, sizeof name, "%s[%zd]", what, i);
+  return (void *)glm_dl_f32(c, tl_at(l, i), name, rows, cols, NULL);
+}
+
+static void *tl_i64(glm_nctx *c, const tlist *l, const char *what, Py_ssize_t i, int64_t rows,
+                    int64_t cols) {
+  char name[64];
+  PyOS_snprintf(name, sizeof name, "%s[%zd]", what, i);
+  return (void *)glm_dl_i64(c, tl_at(l, i), name, rows, cols);
+}
+
+/* A linear layer from list items: w = ws[i] ([n, k] checked), its bf16 copy
+ * bf[i] (when the list is given and the item not None), state index gi. */
+static int tl_lin(glm_nctx *c, const tlist *ws, const tlist *bf, Py_ssize_t i, int64_t n, int64_t k,
+                  long long gi, glm_lin *l) {
+  l->n = n, l->k = k, l->gi = gi, l->bi = -1, l->b = NULL, l->wbf = NULL;
+  if (!(l->w = tl_f32(c, ws, "weights", i, n, k))) return -1;
+  if (bf && bf->has[i]) {
+    char name[64];
+    PyOS_snprintf(name, sizeof name, "weights_bf16[%zd]", i);
+    if (!(l->wbf = glm_dl_bf16(c, tl_at(bf, i), name, n, k))) return -1;
+  }
+  return 0;
+}
+
+/* The EP group of a Python object (ep.size, ep.rank, ep.local_tokens;
+ * ep.alltoall_i64(send, recv), ep.alltoallv(send, sbytes, recv, rbytes)
+ * on memoryviews of the node's buffers, valid during the call). */
+typedef struct pyep {
+  PyObject *obj;
+  PyObject *error; /* the first exception a callback raised (new reference) */
+  int size;
+} pyep;
+
+static int pyep_call(pyep *p, PyObject *res) {
+  if (res) {
+    Py_DECREF(res);
+    return 0;
+  }
+  if (!p->error) p->error = bxpy_take_exception();
+  PyErr_Clear();
+  return -1;
+}
+
+static int pyep_a2a_i64(const int64_t *send, int64_t *recv, void *ctx) {
+  pyep *p = ctx;
+  PyGILState_STATE g = PyGILState_Ensure();
+  PyObject *s = PyMemoryView_FromMemory((char *)send, (Py_ssize_t)p->size * 8, PyBUF_READ);
+  PyObject *r = PyMemoryView_FromMemory((char *)recv, (Py_ssize_t)p->size * 8, PyBUF_WRITE);
+  int rc = s && r ? pyep_call(p, PyObject_CallMethod(p->obj, "alltoall_i64", "OO", s, r))
+                  : pyep_call(p, NULL);
+  Py_XDECREF(s);
+  Py_XDECREF(r);
+  PyGILState_Release(g);
+  return rc;
+}
+
+static int pyep_a2av(const void *send, const int64_t *sbytes, void *recv, const int64_t *rbytes,
+                     void *ctx) {
+  pyep *p = ctx;
+  PyGILState_STATE g = PyGILState_Ensure();
+  int64_t ns = 0, nr = 0;
+  PyObject *sb = PyTuple_New(p->size), *rb = PyTuple_New(p->size);
+  for (int i = 0; sb && rb && i < p->size; i++) {
+    ns += sbytes[i];
+    nr += rbytes[i];
+    PyTuple_SET_ITEM(sb, i, PyLong_FromLongLong(sbytes[i]));
+    PyTuple_SET_ITEM(rb, i, PyLong_FromLongLong(rbytes[i]));
+  }
+  PyObject *s = PyMemoryView_FromMemory((char *)send, (Py_ssize_t)ns, PyBUF_READ);
+  PyObject *r = PyMemoryView_FromMemory((char *)recv, (Py_ssize_t)nr, PyBUF_WRITE);
+  int rc = s && r && sb && rb
+               ? pyep_call(p, PyObject_CallMethod(p->obj, "alltoallv", "OOOO", s, sb, r, rb))
+               : pyep_call(p, NULL);
+  Py_XDECREF(s);
+  Py_XDECREF(r);
+  Py_XDECREF(sb);
+  Py_XDECREF(rb);
+  PyGILState_Release(g);
+  return rc;
+}
+
+static void ep_capsule_free(PyObject *cap) {
+  glm_ep_layer_free(PyCapsule_GetPointer(cap, "bitexact.glm_ep_layer"));
+}
+
+/* The node's glm_ep of obj (None: no EP; -1 with the error raised). The
+ * layer state: the capsule state (or a new one into *state_out). */
+static int ep_of(PyObject *obj, PyObject *state, pyep *p, glm_ep *ep, glm_ep_scratch **scr,
+                 glm_ep_layer **layer, int64_t *bytes, const char *fn) {
+  memset(ep, 0, sizeof *ep);
+  p->obj = obj;
+  p->error = NULL;
+  if (obj == Py_None || !obj) return 1;
+  long long size, rank, lt;
+  PyObject *a = PyObject_GetAttrString(obj, "size"), *b = PyObject_GetAttrString(obj, "rank");
+  PyObject *t = PyObject_GetAttrString(obj, "local_tokens");
+  int bad = !a || !b || !t;
+  if (!bad) {
+    size = PyLong_AsLongLong(a), rank = PyLong_AsLongLong(b), lt = PyLong_AsLongLong(t);
+    bad = PyErr_Occurred() != NULL;
+  }
+  Py_XDECREF(a), Py_XDECREF(b), Py_XDECREF(t);
+  if (bad) {
+    PyErr_Clear();
+    bxpy_raise_fmt(BX_EINVAL, NULL, "%s: ep must have int size, rank and local_tokens", fn);
+    return -1;
+  }
+  if (size < 1 || rank < 0 || rank >= size || lt < 1) {
+    bxpy_raise_fmt(BX_EINVAL, NULL, "%s: ep size %lld, rank %lld, local_tokens %lld out of range",
+                   fn, size, rank, lt);
+    return -1;
+  }
+  *layer = NULL;
+  if (state && state != Py_None) {
+    if (!PyCapsule_IsValid(state, "bitexact.glm_ep_layer")) {
+      bxpy_raise_fmt(BX_EINVAL, NULL, "%s: ep_state is not a forward's expert-parallel state", fn);
+      return -1;
+    }
+    *layer = PyCapsule_GetPointer(state, "bitexact.glm_ep_layer");
+  }
+  p->size = (int)size;
+  ep->size = (int)size;
+  ep->rank = (int)rank;
+  ep->alltoall_i64 = pyep_a2a_i64;
+  ep->alltoallv = pyep_a2av;
+  ep->ctx = p;
+  ep->local_tokens = lt;
+  ep->a2a_bytes = bytes;
+  ep->scr = scr;
+  return 0;
+}
+
+/* After a successful EP node: the bytes it sent added to ep.a2a_bytes. */
+static void ep_count(pyep *p, int64_t bytes) {
+  if (!p->obj || p->obj == Py_None || !bytes) return;
+  PyObject *v = PyObject_GetAttrString(p->obj, "a2a_bytes");
+  long long old = v ? PyLong_AsLongLong(v) : 0;
+  Py_XDECREF(v);
+  PyErr_Clear();
+  PyObject *nv = PyLong_FromLongLong(old + bytes);
+  if (nv && PyObject_SetAttrString(p->obj, "a2a_bytes", nv) < 0) PyErr_Clear();
+  Py_XDECREF(nv);
+}
+
+/* The MoE lists: weights [router, e_score_correction_bias, experts 3E...,
+ * shared gate, up, down]; acts [logits, w, ids, offsets, row_map, pos, xp,
+ * gp, up, hp, yp, sg, su, sa, so]; scratch [dw, dlogits, dsa, dsg, dsu,
+ * dyp, dxp, dgp, dup, dhp, tok, bounds, part, zeros]. */
+enum { A_LOGITS, A_W, A_IDS, A_OFF, A_ROWMAP, A_POS, A_XP, A_GP, A_UP, A_HP, A_YP, A_SG, A_SU,
+       A_SA, A_SO, A_N };
+enum { S_DW, S_DLOGITS, S_DSA, S_DSG, S_DSU, S_DYP, S_DXP, S_DGP, S_DUP, S_DHP, S_TOK, S_BOUNDS,
+       S_PART, S_ZEROS, S_N };
+
+typedef struct moe_call {
+  node nd;                /* the single tensors (x, out, ...), the context */
+  tlist ws, bf, acts, scr;
+  glm_moe_w m;
+  glm_lin *experts;
+  glm_moe_act a;
+  glm_moe_bscr s;
+  int64_t T, R;
+  pyep p;
+  glm_ep ep;
+  glm_ep_scratch *eps;
+  glm_ep_layer *epl;
+  int64_t bytes;
+  int have_ep;
+} moe_call;
+
+static void moe_release(moe_call *mc) {
+  tlist_release(&mc->ws);
+  tlist_release(&mc->bf);
+  tlist_release(&mc->acts);
+  tlist_release(&mc->scr);
+  PyMem_Free(mc->experts);
+  glm_ep_scratch_free(mc->eps);
+  Py_XDECREF(mc->p.error);
+}
+
+/* config (E, K, n_group, topk_group, norm_topk_prob, routed_scaling_factor) */
+static int moe_config(moe_call *mc, PyObject *cfg, const char *fn) {
+  long long E, K, ng, tg;
+  int norm;
+  double rsf;
+  if (!PyArg_ParseTuple(cfg, "LLLLpd;config: (E, K, n_group, topk_group, norm_topk_prob, "
+                        "routed_scaling_factor)", &E, &K, &ng, &tg, &norm, &rsf))
+    return -1;
+  if (E < 1 || K < 1 || K > E) {
+    bxpy_raise_fmt(BX_EINVAL, NULL, "%s: config E %lld, K %lld out of range", fn, E, K);
+    return -1;
+  }
+  mc->m.E = E, mc->m.K = K, mc->m.n_group = ng, mc->m.topk_group = tg;
+  mc->m.norm_topk_prob = norm, mc->m.routed_scaling_factor = rsf;
+  return 0;
+}
+
+/* The weights (ws from index w0: experts 3E then, if shared, the router
+ * before them and the shared three after) and indices (same layout;
+ * None: no gradients). H from x's last dimension. */
+static int moe_weights(moe_call *mc, int block, PyObject *indices, const char *fn) {
+  glm_nctx *c = &mc->nd.c;
+  int64_t E = mc->m.E, H = mc->m.H, e0 = block ? 2 : 0;
+  Py_ssize_t nw = mc->ws.n;
+  long long *gi = PyMem_Calloc((size_t)nw, sizeof *gi);
+  if (!gi) return PyErr_NoMemory(), -1;
+  for (Py_ssize_t i = 0; i < nw; i++) gi[i] = -1;
+  if (indices && indices != Py_None) {
+    PyObject *f = PySequence_Fast(indices, "indices must be a sequence of ints");
+    if (!f || PySequence_Fast_GET_SIZE(f) != nw) {
+      Py_XDECREF(f);
+      PyMem_Free(gi);
+      if (!PyErr_Occurred())
+        bxpy_raise_fmt(BX_EINVAL, NULL, "%s: indices must hold %zd ints (one per weight)", fn, nw);
+      return -1;
+    }
+    for (Py_ssize_t i = 0; i < nw; i++) {
+      PyObject *o = PySequence_Fast_GET_ITEM(f, i);
+      gi[i] = o == Py_None ? -1 : PyLong_AsLongLong(o);
+    }
+    Py_DECREF(f);
+    if (PyErr_Occurred()) {
+      PyMem_Free(gi);
+      return -1;
+    }
+  }
+  /* I from the first expert given */
+  int64_t I = -1;
+  for (int64_t e = 0; e < E && I < 0; e++)
+    if (mc->ws.has[e0 + 3 * e] && mc->ws.dl[e0 + 3 * e].ndim == 2) I = mc->ws.dl[e0 + 3 * e].shape[0];
+  mc->experts = PyMem_Calloc((size_t)(3 * E), sizeof *mc->experts);
+  int rc = 0;
+  if (!mc->experts) {
+    PyErr_NoMemory();
+    rc = -1;
+  } else if (I < 1) {
+    rc = glm_fail(c, BX_EINVAL, "argument 'weights': no expert weight [I, H] given");
+  }
+  mc->m.I = I;
+  for (int64_t e = 0; !rc && e < E; e++) {
+    if (mc->have_ep && !glm_ep_holds(mc->ep.size, mc->ep.rank, E, e)) continue; /* not read */
+    Py_ssize_t b = e0 + 3 * e;
+    const tlist *bf = mc->bf.n ? &mc->bf : NULL;
+    rc = tl_lin(c, &mc->ws, bf, b, I, H, gi[b], &mc->experts[3 * e]) ||
+         tl_lin(c, &mc->ws, bf, b + 1, I, H, gi[b + 1], &mc->experts[3 * e + 1]) ||
+         tl_lin(c, &mc->ws, bf, b + 2, H, I, gi[b + 2], &mc->experts[3 * e + 2]) ? -1 : 0;
+  }
+  mc->m.experts = mc->experts;
+  if (!rc && block) {
+    const tlist *bf = mc->bf.n ? &mc->bf : NULL;
+    const DLTensor *sg = tl_at(&mc->ws, nw - 3);
+    int64_t SI = sg && sg->ndim == 2 ? sg->shape[0] : 0;
+    mc->m.SI = SI;
+    rc = tl_lin(c, &mc->ws, NULL, 0, E, H, gi[0], &mc->m.router) ||
+         !(mc->m.ecb = tl_f32(c, &mc->ws, "weights", 1, 1, E)) ||
+         tl_lin(c, &mc->ws, bf, nw - 3, SI, H, gi[nw - 3], &mc->m.shared[0]) ||
+         tl_lin(c, &mc->ws, bf, nw - 2, SI, H, gi[nw - 2], &mc->m.shared[1]) ||
+         tl_lin(c, &mc->ws, bf, nw - 1, H, SI, gi[nw - 1], &mc->m.shared[2]) ? -1 : 0;
+  }
+  PyMem_Free(gi);
+  return rc;
+}
+
+/* The rows' activations from acts (R rows). */
+static int moe_rows(moe_call *mc, glm_moe_rows *r, int64_t T) {
+  glm_nctx *c = &mc->nd.c;
+  int64_t E = mc->m.E, K = mc->m.K, H = mc->m.H, I = mc->m.I, R = T * K;
+  const tlist *a = &mc->acts;
+  r->epl = &mc->epl;
+  if (!(r->offsets = tl_i64(c, a, "acts", A_OFF, 1, E + 1)) ||
+      !(r->row_map = tl_i64(c, a, "acts", A_ROWMAP, R, 2)) ||
+      !(r->pos = tl_i64(c, a, "acts", A_POS, T, K)) || !(r->xp = tl_f32(c, a, "acts", A_XP, R, H)) ||
+      !(r->yp = tl_f32(c, a, "acts", A_YP, R, H)))
+    return -1;
+  if (mc->have_ep) { /* the held experts' rows are the node's: these are not read */
+    r->gp = r->up = r->hp = NULL;
+    return 0;
+  }
+  return !(r->gp = tl_f32(c, a, "acts", A_GP, R, I)) || !(r->up = tl_f32(c, a, "acts", A_UP, R, I)) ||
+                 !(r->hp = tl_f32(c, a, "acts", A_HP, R, I))
+             ? -1
+             : 0;
+}
+
+static int moe_scr(moe_call *mc, glm_moe_scr *s, int64_t T, int64_t C) {
+  glm_nctx *c = &mc->nd.c;
+  int64_t K = mc->m.K, H = mc->m.H, I = mc->m.I, R = T * K, nch = (T + C - 1) / C;
+  const tlist *l = &mc->scr;
+  int ep = mc->have_ep; /* the held experts' rows are the node's: dgp, dup, dhp not read */
+  s->dgp = s->dup = s->dhp = NULL;
+  if (!(s->dyp = tl_f32(c, l, "scratch", S_DYP, R, H)) || !(s->dxp = tl_f32(c, l, "scratch", S_DXP, R, H)) ||
+      (!ep && (!(s->dgp = tl_f32(c, l, "scratch", S_DGP, R, I)) ||
+               !(s->dup = tl_f32(c, l, "scratch", S_DUP, R, I)) ||
+               !(s->dhp = tl_f32(c, l, "scratch", S_DHP, R, I)))) ||
+      !(s->tok = tl_i64(c, l, "scratch", S_TOK, 1, R)) ||
+      !(s->bounds = tl_i64(c, l, "scratch", S_BOUNDS, 1, nch + 1)) ||
+      !(s->part = tl_f32(c, l, "scratch", S_PART, I, H)) ||
+      !(s->zeros = tl_f32(c, l, "scratch", S_ZEROS, I, H)))
+    return -1;
+  for (int64_t i = 0; i < I * H; i++)
+    if (s->zeros[i] != 0.0f)
+      return glm_fail(c, BX_EINVAL, "argument 'scratch[%d]': the zeros must be zeros", S_ZEROS);
+  return 0;
+}
+
+/* Common set-up: x (nd slot 0) gives T and H; lists exported. */
+static int moe_begin(moe_call *mc, const char *fn, const char *const *names, int n, PyObject *const *o,
+                     unsigned out, unsigned opt, PyObject *grads, int nt, PyObject *ws, PyObject *bf,
+                     PyObject *acts, Py_ssize_t nacts, PyObject *scr, Py_ssize_t nscr,
+                     PyObject *ep, PyObject *ep_state, Py_ssize_t nweights_extra) {
+  if (node_begin(&mc->nd, fn, names, n, o, out, opt, grads, nt)) return -1;
+  int r = ep_of(ep, ep_state, &mc->p, &mc->ep, &mc->eps, &mc->epl, &mc->bytes, fn);
+  if (r < 0) return node_abort(&mc->nd), -1;
+  mc->have_ep = r == 0 && mc->ep.size > 1;
+  Py_ssize_t nw = 3 * mc->m.E + nweights_extra;
+  if (tlist_export(&mc->ws, fn, "weights", ws, nw, 0) ||
+      (bf != Py_None && tlist_export(&mc->bf, fn, "weights_bf16", bf, nw, 0)) ||
+      tlist_export(&mc->acts, fn, "acts", acts, nacts, 1) ||
+      (scr && tlist_export(&mc->scr, fn, "scratch", scr, nscr, 1))) {
+    moe_release(mc);
+    node_abort(&mc->nd);
+    return -1;
+  }
+  const DLTensor *tx = mc->nd.k.p[0];
+  mc->m.H = tx->ndim >= 1 ? tx->shape[tx->ndim - 1] : 0;
+  mc->T = -1;
+  if (!glm_dl_f32(&mc->nd.c, tx, names[0], -1, mc->m.H, &mc->T)) return -2;
+  mc->R = mc->T * mc->m.K;
+  return 0;
+}
+
+/* Finish: release, keep or drop the EP state; on error (rc) raise: a
+ * Python exception already set as it is, else the node's error (with a
+ * callback's exception as its cause). Returns the EP state capsule
+ * (keep_state: the forward) or None. */
+static PyObject *moe_end(moe_call *mc, int rc, int keep_state, PyObject *state_in) {
+  PyObject *cause = mc->p.error;
+  mc->p.error = NULL;
+  int fresh = !(state_in && state_in != Py_None);
+  glm_ep_layer *epl = mc->epl;
+  if (!rc) ep_count(&mc->p, mc->bytes);
+  moe_release(mc);
+  if (rc) {
+    if (fresh) glm_ep_layer_free(epl);
+    if (PyErr_Occurred()) {
+      Py_XDECREF(cause);
+      return node_abort(&mc->nd);
+    }
+    char msg[900];
+    PyOS_snprintf(msg, sizeof msg, "%s: %s", mc->nd.k.fn, mc->nd.err[0] ? mc->nd.err : "failed");
+    node_abort(&mc->nd);
+    return bxpy_raise_at(cause ? BX_ECOMM : mc->nd.c.st ? mc->nd.c.st : BX_EINTERNAL, msg, cause,
+                         NULL);
+  }
+  Py_XDECREF(cause);
+  PyObject *res = node_end(&mc->nd, 0);
+  if (!res) return NULL;
+  if (!keep_state) {
+    if (fresh) glm_ep_layer_free(epl);
+    return res;
+  }
+  Py_DECREF(res);
+  if (!fresh) {
+    Py_INCREF(state_in);
+    return state_in;
+  }
+  if (!epl) Py_RETURN_NONE;
+  PyObject *cap = PyCapsule_New(epl, "bitexact.glm_ep_layer", ep_capsule_free);
+  if (!cap) glm_ep_layer_free(epl);
+  return cap;
+}
+
+#define MOE_RUN(mc, call, keep, state)        \
+  do {                                        \
+    int rc_;                                  \
+    Py_BEGIN_ALLOW_THREADS rc_ = (call);      \
+    Py_END_ALLOW_THREADS return moe_end(&(mc), rc_, keep, state); \
+  } while (0)
+
+static PyObject *py_moe_fwd(PyObject *self, PyObject *args, PyObject *kw) {
+  (void)self;
+  static char *kwl[] = {"x", "weights", "weights_bf16", "config", "chunk_tokens", "acts", "out",
+                        "ep", "first_token", "num_threads", NULL};
+  static const char *const nm[] = {"x", "out"};
+  PyObject *o[2], *ws, *bf, *cfg, *acts, *ep = Py_None, *eps = Py_None;
+  long long C, tok0 = 0;
+  int nt = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOLOO|$OLi:glm_moe_forward", kwl, &o[0], &ws, &bf,
+                                   &cfg, &C, &acts, &o[1], &ep, &tok0, &nt))
+    return NULL;
+  moe_call mc;
+  memset(&mc, 0, sizeof mc);
+  if (moe_config(&mc, cfg, "glm_moe_forward")) return NULL;
+  int b = moe_begin(&mc, "glm_moe_forward", nm, 2, o, 2u, 0u, NULL, nt, ws, bf, acts, A_N, NULL, 0,
+                    ep, eps, 5);
+  if (b == -1) return NULL;
+  glm_nctx *c = &mc.nd.c;
+  int64_t T = mc.T, E = mc.m.E, K = mc.m.K, H = mc.m.H;
+  float *out = NULL;
+  const tlist *a = &mc.acts;
+  if (b || C < 1 || moe_weights(&mc, 1, NULL, "glm_moe_forward") || moe_rows(&mc, &mc.a.r, T) ||
+      !(mc.a.logits = tl_f32(c, a, "acts", A_LOGITS, T, E)) || !(mc.a.w = tl_f32(c, a, "acts", A_W, T, K)) ||
+      !(mc.a.ids = tl_i64(c, a, "acts", A_IDS, T, K)) ||
+      !(mc.a.sg = tl_f32(c, a, "acts", A_SG, T, mc.m.SI)) || !(mc.a.su = tl_f32(c, a, "acts", A_SU, T, mc.m.SI)) ||
+      !(mc.a.sa = tl_f32(c, a, "acts", A_SA, T, mc.m.SI)) || !(mc.a.so = tl_f32(c, a, "acts", A_SO, T, H)) ||
+      !(out = (float *)glm_dl_f32(c, mc.nd.k.p[1], "out", T, H, NULL))) {
+    if (C < 1 && !c->err[0]) glm_fail(c, BX_EINVAL, "chunk_tokens %lld < 1", C);
+    return moe_end(&mc, -1, 1, eps);
+  }
+  const float *x = glm_dl_f32(c, mc.nd.k.p[0], "x", T, H, NULL);
+  c->tok0 = tok0; /* the rows' global token ids (expert parallelism) */
+  MOE_RUN(mc, glm_moe_fwd(c, &mc.m, mc.have_ep ? &mc.ep : NULL, x, T, C, &mc.a, out), 1, eps);
+}
+
+static PyObject *py_moe_bwd(PyObject *self, PyObject *args, PyObject *kw) {
+  (void)self;
+  static char *kwl[] = {"dout", "x", "weights", "weights_bf16", "config", "chunk_tokens", "acts",
+                        "scratch", "dx", "grads", "indices", "ep", "ep_state", "num_threads", NULL};
+  static const char *const nm[] = {"x", "dout", "dx"};
+  PyObject *o[3], *ws, *bf, *cfg, *acts, *scr, *grads, *idx, *ep = Py_None, *eps = Py_None;
+  long long C;
+  int nt = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOLOOOOO|$OOi:glm_moe_backward", kwl, &o[1], &o[0],
+                                   &ws, &bf, &cfg, &C, &acts, &scr, &o[2], &grads, &idx, &ep, &eps,
+                                   &nt))
+    return NULL;
+  moe_call mc;
+  memset(&mc, 0, sizeof mc);
+  if (moe_config(&mc, cfg, "glm_moe_backward")) return NULL;
+  int b = moe_begin(&mc, "glm_moe_backward", nm, 3, o, 4u, 0u, grads, nt, ws, bf, acts, A_N, scr,
+                    S_N, ep, eps, 5);
+  if (b == -1) return NULL;
+  glm_nctx *c = &mc.nd.c;
+  int64_t T = mc.T, E = mc.m.E, K = mc.m.K, H = mc.m.H;
+  const tlist *a = &mc.acts, *l = &mc.scr;
+  const float *dout = NULL;
+  float *dx = NULL;
+  if (b || C < 1 || moe_weights(&mc, 1, idx, "glm_moe_backward") || moe_rows(&mc, &mc.a.r, T) ||
+      moe_scr(&mc, &mc.s.rows, T, C) || !(mc.a.logits = tl_f32(c, a, "acts", A_LOGITS, T, E)) ||
+      !(mc.a.w = tl_f32(c, a, "acts", A_W, T, K)) || !(mc.a.ids = tl_i64(c, a, "acts", A_IDS, T, K)) ||
+      !(mc.a.sg = tl_f32(c, a, "acts", A_SG, T, mc.m.SI)) || !(mc.a.su = tl_f32(c, a, "acts", A_SU, T, mc.m.SI)) ||
+      !(mc.a.sa = tl_f32(c, a, "acts", A_SA, T, mc.m.SI)) ||
+      !(mc.s.dw = tl_f32(c, l, "scratch", S_DW, T, K)) || !(mc.s.dlogits = tl_f32(c, l, "scratch", S_DLOGITS, T, E)) ||
+      !(mc.s.dsa = tl_f32(c, l, "scratch", S_DSA, T, mc.m.SI)) ||
+      !(mc.s.dsg = tl_f32(c, l, "scratch", S_DSG, T, mc.m.SI)) ||
+      !(mc.s.dsu = tl_f32(c, l, "scratch", S_DSU, T, mc.m.SI)) ||
+      !(dout = glm_dl_f32(c, mc.nd.k.p[1], "dout", T, H, NULL)) ||
+      !(dx = (float *)glm_dl_f32(c, mc.nd.k.p[2], "dx", T, H, NULL))) {
+    if (C < 1 && !c->err[0]) glm_fail(c, BX_EINVAL, "chunk_tokens %lld < 1", C);
+    return moe_end(&mc, -1, 0, eps);
+  }
+  if (mc.have_ep && !mc.epl) {
+    glm_fail(c, BX_EINVAL, "expert parallel backward: ep_state (the forward's) is required");
+    return moe_end(&mc, -1, 0, eps);
+  }
+  const float *x = glm_dl_f32(c, mc.nd.k.p[0], "x", T, H, NULL);
+  MOE_RUN(mc, glm_moe_bwd(c, &mc.m, mc.have_ep ? &mc.ep : NULL, dout, x, T, C, &mc.a, &mc.s, dx), 0,
+          eps);
+}
+
+/* The routed stage alone (moe_experts): weights = the 3E expert weights;
+ * acts [offsets, row_map, pos, xp, gp, up, hp, yp] as the block's A_OFF ..
+ * A_YP (the first three unused slots given as None). */
+static PyObject *py_experts_fwd(PyObject *self, PyObject *args, PyObject *kw) {
+  (void)self;
+  static char *kwl[] = {"x", "w", "weights", "weights_bf16", "acts", "initial", "out",
+                        "num_threads", NULL};
+  static const char *const nm[] = {"x", "w", "initial", "out"};
+  PyObject *o[4], *ws, *bf, *acts;
+  int nt = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOO|$i:glm_moe_experts_forward", kwl, &o[0], &o[1],
+                                   &ws, &bf, &acts, &o[2], &o[3], &nt))
+    return NULL;
+  moe_call mc;
+  memset(&mc, 0, sizeof mc);
+  Py_ssize_t nws = PySequence_Size(ws);
+  if (nws < 0) return NULL;
+  if (nws < 3 || nws % 3)
+    return bxpy_raise_fmt(BX_EINVAL, NULL, "glm_moe_experts_forward: weights must hold 3 per expert");
+  mc.m.E = nws / 3;
+  int64_t E = mc.m.E;
+  const DLTensor *tw0 = NULL;
+  int b = moe_begin(&mc, "glm_moe_experts_forward", nm, 4, o, 8u, 4u, NULL, nt, ws, bf, acts, A_N,
+                    NULL, 0, Py_None, Py_None, 0);
+  if (b == -1) return NULL;
+  glm_nctx *c = &mc.nd.c;
+  tw0 = mc.nd.k.p[1];
+  mc.m.K = tw0->ndim == 2 ? tw0->shape[1] : 0;
+  mc.R = mc.T * mc.m.K;
+  int64_t T = mc.T, K = mc.m.K, H = mc.m.H;
+  const float *x, *w, *init = NULL;
+  float *out;
+  if (b || K < 1 || moe_weights(&mc, 0, NULL, "glm_moe_experts_forward") || moe_rows(&mc, &mc.a.r, T) ||
+      !(x = glm_dl_f32(c, mc.nd.k.p[0], "x", T, H, NULL)) || !(w = glm_dl_f32(c, tw0, "w", T, K, NULL)) ||
+      (mc.nd.k.p[2] && !(init = glm_dl_f32(c, mc.nd.k.p[2], "initial", T, H, NULL))) ||
+      !(out = (float *)glm_dl_f32(c, mc.nd.k.p[3], "out", T, H, NULL))) {
+    if (K < 1 && !c->err[0]) glm_fail(c, BX_EINVAL, "argument 'w': must be [T, K]");
+    return moe_end(&mc, -1, 0, NULL);
+  }
+  (void)E;
+  MOE_RUN(mc, glm_moe_experts_fwd(c, &mc.m, NULL, x, T, w, init, &mc.a.r, out), 0, NULL);
+}
+
+static PyObject *py_experts_bwd(PyObject *self, PyObject *args, PyObject *kw) {
+  (void)self;
+  static char *kwl[] = {"dout", "w", "weights", "weights_bf16", "chunk_tokens", "acts", "scratch",
+                        "dx", "dw", "grads", "indices", "num_threads", NULL};
+  static const char *const nm[] = {"dout", "w", "dx", "dw"};
+  PyObject *o[4], *ws, *bf, *acts, *scr, *grads, *idx;
+  long long C;
+  int nt = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOLOOOOOO|$i:glm_moe_experts_backward", kwl, &o[0],
+                                   &o[1], &ws, &bf, &C, &acts, &scr, &o[2], &o[3], &grads, &idx, &nt))
+    return NULL;
+  moe_call mc;
+  memset(&mc, 0, sizeof mc);
+  Py_ssize_t nws = PySequence_Size(ws);
+  if (nws < 0) return NULL;
+  if (nws < 3 || nws % 3)
+    return bxpy_raise_fmt(BX_EINVAL, NULL, "glm_moe_experts_backward: weights must hold 3 per expert");
+  mc.m.E = nws / 3;
+  int b = moe_begin(&mc, "glm_moe_experts_backward", nm, 4, o, 12u, 8u, grads, nt, ws, bf, acts, A_N,
+                    scr, S_N, Py_None, Py_None, 0);
+  if (b == -1) return NULL;
+  glm_nctx *c = &mc.nd.c;
+  const DLTensor *tw = mc.nd.k.p[1];
+  mc.m.K = tw->ndim == 2 ? tw->shape[1] : 0;
+  mc.R = mc.T * mc.m.K;
+  int64_t T = mc.T, K = mc.m.K, H = mc.m.H;
+  const float *dout, *w;
+  float *dx, *dw = NULL;
+  if (b || K < 1 || C < 1 || moe_weights(&mc, 0, idx, "glm_moe_experts_backward") ||
+      moe_rows(&mc, &mc.a.r, T) || moe_scr(&mc, &mc.s.rows, T, C) ||
+      !(dout = glm_dl_f32(c, mc.nd.k.p[0], "dout", T, H, NULL)) || !(w = glm_dl_f32(c, tw, "w", T, K, NULL)) ||
+      !(dx = (float *)glm_dl_f32(c, mc.nd.k.p[2], "dx", T, H, NULL)) ||
+      (mc.nd.k.p[3] && !(dw = (float *)glm_dl_f32(c, mc.nd.k.p[3], "dw", T, K, NULL)))) {
+    if ((K < 1 || C < 1) && !c->err[0]) glm_fail(c, BX_EINVAL, "w must be [T, K], chunk_tokens >= 1");
+    return moe_end(&mc, -1, 0, NULL);
+  }
+  MOE_RUN(mc, glm_moe_experts_bwd(c, &mc.m, NULL, dout, T, C, w, &mc.a.r, &mc.s.rows, dx, dw), 0, NULL);
+}
+
 #define NODE_METH(name, fn, doc) {name, (PyCFunction)(void (*)(void))fn, METH_VARARGS | METH_KEYWORDS, doc}
 
 PyMethodDef bxpy_glm_methods[] = {
@@ -507,4 +1135,17 @@ PyMethodDef bxpy_glm_methods[] = {
               "glm_xent_forward(logits, targets, n_global, chunk_tokens, ignore_index, losses, "
               "partials, dlogits, loss_grads, mean, *, num_threads=0): losses, partials (into "
               "loss_grads), dlogits, the exact mean (glm_xent_fwd)"),
+    NODE_METH("glm_moe_forward", py_moe_fwd,
+              "glm_moe_forward(x, weights, weights_bf16, config, chunk_tokens, acts, out, *, ep=None, "
+              "first_token=0, num_threads=0) -> the EP state (for the backward) or None "
+              "(glm_moe_fwd)"),
+    NODE_METH("glm_moe_backward", py_moe_bwd,
+              "glm_moe_backward(dout, x, weights, weights_bf16, config, chunk_tokens, acts, scratch, "
+              "dx, grads, indices, *, ep=None, ep_state=None, num_threads=0) (glm_moe_bwd)"),
+    NODE_METH("glm_moe_experts_forward", py_experts_fwd,
+              "glm_moe_experts_forward(x, w, weights, weights_bf16, acts, initial, out, *, "
+              "num_threads=0) (glm_moe_experts_fwd)"),
+    NODE_METH("glm_moe_experts_backward", py_experts_bwd,
+              "glm_moe_experts_backward(dout, w, weights, weights_bf16, chunk_tokens, acts, scratch, "
+              "dx, dw, grads, indices, *, num_threads=0) (glm_moe_experts_bwd)"),
     {NULL, NULL, 0, NULL}};

@@ -1,74 +1,39 @@
-"""The numerics of the GLM-4.5 mixture-of-experts block (transformers'
-``Glm4MoeMoE``), shared by bitexact.torch (_torch_moe.py) and
-bitexact.paddle (_paddle_moe.py); docs/torch_layers.md and
-docs/paddle_layers.md, "The MoE block".
+"""The GLM-4.5 mixture-of-experts block (transformers' ``Glm4MoeMoE``) of
+bitexact.torch (_torch_moe.py) and bitexact.paddle (_paddle_moe.py);
+docs/torch_layers.md and docs/paddle_layers.md, "The MoE block".
 
-Every value is a bitexact kernel's, in the sequence and orders of
-`bitexact train` (src/glm/train_moe_block.c), written against the
-framework :class:`~bitexact._layer_ops.Adapter` (allocation, reshape,
-the saved tensors), so both bindings run the same kernel calls on the same
-shapes and produce the same bits:
+The block is the model module's node (src/glm/glm_moe.h, through
+bitexact._core.glm_moe_forward / _backward: router, dispatch, the routed
+experts local or expert-parallel, the shared experts, every weight
+gradient into the active GradReduction); ``moe_experts`` is its routed
+stage alone (glm_moe_experts_forward / _backward). What is here is the
+plumbing both frameworks share: the argument checks, the tensors the node
+writes (allocated through the framework :class:`~bitexact._layer_ops.Adapter`),
+the registration with the GradReduction after the forward succeeded (a
+failing call changes nothing), and the autograd classes. The whole block
+is ONE autograd node: as separate nodes the framework would add three
+rounded branch gradients.
 
-forward  logits = x W_r^T (bx_gemm NT); bx_moe_router_forward (sigmoid,
-         e_score_correction_bias for the choice only, group-limited top-k,
-         norm_topk_prob, routed_scaling_factor; ids ascending); the dispatch
-         plan (rows sorted by (expert, token)); bx_moe_permute; per expert
-         with rows: g = X_e W_g^T, u = X_e W_u^T, h = SiLU(g) u, y = h W_d^T
-         (:func:`experts_rows_forward`); the shared experts' MLP on x;
-         out = bx_moe_unpermute(y, weights, initial = shared output)
-         = fl(sum_j fl(w_j y_j) + shared).
-backward bx_moe_unpermute_backward (dy per row, dweights per slot); per
-         expert dH = dY W_d, bx_swiglu_backward, dX_e = dG W_g + dU W_u (one
-         fmaf chain; :func:`experts_rows_backward`); bx_moe_permute_backward
-         (dx = the gather of dX_e); bx_moe_router_backward; dx += dlogits
-         W_r, then the shared MLP's dG W_g and dU W_u accumulate onto the
-         same chains. The whole block is ONE autograd node: as separate
-         nodes the framework would add three rounded branch gradients.
-weights  the router and the shared experts as linear layers
-         (linear_wgrad_bound / linear_wgrad over the token rows); each
-         routed expert per global chunk over its rows of that chunk
-         (:func:`expert_wgrads`: moe_expert_chunks; a TN GEMM, a zero
-         partial where a chunk sent it nothing; bound a priori with
-         wgrad_bound_exp), exactly train_wgrad.c's tr_wg_expert. All go to
-         the active GradReduction (bitexact._gradred).
+Expert parallelism: ``rows`` may be a bitexact._moe_ep.ExpertParallel
+(``MoE.ep``, set by the trainer): the node sends the rows to their
+experts' ranks through its all-to-all callbacks.
 
-The expert computation on the permuted rows is separable: a block's state
-holds ``rows`` = (forward, backward) with the signatures of
-:func:`experts_rows_forward` / :func:`experts_rows_backward` (the local
-experts, :data:`LOCAL_ROWS`), so an expert-parallel version (rows sent to
-their owner and back) can replace it without touching the rest.
-
-A framework wrapper supplies a :class:`Binding` (its Adapter, its
-argument check and capture, its autograd classes from
-:func:`autograd_functions`); the call bodies :func:`moe`,
-:func:`moe_route` and :func:`moe_experts` here run every check and the
-whole forward before the weights are registered with the GradReduction,
-so a failing call changes nothing (no partial, no registration).
-Host-side values (expert offsets, chunk bounds, max |.| of the wgrad
-bounds) are read through numpy (``Tensor.numpy()`` / ``tolist()``, which
-both frameworks have): the same code, so the same values in both.
-
-Expert parallelism: ``rows`` may instead be a bitexact._moe_ep.ExpertParallel
-(``MoE.ep``, set by the trainer), which sends the rows to their experts'
-ranks and back and adds the held experts' weight gradients itself.
-
-Threading: the bodies run in the calling thread; the kernels release the
-GIL and use ``num_threads`` workers (bits never depend on it). bf16
-compute (the active reduction's compute_dtype): every GEMM but the
-router's, in the block and in moe_experts. Not here: capacity / token
-dropping, GPU tensors.
+Threading: the bodies run in the calling thread; the node releases the GIL
+and uses ``num_threads`` workers (bits never depend on it). bf16 compute
+(the active reduction's compute_dtype): every GEMM but the router's, in
+the block and in moe_experts (the weights' bf16 copies passed to the node).
+Not here: capacity / token dropping, GPU tensors.
 """
 import numpy as _np
 
-from . import Error, InvalidArgumentError
+from . import InvalidArgumentError, _core
 from . import _gradred as _g
 from . import kernels as _k
-from ._gradred import _active, _err, _renamed, _threads
-from ._layer_ops import _ModuleBase, mm
+from ._gradred import _active, _err, _threads
+from ._layer_ops import _ModuleBase, _rounded
 
-__all__ = ["Binding", "autograd_functions", "plan", "experts_rows_forward",
-           "experts_rows_backward", "LOCAL_ROWS", "experts_forward", "experts_backward",
-           "expert_wgrads", "route", "moe", "moe_route", "moe_experts", "MoEBase"]
+__all__ = ["Binding", "autograd_functions", "plan", "LOCAL_ROWS", "route", "moe", "moe_route",
+           "moe_experts", "MoEBase"]
 
 _PROJ = ("gate", "up", "down")
 
@@ -77,24 +42,6 @@ _PROJ = ("gate", "up", "down")
 
 def _shape(t):
     return tuple(int(s) for s in t.shape)
-
-
-def max_abs(t):
-    """max |t| over the finite elements, 0 if none (exact; train_wgrad.c's
-    max_abs, the input of bx_wgrad_bound_exp)."""
-    a = _np.abs(t if isinstance(t, _np.ndarray) else _np.asarray(t.numpy()))
-    a = a[_np.isfinite(a)]
-    return float(a.max()) if a.size else 0.0
-
-
-def wgrad_bound_exp(rows, dy, x, bf):
-    """train_wgrad.c's tr_wg_bound_exp: bx_wgrad_bound_exp(rows, max|dy|,
-    max|x|) over the finite elements, each max rounded to bf16 with bf16
-    compute (the bound of the rounded operands)."""
-    ma, mb = max_abs(dy), max_abs(x)
-    if bf:
-        ma, mb = _g.bf16_round(ma), _g.bf16_round(mb)
-    return _k.wgrad_bound_exp(rows, ma, mb)
 
 
 def chunk(default):
@@ -161,133 +108,35 @@ def plan(fw, ids, E, nt):
     return offsets, row_map, pos
 
 
-def experts_rows_forward(fw, xp, off, ews, nt, bf=False):
-    """Each expert's SwiGLU MLP on its rows: for e with off[e] < off[e+1],
-    rows a:b of xp [R, H] (a host list off [E+1]; ews [(W_g, W_u, W_d)]).
-    Returns yp [R, H] and the state its backward needs (xp, gp, up, hp)."""
-    R, H = _shape(xp)
-    I = _shape(ews[0][0])[0]
-    gp, up, hp, yp = fw.empty([R, I]), fw.empty([R, I]), fw.empty([R, I]), fw.empty([R, H])
-    for e, (wg, wu, wd) in enumerate(ews):
-        a, b = off[e], off[e + 1]
-        if a == b:
-            continue
-        mm(fw, bf, xp[a:b], wg, "nt", gp[a:b], num_threads=nt)
-        mm(fw, bf, xp[a:b], wu, "nt", up[a:b], num_threads=nt)
-        _k.swiglu_forward(gp[a:b], up[a:b], hp[a:b], num_threads=nt)
-        mm(fw, bf, hp[a:b], wd, "nt", yp[a:b], num_threads=nt)
-    return yp, (xp, gp, up, hp)
+LOCAL_ROWS = None  # the routed experts on this rank (no expert parallelism)
 
 
-def experts_rows_backward(fw, dyp, off, ews, act, nt, bf=False):
-    """The backward of :func:`experts_rows_forward` for dyp [R, H]:
-    dH = dY W_d, bx_swiglu_backward, dX = dG W_g + dU W_u (one fmaf chain
-    per element). Returns dxp [R, H] and (dgp, dup), the weight
-    gradients' row factors."""
-    _, gp, up, _ = act
-    R, H = _shape(dyp)
-    I = _shape(gp)[1]
-    dhp, dgp, dup, dxp = fw.empty([R, I]), fw.empty([R, I]), fw.empty([R, I]), fw.empty([R, H])
-    for e, (wg, wu, wd) in enumerate(ews):
-        a, b = off[e], off[e + 1]
-        if a == b:
-            continue
-        mm(fw, bf, dyp[a:b], wd, "nn", dhp[a:b], num_threads=nt)
-        _k.swiglu_backward(gp[a:b], up[a:b], dhp[a:b], dgp[a:b], dup[a:b], num_threads=nt)
-        mm(fw, bf, dgp[a:b], wg, "nn", dxp[a:b], num_threads=nt)
-        mm(fw, bf, dup[a:b], wu, "nn", dxp[a:b], accumulate=True, num_threads=nt)
-    return dxp, (dgp, dup)
+def _bf(fw, ws, bf):
+    """The node's weights_bf16 list: each weight's bf16 copy of the step
+    (None where no copy: the router, the bias, the experts not given)."""
+    return [None if w is None else _rounded(fw, w) for w in ws] if bf else None
 
 
-LOCAL_ROWS = (experts_rows_forward, experts_rows_backward)
+def _rows_acts(fw, T, K, H, I, E, pl, local=True):
+    """The routed stage's activations (offsets, row_map, pos: the plan pl
+    or new), xp, gp, up, hp ([R, I]; [0, I] under expert parallelism,
+    where the held experts' rows are the node's), yp."""
+    R = T * K
+    Rl = R if local else 0
+    off, rmap, pos = pl if pl is not None else (fw.empty([E + 1], fw.i64),
+                                                  fw.empty([R, 2], fw.i64), fw.empty([T, K], fw.i64))
+    return [off, rmap, pos, fw.empty([R, H]), fw.empty([Rl, I]), fw.empty([Rl, I]),
+            fw.empty([Rl, I]), fw.empty([R, H])]
 
 
-def experts_forward(fw, x2, w, pl, ews, initial, nt, rows=LOCAL_ROWS, bf=False):
-    """Permute, the experts on their rows (rows[0]), unpermute (+ initial,
-    or None). Returns out [T, H] and the state (rows' state, yp, off)."""
-    offsets, row_map, pos = pl
-    R, H = _shape(row_map)[0], _shape(x2)[1]
-    xp = fw.empty([R, H])
-    _k.moe_permute(x2, row_map, xp, num_threads=nt)
-    off = offsets.tolist()
-    if isinstance(rows, tuple):
-        yp, ract = rows[0](fw, xp, off, ews, nt, bf)
-    else:  # expert parallel (bitexact._moe_ep.ExpertParallel): the rows travel to their experts
-        yp, ract = rows.forward(fw, xp, off, ews, nt, row_map, bf)
-    out = fw.empty([_shape(x2)[0], H])
-    _k.moe_unpermute(yp, w, row_map, pos, initial, out, num_threads=nt)
-    return out, (ract, yp, off)
-
-
-def experts_backward(fw, dout, w, pl, ews, act, nt, want_dw=True, rows=LOCAL_ROWS, bf=False):
-    """unpermute backward, the experts' backward (rows[1]), permute
-    backward: dx [T, H] (the gather of the rows' dX, j ascending),
-    dweights [T, k] (None unless want_dw), and the weight gradients' row
-    factors (dyp, dgp, dup)."""
-    _, row_map, pos = pl
-    ract, yp, off = act
-    dyp = fw.empty(_shape(yp))
-    dw = fw.empty(_shape(w)) if want_dw else None
-    _k.moe_unpermute_backward(dout, yp, w, row_map, pos, dyp, dw, num_threads=nt)
-    if isinstance(rows, tuple):
-        dxp, (dgp, dup) = rows[1](fw, dyp, off, ews, ract, nt, bf)
-        grads = (dyp, dgp, dup)
-    else:  # expert parallel: the weight gradients' factors stay on the experts' ranks
-        dxp, grads = rows.backward(fw, dyp, ract, nt, bf), None
-    dx = fw.empty(_shape(dout))
-    _k.moe_permute_backward(dxp, row_map, pos, dx, num_threads=nt)
-    return dx, dw, grads
-
-
-def expert_wgrads(fw, mb, eidx, tok, off, ract, grads, what, bf=False, chunk0=None, span=None,
-                  chunks=None):
-    """tr_wg_expert for every expert weight that needs a gradient (eidx:
-    per expert the state indices of (gate, up, down) or None): per global
-    chunk of the micro-batch, the TN GEMM over the expert's rows of that
-    chunk (pass 1; a zero partial for a chunk without rows) or the
-    a-priori bound of that GEMM (pass 0; nothing for a chunk without rows).
-    tok: the rows' global token ids (int64 [R], ascending per expert);
-    ract: the rows' forward state (xp, gp, up, hp); grads (dyp, dgp, dup).
-    Expert parallelism (bitexact._moe_ep) gives the chunk range its rows
-    come from: chunks [chunk0, chunk0 + span) (default the micro-batch's),
-    of which the offsets ``chunks`` are the EP peers' micro-batches."""
-    if all(i is None for t in eidx for i in t):
-        return
-    bound = mb.check(what)
-    red = mb.red
-    s, C = red._state, red.seq_len
-    chunk0 = mb.chunk0 if chunk0 is None else chunk0
-    span = mb.T // C if span is None else span
-    chunks = range(span) if chunks is None else chunks
-    xp, _, _, hp = ract
-    dyp, dgp, dup = grads
-    bounds = fw.empty([span + 1], fw.i64)
-    try:
-        for e, idx3 in enumerate(eidx):
-            r0, r1 = off[e], off[e + 1]
-            if r1 > r0:
-                _k.moe_expert_chunks(tok[r0:r1].contiguous(), C, chunk0, bounds)
-                bd = bounds.tolist()
-            else:
-                bd = [0] * (span + 1)
-            for i, dy, x in zip(idx3, (dgp, dup, dyp), (xp, xp, hp)):
-                if i is None:
-                    continue
-                for ch in chunks:
-                    a, b = r0 + bd[ch], r0 + bd[ch + 1]
-                    if bound:
-                        if a < b:
-                            s.bound_exp(i, wgrad_bound_exp(b - a, dy[a:b], x[a:b], bf))
-                        continue
-                    shape = [_shape(dy)[1], _shape(x)[1]]
-                    if a < b:
-                        part = fw.empty(shape)
-                        mm(fw, bf, dy[a:b], x[a:b], "tn", part, num_threads=red.num_threads)
-                    else:  # the coverage check wants every chunk once: an exact zero
-                        part = _np.zeros(shape, _np.float32)
-                    s.add(i, chunk0 + ch, part)
-    except Error as e:
-        raise _renamed(e, red.names) from e
+def _rows_scratch(fw, T, K, H, I, C, local=True):
+    """The routed stage's backward scratch (glm_moe_scr): dyp, dxp, dgp,
+    dup, dhp, tok, bounds, part, zeros."""
+    R = T * K
+    Rl = R if local else 0
+    return [fw.empty([R, H]), fw.empty([R, H]), fw.empty([Rl, I]), fw.empty([Rl, I]),
+            fw.empty([Rl, I]), fw.empty([R], fw.i64), fw.empty([-(-T // C) + 1], fw.i64),
+            fw.empty([I, H]), fw.from_numpy(_np.zeros((I, H), _np.float32))]
 
 
 # ---- the router ---------------------------------------------------------------------
@@ -407,31 +256,29 @@ def moe(b, x, router_weight, e_score_correction_bias, gate_weights, up_weights, 
     T = _shape(x2)[0]
     nt = _threads(num_threads)
     bf = _g.bf16_active()  # bf16 compute: every GEMM but the router's (train_cli.md)
+    SI, I, K = _shape(sh[0])[0], _shape(flat[0])[0], cfg[1]
+    red = _active()
+    mb0 = red._mb if red is not None else None
+    if rows is not LOCAL_ROWS and mb0 is None:
+        raise InvalidArgumentError(f"{fn}: expert parallel: the block must run inside a "
+                                   "GradReduction micro-batch (the rows' global token ids)")
+    C = chunk(max(T, 1))
+    ws = [rw, bb] + flat + sh
+    wbf = _bf(fw, [None, None] + flat + sh, bf)
+    acts = [fw.empty([T, E]), fw.empty([T, K]), fw.empty([T, K], fw.i64)] + \
+        _rows_acts(fw, T, K, H, I, E, None, rows is LOCAL_ROWS) + \
+        [fw.empty([T, SI]), fw.empty([T, SI]), fw.empty([T, SI]), fw.empty([T, H])]
+    out = fw.empty([T, H])
     # the whole forward first: any failure leaves the reduction untouched
-    logits, ids, w = route(fw, x2, rw, bb, cfg, chunk(max(T, 1)), nt)
-    pl = plan(fw, ids, E, nt)
-    sgw, suw, sdw = sh
-    sg, su, sa, so = fw.empty([T, SI]), fw.empty([T, SI]), fw.empty([T, SI]), fw.empty([T, H])
-    mm(fw, bf, x2, sgw, "nt", sg, num_threads=nt)
-    mm(fw, bf, x2, suw, "nt", su, num_threads=nt)
-    _k.swiglu_forward(sg, su, sa, num_threads=nt)
-    mm(fw, bf, sa, sdw, "nt", so, num_threads=nt)
-    # train_moe_block.c computes the shared MLP after the experts; both are
-    # independent outputs, so the order does not change a bit
-    out, act = experts_forward(fw, x2, w, pl, ews, so, nt, rows, bf)
+    state = _core.glm_moe_forward(x2, ws, wbf, cfg, C, acts, out, ep=rows,
+                                  first_token=mb0.tok0 if mb0 is not None else 0, num_threads=nt)
     names = [("router_weight", rw)] + list(zip(_expert_names(E), flat)) + \
-        [("shared_experts.gate_proj.weight", sgw), ("shared_experts.up_proj.weight", suw),
-         ("shared_experts.down_proj.weight", sdw)]
+        [("shared_experts.gate_proj.weight", sh[0]), ("shared_experts.up_proj.weight", sh[1]),
+         ("shared_experts.down_proj.weight", sh[2])]
     mb, idx = b.capture(fn, [(t, n, T) for n, t in names])
-    idx_t = (idx[0], [tuple(idx[1 + 3 * e:4 + 3 * e]) for e in range(E)], tuple(idx[-3:]))
-    st = dict(out=out, nt=nt, bf=bf, cfg=cfg, logits=logits, ids=ids, w=w, plan=pl, act=act,
-              shared_act=(sg, su, sa), rows=rows)
-    return b.fns.moe.apply(x, rw, st, mb, idx_t, *flat, *sh, *b.need((x,)))
-
-
-def _tokens(pl, mb):
-    """The permuted rows' global token ids (ascending per expert)."""
-    return pl[1][:, 0] + mb.tok0
+    st = dict(out=out, nt=nt, cfg=cfg, C=C, acts=acts, ecb=bb, wbf=wbf, rows=rows, state=state,
+              dims=(T, K, H, I, SI))
+    return b.fns.moe.apply(x, rw, st, mb, [idx[0], None] + idx[1:], *flat, *sh, *b.need((x,)))
 
 
 def block_forward(fw, ctx, x, rw, st, mb, idx, *ws):
@@ -445,43 +292,21 @@ def block_forward(fw, ctx, x, rw, st, mb, idx, *ws):
 
 def block_backward(fw, ctx, dout, need_dx):
     """(dx,) of the block (None unless need_dx); every weight gradient
-    into the GradReduction (see the module docstring)."""
+    into the GradReduction (the node glm_moe_bwd)."""
     st, mb, idx = ctx.st, ctx.mb, ctx.idx
-    if mb is not None:
-        mb.check("MoE backward")  # first: a stale pass computes nothing
+    grads = _g.node_grads(mb, "MoE backward")  # first: a stale pass computes nothing
     x, rw, *ws = fw.saved(ctx)
-    nt, cfg, H = st["nt"], st["cfg"], _shape(x)[-1]
-    x2 = fw.rows(x, H)
-    ews = [tuple(ws[3 * e:3 * e + 3]) for e in range(cfg[0])]
-    sgw, suw, sdw = ws[3 * cfg[0]:]
-    d2 = fw.rows(dout.contiguous(), H)
-    dx, dw, grads = experts_backward(fw, d2, st["w"], st["plan"], ews, st["act"], nt,
-                                     rows=st["rows"], bf=st["bf"])
-    dlogits = fw.empty(_shape(st["logits"]))
-    _k.moe_router_backward(st["logits"], st["ids"], dw, dlogits, num_threads=nt,
-                           **_router_opts(cfg))
-    _k.gemm(dlogits, rw, "nn", dx, accumulate=True, num_threads=nt)
-    sg, su, sa = st["shared_act"]
-    dsa, dsg, dsu = (fw.empty(_shape(sa)) for _ in range(3))
-    bf = st["bf"]
-    mm(fw, bf, d2, sdw, "nn", dsa, num_threads=nt)
-    _k.swiglu_backward(sg, su, dsa, dsg, dsu, num_threads=nt)
-    mm(fw, bf, dsg, sgw, "nn", dx, accumulate=True, num_threads=nt)
-    mm(fw, bf, dsu, suw, "nn", dx, accumulate=True, num_threads=nt)
-    ir, eidx, (isg, isu, isd) = idx
-    lin = ((ir, dlogits, x2, "router"), (isg, dsg, x2, "shared gate_proj"),
-           (isu, dsu, x2, "shared up_proj"), (isd, d2, sa, "shared down_proj"))
-    for i, dy, xx, what in lin:
-        if i is not None:
-            _g.wgrad(mb, i, dy, xx, f"MoE backward ({what})",  # the router: fp32
-                     bf=fw.bf16 if bf and what != "router" else None)
-    if mb is not None:
-        ract, _, off = st["act"]
-        if grads is None:  # expert parallel: the held experts, over every EP peer's chunks
-            st["rows"].wgrads(mb, eidx, ract, bf)
-        else:
-            expert_wgrads(fw, mb, eidx, _tokens(st["plan"], mb), off, ract, grads,
-                          "MoE backward (experts)", bf)
+    T, K, H, I, SI = st["dims"]
+    E = st["cfg"][0]
+    local = st["rows"] is LOCAL_ROWS
+    scratch = [fw.empty([T, K]), fw.empty([T, E]), fw.empty([T, SI]), fw.empty([T, SI]),
+               fw.empty([T, SI])] + _rows_scratch(fw, T, K, H, I, st["C"], local)
+    dx = fw.empty([T, H])
+    with _g.named(mb):
+        _core.glm_moe_backward(fw.rows(dout.contiguous(), H), fw.rows(x, H),
+                               [rw, st["ecb"]] + list(ws), st["wbf"], st["cfg"], st["C"],
+                               st["acts"], scratch, dx, grads, idx, ep=st["rows"],
+                               ep_state=st["state"], num_threads=st["nt"])
     return (fw.reshape(dx, list(_shape(x))) if need_dx else None,)
 
 
@@ -502,13 +327,15 @@ def moe_experts(b, x, topk_ids, topk_weights, gate_weights, up_weights, down_wei
                    f"topk_weights {_shape(w)}, input {_shape(x2)[0]} tokens: [T, k] both")
     nt = _threads(num_threads)
     bf = _g.bf16_active()  # bf16 compute: the experts' GEMMs, as in the block
-    pl = plan(fw, ids, len(ews), nt)  # ids in range, distinct per token: checked here
-    out, act = experts_forward(fw, x2, w.detach(), pl, ews, None, nt, bf=bf)
-    mb, idx = b.capture(fn, [(t, n, _shape(x2)[0]) for n, t in zip(_expert_names(len(ews)),
-                                                                     flat)])
-    eidx = [tuple(idx[3 * e:3 * e + 3]) for e in range(len(ews))]
-    st = dict(out=out, nt=nt, plan=pl, act=act, bf=bf)
-    return b.fns.experts.apply(x, w, st, mb, eidx, *flat, *b.need((x, w)))
+    E, (T, K), I = len(ews), _shape(ids), _shape(flat[0])[0]
+    pl = plan(fw, ids, E, nt)  # ids in range, distinct per token: checked here
+    acts = [None] * 3 + _rows_acts(fw, T, K, H, I, E, pl) + [None] * 4
+    out = fw.empty([T, H])
+    wbf = _bf(fw, flat, bf)
+    _core.glm_moe_experts_forward(x2, w.detach(), flat, wbf, acts, None, out, num_threads=nt)
+    mb, idx = b.capture(fn, [(t, n, T) for n, t in zip(_expert_names(E), flat)])
+    st = dict(out=out, nt=nt, acts=acts, wbf=wbf, dims=(T, K, H, I))
+    return b.fns.experts.apply(x, w, st, mb, idx, *flat, *b.need((x, w)))
 
 
 def experts_fn_forward(fw, ctx, x, w, st, mb, eidx, *ws):
@@ -520,19 +347,18 @@ def experts_fn_forward(fw, ctx, x, w, st, mb, eidx, *ws):
 
 def experts_fn_backward(fw, ctx, dout, need_dx, need_dw):
     """(dx, dtopk_weights) (None where not needed); the expert weights'
-    gradients into the GradReduction."""
+    gradients into the GradReduction (the node glm_moe_experts_bwd)."""
     st, mb = ctx.st, ctx.mb
-    if mb is not None:
-        mb.check("moe_experts backward")
+    grads = _g.node_grads(mb, "moe_experts backward")
     x, w, *ws = fw.saved(ctx)
-    H = _shape(x)[-1]
-    ews = [tuple(ws[3 * e:3 * e + 3]) for e in range(len(ws) // 3)]
-    dx, dw, grads = experts_backward(fw, fw.rows(dout.contiguous(), H), w.detach(), st["plan"],
-                                     ews, st["act"], st["nt"], need_dw, bf=st["bf"])
-    if mb is not None:
-        ract, _, off = st["act"]
-        expert_wgrads(fw, mb, ctx.eidx, _tokens(st["plan"], mb), off, ract, grads,
-                      "moe_experts backward", st["bf"])
+    T, K, H, I = st["dims"]
+    C = mb.red.seq_len if mb is not None else max(T, 1)
+    dx, dw = fw.empty([T, H]), fw.empty([T, K]) if need_dw else None
+    with _g.named(mb):
+        _core.glm_moe_experts_backward(fw.rows(dout.contiguous(), H), w.detach(), list(ws),
+                                       st["wbf"], C, st["acts"],
+                                       [None] * 5 + _rows_scratch(fw, T, K, H, I, C), dx, dw,
+                                       grads, ctx.eidx, num_threads=st["nt"])
     return (fw.reshape(dx, list(_shape(x))) if need_dx else None, dw)
 
 

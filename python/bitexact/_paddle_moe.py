@@ -70,7 +70,7 @@ def moe(x, router_weight, e_score_correction_bias, gate_weights, up_weights, dow
                     down_weights, shared_gate_weight, shared_up_weight, shared_down_weight,
                     num_experts_per_tok, n_group, topk_group, norm_topk_prob,
                     routed_scaling_factor, num_threads,
-                    _ops.LOCAL_ROWS if expert_parallel is None else expert_parallel.rows)
+                    _ops.LOCAL_ROWS if expert_parallel is None else expert_parallel)
 
 
 @paddle.jit.not_to_static

@@ -275,9 +275,12 @@ static int ep_forward(glm_nctx *c, const glm_moe_w *m, const glm_ep *ep, int64_t
 static int ep_backward(glm_nctx *c, const glm_moe_w *m, const glm_ep *ep, int64_t T, int64_t C,
                        glm_moe_rows *r, glm_moe_scr *s) {
   glm_ep_layer *l = r->epl ? *r->epl : NULL;
-  glm_ep_scratch *e = *ep->scr;
-  if (!l || !e) return glm_fail(c, BX_EINVAL, "expert parallelism: backward without its forward");
-  int64_t H = m->H, I = m->I, nl = m->E / ep->size, first = (int64_t)ep->rank * nl, n = l->n;
+  glm_ep_scratch *e;
+  int64_t H = m->H, I = m->I, nl = m->E / ep->size, first = (int64_t)ep->rank * nl;
+  if (!l || l->nl != nl || l->size != ep->size)
+    return glm_fail(c, BX_EINVAL, "expert parallelism: backward without its forward");
+  if (ep_state(ep, nl, r->epl, &e) || ensure(m, e, l, l->n)) return oom(c); /* the staging */
+  int64_t n = l->n;
   if (exchange(c, ep, e, s->dyp, l->sc, e->rbuf, l->rc, H, "output gradients")) return -1;
   for (int64_t i = 0; i < n; i++) memcpy(e->dyr + i * H, e->rbuf + l->order[i] * H, (size_t)H * 4);
   for (int64_t le = 0; le < nl; le++) {

@@ -108,7 +108,8 @@ static const void *dl_data(glm_nctx *c, const DLTensor *t, const char *name, uin
     return NULL;
   }
   if (rows_out) *rows_out = r;
-  return (const char *)t->data + t->byte_offset;
+  static const int64_t none[1] = {0}; /* an empty tensor's data: never read, never NULL */
+  return numel == 0 ? (const void *)none : (const char *)t->data + t->byte_offset;
 }
 
 const float *glm_dl_f32(glm_nctx *c, const DLTensor *t, const char *name, int64_t rows,
