@@ -1094,6 +1094,70 @@ static PyObject *py_experts_bwd(PyObject *self, PyObject *args, PyObject *kw) {
   MOE_RUN(mc, glm_moe_experts_bwd(c, &mc.m, NULL, dout, T, C, w, &mc.a.r, &mc.s.rows, dx, dw), 0, NULL);
 }
 
+/* glm_moe_route(x, router_weight, e_score_correction_bias, config,
+ * chunk_tokens, logits, ids, weights, counts=None) */
+static PyObject *py_moe_route(PyObject *self, PyObject *args, PyObject *kw) {
+  (void)self;
+  static char *kwl[] = {"x", "router_weight", "e_score_correction_bias", "config", "chunk_tokens",
+                        "logits", "ids", "weights", "counts", "num_threads", NULL};
+  static const char *const nm[] = {"x", "router_weight", "e_score_correction_bias", "logits", "ids",
+                                   "weights", "counts"};
+  PyObject *o[7], *cfg;
+  long long C;
+  int nt = 0;
+  o[6] = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOLOOO|O$i:glm_moe_route", kwl, &o[0], &o[1], &o[2],
+                                   &cfg, &C, &o[3], &o[4], &o[5], &o[6], &nt))
+    return NULL;
+  moe_call mc;
+  memset(&mc, 0, sizeof mc);
+  if (moe_config(&mc, cfg, "glm_moe_route")) return NULL;
+  if (node_begin(&mc.nd, "glm_moe_route", nm, 7, o, 15u << 3, 1u << 6, NULL, nt)) return NULL;
+  glm_nctx *c = &mc.nd.c;
+  int64_t E = mc.m.E, K = mc.m.K, T = 0, H = mc.nd.k.p[1]->ndim == 2 ? mc.nd.k.p[1]->shape[1] : 0;
+  const float *x = NULL;
+  float *logits, *w;
+  int64_t *ids, *counts = NULL;
+  mc.m.router.n = E, mc.m.router.k = H, mc.m.router.gi = mc.m.router.bi = -1;
+  if (C < 1) {
+    glm_fail(c, BX_EINVAL, "chunk_tokens %lld < 1", C);
+    return node_end(&mc.nd, -1);
+  }
+  if (!(mc.m.router.w = glm_dl_f32(c, mc.nd.k.p[1], "router_weight", E, H, NULL)) ||
+      !(mc.m.ecb = glm_dl_f32(c, mc.nd.k.p[2], "e_score_correction_bias", 1, E, NULL)) ||
+      !(x = glm_dl_f32(c, mc.nd.k.p[0], "x", -1, H, &T)) ||
+      !(logits = (float *)glm_dl_f32(c, mc.nd.k.p[3], "logits", T, E, NULL)) ||
+      !(ids = (int64_t *)glm_dl_i64(c, mc.nd.k.p[4], "ids", T, K)) ||
+      !(w = (float *)glm_dl_f32(c, mc.nd.k.p[5], "weights", T, K, NULL)) ||
+      (mc.nd.k.p[6] && !(counts = (int64_t *)glm_dl_i64(c, mc.nd.k.p[6], "counts", (T + C - 1) / C, E))))
+    return node_end(&mc.nd, -1);
+  NODE_RUN(mc.nd, glm_moe_route(c, &mc.m, x, T, C, logits, ids, w, counts));
+}
+
+/* glm_bf16_copy(x, y): y = x rounded to bf16 (glm_bf16_round: nearest
+ * even, a NaN kept quiet with its top bits), x fp32, y bf16 of x's
+ * element count, both compact host tensors. */
+static PyObject *py_bf16_copy(PyObject *self, PyObject *args, PyObject *kw) {
+  (void)self;
+  static char *kwl[] = {"x", "y", NULL};
+  static const char *const nm[] = {"x", "y"};
+  PyObject *o[2];
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "OO:glm_bf16_copy", kwl, &o[0], &o[1])) return NULL;
+  node nd;
+  if (node_begin(&nd, "glm_bf16_copy", nm, 2, o, 2u, 0u, NULL, 0)) return NULL;
+  int64_t n = 1;
+  for (int d = 0; d < nd.k.p[0]->ndim; d++) n *= nd.k.p[0]->shape[d];
+  const float *x;
+  uint16_t *y;
+  if (!(x = glm_dl_f32(&nd.c, nd.k.p[0], "x", 1, n, NULL)) ||
+      !(y = (uint16_t *)glm_dl_bf16(&nd.c, nd.k.p[1], "y", 1, n)))
+    return node_end(&nd, -1);
+  Py_BEGIN_ALLOW_THREADS
+  glm_bf16_convert(x, y, n);
+  Py_END_ALLOW_THREADS
+  return node_end(&nd, 0);
+}
+
 #define NODE_METH(name, fn, doc) {name, (PyCFunction)(void (*)(void))fn, METH_VARARGS | METH_KEYWORDS, doc}
 
 PyMethodDef bxpy_glm_methods[] = {
@@ -1103,6 +1167,9 @@ PyMethodDef bxpy_glm_methods[] = {
      "glm_synth_entropy_bits(vocab) -> the synthetic corpus' entropy rate in bits"},
     {"glm_epoch_perm", py_epoch_perm, METH_VARARGS,
      "glm_epoch_perm(seed, epoch, nseq) -> bytes of nseq int64: the --shuffle permutation"},
+    NODE_METH("glm_bf16_copy", py_bf16_copy,
+              "glm_bf16_copy(x, y): y = x (fp32) rounded to bf16, nearest even, NaN kept quiet "
+              "(the model's bf16 operands)"),
     NODE_METH("glm_linear_forward", py_linear_fwd,
               "glm_linear_forward(x, weight, weight_bf16, bias, y, *, num_threads=0): y = x W^T "
               "(+ b, one rounding) (glm_linear_fwd)"),
@@ -1135,6 +1202,10 @@ PyMethodDef bxpy_glm_methods[] = {
               "glm_xent_forward(logits, targets, n_global, chunk_tokens, ignore_index, losses, "
               "partials, dlogits, loss_grads, mean, *, num_threads=0): losses, partials (into "
               "loss_grads), dlogits, the exact mean (glm_xent_fwd)"),
+    NODE_METH("glm_moe_route", py_moe_route,
+              "glm_moe_route(x, router_weight, e_score_correction_bias, config, chunk_tokens, logits, "
+              "ids, weights, counts=None, *, num_threads=0): the router's GEMM and top-k "
+              "(glm_moe_route)"),
     NODE_METH("glm_moe_forward", py_moe_fwd,
               "glm_moe_forward(x, weights, weights_bf16, config, chunk_tokens, acts, out, *, ep=None, "
               "first_token=0, num_threads=0) -> the EP state (for the backward) or None "

@@ -76,17 +76,6 @@ def bf16_active():
     return bool(red is not None and red.compute_dtype == "bf16")
 
 
-def bf16_round(v):
-    """A Python float rounded to fp32, then to bf16 (tr_bf16_round), widened
-    back: the bound of a bf16 operand from its fp32 max |.|."""
-    import struct
-    u = struct.unpack("<I", struct.pack("<f", v))[0]
-    if (u & 0x7fffffff) > 0x7f800000:
-        return v
-    u = ((u + 0x7fff + ((u >> 16) & 1)) >> 16) << 16
-    return struct.unpack("<f", struct.pack("<I", u & 0xffffffff))[0]
-
-
 def _threads(mod_threads):
     """A module's num_threads, else the active reduction's, else 0 (the
     library default)."""
@@ -376,27 +365,4 @@ def named(mb):
         raise _renamed(e, mb.red.names) from e
 
 
-def wgrad(mb, idx, dy, x, what, bias_idx=None, bf=None):
-    """A linear weight's gradient dY^T X (state tensor idx; None: none) and
-    its bias's column sums of dY (bias_idx; None: none) over the
-    micro-batch's rows, as chunk partials: bounded a priori (pass 0) or
-    computed and added (pass 1), by bx_linear_wgrad[_bound]. bf: None, or
-    the framework's bf16 rounding (bf16 compute: the weight's partial from
-    rounded dy and x; the bias's from fp32 dy, as train_wgrad.c)."""
-    bound = mb.check(what)
-    s, red = mb.red._state, mb.red
-    f = _k.linear_wgrad_bound if bound else _k.linear_wgrad
-    try:
-        if bf is not None and idx is not None:  # bf16: the TN partial of rounded operands
-            f(s, w_tensor=idx, b_tensor=None, dy=bf(dy), x=bf(x), token_begin=mb.tok0,
-              num_threads=red.num_threads)
-            idx = None  # the bias (a sum, not a GEMM) from fp32 dy, as tr_wg_linear
-            if bias_idx is None:
-                return
-        f(s, w_tensor=idx, b_tensor=bias_idx, dy=dy, x=None if idx is None else x,
-          token_begin=mb.tok0, num_threads=red.num_threads)
-    except Error as e:
-        raise _renamed(e, red.names) from e
-
-
-__all__ = ["GradReductionBase", "MicroBatch", "capture", "node_grads", "named", "wgrad"]
+__all__ = ["GradReductionBase", "MicroBatch", "capture", "node_grads", "named"]

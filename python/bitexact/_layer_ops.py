@@ -46,19 +46,15 @@ class Adapter:
     ``need_dx(ctx)`` whether the first input wants its gradient, and
     ``n_grads(args)`` how many values backward returns for these forward
     arguments (torch: one per argument; Paddle: one per tensor).
-    ``add_(y, b)``: y[..., j] = fl(y[..., j] + b[j]) in place (the bias
-    after the product: one IEEE fp32 addition per element, the same bits
-    in every framework). ``from_numpy(a)``: a CPU tensor holding a's values
-    (expert parallelism's received rows). ``bf16(t)``: t rounded to a new
-    bf16 tensor, round to nearest even, a NaN kept quiet with its top bits
-    (tr_bf16_round's rule, bit for bit; the frameworks' own casts write
-    another NaN pattern)."""
+    ``from_numpy(a)``: a CPU tensor holding a's values (the MoE node's
+    zero partial). ``bf16``: its bfloat16 dtype (the weights' bf16 copies,
+    written by the model module's rounding, bitexact._core.glm_bf16_copy)."""
 
     def __init__(self, *, f32, i64, empty, rows, reshape, numel, saved, first, dx_args, need_dx,
-                 n_grads, add_, from_numpy, bf16):
+                 n_grads, from_numpy, bf16):
         self.f32, self.i64, self.empty, self.rows = f32, i64, empty, rows
         self.reshape, self.numel, self.saved, self.first = reshape, numel, saved, first
-        self.dx_args, self.need_dx, self.n_grads, self.add_ = dx_args, need_dx, n_grads, add_
+        self.dx_args, self.need_dx, self.n_grads = dx_args, need_dx, n_grads
         self.from_numpy, self.bf16 = from_numpy, bf16
 
 
@@ -148,29 +144,26 @@ def qkv_args(fw, check, capture, fn, x, weights, biases):
     return x, ws, bs, mb, tuple((next(it), next(it) if b is not None else None) for b in bs)
 
 
-def mm(fw, bf, a, b, layout, c, accumulate=False, num_threads=0):
-    """c (+)= a op b by bx_gemm; with bf16 compute (bf) both operands are
-    rounded to bf16 first (fw.bf16: round to nearest even, as
-    train_layers.c's tr_bf16_round) and accumulated in fp32: `bitexact
-    train --compute-dtype bf16`'s tr_gemm_op."""
-    if bf:
-        a, b = _rounded(fw, a), _rounded(fw, b)
-    _k.gemm(a, b, layout, c, accumulate=accumulate, num_threads=num_threads)
+def _bf16(fw, t):
+    """A new bf16 tensor of t rounded (the model module's rule)."""
+    y = fw.empty(list(t.shape), fw.bf16)
+    _core.glm_bf16_copy(t.detach(), y)
+    return y
 
 
 def _rounded(fw, t):
-    """fw.bf16(t); a parameter of the active reduction is rounded once per
-    step (GradReduction.begin clears the copies: the weights change only
-    between steps), as `bitexact train`'s tr_bf16_weights."""
+    """t's bf16 copy; a parameter of the active reduction is rounded once
+    per step (GradReduction.begin clears the copies: the weights change
+    only between steps), as `bitexact train`'s tr_bf16_weights."""
     red = _active()
     if red is None:
-        return fw.bf16(t)
+        return _bf16(fw, t)
     key = (t.data_ptr(), tuple(t.shape))
     if key not in red._param_keys:
-        return fw.bf16(t)
+        return _bf16(fw, t)
     r = red._bf16_copies.get(key)
     if r is None:
-        r = red._bf16_copies[key] = fw.bf16(t)
+        r = red._bf16_copies[key] = _bf16(fw, t)
     return r
 
 

@@ -141,21 +141,13 @@ def _rows_scratch(fw, T, K, H, I, C, local=True):
 
 # ---- the router ---------------------------------------------------------------------
 
-def _router_opts(cfg):
-    _, _, ng, tg, norm, rsf = cfg
-    return dict(n_group=ng, topk_group=tg, norm_topk_prob=norm, routed_scaling_factor=rsf)
-
-
 def route(fw, x2, rw, bias, cfg, C, nt, counts=None):
-    """logits [T, E] = x2 W_r^T, then bx_moe_router_forward: (logits,
-    topk_ids [T, k] ascending, topk_weights [T, k]); counts [ceil(T/C), E]
-    filled when given."""
+    """The node glm_moe_route: (logits [T, E], topk_ids [T, k] ascending,
+    topk_weights [T, k]); counts [ceil(T/C), E] filled when given."""
     E, K = cfg[0], cfg[1]
     T = _shape(x2)[0]
-    logits = fw.empty([T, E])
-    _k.gemm(x2, rw, "nt", logits, num_threads=nt)
-    ids, w = fw.empty([T, K], fw.i64), fw.empty([T, K])
-    _k.moe_router_forward(logits, bias, ids, w, C, counts, num_threads=nt, **_router_opts(cfg))
+    logits, ids, w = fw.empty([T, E]), fw.empty([T, K], fw.i64), fw.empty([T, K])
+    _core.glm_moe_route(x2, rw, bias, cfg, C, logits, ids, w, counts, num_threads=nt)
     return logits, ids, w
 
 

@@ -62,22 +62,6 @@ def _dx_args(ctx, args):
     return args[:-1]
 
 
-def _bf16(t):
-    """t rounded to bf16 (Paddle's cast: round to nearest even), a NaN
-    written as tr_bf16_round writes it ((bits >> 16) | 0x40; Paddle writes
-    0x7fff)."""
-    import numpy as np
-    t = t.detach()
-    y = t.astype("bfloat16")
-    if bool(paddle.isnan(t).any()):
-        u = np.ascontiguousarray(t.numpy()).view(np.uint32)
-        r = np.array(y.view("int16").numpy()).view(np.uint16)
-        nan = (u & 0x7fffffff) > 0x7f800000
-        r[nan] = ((u[nan] >> 16) | 0x40).astype(np.uint16)
-        y = paddle.to_tensor(r.view(np.int16)).view("bfloat16")
-    return y
-
-
 # The framework adapter of the shared numerics bodies (_layer_ops.py).
 _FW = _ops.Adapter(f32=_F32, i64=paddle.int64,
                    empty=lambda shape, dtype=_F32: paddle.empty(list(shape), dtype=dtype),
@@ -85,8 +69,8 @@ _FW = _ops.Adapter(f32=_F32, i64=paddle.int64,
                    saved=lambda ctx: ctx.saved_tensor(), first=lambda t: int(t.numpy()[0]),
                    dx_args=_dx_args, need_dx=lambda ctx: ctx.need_dx,
                    n_grads=lambda args: sum(isinstance(a, paddle.Tensor) for a in args),
-                   add_=lambda y, b: y.add_(b), from_numpy=paddle.to_tensor,
-                   bf16=_bf16)
+                   from_numpy=paddle.to_tensor,
+                   bf16=paddle.bfloat16)
 _fn = _ops.autograd_functions(paddle.autograd.PyLayer, _FW, __name__)
 
 

@@ -35,18 +35,6 @@ __all__ = ["GradReduction", "Linear", "RMSNorm", "SwiGLUMLP", "Embedding", "Cros
            "embedding", "cross_entropy", "rope", "causal_attention", "qkv_projection"]
 
 
-def _bf16(t):
-    """t rounded to bf16 (torch's cast: round to nearest even), a NaN
-    written as tr_bf16_round writes it ((bits >> 16) | 0x40; torch writes
-    0x7fff/0xffff)."""
-    t = t.detach().contiguous()
-    y = t.to(torch.bfloat16)
-    nan = torch.isnan(t)
-    if bool(nan.any()):
-        y.view(torch.int16)[nan] = ((t.view(torch.int32)[nan] >> 16) | 0x40).to(torch.int16)
-    return y
-
-
 # The framework adapter of the shared numerics bodies (_layer_ops.py).
 _FW = _ops.Adapter(f32=_F32, i64=torch.int64,
                    empty=lambda shape, dtype=_F32: torch.empty(shape, dtype=dtype),
@@ -54,8 +42,8 @@ _FW = _ops.Adapter(f32=_F32, i64=torch.int64,
                    numel=lambda t: t.numel(), saved=lambda ctx: ctx.saved_tensors,
                    first=lambda t: int(t[0]), dx_args=lambda ctx, args: args,
                    need_dx=lambda ctx: ctx.needs_input_grad[0], n_grads=len,
-                   add_=lambda y, b: y.add_(b), from_numpy=torch.from_numpy,
-                   bf16=_bf16)
+                   from_numpy=torch.from_numpy,
+                   bf16=torch.bfloat16)
 _fn = _ops.autograd_functions(_tc.Function, _FW, __name__)
 
 

@@ -388,18 +388,26 @@ static bx_moe_router_opts router_opts(const glm_nctx *c, const glm_moe_w *m) {
   return ro;
 }
 
+int glm_moe_route(glm_nctx *c, const glm_moe_w *m, const float *x, int64_t T, int64_t C,
+                  float *logits, int64_t *ids, float *w, int64_t *counts) {
+  int64_t E = m->E, K = m->K;
+  glm_view v[5];
+  if (glm_linear_fwd(c, &m->router, x, T, logits, "mlp.gate (router)")) return -1;
+  bx_moe_router_opts ro = router_opts(c, m);
+  return glm_ck(c, bx_moe_router_forward(glm_f32(&v[0], logits, 2, T, E, 0), glm_f32(&v[1], m->ecb, 1, E, 0, 0),
+                                         glm_i64(&v[2], ids, 2, T, K), glm_f32(&v[3], w, 2, T, K, 0), C,
+                                         counts ? glm_i64(&v[4], counts, 2, (T + C - 1) / C, E) : NULL,
+                                         &ro),
+                "router");
+}
+
 int glm_moe_fwd(glm_nctx *c, const glm_moe_w *m, const glm_ep *ep, const float *x, int64_t T,
                 int64_t C, glm_moe_act *a, float *out) {
   int64_t E = m->E, K = m->K, R = T * K;
-  glm_view v[5];
-  if (glm_linear_fwd(c, &m->router, x, T, a->logits, "mlp.gate (router)")) return -1;
-  bx_moe_router_opts ro = router_opts(c, m);
+  glm_view v[4];
   bx_moe_dispatch_opts dop = BX_MOE_DISPATCH_OPTS_DEFAULT;
   dop.num_threads = c->threads;
-  if (glm_ck(c, bx_moe_router_forward(glm_f32(&v[0], a->logits, 2, T, E, 0), glm_f32(&v[1], m->ecb, 1, E, 0, 0),
-                                      glm_i64(&v[2], a->ids, 2, T, K), glm_f32(&v[3], a->w, 2, T, K, 0),
-                                      C, NULL, &ro), "router"))
-    return -1;
+  if (glm_moe_route(c, m, x, T, C, a->logits, a->ids, a->w, NULL)) return -1;
   if (glm_ck(c, bx_moe_dispatch_plan(glm_i64(&v[0], a->ids, 2, T, K), NULL,
                                      glm_i64(&v[1], a->r.offsets, 1, E + 1, 0),
                                      glm_i64(&v[2], a->r.row_map, 2, R, 2),

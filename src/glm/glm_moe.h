@@ -133,6 +133,13 @@ typedef struct glm_moe_bscr {
   glm_moe_scr rows;
 } glm_moe_bscr;
 
+/* The routing of x [T, H] (m: router, ecb and the router options):
+ * logits [T, E] = x·W_rᵀ (fp32), then bx_moe_router_forward: ids, w
+ * [T, K] (ids ascending per token), counts [ceil(T / C), E] int64 per
+ * chunk of C tokens (NULL: not wanted). */
+int glm_moe_route(glm_nctx *c, const glm_moe_w *m, const float *x, int64_t T, int64_t C,
+                  float *logits, int64_t *ids, float *w, int64_t *counts);
+
 /* The block: out [T, H] of x [T, H] (C: the router's chunk of counts and
  * the weight gradients' chunk). Backward: dx [T, H] of dout; every weight
  * gradient to its glm_lin.gi (< 0: none). */
