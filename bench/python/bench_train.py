@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Step time of the GLM-4.5 framework bindings (docs/train_python.md,
 docs/benchmarks.md "Framework bindings: step time"): one training step of
-the tiny config (8 x 64 tokens) by
+the tiny config (8 x 64 tokens), or of --config FILE.json with
+--seq-len / --global-batch (e.g. bench/configs/glm-34m.json, 8 x 256), by
 
 - ``bitexact train`` (C): (wall of --steps 1+N) - (wall of --steps 1), / N,
   resumed from the same step-0 checkpoint (start-up and data excluded);
@@ -20,6 +21,10 @@ mean of --steps steps (after one warm-up step); ratios are against
 `bitexact train` and the native baseline measured in the same run.
 
     python3 bench/python/bench_train.py [--cli build/bitexact] [--threads 1]
+        [--config FILE.json --seq-len L --global-batch B] [--variants LIST]
+
+--variants: a comma list of c, torch, paddle, compile, native, native-paddle
+(default: all there are).
 """
 import argparse
 import os
@@ -43,12 +48,12 @@ def cpu_model():
     return "unknown CPU"
 
 
-def c_step(cli, ck0, n, threads, dtype):
+def c_step(cli, ck0, n, threads, dtype, shape=()):
     def wall(steps):
         t = time.perf_counter()
         subprocess.run([cli, "train", "--resume", ck0, "--steps", str(steps), "-q",
-                        "--threads", str(threads), "--compute-dtype", dtype], check=True,
-                       capture_output=True)
+                        "--threads", str(threads), "--compute-dtype", dtype] + list(shape),
+                       check=True, capture_output=True)
         return time.perf_counter() - t
     return (wall(1 + n) - wall(1)) / n
 
@@ -87,36 +92,57 @@ def main():
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--compute-dtype", choices=("fp32", "bf16"), default="fp32",
                     help="of bitexact train and the bindings (the native baseline stays fp32)")
+    ap.add_argument("--config", help="a config.json (default: the tiny config)")
+    ap.add_argument("--seq-len", type=int)
+    ap.add_argument("--global-batch", type=int)
+    ap.add_argument("--variants", default="c,torch,paddle,compile,native,native-paddle")
     a = ap.parse_args()
+    want = set(a.variants.split(","))
     import torch
     torch.set_num_threads(a.threads)
     try:
         import paddle  # noqa: F401
-        fws = ["torch", "paddle"]
+        fws = [f for f in ("torch", "paddle") if f in want]
     except ImportError:
-        fws = ["torch"]
+        fws = [f for f in ("torch",) if f in want]
+    shape = []
+    for flag, v in (("--config", a.config), ("--seq-len", a.seq_len),
+                    ("--global-batch", a.global_batch)):
+        if v is not None:
+            shape += [flag, str(v)]
     with tempfile.TemporaryDirectory() as d:
         ck0 = os.path.join(d, "ck0")
         subprocess.run([a.cli, "train", "--steps", "0", "--save", ck0, "-q", "--compute-dtype",
-                        a.compute_dtype], check=True, capture_output=True)
-        nat = ["native torch (transformers)"] + (["native paddle"] if "paddle" in fws else [])
-        res = {k: [] for k in ["bitexact train"] + fws + ["torch --compile"] + nat}
+                        a.compute_dtype] + shape, check=True, capture_output=True)
+        resume_shape = shape[2:] if a.config else shape  # the config comes from the checkpoint
+        runs = {"c": ("bitexact train", lambda: c_step(a.cli, ck0, a.steps, a.threads,
+                                                       a.compute_dtype, resume_shape)),
+                "compile": ("torch --compile", lambda: binding_step("torch", ck0, a.steps,
+                                                                    a.threads, True)),
+                "native": ("native torch (transformers)", lambda: native_step(ck0, a.steps)),
+                "native-paddle": ("native paddle", lambda: native_step(ck0, a.steps,
+                                                                       "glm_native_paddle"))}
+        for fw in fws:
+            runs[fw] = (fw + " binding", lambda fw=fw: binding_step(fw, ck0, a.steps, a.threads))
+        order = [k for k in ("c", "torch", "paddle", "compile", "native", "native-paddle")
+                 if k in want and k in runs and (k != "native-paddle" or "paddle" in fws
+                                                 or "paddle" in want)]
+        res = {runs[k][0]: [] for k in order}
         for _ in range(a.repeat):  # interleaved: the machine's noise hits every variant alike
-            res["bitexact train"].append(c_step(a.cli, ck0, a.steps, a.threads, a.compute_dtype))
-            for fw in fws:
-                res[fw].append(binding_step(fw, ck0, a.steps, a.threads))
-            res["torch --compile"].append(binding_step("torch", ck0, a.steps, a.threads, True))
-            res["native torch (transformers)"].append(native_step(ck0, a.steps))
-            if "paddle" in fws:
-                res["native paddle"].append(native_step(ck0, a.steps, "glm_native_paddle"))
+            for k in order:
+                res[runs[k][0]].append(runs[k][1]())
     med = {k: statistics.median(v) for k, v in res.items()}
-    c, nat = med["bitexact train"], med["native torch (transformers)"]
-    print(f"GLM-4.5 tiny config, 8 x 64 tokens per step, compute {a.compute_dtype} (native: fp32), "
-          f"{a.threads} thread(s), {cpu_model()}, "
+    c = med.get("bitexact train")
+    nat = med.get("native torch (transformers)")
+    what = f"config {a.config}" if a.config else "GLM-4.5 tiny config"
+    print(f"{what}, {a.global_batch or 8} x {a.seq_len or 64} tokens per step, compute "
+          f"{a.compute_dtype} (native: fp32), {a.threads} thread(s), {cpu_model()}, "
           f"median of {a.repeat} runs of {a.steps} steps")
     print(f"{'variant':32s} {'ms/step':>9s} {'/ bitexact train':>17s} {'/ native torch':>15s}")
     for k, v in med.items():
-        print(f"{k:32s} {1e3 * v:9.1f} {v / c:17.2f} {v / nat:15.2f}")
+        rc = f"{v / c:17.2f}" if c else f"{'-':>17s}"
+        rn = f"{v / nat:15.2f}" if nat else f"{'-':>15s}"
+        print(f"{k:32s} {1e3 * v:9.1f} {rc} {rn}")
 
 
 if __name__ == "__main__":
