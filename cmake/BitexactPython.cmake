@@ -1,11 +1,11 @@
 # BitexactPython.cmake — BITEXACT_PYTHON=ON (set by scikit-build-core from
 # pyproject.toml): only the extension bitexact._core, the binding
-# (python/bitexact/*.c) and the model module (src/glm/*.c) linked with the
+# (python/csrc/*.c) and the model module (src/glm/*.c) linked with the
 # library's objects (bx_objects: the same sources and flags as
 # libbitexact), installed into the package. The
 # Python files come from pyproject.toml's wheel.packages.
 find_package(Python COMPONENTS Interpreter Development.Module REQUIRED)
-file(GLOB BX_PY_SOURCES CONFIGURE_DEPENDS "${PROJECT_SOURCE_DIR}/python/bitexact/*.c")
+file(GLOB BX_PY_SOURCES CONFIGURE_DEPENDS "${PROJECT_SOURCE_DIR}/python/csrc/*.c")
 # the model module's sources (src/glm: public API only), which the
 # bindings call instead of copying (docs/architecture.md rules 8, 10)
 file(GLOB BX_PY_GLM_SOURCES CONFIGURE_DEPENDS "${PROJECT_SOURCE_DIR}/src/glm/*.c")

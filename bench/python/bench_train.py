@@ -59,11 +59,11 @@ def c_step(cli, ck0, n, threads, dtype, shape=()):
 
 
 def binding_step(fw, ck0, n, threads, compile_=False):
-    from bitexact import _glm_run as g
+    from bitexact.train import _run as g
     if fw == "torch":
-        from bitexact._torch_glm import RUNNER
+        from bitexact.torch._glm import RUNNER
     else:
-        from bitexact._paddle_glm import RUNNER
+        from bitexact.paddle._glm import RUNNER
     a = g.parse_args(["--framework", fw, "--resume", ck0, "--steps", str(n + 1), "--threads",
                       str(threads)] + (["--compile"] if compile_ else []))
     r = g.Run(a, RUNNER)

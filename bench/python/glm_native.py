@@ -50,12 +50,12 @@ def load(ckpt):
 
 class NativeRun:
     """`bitexact train`'s loop with torch's native numerics: the same data
-    order (bitexact._glm_data), micro-batches summed by autograd's
+    order (bitexact.train._data), micro-batches summed by autograd's
     accumulation into .grad, clip_grad_norm_(max_norm=clip),
     torch.optim.AdamW(lr, weight_decay)."""
 
     def __init__(self, ckpt, micro_batches=1, lr=1e-3, weight_decay=0.01, clip=1.0):
-        from bitexact import _glm_data
+        from bitexact.train import _data as _glm_data
         self.model, cfg = load(ckpt)
         with open(os.path.join(ckpt, "trainer_state.json")) as f:
             st = json.load(f)

@@ -22,7 +22,7 @@ class NativeRun:
 
     def __init__(self, ckpt, micro_batches=1, lr=1e-3, weight_decay=0.01, clip=1.0):
         from safetensors.numpy import load_file
-        from bitexact import _glm_data
+        from bitexact.train import _data as _glm_data
         with open(os.path.join(ckpt, "config.json")) as f:
             self.c = c = json.load(f)
         with open(os.path.join(ckpt, "trainer_state.json")) as f:

@@ -46,9 +46,8 @@ from another current stream are joined to it first). For the
 stream-ordered, graph-capturable path use :mod:`bitexact.torch`.
 """
 import atexit as _atexit
-import sys as _sys
 
-from . import _core
+from . import _core, _frameworks
 from ._core import (
     CommError,
     DeviceError,
@@ -180,69 +179,8 @@ def _option(table, value, what):
             f"{what} must be one of {', '.join(map(repr, table))}, not {value!r}") from None
 
 
-_torch_fast = False
-
-
-def _torch_fast_export():
-    """Once torch is imported: export plain torch tensors through torch's C
-    function (what Tensor.__dlpack__ calls after ~2 us of Python checks)."""
-    global _torch_fast
-    _torch_fast = True
-    torch = _sys.modules["torch"]
-    fn = getattr(getattr(torch, "_C", None), "_to_dlpack", None)
-    if fn is not None:
-        _core.register_exporter(torch.Tensor, fn)
-        _core.register_exporter(torch.nn.Parameter, fn)
-
-
-_paddle_fast = False
-
-
-def _paddle_export(t):
-    return t.get_tensor()._to_dlpack_versioned()
-
-
-def _paddle_fast_export():
-    """Once paddle is imported: export Paddle tensors through their
-    DenseTensor's DLPack export (the same memory, no copy). Tensor.__dlpack__
-    refuses tensors with stop_gradient=False, which every parameter and
-    gradient is; the DenseTensor's export does not ask."""
-    global _paddle_fast
-    paddle = _sys.modules["paddle"]
-    tensor = getattr(paddle, "Tensor", None)
-    param = getattr(getattr(getattr(paddle, "base", None), "framework", None), "EagerParamBase",
-                    None)
-    if tensor is None or not hasattr(tensor, "get_tensor"):
-        return  # paddle is still being imported
-    _paddle_fast = True
-    _core.register_exporter(tensor, _paddle_export)
-    if isinstance(param, type):
-        _core.register_exporter(param, _paddle_export)
-
-
-def _join_legacy_stream(views):
-    """Before a blocking call on CUDA tensors (run on the legacy default
-    stream): make that stream wait for torch's current stream, as
-    Tensor.__dlpack__(stream=1) would. torch tensors are exported through
-    torch's C function, which does not; other producers were asked for no
-    stream, which per DLPack means the legacy default stream."""
-    kind, dev = views.device
-    if kind != "cuda":
-        return
-    views.check_device()  # a clear error first, naming the tensor
-    torch = _sys.modules.get("torch")
-    if torch is None or not torch.cuda.is_initialized():
-        return  # torch has queued no CUDA work
-    cur = torch.cuda.current_stream(dev)
-    if cur.cuda_stream != 0:
-        torch.cuda.default_stream(dev).wait_stream(cur)
-
-
 def _as_list(tensors):
-    if not _torch_fast and "torch" in _sys.modules:
-        _torch_fast_export()
-    if not _paddle_fast and "paddle" in _sys.modules:
-        _paddle_fast_export()
+    _frameworks.use_fast()
     if hasattr(tensors, "__dlpack__") or type(tensors).__name__ == "PyCapsule":
         return [tensors]
     return list(tensors)
@@ -391,7 +329,7 @@ def total_norm(tensors, norm_type=2.0, error_if_nonfinite=False, groups=None, *,
     nd = _norm_dtype(norm_dtype)
     try:
         with _core.Views(buckets) as views:
-            _join_legacy_stream(views)
+            _frameworks.join_legacy_stream(views)
             total, gn, _, _ = views.norm(float(norm_type), bool(error_if_nonfinite),
                                          int(num_threads), fl, fn, rank, -1, groups is not None,
                                          nd)
@@ -436,7 +374,7 @@ def clip_grad_norm(tensors, max_norm, norm_type=2.0, error_if_nonfinite=False, g
     max_norm = float(max_norm)
     try:
         with _core.Views(buckets) as views:
-            _join_legacy_stream(views)
+            _frameworks.join_legacy_stream(views)
             if groups is None and unowned is None:
                 total, _ = views.clip(max_norm, float(norm_type), bool(error_if_nonfinite),
                                       int(num_threads), fl, mode, float(eps), form, fn, rank,
@@ -472,7 +410,7 @@ def scale(tensors, coef, *, mode="torch", num_threads=0):
     m = _option(_SCALE_MODES, mode, "mode")
     try:
         with _core.Views([tensors]) as views:
-            _join_legacy_stream(views)
+            _frameworks.join_legacy_stream(views)
             views.scale(float(coef), m, int(num_threads))
     except Error as e:
         raise _rename(e, lambda g, i: f"tensors[{i}]", None, lambda k: (0, k))

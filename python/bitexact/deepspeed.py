@@ -84,8 +84,8 @@ import torch
 import torch.distributed as _dist
 
 from . import Comm, Error, InvalidArgumentError, total_norm
-from ._torch_groups import ChainComm as _ChainComm
-from ._torch_groups import Patched as _Patched
+from .torch._groups import ChainComm as _ChainComm
+from .torch._groups import Patched as _Patched
 
 __all__ = ["patch", "unpatch", "is_patched", "zero_norm", "zero3_norm", "tensors_norm"]
 

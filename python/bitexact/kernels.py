@@ -29,7 +29,7 @@ Contract (docs/kernels_python.md has the per-function table):
   the same bits for any num_threads. Calls on distinct outputs may run
   concurrently; a TokRed is used by one thread at a time.
 * torch tensors: once bitexact knows torch is loaded (torch imported before
-  this module, or bitexact.torch imported, or use_fast_exporters() called)
+  this module, or bitexact.torch imported, or use_fast_frameworks() called)
   they are exported through torch's C exporter, which accepts tensors that
   require grad (the kernels read and write their memory; autograd is not
   told, and in-place writes do not bump the tensor's version counter).
@@ -42,7 +42,7 @@ the C library, so the bits are those of `bitexact train`.
 import sys as _sys
 
 from . import _core
-from . import _paddle_fast_export, _torch_fast_export
+from . import _frameworks
 
 # The kernels, re-exported as they are (C functions: no Python frame).
 from ._core import (  # noqa: F401
@@ -102,17 +102,14 @@ from ._core import (  # noqa: F401
 )
 
 __all__ = [n for n in dir(_core) if n in globals() and not n.startswith("_")
-           and n not in ("Views",)] + ["use_fast_exporters", "words"]
+           and n not in ("Views",)] + ["use_fast_frameworks", "words"]
 
 
-def use_fast_exporters():
+def use_fast_frameworks():
     """Register the C exporters of the frameworks already imported (torch:
     torch._C._to_dlpack; paddle: the DenseTensor export), as bitexact's
     other entry points do on their first call. Idempotent and cheap."""
-    if "torch" in _sys.modules:
-        _torch_fast_export()
-    if "paddle" in _sys.modules:
-        _paddle_fast_export()
+    _frameworks.use_fast()
 
 
 def words(state, like="numpy"):
@@ -133,4 +130,4 @@ def words(state, like="numpy"):
     raise _core.InvalidArgumentError(f"words: like must be 'numpy' or 'torch', not {like!r}")
 
 
-use_fast_exporters()
+use_fast_frameworks()

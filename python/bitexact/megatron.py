@@ -82,14 +82,14 @@ from . import (
     Error,
     InvalidArgumentError,
     _core,
-    _join_legacy_stream,
+    _frameworks,
     _option,
     _rename,
 )
 from .torch import _bump_versions, _local  # also registers torch's fast DLPack export
-from ._torch_groups import ChainComm as _ChainComm
-from ._torch_groups import check_signature as _check_signature
-from ._torch_groups import Patched as _Patched
+from .torch._groups import ChainComm as _ChainComm
+from .torch._groups import check_signature as _check_signature
+from .torch._groups import Patched as _Patched
 
 __all__ = ["get_grad_norm_fp32", "clip_grad_by_total_norm_fp32", "chained_grad_norm",
            "patch", "unpatch", "is_patched"]
@@ -129,7 +129,7 @@ def _norm(blocks, chains, norm_type, flavor, num_threads, namer):
     rank = _dist.get_rank() if fn is not None else 0
     try:
         with _core.Views([[_local(g) for g in b] for b in blocks]) as views:
-            _join_legacy_stream(views)
+            _frameworks.join_legacy_stream(views)
             total, _, _, _ = views.norm(p, False, int(num_threads), fl, fn, rank, -1, False, 0)
     except Error as e:
         raise _rename(e, namer, rank if fn is not None else None)
@@ -207,7 +207,7 @@ def clip_grad_by_total_norm_fp32(parameters, max_norm, total_norm, use_decoupled
         return
     try:
         with _core.Views([grads]) as views:
-            _join_legacy_stream(views)
+            _frameworks.join_legacy_stream(views)
             views.scale(clip_coeff, _SCALE_TORCH, int(num_threads))
     except Error as e:
         raise _rename(e, lambda g, i: f"parameters[{where[i]}]", None, lambda i: (0, i))

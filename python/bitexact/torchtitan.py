@@ -80,8 +80,8 @@ import torch.distributed as _dist
 
 from . import InvalidArgumentError, _option, _FLAVORS
 from . import torch as _bt
-from ._torch_groups import Patched
-from ._torch_groups import check_signature as _check_signature
+from .torch._groups import Patched
+from .torch._groups import check_signature as _check_signature
 
 try:
     from torch.distributed.tensor import DTensor as _DTensor

@@ -12,7 +12,7 @@
  * indices of their gradients. glm_node.c is the bottom (views, status,
  * bf16 rounding and workspaces, the one GEMM entry, the weight-gradient
  * pieces); glm_nodes.c the nodes over it. The Python extension
- * (python/bitexact/_glm.c) checks its DLTensors with glm_dl_f32 /
+ * (python/csrc/_glm.c) checks its DLTensors with glm_dl_f32 /
  * glm_dl_bf16 and calls the nodes; nothing numeric is left to a binding.
  *
  * Threading: a node runs in the calling thread with c->threads kernel

@@ -3,7 +3,7 @@
  * projections, RMSNorm and the SwiGLU MLP, forward and backward, from
  * bitexact_train.h's kernels through glm_node.c's GEMM entry and weight
  * gradients. The model's layers (train_layers.c) and the bindings'
- * autograd functions (python/bitexact/_glm.c) call these; neither orders
+ * autograd functions (python/csrc/_glm.c) call these; neither orders
  * these kernels itself.
  */
 #include "glm_node.h"

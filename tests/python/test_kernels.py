@@ -74,7 +74,7 @@ def test_bits_equal_c_library(lib, name, n):
 def test_every_kernel_has_a_case_and_a_docstring():
     tested = {spec_name.split("@")[0] for spec_name in CASES}
     special = {"TokRed", "linear_wgrad", "linear_wgrad_bound", "embedding_grad_bound",
-               "embedding_grad_add", "wgrad_bound_exp", "use_fast_exporters", "words",
+               "embedding_grad_add", "wgrad_bound_exp", "use_fast_frameworks", "words",
                "GEMM_NN", "GEMM_NT", "GEMM_TN"} | {n for n in K.__all__ if n.endswith("_f32")}
     for name in K.__all__:
         assert name in tested or name in special, f"{name} has no bits test"
@@ -499,11 +499,11 @@ def test_no_reference_or_memory_leak():
 
 
 def test_paddle_tensors_same_bits():
-    """Paddle tensors through bitexact's exporter (use_fast_exporters once
+    """Paddle tensors through bitexact's exporter (use_fast_frameworks once
     paddle is imported): the bits of the numpy call, the output written in
     the Paddle tensor's own memory."""
     paddle = pytest.importorskip("paddle", reason="paddlepaddle is not installed")
-    K.use_fast_exporters()
+    K.use_fast_frameworks()
     rng = np.random.default_rng(4)
     x, w = rng.standard_normal((5, 6)).astype(np.float32), rng.standard_normal(6).astype(np.float32)
     yn = np.zeros((5, 6), np.float32)

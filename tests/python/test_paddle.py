@@ -141,7 +141,7 @@ def test_export_shares_memory_and_writes_the_gradient():
     assert not g.stop_gradient
     with pytest.raises(BufferError):
         g.__dlpack__()
-    assert torch.from_dlpack(bitexact._paddle_export(g)).data_ptr() == g.data_ptr()
+    assert torch.from_dlpack(bitexact._frameworks.paddle_export(g)).data_ptr() == g.data_ptr()
     ptr, ver = g.data_ptr(), g.inplace_version
     out = bp.ClipGradByGlobalNorm(1.0)([(p, g)])
     assert out[0][1] is g and p.grad.data_ptr() == ptr and g.inplace_version > ver

@@ -1,4 +1,4 @@
-"""bitexact.paddle's layers (python/bitexact/_paddle_layers.py): each op
+"""bitexact.paddle's layers (python/bitexact/paddle/_layers.py): each op
 against Paddle's native autograd of the same formula in fp64 (fp32 error
 bounds of the kernels' fixed orders, as test_torch_layers.py) and
 bit-equal to bitexact.torch's op; fp32 central differences of the input

@@ -1,5 +1,5 @@
-"""bitexact.paddle's GLM-4.5 MoE block (python/bitexact/_paddle_moe.py,
-numerics in _moe_ops.py): (1) the Paddle block and bitexact.torch's block
+"""bitexact.paddle's GLM-4.5 MoE block (python/bitexact/paddle/_moe.py,
+numerics in nn/_moe.py): (1) the Paddle block and bitexact.torch's block
 from the same weights and inputs inside a GradReduction step: output,
 input gradient and every weight gradient bitwise equal (1 and 2
 micro-batches of two chunks each), and equal to bitexact.kernels called

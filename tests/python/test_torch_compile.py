@@ -1,5 +1,5 @@
 """bitexact.torch's layers under torch.compile (python/bitexact/
-_torch_compile.py): a step through every layer function compiled with
+torch/_compile.py): a step through every layer function compiled with
 fullgraph=True (no graph break possible) gives the eager bits -- loss,
 every weight gradient, the plain leaves' gradients -- over two micro-
 batches; the layers really run as the custom op; a failing compiled call
@@ -13,7 +13,7 @@ import torch
 
 import bitexact
 import bitexact.torch as bt
-from bitexact import _torch_compile as tc
+from bitexact.torch import _compile as tc
 from helpers import same_bits
 
 T, L, H, V = 16, 8, 8, 32  # tokens (2 sequences of L), hidden, vocabulary

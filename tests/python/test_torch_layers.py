@@ -1,4 +1,4 @@
-"""bitexact.torch's layers (python/bitexact/_torch_layers.py): each op
+"""bitexact.torch's layers (python/bitexact/torch/_layers.py): each op
 against torch autograd of the same formula in fp64 (fp32 error bounds of
 the kernels' fixed orders), gradcheck of the input gradients in fp32,
 byte-identical training over micro-batchings / threads / 2 gloo ranks

@@ -1,4 +1,4 @@
-"""bitexact.torch's GLM-4.5 MoE block (python/bitexact/_torch_moe.py):
+"""bitexact.torch's GLM-4.5 MoE block (python/bitexact/torch/_moe.py):
 (a) against transformers' Glm4MoeMoE (5.24, fp32, copied weights) and an
 fp64 autograd transcription of the same formula; (b) a tiny model trained
 with 1/2/4 micro-batches x 1/2 threads byte-identical, the transformers

@@ -317,16 +317,16 @@ def test_native_paddle_differs_from_native_torch_and_moves_with_the_layout(ref):
 
 def test_torch_compile_runs_a_step_with_the_same_bits(ref):
     """torch.compile(model) (default mode, the user's own call): the layers
-    are bitexact's custom ops (_torch_compile.py), inductor compiles the
+    are bitexact's custom ops (torch/_compile.py), inductor compiles the
     torch code between them; the record lines equal `bitexact train`'s."""
     import warnings
     import torch
-    from bitexact import _glm_run as g
-    from bitexact._torch_glm import RUNNER
+    from bitexact.train import _run as g
+    from bitexact.torch._glm import RUNNER
     a = g.parse_args(["--framework", "torch", "--resume", ref["ck0"], "--steps", "2",
                       "--threads", "1"])
     r = g.Run(a, RUNNER)
-    from bitexact import _torch_compile as tc
+    from bitexact.torch import _compile as tc
     r.forward = torch.compile(r.model)
     before = next(tc._COUNT)
     with warnings.catch_warnings():

@@ -5,11 +5,11 @@ path instead of a module (paddle.distributed.launch)::
         "$(python -c 'import bitexact.scripts as s; print(s.TRAIN)')" --framework paddle ...
 
 It lives in its own directory: run as a script, its directory goes first
-on sys.path, and bitexact's own torch.py / paddle.py must not shadow the
+on sys.path, and bitexact's own torch/ and paddle/ must not shadow the
 frameworks there."""
 import sys
 
-from bitexact._glm_run import main
+from bitexact.train._run import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,7 +1,7 @@
 """The GLM-4.5 mixture-of-experts decoder (transformers' ``Glm4MoeConfig`` /
 ``Glm4MoeForCausalLM``) built from bitexact's layers, framework-neutral:
 the bodies here call the layers module of their framework (``_bx_api``:
-bitexact._torch_glm or bitexact._paddle_glm), whose subclasses add
+bitexact.torch._glm or bitexact.paddle._glm), whose subclasses add
 ``torch.nn.Module`` / ``paddle.nn.Layer``. The forward is the one of
 `bitexact train` (docs/train_model.md, src/glm/train_step.c,
 train_layers.c, train_moe_block.c), kernel for kernel, so a step of the
@@ -35,9 +35,9 @@ import types
 
 import numpy as _np
 
-from . import InvalidArgumentError
-from ._gradred import _active
-from ._layer_ops import _ModuleBase
+from .. import InvalidArgumentError
+from ..nn._gradred import _active
+from ..nn._layers import _ModuleBase
 
 # Glm4MoeConfig's fields the model reads, with transformers' defaults (the
 # full-size model; `bitexact train` writes every field).
@@ -246,7 +246,7 @@ def check_adamw(lr, betas, eps, weight_decay):
 
 
 class RunnerBase:
-    """The framework hooks of bitexact._glm_run that are spelled alike in
+    """The framework hooks of bitexact.train._run that are spelled alike in
     torch and Paddle (the subclasses add name, Model, AdamW,
     GradReduction, ids, numpy, init_distributed)."""
 

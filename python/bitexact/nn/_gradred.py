@@ -23,8 +23,8 @@ import re as _re
 import threading as _threading
 import weakref as _weakref
 
-from . import Error, InvalidArgumentError, _comm_args
-from . import kernels as _k
+from .. import Error, InvalidArgumentError, _comm_args
+from .. import kernels as _k
 
 _tls = _threading.local()  # the reduction whose micro_batch() this thread runs
 

@@ -6,7 +6,7 @@ docs/torch_layers.md).
 Every forward and backward value is computed by a bitexact kernel (Paddle
 only allocates with ``paddle.empty``, copies to contiguous and reshapes;
 the kernel call sequences, the PyLayers and the modules' bodies are
-_layer_ops.py's, shared with bitexact.torch),
+nn/_layers.py's, shared with bitexact.torch),
 so the bits are those of bitexact.torch's layers and of `bitexact train`'s
 kernels: a model built from these modules and one built from
 bitexact.torch's, from the same weights and data, train byte-identically
@@ -14,7 +14,7 @@ bitexact.torch's, from the same weights and data, train byte-identically
 Paddle's accumulation into ``.grad``: each PyLayer's backward returns None
 for its weight and adds the per-chunk partials to the active
 :class:`GradReduction` (the framework-neutral protocol of
-bitexact._gradred), which sets every ``.grad`` at ``finish``. Inputs that
+bitexact.nn._gradred), which sets every ``.grad`` at ``finish``. Inputs that
 are plain Paddle leaves with ``stop_gradient=False`` get Paddle's gradient
 as usual, once per pass.
 
@@ -37,17 +37,17 @@ translator); the default SOT mode fails inside Paddle's translator
 
 Threading: as bitexact.torch's (calling thread; ``num_threads`` workers:
 module attribute, else the active reduction's, else the library default;
-bits never depend on it). The MoE block is _paddle_moe.py, the model
-_paddle_glm.py. Not covered: GPU tensors, static graph.
+bits never depend on it). The MoE block is paddle/_moe.py, the model
+paddle/_glm.py. Not covered: GPU tensors, static graph.
 """
 import paddle
 
-from . import InvalidArgumentError
-from . import _gradred as _g
-from . import _layer_ops as _ops
-from ._gradred import _err, _threads
-from ._paddle_gradred import (GradReduction, _F32, _INTS, _capture, _check, _numel,  # noqa: F401
-                              _rows, _wants_grad, comm)
+from .. import InvalidArgumentError
+from ..nn import _gradred as _g
+from ..nn import _layers as _ops
+from ..nn._gradred import _err, _threads
+from ._gradred import (  # noqa: F401
+    GradReduction, _F32, _INTS, _capture, _check, _numel, _rows, _wants_grad, comm)
 
 __all__ = ["GradReduction", "Linear", "RMSNorm", "SwiGLUMLP", "Embedding", "CrossEntropyLoss",
            "RotaryEmbedding", "CausalAttention", "linear", "rms_norm", "swiglu", "swiglu_mlp",
@@ -62,7 +62,7 @@ def _dx_args(ctx, args):
     return args[:-1]
 
 
-# The framework adapter of the shared numerics bodies (_layer_ops.py).
+# The framework adapter of the shared numerics bodies (nn/_layers.py).
 _FW = _ops.Adapter(f32=_F32, i64=paddle.int64,
                    empty=lambda shape, dtype=_F32: paddle.empty(list(shape), dtype=dtype),
                    rows=_rows, reshape=lambda t, shape: t.reshape(list(shape)), numel=_numel,

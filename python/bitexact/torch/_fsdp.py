@@ -10,7 +10,7 @@ import weakref as _weakref
 
 import torch.distributed as _dist
 
-from . import InvalidArgumentError
+from .. import InvalidArgumentError
 
 # FSDP1 keeps a module's parameters in one FlatParameter per wrapped module,
 # sharded over the FlatParamHandle's process group; its gradients are plain

@@ -30,7 +30,7 @@ called the node (which takes the GIL for them).
 """
 import numpy as np
 
-from . import InvalidArgumentError, _comm_args
+from .. import InvalidArgumentError, _comm_args
 from . import _gradred as _g
 
 

@@ -3,7 +3,7 @@
 forward and backward through them (docs/torch_layers.md, "torch.compile").
 
 Two ops (namespace ``bitexact``, ``torch.library.custom_op``) carry every
-layer function of _torch_layers.py and _torch_moe.py:
+layer function of torch/_layers.py and torch/_moe.py:
 
 - ``torch.ops.bitexact.layer(name, tensors, ints, floats, grad, slots) ->
   Tensor[]``: the layer function ``name`` (``"linear"``, ``"moe"``, ...;
@@ -18,7 +18,7 @@ layer function of _torch_layers.py and _torch_moe.py:
 
 Their implementation is the eager code, so the bits are the eager bits:
 the op runs the public function itself, whose autograd Function (the
-:class:`Function` base of _torch_layers' and _torch_moe's) is *recorded*
+:class:`Function` base of torch._layers' and torch._moe's) is *recorded*
 instead of applied: its forward body runs with a plain context, kept in a
 table under the ticket's number until the backward op runs the backward
 body on it (then dropped; a second backward raises). Inductor never sees,
@@ -43,9 +43,9 @@ import weakref
 import torch
 from torch import Tensor
 
-from . import InvalidArgumentError
-from . import _gradred as _g
-from . import _torch_gradred as _tg
+from .. import InvalidArgumentError
+from ..nn import _gradred as _g
+from . import _gradred as _tg
 
 __all__ = ["compiling", "call", "Function", "SINK", "register_layers"]
 
@@ -254,8 +254,8 @@ def _lead(x, n):
 
 
 def _layers():
-    from . import _torch_layers as L
-    from . import _torch_moe as M
+    from . import _layers as L
+    from . import _moe as M
 
     def qkv(x, wq, wk, wv, nt, bq, bk, bv):
         return L.qkv_projection(x, wq, wk, wv, nt, q_bias=bq, k_bias=bk, v_bias=bv)

@@ -1,5 +1,5 @@
 """The GLM-4.5 mixture-of-experts block (transformers' ``Glm4MoeMoE``) of
-bitexact.torch (_torch_moe.py) and bitexact.paddle (_paddle_moe.py);
+bitexact.torch (torch/_moe.py) and bitexact.paddle (paddle/_moe.py);
 docs/torch_layers.md and docs/paddle_layers.md, "The MoE block".
 
 The block is the model module's node (src/glm/glm_moe.h, through
@@ -8,13 +8,13 @@ experts local or expert-parallel, the shared experts, every weight
 gradient into the active GradReduction); ``moe_experts`` is its routed
 stage alone (glm_moe_experts_forward / _backward). What is here is the
 plumbing both frameworks share: the argument checks, the tensors the node
-writes (allocated through the framework :class:`~bitexact._layer_ops.Adapter`),
+writes (allocated through the framework :class:`~bitexact.nn._layers.Adapter`),
 the registration with the GradReduction after the forward succeeded (a
 failing call changes nothing), and the autograd classes. The whole block
 is ONE autograd node: as separate nodes the framework would add three
 rounded branch gradients.
 
-Expert parallelism: ``rows`` may be a bitexact._moe_ep.ExpertParallel
+Expert parallelism: ``rows`` may be a bitexact.nn._ep.ExpertParallel
 (``MoE.ep``, set by the trainer): the node sends the rows to their
 experts' ranks through its all-to-all callbacks.
 
@@ -26,11 +26,11 @@ Not here: capacity / token dropping, GPU tensors.
 """
 import numpy as _np
 
-from . import InvalidArgumentError, _core
+from .. import InvalidArgumentError, _core
 from . import _gradred as _g
-from . import kernels as _k
+from .. import kernels as _k
 from ._gradred import _active, _err, _threads
-from ._layer_ops import _ModuleBase, _rounded
+from ._layers import _ModuleBase, _rounded
 
 __all__ = ["Binding", "autograd_functions", "plan", "LOCAL_ROWS", "route", "moe", "moe_route",
            "moe_experts", "MoEBase"]
@@ -55,7 +55,7 @@ def chunk(default):
 
 class Binding:
     """What a framework's MoE wrapper supplies to the call bodies:
-    ``fw`` its _layer_ops.Adapter; ``prefix`` its public module name
+    ``fw`` its nn._layers.Adapter; ``prefix`` its public module name
     (``"bitexact.torch"``) for messages; ``check(fn, name, t, dtypes=,
     ndim=, min_ndim=)`` its argument check (returns t contiguous);
     ``ints`` its int32/int64 dtypes; ``capture(fn, [(w, name, rows)])``

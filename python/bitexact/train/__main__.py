@@ -1,10 +1,10 @@
 """``python -m bitexact.train --framework torch|paddle --resume DIR ...``:
 `bitexact train`'s loop on a framework binding's GLM-4.5 model
-(bitexact._glm_run; docs/train_python.md). Exit status 0, or 2 with one
+(bitexact.train._run; docs/train_python.md). Exit status 0, or 2 with one
 line on stderr for bad input."""
 import sys
 
-from ._glm_run import main
+from ._run import main
 
 if __name__ == "__main__":
     sys.exit(main())

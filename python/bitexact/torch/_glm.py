@@ -1,33 +1,34 @@
 """bitexact.torch's GLM-4.5 MoE model (``Glm4MoeForCausalLM``) and its
 AdamW (docs/torch_layers.md, "The model and the trainer").
 
-The module bodies are bitexact._glm_model's (shared with bitexact.paddle);
+The module bodies are bitexact.train._model's (shared with bitexact.paddle);
 this file adds ``torch.nn.Module`` and names the layers they call (the
 ``_bx_api`` of the bodies is this module). A model loads a `bitexact
 train` checkpoint (transformers' names) with
 :meth:`Glm4MoeForCausalLM.load_checkpoint` and trains through a
 :class:`~bitexact.torch.GradReduction` and :class:`AdamW`; ``python -m
 bitexact.train --framework torch`` runs `bitexact train`'s loop on it
-(bitexact._glm_run) with byte-identical records and checkpoints.
+(bitexact.train._run) with byte-identical records and checkpoints.
 
 Threading: as the layers (one thread per model and optimizer).
 """
 import numpy as _np
 import torch
 
-from . import _torch_fast_export
-from . import _glm_model as _gm
-from . import kernels as _k
-from ._torch_layers import (Embedding, Linear, RMSNorm, SwiGLUMLP, causal_attention,  # noqa: F401
-                            cross_entropy, qkv_projection, rms_norm, rope)
-from ._torch_moe import MoE  # noqa: F401
-from ._torch_compile import compiling as _compiling  # noqa: F401 (ForCausalLMBase.forward)
+from .. import _frameworks
+from ..train import _model as _gm
+from .. import kernels as _k
+from ._layers import (  # noqa: F401
+    Embedding, Linear, RMSNorm, SwiGLUMLP, causal_attention, cross_entropy, qkv_projection,
+    rms_norm, rope)
+from ._moe import MoE  # noqa: F401
+from ._compile import compiling as _compiling  # noqa: F401 (ForCausalLMBase.forward)
 
 __all__ = ["Glm4MoeForCausalLM", "Glm4MoeModel", "Glm4MoeDecoderLayer", "Glm4MoeAttention",
            "AdamW"]
 
 ModuleList = torch.nn.ModuleList
-_torch_fast_export()  # parameters (requires_grad) reach the kernels without a detach
+_frameworks.torch_fast_export()  # parameters (requires_grad) reach the kernels without a detach
 
 
 def _positions(B, L):
@@ -158,7 +159,7 @@ class AdamW(torch.optim.Optimizer):
 
 
 class _Runner(_gm.RunnerBase):
-    """The framework hooks of bitexact._glm_run (``python -m bitexact.train
+    """The framework hooks of bitexact.train._run (``python -m bitexact.train
     --framework torch``)."""
     name = "torch"
     Model = Glm4MoeForCausalLM
@@ -166,13 +167,13 @@ class _Runner(_gm.RunnerBase):
 
     @staticmethod
     def GradReduction(*args, **kw):
-        from ._torch_gradred import GradReduction
+        from ._gradred import GradReduction
         return GradReduction(*args, **kw)
 
     @staticmethod
     def compile(f):
         """torch.compile(f, fullgraph=True), f the model (one graph per
-        forward, the layers as bitexact's custom ops, _torch_compile.py) or
+        forward, the layers as bitexact's custom ops, torch/_compile.py) or
         AdamW.step (the custom op bitexact::adamw_): the same bits."""
         return torch.compile(f, fullgraph=True)
 
@@ -194,7 +195,7 @@ class _Runner(_gm.RunnerBase):
         import torch.distributed as dist
         if not dist.is_initialized():
             dist.init_process_group("gloo")
-        from .torch import comm
+        from . import comm
         return dist.get_rank(), dist.get_world_size(), comm(), None
 
 

@@ -9,14 +9,14 @@ record lines and checkpoint files. Every number is computed by a bitexact
 kernel; this file only moves data, so the records are byte-identical to
 the C trainer's and the checkpoints have its ``bitexact hash``.
 
-The framework enters through a small object ``fw`` (bitexact._torch_glm /
+The framework enters through a small object ``fw`` (bitexact.torch._glm /
 _paddle_glm ``RUNNER``): ``name``, ``Model``, ``GradReduction``,
 ``AdamW``, ``ids(array)`` (an int64 tensor), ``numpy(t)`` (a copy),
 ``grad(p)``, ``backward(loss)``, ``named_parameters(model)``,
 ``named_buffers(model)``, ``init_distributed()`` -> (rank, world, comm,
 group), ``compile(f)`` (``--compile``: the model and the optimizer's step;
 None where not offered). Expert parallelism (``--ep``) is framework-neutral
-(bitexact._moe_ep over the comm).
+(bitexact.nn._ep over the comm).
 
 Threading: one thread (the kernels' own workers: ``--threads``).
 """
@@ -31,11 +31,11 @@ import tempfile
 
 import numpy as np
 
-from . import Error, InvalidArgumentError, _comm_args
-from . import _glm_data as _gd
-from . import _glm_model as _gm
-from . import clip_coef, scale, total_norm
-from ._moe_ep import ExpertParallel
+from .. import Error, InvalidArgumentError, _comm_args
+from . import _data as _gd
+from . import _model as _gm
+from .. import clip_coef, scale, total_norm
+from ..nn._ep import ExpertParallel
 
 CKPT_FILES = ("config.json", "model.safetensors", "optimizer.safetensors", "trainer_state.json")
 
@@ -309,9 +309,9 @@ class Run:
 def main(argv=None):
     a = parse_args(sys.argv[1:] if argv is None else argv)
     if a.framework == "torch":
-        from ._torch_glm import RUNNER as fw
+        from ..torch._glm import RUNNER as fw
     else:
-        from ._paddle_glm import RUNNER as fw
+        from ..paddle._glm import RUNNER as fw
     try:
         run = Run(a, fw)
         rec = open(a.record, "w", encoding="utf-8") if a.record and run.rank == 0 else None

@@ -70,28 +70,19 @@ Thread safety: one call at a time per instance (it records
 Also exported here (imported at the end of this module): the training
 kernels as ``paddle.autograd.PyLayer`` ops and ``paddle.nn.Layer``
 modules with bitexact.torch's names, bits and two-pass
-:class:`GradReduction` (python/bitexact/_paddle_layers.py,
+:class:`GradReduction` (python/bitexact/paddle/_layers.py,
 docs/paddle_layers.md).
 """
 import numpy as _np
 import paddle
 from paddle.nn.clip import ClipGradBase as _ClipGradBase
 
-from . import (
-    DeviceError,
-    Error,
-    InvalidArgumentError,
-    LayoutError,
-    _SCALE_MODES,
-    _core,
-    _option,
-    _paddle_fast_export,
-    _rename,
-)
+from .. import (DeviceError, Error, InvalidArgumentError, LayoutError, _SCALE_MODES, _core,
+                _frameworks, _option, _rename)
 
 __all__ = ["ClipGradByGlobalNorm"]
 
-_paddle_fast_export()
+_frameworks.paddle_fast_export()
 
 # Views.dtypes: the bit of float64
 _F64 = 8
@@ -335,25 +326,25 @@ def _bump(tensors):
 
 # The training kernels as paddle.autograd.PyLayer ops / paddle.nn.Layer
 # modules with layout-invariant weight gradients (docs/paddle_layers.md).
-from ._paddle_layers import (  # noqa: E402,F401
-    CausalAttention, CrossEntropyLoss, Embedding, GradReduction, Linear, RMSNorm,
-    RotaryEmbedding, SwiGLUMLP, causal_attention, comm, cross_entropy, embedding, linear,
-    qkv_projection, rms_norm, rope, swiglu, swiglu_mlp)
-from ._paddle_layers import __all__ as _layers_all  # noqa: E402
+from ._layers import (  # noqa: E402,F401
+    CausalAttention, CrossEntropyLoss, Embedding, GradReduction, Linear, RMSNorm, RotaryEmbedding,
+    SwiGLUMLP, causal_attention, comm, cross_entropy, embedding, linear, qkv_projection, rms_norm,
+    rope, swiglu, swiglu_mlp)
+from ._layers import __all__ as _layers_all  # noqa: E402
 
 __all__ += _layers_all
 
 # The GLM-4.5 MoE block as PyLayers / nn.Layers (docs/paddle_layers.md,
-# "The MoE block"; numerics shared with bitexact.torch in _moe_ops.py).
-from ._paddle_moe import MoE, MoERouter, moe, moe_experts, moe_route  # noqa: E402,F401
-from ._paddle_moe import __all__ as _moe_all  # noqa: E402
+# "The MoE block"; numerics shared with bitexact.torch in nn/_moe.py).
+from ._moe import MoE, MoERouter, moe, moe_experts, moe_route  # noqa: E402,F401
+from ._moe import __all__ as _moe_all  # noqa: E402
 
 __all__ += _moe_all
 
 # The GLM-4.5 model built from them, and AdamW with the kernels' bits
 # (docs/train_python.md; `python -m bitexact.train --framework paddle`).
-from ._paddle_glm import (AdamW, Glm4MoeAttention, Glm4MoeDecoderLayer,  # noqa: E402,F401
-                          Glm4MoeForCausalLM, Glm4MoeModel)
-from ._paddle_glm import __all__ as _glm_all  # noqa: E402
+from ._glm import (  # noqa: E402,F401
+    AdamW, Glm4MoeAttention, Glm4MoeDecoderLayer, Glm4MoeForCausalLM, Glm4MoeModel)
+from ._glm import __all__ as _glm_all  # noqa: E402
 
 __all__ += _glm_all

@@ -3,10 +3,10 @@
 modules, with the names, semantics and bits of bitexact.torch's
 (docs/paddle_layers.md, "The MoE block"; docs/torch_layers.md).
 
-The numerics are _moe_ops.py's, shared with bitexact.torch: the same
+The numerics are nn/_moe.py's, shared with bitexact.torch: the same
 kernel calls in the same order on the same shapes (Paddle only allocates
 with ``paddle.empty``, copies to contiguous and reshapes: the adapter of
-_paddle_layers.py), so a Paddle MoE and a torch MoE holding the same
+paddle/_layers.py), so a Paddle MoE and a torch MoE holding the same
 weights give the same output, input gradient and weight gradients bit for
 bit (tests/python/test_paddle_moe.py). Weight gradients go to the active
 :class:`~bitexact.paddle.GradReduction`; the PyLayers return None for
@@ -20,21 +20,21 @@ Paddle's ``OSError`` (Paddle wraps it; the message is bitexact's); the
 router weight is initialised U(+-1/sqrt(H)) (torch's distribution, drawn
 by Paddle's generator), and the bias is a persistable buffer
 (``register_buffer``); the experts sit in a ``paddle.nn.LayerList`` (the
-same ``experts.E....`` names). Not here: as _moe_ops.py (capacity,
+same ``experts.E....`` names). Not here: as nn/_moe.py (capacity,
 GPU tensors), and Paddle's static graph.
 
 Threading: as bitexact.torch's (calling thread; ``num_threads`` workers).
 """
 import paddle
 
-from . import _moe_ops as _ops
-from ._paddle_gradred import _F32, _INTS, _capture, _check, _wants_grad
-from ._paddle_layers import _FW, SwiGLUMLP, _uniform  # noqa: F401 (SwiGLUMLP: MoEBase)
+from ..nn import _moe as _ops
+from ._gradred import _F32, _INTS, _capture, _check, _wants_grad
+from ._layers import _FW, SwiGLUMLP, _uniform  # noqa: F401 (SwiGLUMLP: MoEBase)
 
 __all__ = ["MoE", "MoERouter", "moe", "moe_route", "moe_experts"]
 
 _PREFIX = "bitexact.paddle"
-ModuleList = paddle.nn.LayerList  # the experts' container (_moe_ops.MoEBase)
+ModuleList = paddle.nn.LayerList  # the experts' container (nn._moe.MoEBase)
 # need_dx: the states passed last to apply (kept on ctx.need_dx by _FW.dx_args)
 _fn = _ops.autograd_functions(paddle.autograd.PyLayer, _FW, __name__,
                               lambda ctx, i: ctx.need_dx[i])

@@ -35,7 +35,7 @@ bits are torch's).
 import torch
 from torch import Tensor
 
-from . import LayoutError, _FLAVORS, _SCALE_MODES, _option
+from .. import LayoutError, _FLAVORS, _SCALE_MODES, _option
 
 # Views.dtypes bit mask -> the dtype torch's get_total_norm returns
 # (torch.stack promotes the per-tensor norms).

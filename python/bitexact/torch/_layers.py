@@ -4,38 +4,38 @@ autograd Functions and nn.Modules (docs/torch_layers.md).
 Every forward and backward value is computed by a bitexact kernel (torch
 only allocates, copies to contiguous and reshapes); the bits are those of
 `bitexact train`'s kernels, composed as src/glm/train_layers.c composes
-them. The kernel call sequences are _layer_ops.py's, shared with
+them. The kernel call sequences are nn/_layers.py's, shared with
 bitexact.paddle (the Functions are made from them by
-_layer_ops.autograd_functions; the modules' bodies are its *Base). Weight
+nn._layers.autograd_functions; the modules' bodies are its *Base). Weight
 gradients never go through torch's accumulation into ``.grad``: each
 Function adds its per-chunk partials to the active
-:class:`~bitexact._torch_gradred.GradReduction` (its backward returns None
+:class:`~bitexact.torch._gradred.GradReduction` (its backward returns None
 for the weight), which writes every ``.grad`` at ``finish``. Inputs that
 are plain autograd leaves get torch's gradient as usual, once per pass.
 
 Functions here run in the calling thread (the kernels release the GIL and
 use up to ``num_threads`` workers: module attribute, else the active
 reduction's, else the library default; bits never depend on it). The
-GLM-4.5 MoE block is in _torch_moe.py, the model (with the q/k/v bias and
-QK-norm) in _torch_glm.py. bf16 compute: GradReduction(compute_dtype=
-"bf16") rounds every GEMM operand (_layer_ops.mm). Not covered yet: CUDA
+GLM-4.5 MoE block is in torch/_moe.py, the model (with the q/k/v bias and
+QK-norm) in torch/_glm.py. bf16 compute: GradReduction(compute_dtype=
+"bf16") rounds every GEMM operand (the node (bitexact._core.glm_*)). Not covered yet: CUDA
 tensors, torch.compile custom ops (a compiled model breaks the graph at
 each op).
 """
 import torch
 
-from . import InvalidArgumentError
-from . import _gradred as _g
-from . import _layer_ops as _ops
-from . import _torch_compile as _tc
-from ._torch_gradred import GradReduction, _F32, _capture, _check, _err, _rows, _threads
+from .. import InvalidArgumentError
+from ..nn import _gradred as _g
+from ..nn import _layers as _ops
+from . import _compile as _tc
+from ._gradred import GradReduction, _F32, _capture, _check, _err, _rows, _threads
 
 __all__ = ["GradReduction", "Linear", "RMSNorm", "SwiGLUMLP", "Embedding", "CrossEntropyLoss",
            "RotaryEmbedding", "CausalAttention", "linear", "rms_norm", "swiglu", "swiglu_mlp",
            "embedding", "cross_entropy", "rope", "causal_attention", "qkv_projection"]
 
 
-# The framework adapter of the shared numerics bodies (_layer_ops.py).
+# The framework adapter of the shared numerics bodies (nn/_layers.py).
 _FW = _ops.Adapter(f32=_F32, i64=torch.int64,
                    empty=lambda shape, dtype=_F32: torch.empty(shape, dtype=dtype),
                    rows=_rows, reshape=lambda t, shape: t.reshape(shape),

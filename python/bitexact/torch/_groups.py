@@ -7,7 +7,7 @@ import inspect as _inspect
 import torch
 import torch.distributed as _dist
 
-from . import InvalidArgumentError
+from .. import InvalidArgumentError
 
 
 def all_reduce_words(words, op, group):

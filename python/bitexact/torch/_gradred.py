@@ -1,5 +1,5 @@
 """bitexact.torch's GradReduction: the weight gradients of a training step
-as layout-invariant token reductions, for the layers of _torch_layers.py
+as layout-invariant token reductions, for the layers of torch/_layers.py
 (docs/torch_layers.md).
 
 Every forward and backward value is computed by a bitexact kernel (torch
@@ -15,16 +15,16 @@ any micro-batching, thread count and data-parallel rank count.
 
 Threading: a GradReduction is used by one thread at a time (the one running
 the step); the kernels release the GIL and their own worker threads
-(``num_threads``) never change a bit. Its users: _torch_layers.py and
-_torch_moe.py, _torch_glm.py. Not covered: CUDA tensors.
+(``num_threads``) never change a bit. Its users: torch/_layers.py and
+torch/_moe.py, torch/_glm.py. Not covered: CUDA tensors.
 """
 import threading
 
 import torch
 
-from . import DeviceError, DTypeError, InvalidArgumentError, LayoutError
-from . import _gradred as _g
-from ._gradred import _active, _err, _renamed, _threads  # noqa: F401 (used by _torch_layers)
+from .. import DeviceError, DTypeError, InvalidArgumentError, LayoutError
+from ..nn import _gradred as _g
+from ..nn._gradred import _active, _err, _renamed, _threads  # noqa: F401 (used by torch._layers)
 
 __all__ = ["GradReduction"]
 
@@ -55,7 +55,7 @@ def _check(fn, name, t, dtypes=(_F32,), ndim=None, min_ndim=1):
 class GradReduction(_g.GradReductionBase):
     """The gradients of one training step as layout-invariant token
     reductions (``bitexact_train.h`` "Token reduction"); the protocol is
-    bitexact._gradred's (shared with bitexact.paddle.GradReduction).
+    bitexact.nn._gradred's (shared with bitexact.paddle.GradReduction).
 
     ``GradReduction(parameters, seq_len, total_tokens, *, num_threads=0,
     compute_dtype="fp32")``:
@@ -109,7 +109,7 @@ class GradReduction(_g.GradReductionBase):
     def _fw_comm(self, comm):
         dist = torch.distributed
         if dist.is_available() and isinstance(comm, dist.ProcessGroup):
-            from .torch import comm as _tcomm  # a torch.distributed ProcessGroup
+            from . import comm as _tcomm  # a torch.distributed ProcessGroup
             comm = _tcomm(comm)
         return super()._fw_comm(comm)
 

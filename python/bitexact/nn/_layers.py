@@ -1,10 +1,10 @@
 """The numerics path of the training layers, shared by bitexact.torch
-(_torch_layers.py) and bitexact.paddle (_paddle_layers.py).
+(torch/_layers.py) and bitexact.paddle (paddle/_layers.py).
 
 Each op's forward and backward body here is the sequence of bitexact
 kernel calls (bitexact.kernels) that computes it, as src/glm/train_layers.c
 composes them, with the weight gradients handed to the framework-neutral
-two-pass protocol of bitexact._gradred. The framework files keep only the
+two-pass protocol of bitexact.nn._gradred. The framework files keep only the
 autograd wrappers (a torch.autograd.Function or paddle.autograd.PyLayer
 whose forward/backward call the bodies here), the argument checks and the
 modules; the framework only allocates, copies to contiguous and reshapes
@@ -28,9 +28,9 @@ GIL and use ``num_threads`` workers (bits never depend on it).
 import sys
 import types
 
-from . import InvalidArgumentError, _core
+from .. import InvalidArgumentError, _core
 from . import _gradred as _g
-from . import kernels as _k
+from .. import kernels as _k
 from ._gradred import _active, _err
 
 
@@ -450,7 +450,7 @@ def attention_backward(fw, ctx, do):
 
 class _ModuleBase:
     """A module body calling its framework's ops through ``_bx_api``: the
-    layers module (_torch_layers / _paddle_layers) its subclass is defined
+    layers module (torch._layers / paddle._layers) its subclass is defined
     in."""
 
     def __init_subclass__(cls, **kw):

@@ -1,13 +1,13 @@
 """bitexact.paddle's GradReduction (the framework-neutral protocol of
-bitexact._gradred with Paddle's checks, allocation and .grad), comm()
-over paddle.distributed, and the argument checks of _paddle_layers.py
-(docs/paddle_layers.md). Threading: as bitexact._gradred."""
+bitexact.nn._gradred with Paddle's checks, allocation and .grad), comm()
+over paddle.distributed, and the argument checks of paddle/_layers.py
+(docs/paddle_layers.md). Threading: as bitexact.nn._gradred."""
 import numpy as _np
 import paddle
 
-from . import Comm, DeviceError, DTypeError, InvalidArgumentError, LayoutError
-from . import _gradred as _g
-from ._gradred import _err
+from .. import Comm, DeviceError, DTypeError, InvalidArgumentError, LayoutError
+from ..nn import _gradred as _g
+from ..nn._gradred import _err
 
 __all__ = ["GradReduction", "comm"]
 

@@ -5,11 +5,11 @@
 The numerics (the kernel sequence and orders of `bitexact train`'s
 src/glm/train_moe_block.c: router, dispatch, the experts on their rows,
 the shared experts, the combine, the one-node backward, the expert weight
-gradients per global chunk) are _moe_ops.py's, shared with
+gradients per global chunk) are nn/_moe.py's, shared with
 bitexact.paddle; this file holds torch's binding of them (the Functions,
-made by _moe_ops.autograd_functions, the public functions and the
+made by nn._moe.autograd_functions, the public functions and the
 modules). torch only allocates, copies to contiguous and reshapes (the
-adapter of _torch_layers.py).
+adapter of torch/_layers.py).
 
 Differences from transformers (docs/train_moe.md): ties break toward the
 lower group / expert id (torch.topk(sorted=False) leaves them open); the
@@ -22,22 +22,22 @@ per-chunk expert counts for a caller's ``bitexact.kernels.moe_bias_update``.
 
 Every check runs and the whole forward is computed before the module
 registers its weights with the GradReduction: a failing call changes
-nothing (no partial, no registration). Threading as _torch_layers.py.
-Expert parallelism (``moe(..., expert_parallel=)``, _moe_ep.py) and bf16
-compute are _moe_ops.py's. Not here: capacity / token dropping, CUDA
+nothing (no partial, no registration). Threading as torch/_layers.py.
+Expert parallelism (``moe(..., expert_parallel=)``, nn/_ep.py) and bf16
+compute are nn/_moe.py's. Not here: capacity / token dropping, CUDA
 tensors.
 """
 import torch
 
-from . import _moe_ops as _ops
-from . import _torch_compile as _tc
-from ._torch_gradred import _F32, _capture, _check
-from ._torch_layers import _FW, Linear, SwiGLUMLP  # noqa: F401 (SwiGLUMLP: MoEBase)
+from ..nn import _moe as _ops
+from . import _compile as _tc
+from ._gradred import _F32, _capture, _check
+from ._layers import _FW, Linear, SwiGLUMLP  # noqa: F401 (SwiGLUMLP: MoEBase)
 
 __all__ = ["MoE", "MoERouter", "moe", "moe_route", "moe_experts"]
 
 _PREFIX = "bitexact.torch"
-ModuleList = torch.nn.ModuleList  # the experts' container (_moe_ops.MoEBase)
+ModuleList = torch.nn.ModuleList  # the experts' container (nn._moe.MoEBase)
 _fn = _ops.autograd_functions(_tc.Function, _FW, __name__,
                               lambda ctx, i: ctx.needs_input_grad[i])
 _B = _ops.Binding(fw=_FW, prefix=_PREFIX, check=_check, ints=(torch.int32, torch.int64),

@@ -1,5 +1,5 @@
 """The data of `bitexact train` in Python (docs/train_cli.md, "Data and its
-order"), for the framework bindings' trainers (bitexact._glm_run): the
+order"), for the framework bindings' trainers (bitexact.train._run): the
 ``.npy`` and nanoGPT ``.bin`` token files read here; the synthetic Markov
 corpus and the ``--shuffle`` permutation are the model module's
 (src/glm/glm_data.c, through bitexact._core), so the tokens and the order
@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 
-from . import InvalidArgumentError, _core
+from .. import InvalidArgumentError, _core
 
 SYNTH_TOKENS = (1 << 20) + 1  # GLM_SYNTH_TOKENS (src/glm/glm_data.h)
 

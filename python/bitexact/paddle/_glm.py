@@ -1,6 +1,6 @@
 """bitexact.paddle's GLM-4.5 MoE model (``Glm4MoeForCausalLM``) and its
 AdamW (docs/paddle_layers.md, docs/train_python.md): the module bodies of
-bitexact._glm_model (shared with bitexact.torch) as ``paddle.nn.Layer``s,
+bitexact.train._model (shared with bitexact.torch) as ``paddle.nn.Layer``s,
 so a step of this model, of bitexact.torch's and of `bitexact train` give
 the same bits. ``python -m bitexact.train --framework paddle`` trains it.
 
@@ -9,19 +9,20 @@ Threading: as the layers (one thread per model and optimizer).
 import numpy as _np
 import paddle
 
-from . import InvalidArgumentError, _paddle_fast_export
-from . import _glm_model as _gm
-from . import kernels as _k
-from ._paddle_layers import (Embedding, Linear, RMSNorm, SwiGLUMLP, causal_attention,  # noqa: F401
-                             cross_entropy, qkv_projection, rms_norm, rope)
-from ._paddle_moe import MoE  # noqa: F401
-from ._glm_model import checked_arrays
+from .. import InvalidArgumentError, _frameworks
+from ..train import _model as _gm
+from .. import kernels as _k
+from ._layers import (  # noqa: F401
+    Embedding, Linear, RMSNorm, SwiGLUMLP, causal_attention, cross_entropy, qkv_projection,
+    rms_norm, rope)
+from ._moe import MoE  # noqa: F401
+from ..train._model import checked_arrays
 
 __all__ = ["Glm4MoeForCausalLM", "Glm4MoeModel", "Glm4MoeDecoderLayer", "Glm4MoeAttention",
            "AdamW"]
 
 ModuleList = paddle.nn.LayerList
-_paddle_fast_export()  # parameters (stop_gradient=False) reach the kernels without a copy
+_frameworks.paddle_fast_export()  # parameters (stop_gradient=False) reach the kernels without a copy
 
 
 def _compiling():
@@ -118,14 +119,14 @@ class AdamW:
 
 
 class _Runner(_gm.RunnerBase):
-    """The framework hooks of bitexact._glm_run (``--framework paddle``)."""
+    """The framework hooks of bitexact.train._run (``--framework paddle``)."""
     name = "paddle"
     Model = Glm4MoeForCausalLM
     AdamW = AdamW
 
     @staticmethod
     def GradReduction(*args, **kw):
-        from ._paddle_gradred import GradReduction
+        from ._gradred import GradReduction
         return GradReduction(*args, **kw)
 
     @staticmethod
@@ -146,7 +147,7 @@ class _Runner(_gm.RunnerBase):
             return 0, 1, None, None
         import paddle.distributed as dist
         dist.init_parallel_env()
-        from ._paddle_gradred import comm
+        from ._gradred import comm
         return dist.get_rank(), dist.get_world_size(), comm(), None
 
 

@@ -4,7 +4,7 @@ torch's CUDA ``_foreach_mul_`` (docs/python.md "CUDA tensors"). Split
 from torch.py; nothing here synchronises the host."""
 import torch
 
-from ._torch_ops import _BF16, _BIT, _F16, _F32, _F64
+from ._ops import _BF16, _BIT, _F16, _F32, _F64
 
 
 def _cuda_scale(views, coef, mode, nplan, device):
