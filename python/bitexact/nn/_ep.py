@@ -15,12 +15,14 @@ on every rank of a group:
 - ``alltoallv(send, sbytes, recv, rbytes)``: sbytes[p] bytes (consecutive
   in send) to peer p, rbytes[p] from it into recv.
 
-Framework-neutral: both are an all-to-all built on the int64 SUM
-all-reduce of a :class:`bitexact.Comm` (torch.distributed's or
-paddle.distributed's): every rank writes the bytes it sends into its own
-slot of a zeroed buffer and the all-reduce delivers every slot (one writer
-per word: exact for any bit pattern). It moves world-size times the bytes
-of a true all-to-all; the bits do not depend on it. ``a2a_bytes`` counts
+Both go through the framework's all-to-all over the EP group when the
+trainer gives one (``alltoall=``: torch.distributed.all_to_all_single on
+gloo); else (Paddle on the CPU) through an all-to-all built on the int64
+SUM all-reduce of a :class:`bitexact.Comm`: every rank writes the bytes it
+sends into its own slot of a zeroed buffer and the all-reduce delivers
+every slot (one writer per word: exact for any bit pattern), moving
+world-size times the bytes of a true all-to-all. The bits do not depend
+on which. ``a2a_bytes`` counts
 what the node sent (rows and ids, both passes), as the C trainer's record.
 The gradient words of an expert are reduced with the dense ones over all
 ranks (a rank that does not hold the expert adds nothing to them).
@@ -42,7 +44,7 @@ class ExpertParallel:
     (the EP rank), ``local_tokens``, :meth:`alltoall_i64` and
     :meth:`alltoallv` are what the MoE node reads."""
 
-    def __init__(self, comm, rank, world, ep, n_experts):
+    def __init__(self, comm, rank, world, ep, n_experts, alltoall=None):
         if ep < 1 or world % ep or n_experts % ep:
             raise InvalidArgumentError(f"--ep {ep}: must divide the ranks ({world}) and "
                                        f"n_routed_experts ({n_experts})")
@@ -54,6 +56,7 @@ class ExpertParallel:
         self.size, self.rank = ep, self.d  # the node's glm_ep
         self.a2a_bytes = 0  # bytes the node sent (a true all-to-all's count), cumulative
         self.local_tokens = None  # tokens per rank per step: set by the trainer
+        self._a2a = alltoall  # the framework's all-to-all over the EP group, or None
         _g.register(self)  # self._bx_key: how a torch.compile'd graph names it
 
     def holds(self, e):
@@ -61,12 +64,18 @@ class ExpertParallel:
 
     def alltoall_i64(self, send, recv):
         """One int64 of send to each EP peer; recv[p] := peer p's."""
+        if self._a2a is not None:
+            recv[:] = self._a2a(send, [8] * self.E, [8] * self.E).tobytes()
+            return
         got = self._exchange([bytes(send[8 * p:8 * p + 8]) for p in range(self.E)])
         recv[:] = b"".join(b[:8] for b in got)
 
     def alltoallv(self, send, sbytes, recv, rbytes):
         """sbytes[p] bytes of send (consecutive) to peer p; recv := the
         bytes each peer sent here, peer by peer (rbytes[p] from p)."""
+        if self._a2a is not None:
+            recv[:] = self._a2a(send, sbytes, rbytes).tobytes()
+            return
         sends, a = [], 0
         for n in sbytes:
             sends.append(bytes(send[a:a + n]))

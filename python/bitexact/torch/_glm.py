@@ -186,6 +186,23 @@ class _Runner(_gm.RunnerBase):
         return t.detach().numpy().copy()
 
     @staticmethod
+    def alltoall(rank, world, ep):
+        """torch.distributed.all_to_all_single over this rank's EP group
+        (gloo on the CPU); every rank creates every group, in one order."""
+        import numpy as np
+        import torch.distributed as dist
+        groups = [dist.new_group(list(range(g, g + ep))) for g in range(0, world, ep)]
+        group = groups[rank // ep]
+
+        def a2a(send, sbytes, rbytes):
+            out = torch.empty(int(sum(rbytes)), dtype=torch.uint8)
+            inp = torch.from_numpy(np.frombuffer(send, dtype=np.uint8).copy())
+            dist.all_to_all_single(out, inp, [int(n) for n in rbytes], [int(n) for n in sbytes],
+                                   group=group)
+            return out.numpy()
+        return a2a
+
+    @staticmethod
     def init_distributed():
         """(rank, world, comm, group) from torchrun's environment (gloo)."""
         import os

@@ -253,6 +253,14 @@ class RunnerBase:
     compile = None  # torch: f compiled, f the model or the optimizer's step (--compile)
 
     @staticmethod
+    def alltoall(rank, world, ep):
+        """The framework's all-to-all over this rank's EP group (ep
+        consecutive ranks) as a function a2a(send, sbytes, rbytes) ->
+        received bytes (numpy uint8), for expert parallelism; None: the
+        all-reduce exchange of nn._ep (a framework without one on the CPU)."""
+        return None
+
+    @staticmethod
     def grad(p):
         return p.grad
 

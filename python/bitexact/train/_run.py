@@ -218,7 +218,8 @@ class Run:
         self.model.load_checkpoint(marrays)
         self.ep = None
         if E > 1:  # the MoE blocks compute their held experts, tokens exchanged over comm
-            self.ep = ExpertParallel(self.comm, self.rank, P, E, self.cfg.n_routed_experts)
+            self.ep = ExpertParallel(self.comm, self.rank, P, E, self.cfg.n_routed_experts,
+                                     alltoall=fw.alltoall(self.rank, P, E))
             self.ep.local_tokens = self.B // P * self.L  # every rank's tokens per step
             for layer in self.model.model.layers:
                 if hasattr(layer.mlp, "gate"):
