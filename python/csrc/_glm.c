@@ -1012,6 +1012,18 @@ static PyObject *py_moe_bwd(PyObject *self, PyObject *args, PyObject *kw) {
           eps);
 }
 
+/* E of a routed stage's weight list (3 tensors an expert); -1 with the
+ * error raised. */
+static int64_t experts_in(PyObject *ws, const char *fn) {
+  Py_ssize_t n = PySequence_Size(ws);
+  if (n < 0) return -1;
+  if (n < 3 || n % 3) {
+    bxpy_raise_fmt(BX_EINVAL, NULL, "%s: weights must hold 3 tensors per expert, got %zd", fn, n);
+    return -1;
+  }
+  return n / 3;
+}
+
 /* The routed stage alone (moe_experts): weights = the 3E expert weights;
  * acts [offsets, row_map, pos, xp, gp, up, hp, yp] as the block's A_OFF ..
  * A_YP (the first three unused slots given as None). */
@@ -1027,18 +1039,12 @@ static PyObject *py_experts_fwd(PyObject *self, PyObject *args, PyObject *kw) {
     return NULL;
   moe_call mc;
   memset(&mc, 0, sizeof mc);
-  Py_ssize_t nws = PySequence_Size(ws);
-  if (nws < 0) return NULL;
-  if (nws < 3 || nws % 3)
-    return bxpy_raise_fmt(BX_EINVAL, NULL, "glm_moe_experts_forward: weights must hold 3 per expert");
-  mc.m.E = nws / 3;
-  int64_t E = mc.m.E;
-  const DLTensor *tw0 = NULL;
+  if ((mc.m.E = experts_in(ws, "glm_moe_experts_forward")) < 0) return NULL;
   int b = moe_begin(&mc, "glm_moe_experts_forward", nm, 4, o, 8u, 4u, NULL, nt, ws, bf, acts, A_N,
                     NULL, 0, Py_None, Py_None, 0);
   if (b == -1) return NULL;
   glm_nctx *c = &mc.nd.c;
-  tw0 = mc.nd.k.p[1];
+  const DLTensor *tw0 = mc.nd.k.p[1];
   mc.m.K = tw0->ndim == 2 ? tw0->shape[1] : 0;
   mc.R = mc.T * mc.m.K;
   int64_t T = mc.T, K = mc.m.K, H = mc.m.H;
@@ -1051,7 +1057,6 @@ static PyObject *py_experts_fwd(PyObject *self, PyObject *args, PyObject *kw) {
     if (K < 1 && !c->err[0]) glm_fail(c, BX_EINVAL, "argument 'w': must be [T, K]");
     return moe_end(&mc, -1, 0, NULL);
   }
-  (void)E;
   MOE_RUN(mc, glm_moe_experts_fwd(c, &mc.m, NULL, x, T, w, init, &mc.a.r, out), 0, NULL);
 }
 
@@ -1068,11 +1073,7 @@ static PyObject *py_experts_bwd(PyObject *self, PyObject *args, PyObject *kw) {
     return NULL;
   moe_call mc;
   memset(&mc, 0, sizeof mc);
-  Py_ssize_t nws = PySequence_Size(ws);
-  if (nws < 0) return NULL;
-  if (nws < 3 || nws % 3)
-    return bxpy_raise_fmt(BX_EINVAL, NULL, "glm_moe_experts_backward: weights must hold 3 per expert");
-  mc.m.E = nws / 3;
+  if ((mc.m.E = experts_in(ws, "glm_moe_experts_backward")) < 0) return NULL;
   int b = moe_begin(&mc, "glm_moe_experts_backward", nm, 4, o, 12u, 8u, grads, nt, ws, bf, acts, A_N,
                     scr, S_N, Py_None, Py_None, 0);
   if (b == -1) return NULL;
