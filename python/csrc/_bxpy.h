@@ -206,12 +206,24 @@ extern PyMethodDef bxpy_glm_methods[];      /* _glm.c: the model module (src/glm
  * module) and the TokRed type to the module; -1 on failure. */
 int bxpy_train_init(PyObject *module);
 int bxpy_tokred_init(PyObject *module);
+int bxpy_glm_init(PyObject *module); /* _glm.c: the GradRed type */
 /* The bx_tokred of a TokRed object, marked in use (a second taker, or a
  * TokRed method, is refused until bxpy_tokred_give), and the gradient
  * descriptors it was created with (*grads, *n; either may be NULL); NULL
  * with the error raised when o is not a TokRed or is in use. Called with
  * the GIL. */
 bx_tokred *bxpy_tokred_take(PyObject *o, const char *fn, const DLTensor **grads, size_t *n);
+/* A token reduction's gradient descriptors from Python: a sequence of
+ * tensors (exported: their shapes and dtypes) or shapes (fp32 host);
+ * -1 with the error raised (fn names the caller). Release after use. */
+typedef struct bxpy_descs {
+  Py_ssize_t n;
+  DLTensor *dl;
+  bxpy_owner *own;
+  int64_t *shp;
+} bxpy_descs;
+int bxpy_descs_parse(PyObject *gobj, const char *fn, bxpy_descs *d);
+void bxpy_descs_release(bxpy_descs *d);
 void bxpy_tokred_give(PyObject *o);
 
 #endif /* BXPY_H */

@@ -72,21 +72,211 @@ static PyObject *py_epoch_perm(PyObject *self, PyObject *args) {
   return out;
 }
 
+/* ---- the protocol object: GradRed (glm_gr) -------------------------------------------------
+ * GradRed(grads, chunk_tokens, total_tokens): one step's gradient reduction
+ * (glm_node.h's glm_gr) over the gradients of grads (a sequence of tensors
+ * or shapes) and the loss. begin(), micro_batch(first_token, num_tokens)
+ * -> first chunk, agree(comm=None, rank=0), allreduce(comm=None, rank=0),
+ * finish(outs, loss=None, divisor=1) -> whether the loss was written. A
+ * node's grads argument may name it: (gradred, pass, first_token,
+ * first_chunk). Used by one thread at a time. */
+
+typedef struct GradRed {
+  PyObject_HEAD
+  glm_gr *g;
+  int busy;
+} GradRed;
+
+static PyTypeObject GradRedType;
+
+static int gr_check(GradRed *t, const char *fn) {
+  if (t->busy) {
+    bxpy_raise_fmt(BX_EINVAL, NULL, "%s: this GradRed is in use by another thread", fn);
+    return -1;
+  }
+  return 0;
+}
+
+static void gr_ctx(glm_nctx *c, char *err, size_t n) {
+  memset(c, 0, sizeof *c);
+  c->err = err;
+  c->errlen = n;
+  err[0] = 0;
+}
+
+static PyObject *gr_raise(const char *fn, const glm_nctx *c, PyObject *cause) {
+  char msg[900];
+  PyOS_snprintf(msg, sizeof msg, "%s: %s", fn, c->err);
+  return bxpy_raise_at(cause ? BX_ECOMM : c->st ? c->st : BX_EINTERNAL, msg, cause, NULL);
+}
+
+static PyObject *GradRed_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+  static char *kwl[] = {"grads", "chunk_tokens", "total_tokens", NULL};
+  PyObject *gobj;
+  long long ct, tt;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "OLL:GradRed", kwl, &gobj, &ct, &tt)) return NULL;
+  bxpy_descs d;
+  if (bxpy_descs_parse(gobj, "GradRed", &d) < 0) return NULL;
+  char err[512];
+  glm_nctx c;
+  gr_ctx(&c, err, sizeof err);
+  glm_gr *g = NULL;
+  int rc = glm_gr_create(d.dl, (size_t)d.n, ct, tt, BX_TOKRED_GRID, &g, &c);
+  bxpy_descs_release(&d);
+  if (rc) return gr_raise("GradRed", &c, NULL);
+  GradRed *t = (GradRed *)type->tp_alloc(type, 0);
+  if (!t) {
+    glm_gr_destroy(g);
+    return NULL;
+  }
+  t->g = g;
+  return (PyObject *)t;
+}
+
+static void GradRed_dealloc(GradRed *t) {
+  glm_gr_destroy(t->g);
+  Py_TYPE(t)->tp_free((PyObject *)t);
+}
+
+static PyObject *GradRed_begin(GradRed *t, PyObject *unused) {
+  (void)unused;
+  if (gr_check(t, "GradRed.begin") < 0) return NULL;
+  char err[512];
+  glm_nctx c;
+  gr_ctx(&c, err, sizeof err);
+  if (glm_gr_begin(t->g, &c)) return gr_raise("GradRed.begin", &c, NULL);
+  Py_RETURN_NONE;
+}
+
+static PyObject *GradRed_micro_batch(GradRed *t, PyObject *args) {
+  long long b, n;
+  if (!PyArg_ParseTuple(args, "LL:micro_batch", &b, &n) || gr_check(t, "GradRed.micro_batch") < 0)
+    return NULL;
+  char err[512];
+  glm_nctx c;
+  gr_ctx(&c, err, sizeof err);
+  if (glm_gr_micro_batch(t->g, b, n, &c)) return gr_raise("GradRed.micro_batch", &c, NULL);
+  return PyLong_FromLongLong(c.chunk0);
+}
+
+/* agree / allreduce over comm (a Python allreduce(buf, op) or None). */
+static PyObject *gr_collective(GradRed *t, PyObject *args, PyObject *kw, int all) {
+  static char *kwl[] = {"comm", "rank", NULL};
+  const char *fn = all ? "GradRed.allreduce" : "GradRed.agree";
+  PyObject *cfn = Py_None;
+  int rank = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, all ? "|Oi:allreduce" : "|Oi:agree", kwl, &cfn,
+                                   &rank) ||
+      gr_check(t, fn) < 0)
+    return NULL;
+  bxpy_pycomm pc = {cfn, NULL};
+  bx_comm comm = BX_COMM_DEFAULT;
+  comm.allreduce_i64 = bxpy_pycomm_allreduce;
+  comm.ctx = &pc;
+  comm.rank = rank;
+  const bx_comm *cp = cfn == Py_None ? NULL : &comm;
+  char err[512];
+  glm_nctx c;
+  gr_ctx(&c, err, sizeof err);
+  int rc;
+  t->busy = 1;
+  Py_BEGIN_ALLOW_THREADS rc = all ? glm_gr_allreduce(t->g, cp, 1, &c) : glm_gr_agree(t->g, cp, &c);
+  Py_END_ALLOW_THREADS t->busy = 0;
+  if (rc) return gr_raise(fn, &c, pc.error); /* steals the callback's exception */
+  Py_XDECREF(pc.error);
+  Py_RETURN_NONE;
+}
+
+static PyObject *GradRed_agree(GradRed *t, PyObject *a, PyObject *k) { return gr_collective(t, a, k, 0); }
+static PyObject *GradRed_allreduce(GradRed *t, PyObject *a, PyObject *k) {
+  return gr_collective(t, a, k, 1);
+}
+
+static PyObject *GradRed_finish(GradRed *t, PyObject *args, PyObject *kw);
+
+static PyObject *GradRed_pass(GradRed *t, void *closure) {
+  (void)closure;
+  return PyLong_FromLong(glm_gr_pass(t->g));
+}
+
+static PyMethodDef GradRed_methods[] = {
+    {"begin", (PyCFunction)GradRed_begin, METH_NOARGS, "begin(): a new step (fresh states), pass 0"},
+    {"micro_batch", (PyCFunction)GradRed_micro_batch, METH_VARARGS,
+     "micro_batch(first_token, num_tokens) -> first chunk: pass 0 records it, pass 1 must "
+     "repeat pass 0's in order"},
+    {"agree", (PyCFunction)(void (*)(void))GradRed_agree, METH_VARARGS | METH_KEYWORDS,
+     "agree(comm=None, rank=0): end of pass 0, both grids agreed; pass 1"},
+    {"allreduce", (PyCFunction)(void (*)(void))GradRed_allreduce, METH_VARARGS | METH_KEYWORDS,
+     "allreduce(comm=None, rank=0): end of pass 1, the words summed over the ranks"},
+    {"finish", (PyCFunction)(void (*)(void))GradRed_finish, METH_VARARGS | METH_KEYWORDS,
+     "finish(outs, loss=None, divisor=1) -> bool: the gradients into outs, the loss (sum / "
+     "divisor) when any rank added one (True)"},
+    {NULL, NULL, 0, NULL}};
+
+static PyGetSetDef GradRed_getset[] = {
+    {"pass_", (getter)GradRed_pass, NULL, "-1 idle or done, 0 pass 0, 1 pass 1, 2 all-reduced", NULL},
+    {NULL, NULL, NULL, NULL, NULL}};
+
+static PyTypeObject GradRedType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "bitexact._core.GradRed",
+    .tp_basicsize = sizeof(GradRed),
+    .tp_dealloc = (destructor)GradRed_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "GradRed(grads, chunk_tokens, total_tokens): one step's gradient reduction "
+              "(src/glm glm_gr): begin, micro_batch, agree, allreduce, finish",
+    .tp_methods = GradRed_methods,
+    .tp_getset = GradRed_getset,
+    .tp_new = GradRed_new,
+};
+
+int bxpy_glm_init(PyObject *m) {
+  if (PyType_Ready(&GradRedType) < 0) return -1;
+  Py_INCREF(&GradRedType);
+  if (PyModule_AddObject(m, "GradRed", (PyObject *)&GradRedType) < 0) {
+    Py_DECREF(&GradRedType);
+    return -1;
+  }
+  return 0;
+}
+
 /* ---- the autograd nodes ------------------------------------------------------------------ */
 
 typedef struct node {
   bxk_call k;
   glm_nctx c;
   glm_bfws ws;
-  PyObject *state; /* the TokRed taken (borrowed), or NULL */
+  PyObject *state; /* the TokRed or GradRed taken (borrowed), or NULL */
   char err[768];
 } node;
 
+/* The state of a grads tuple's first item: a TokRed (itself), or a GradRed
+ * (its gradients', or with loss its loss's state), taken (marked busy);
+ * NULL with the error raised. */
+static bx_tokred *state_take(PyObject *o, const char *fn, int loss, const DLTensor **grads,
+                             size_t *n) {
+  if (!PyObject_TypeCheck(o, &GradRedType)) return bxpy_tokred_take(o, fn, grads, n);
+  GradRed *t = (GradRed *)o;
+  if (gr_check(t, fn) < 0) return NULL;
+  bx_tokred *s = loss ? glm_gr_loss_state(t->g) : glm_gr_state(t->g);
+  if (!s) {
+    bxpy_raise_fmt(BX_EINVAL, NULL, "%s: the GradRed has no step begun", fn);
+    return NULL;
+  }
+  t->busy = 1;
+  *grads = glm_gr_grads(t->g, n);
+  return s;
+}
+
+static void state_give(PyObject *o) {
+  if (PyObject_TypeCheck(o, &GradRedType)) ((GradRed *)o)->busy = 0;
+  else bxpy_tokred_give(o);
+}
+
 /* Export the tensors (out, opt: bxk_export's bit masks), parse grads. -1
  * with the error raised (everything released). */
-static int node_begin(node *nd, const char *fn, const char *const *names, int n,
-                      PyObject *const *o, unsigned out, unsigned opt, PyObject *grads,
-                      int threads) {
+static int node_begin_as(node *nd, const char *fn, const char *const *names, int n,
+                         PyObject *const *o, unsigned out, unsigned opt, PyObject *grads,
+                         int threads, int loss) {
   memset(nd, 0, sizeof *nd);
   nd->k.fn = fn;
   nd->k.n = n;
@@ -115,24 +305,30 @@ static int node_begin(node *nd, const char *fn, const char *const *names, int n,
       bxpy_raise_fmt(BX_EINVAL, NULL, "%s: grads pass %lld is not 0 (bound) or 1 (add)", fn, pass);
       return -1;
     }
-    if (!(nd->c.s = bxpy_tokred_take(st, fn, &nd->c.grads, &nd->c.ngrads))) return -1;
+    if (!(nd->c.s = state_take(st, fn, loss, &nd->c.grads, &nd->c.ngrads))) return -1;
     nd->state = st;
     nd->c.pass = (int)pass;
     nd->c.tok0 = tok0;
     nd->c.chunk0 = chunk0;
   }
   if (bxk_export(&nd->k, o, out, opt) < 0) {
-    if (nd->state) bxpy_tokred_give(nd->state);
+    if (nd->state) state_give(nd->state);
     return -1;
   }
   return 0;
+}
+
+static int node_begin(node *nd, const char *fn, const char *const *names, int n,
+                      PyObject *const *o, unsigned out, unsigned opt, PyObject *grads,
+                      int threads) {
+  return node_begin_as(nd, fn, names, n, o, out, opt, grads, threads, 0);
 }
 
 /* Release everything; None, or the node's error raised (rc -1). */
 static PyObject *node_end(node *nd, int rc) {
   bxk_release(&nd->k);
   glm_bfws_free(&nd->ws);
-  if (nd->state) bxpy_tokred_give(nd->state);
+  if (nd->state) state_give(nd->state);
   if (rc) return bxpy_raise_fmt(nd->c.st ? nd->c.st : BX_EINTERNAL, NULL, "%s: %s", nd->k.fn, nd->err);
   Py_RETURN_NONE;
 }
@@ -141,7 +337,7 @@ static PyObject *node_end(node *nd, int rc) {
 static PyObject *node_abort(node *nd) {
   bxk_release(&nd->k);
   glm_bfws_free(&nd->ws);
-  if (nd->state) bxpy_tokred_give(nd->state);
+  if (nd->state) state_give(nd->state);
   return NULL;
 }
 
@@ -455,10 +651,11 @@ static PyObject *py_xent_fwd(PyObject *self, PyObject *args, PyObject *kw) {
   if (!PyArg_ParseTupleAndKeywords(args, kw, "OOLLLOOOOO|$i:glm_xent_forward", kwl, &o[0], &o[1],
                                    &ng, &C, &ign, &o[2], &o[3], &o[4], &grads, &o[5], &nt))
     return NULL;
-  node nd;
-  if (node_begin(&nd, "glm_xent_forward", nm, 6, o, 15u << 2, 1u << 5, grads, nt)) return NULL;
+  node nd; /* grads: the loss's state (a GradRed's, or a TokRed of the loss) */
+  if (node_begin_as(&nd, "glm_xent_forward", nm, 6, o, 15u << 2, 1u << 5, grads, nt, 1))
+    return NULL;
   bx_tokred *sl = nd.c.s;
-  nd.c.s = NULL; /* the state given is the loss's */
+  nd.c.s = NULL;
   const DLTensor *tz = nd.k.p[0];
   int64_t V = tz->ndim >= 1 ? tz->shape[tz->ndim - 1] : 0, T = 0;
   const float *z;
@@ -575,6 +772,45 @@ static int tl_lin(glm_nctx *c, const tlist *ws, const tlist *bf, Py_ssize_t i, i
     if (!(l->wbf = glm_dl_bf16(c, tl_at(bf, i), name, n, k))) return -1;
   }
   return 0;
+}
+
+static PyObject *GradRed_finish(GradRed *t, PyObject *args, PyObject *kw) {
+  static char *kwl[] = {"outs", "loss", "divisor", NULL};
+  PyObject *outs, *lobj = Py_None;
+  long long div = 1;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OL:finish", kwl, &outs, &lobj, &div) ||
+      gr_check(t, "GradRed.finish") < 0)
+    return NULL;
+  size_t n;
+  glm_gr_grads(t->g, &n);
+  tlist ol, ll;
+  PyObject *lseq = PyTuple_Pack(1, lobj);
+  if (!lseq) return NULL;
+  int bad = tlist_export(&ol, "GradRed.finish", "outs", outs, (Py_ssize_t)n, 1);
+  if (!bad && tlist_export(&ll, "GradRed.finish", "loss", lseq, 1, 1)) {
+    tlist_release(&ol);
+    bad = 1;
+  }
+  Py_DECREF(lseq);
+  if (bad) return NULL;
+  for (size_t i = 0; i < n; i++)
+    if (!ol.has[i]) {
+      tlist_release(&ol);
+      tlist_release(&ll);
+      return bxpy_raise_fmt(BX_EINVAL, NULL, "GradRed.finish: argument 'outs[%zu]': a tensor is "
+                            "required", i);
+    }
+  char err[512];
+  glm_nctx c;
+  gr_ctx(&c, err, sizeof err);
+  int rc, has = 0;
+  t->busy = 1;
+  Py_BEGIN_ALLOW_THREADS rc = glm_gr_finish(t->g, ol.dl, ll.has[0] ? &ll.dl[0] : NULL, div, &has, &c);
+  Py_END_ALLOW_THREADS t->busy = 0;
+  tlist_release(&ol);
+  tlist_release(&ll);
+  if (rc) return gr_raise("GradRed.finish", &c, NULL);
+  return PyBool_FromLong(has);
 }
 
 /* The EP group of a Python object (ep.size, ep.rank, ep.local_tokens;

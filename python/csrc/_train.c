@@ -535,7 +535,7 @@ int bxpy_train_init(PyObject *m) {
   if (PyModule_AddFunctions(m, bxpy_train_methods) < 0 ||
       PyModule_AddFunctions(m, bxpy_train_moe_methods) < 0 ||
       PyModule_AddFunctions(m, bxpy_tokred_methods) < 0 || bxpy_tokred_init(m) < 0 ||
-      PyModule_AddFunctions(m, bxpy_glm_methods) < 0)
+      PyModule_AddFunctions(m, bxpy_glm_methods) < 0 || bxpy_glm_init(m) < 0)
     return -1;
   if (PyModule_AddIntConstant(m, "GEMM_NT", BX_GEMM_NT) < 0 ||
       PyModule_AddIntConstant(m, "GEMM_NN", BX_GEMM_NN) < 0 ||

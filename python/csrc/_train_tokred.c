@@ -102,6 +102,58 @@ static int parse_mode(PyObject *o, int *mode) {
   return 0;
 }
 
+void bxpy_descs_release(bxpy_descs *d) {
+  for (Py_ssize_t i = 0; d->own && i < d->n; i++) bxpy_release_owner(&d->own[i]);
+  PyMem_Free(d->dl);
+  PyMem_Free(d->own);
+  PyMem_Free(d->shp);
+  memset(d, 0, sizeof *d);
+}
+
+int bxpy_descs_parse(PyObject *gobj, const char *fn, bxpy_descs *d) {
+  memset(d, 0, sizeof *d);
+  char what[96];
+  PyOS_snprintf(what, sizeof what, "%s: grads must be a sequence of tensors or shapes", fn);
+  PyObject *seq = PySequence_Fast(gobj, what);
+  if (!seq) return -1;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  PyObject **items = PySequence_Fast_ITEMS(seq);
+  d->n = n;
+  d->dl = PyMem_Calloc((size_t)(n ? n : 1), sizeof *d->dl);
+  d->own = PyMem_Calloc((size_t)(n ? n : 1), sizeof *d->own);
+  size_t dims = 0;
+  for (Py_ssize_t i = 0; i < n; i++)
+    if (PyTuple_Check(items[i]) || PyList_Check(items[i])) dims += (size_t)PySequence_Size(items[i]);
+  d->shp = PyMem_Calloc(dims ? dims : 1, sizeof *d->shp);
+  if (!d->dl || !d->own || !d->shp) {
+    PyErr_NoMemory();
+    goto fail;
+  }
+  for (Py_ssize_t i = 0, at = 0; i < n; i++) {
+    PyObject *it = items[i];
+    if (PyTuple_Check(it) || PyList_Check(it)) { /* a shape: an fp32 host gradient */
+      Py_ssize_t nd = PySequence_Size(it);
+      for (Py_ssize_t k = 0; k < nd; k++) {
+        PyObject *e = PySequence_GetItem(it, k);
+        d->shp[at + k] = e ? PyLong_AsLongLong(e) : -1;
+        Py_XDECREF(e);
+        if (PyErr_Occurred()) goto fail;
+      }
+      DLTensor t = {NULL, {kDLCPU, 0}, (int32_t)nd, {kDLFloat, 32, 1}, d->shp + at, NULL, 0};
+      d->dl[i] = t;
+      at += nd;
+    } else if (bxpy_export_tensor(it, &d->dl[i], &d->own[i], -1, i) < 0) {
+      goto fail;
+    }
+  }
+  Py_DECREF(seq);
+  return 0;
+fail:
+  Py_DECREF(seq);
+  bxpy_descs_release(d);
+  return -1;
+}
+
 /* TokRed(grads, chunk_tokens, total_tokens, *, mode='grid') */
 static PyObject *TokRed_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   (void)type;
@@ -112,54 +164,17 @@ static PyObject *TokRed_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   if (!PyArg_ParseTupleAndKeywords(args, kw, "OLL|$O:TokRed", kwl, &gobj, &ct, &tt, &mobj))
     return NULL;
   if (mobj && parse_mode(mobj, &mode) < 0) return NULL;
-  PyObject *seq = PySequence_Fast(gobj, "TokRed: grads must be a sequence of tensors or shapes");
-  if (!seq) return NULL;
-  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-  PyObject **items = PySequence_Fast_ITEMS(seq);
-  DLTensor *dl = PyMem_Calloc((size_t)(n ? n : 1), sizeof *dl);
-  bxpy_owner *own = PyMem_Calloc((size_t)(n ? n : 1), sizeof *own);
-  size_t dims = 0;
-  for (Py_ssize_t i = 0; i < n; i++)
-    if (PyTuple_Check(items[i]) || PyList_Check(items[i])) dims += (size_t)PySequence_Size(items[i]);
-  int64_t *shp = PyMem_Calloc(dims ? dims : 1, sizeof *shp);
+  bxpy_descs d;
+  if (bxpy_descs_parse(gobj, "TokRed", &d) < 0) return NULL;
   PyObject *res = NULL;
-  if (!dl || !own || !shp) {
-    PyErr_NoMemory();
-    goto done;
-  }
-  for (Py_ssize_t i = 0, at = 0; i < n; i++) {
-    PyObject *it = items[i];
-    if (PyTuple_Check(it) || PyList_Check(it)) { /* a shape: an fp32 host gradient */
-      Py_ssize_t nd = PySequence_Size(it);
-      for (Py_ssize_t d = 0; d < nd; d++) {
-        PyObject *e = PySequence_GetItem(it, d);
-        shp[at + d] = e ? PyLong_AsLongLong(e) : -1;
-        Py_XDECREF(e);
-        if (PyErr_Occurred()) goto done;
-      }
-      DLTensor t = {NULL, {kDLCPU, 0}, (int32_t)nd, {kDLFloat, 32, 1}, shp + at, NULL, 0};
-      dl[i] = t;
-      at += nd;
-    } else if (bxpy_export_tensor(it, &dl[i], &own[i], -1, i) < 0) {
-      goto done;
-    }
-  }
   bx_tokred_opts op = BX_TOKRED_OPTS_DEFAULT;
   op.mode = (bx_tokred_mode)mode;
   bx_tokred *s = NULL;
   bx_status st;
-  Py_BEGIN_ALLOW_THREADS st = bx_tokred_create(dl, (size_t)n, (int64_t)ct, (int64_t)tt, &op, &s);
-  Py_END_ALLOW_THREADS if (st != BX_OK) {
-    bxpy_raise_fmt(st, NULL, "TokRed: %s", bx_last_error());
-    goto done;
-  }
-  res = tr_wrap(s, dl, (size_t)n, ct, tt, mode);
-done:
-  for (Py_ssize_t i = 0; own && i < n; i++) bxpy_release_owner(&own[i]);
-  PyMem_Free(dl);
-  PyMem_Free(own);
-  PyMem_Free(shp);
-  Py_DECREF(seq);
+  Py_BEGIN_ALLOW_THREADS st = bx_tokred_create(d.dl, (size_t)d.n, (int64_t)ct, (int64_t)tt, &op, &s);
+  Py_END_ALLOW_THREADS if (st != BX_OK) bxpy_raise_fmt(st, NULL, "TokRed: %s", bx_last_error());
+  else res = tr_wrap(s, d.dl, (size_t)d.n, ct, tt, mode);
+  bxpy_descs_release(&d);
   return res;
 }
 

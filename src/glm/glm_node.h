@@ -99,6 +99,51 @@ const uint16_t *glm_dl_bf16(glm_nctx *c, const DLTensor *t, const char *name, in
 const int64_t *glm_dl_i64(glm_nctx *c, const DLTensor *t, const char *name, int64_t rows,
                           int64_t cols);
 
+/* ---- the protocol: one step's gradient reduction (glm_gradred.c) -----------------------
+ * The two passes of a step (DESIGN §9) as one object: begin makes the
+ * token-reduction states of the gradients and of the loss (a 0-d tensor);
+ * pass 0 runs every micro-batch (glm_gr_micro_batch: whole chunks; the
+ * nodes bound their partials), glm_gr_agree agrees the grids over the
+ * ranks, pass 1 runs the same micro-batches in the same order (the nodes
+ * add), glm_gr_allreduce sums the words over the ranks, glm_gr_finish
+ * writes the gradients and the loss. A call in the wrong phase, or a pass
+ * 1 micro-batch that is not pass 0's, is BX_EINVAL naming both. Used by
+ * `bitexact train` (train_step.c) and the bindings' GradReduction
+ * (bitexact._core.GradRed). One thread at a time. */
+typedef struct glm_gr glm_gr;
+
+/* A reduction over gradients of the descriptors grads[0..n) (shapes and
+ * dtypes; copied, data unused) in chunks of C tokens, total_tokens global
+ * tokens a step, mode BX_TOKRED_GRID or BX_TOKRED_ORDINARY. */
+int glm_gr_create(const DLTensor *grads, size_t n, int64_t C, int64_t total_tokens,
+                  bx_tokred_mode mode, glm_gr **out, glm_nctx *c);
+void glm_gr_destroy(glm_gr *g);
+/* A new step (fresh states): pass 0. */
+int glm_gr_begin(glm_gr *g, glm_nctx *c);
+/* The micro-batch of global tokens [tok0, tok0 + T) (whole chunks): pass 0
+ * records it, pass 1 must repeat pass 0's in order. c gets what the nodes
+ * read: s, grads, pass, tok0, chunk0. */
+int glm_gr_micro_batch(glm_gr *g, int64_t tok0, int64_t T, glm_nctx *c);
+/* End of pass 0 (at least one micro-batch): both grids agreed over comm
+ * (NULL: this process); pass 1. */
+int glm_gr_agree(glm_gr *g, const bx_comm *comm, glm_nctx *c);
+/* End of pass 1 (every micro-batch of pass 0 repeated): the words summed
+ * over comm; grads_too 0: the loss's only (the caller summed the
+ * gradients' words its own way: expert parallelism). */
+int glm_gr_allreduce(glm_gr *g, const bx_comm *comm, int grads_too, glm_nctx *c);
+/* outs[0..n) := the gradients (replaced); *loss := the loss's exact sum /
+ * divisor when any rank added a loss chunk (*has_loss 1; else 0 and loss
+ * untouched; loss may be NULL). The step is done. */
+int glm_gr_finish(glm_gr *g, DLTensor *outs, DLTensor *loss, int64_t divisor, int *has_loss,
+                  glm_nctx *c);
+/* The gradient descriptors it was created with (n of them; data NULL). */
+const DLTensor *glm_gr_grads(const glm_gr *g, size_t *n);
+/* The states (NULL before begin): the gradients' and the loss's. */
+bx_tokred *glm_gr_state(const glm_gr *g);
+bx_tokred *glm_gr_loss_state(const glm_gr *g);
+/* -1 idle or done, 0 pass 0, 1 pass 1, 2 pass 1 ended (all-reduced). */
+int glm_gr_pass(const glm_gr *g);
+
 /* ---- the GEMM entry and the weight-gradient pieces -------------------------------------- */
 
 /* C (+)= A · op(B) (layout BX_GEMM_NT / NN / TN), a [ar, ac], b [br, bc],

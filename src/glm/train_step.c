@@ -2,8 +2,8 @@
  * train_step.c — tr_model_grad (train_model.h): the forward + backward of
  * every local micro-batch, twice (pass 0 bounds, pass 1 adds: the grid is
  * agreed in between, train_model.c's comment and docs/train_model.md),
- * the token reductions of the gradients and of the loss, and their
- * all-reduce over ranks.
+ * through the step's gradient reduction (glm_gr: the protocol object the
+ * bindings' GradReduction uses too), and the all-reduce over ranks.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -123,26 +123,18 @@ int tr_model_grad(tr_model *m, const tr_run_opts *o, const int32_t *tokens, int6
   }
   if (m->ep) m->ep->a2a_bytes = m->ep->ar_world_words = m->ep->ar_replica_words = 0;
   tr_work *w = c.w;
-  bx_tokred *sl = NULL;
-  int rc = -1;
-  bx_tokred_opts to = BX_TOKRED_OPTS_DEFAULT;
-  to.mode = o->mode;
+  glm_gr *g = NULL; /* the step's gradient reduction: the protocol */
+  int rc = -1, has_loss = 0;
   glm_view vl;
   float lsum = 0;
   DLTensor *tl = glm_f32(&vl, &lsum, 0, 0, 0, 0); /* the loss: one 0-d tensor */
-  if (tr_ck(&c, bx_tokred_create(m->grad_t, m->nparams, C, c.n_global, &to, &c.n.s), "tokred create") ||
-      tr_ck(&c, bx_tokred_create(tl, 1, C, c.n_global, &to, &sl), "tokred create (loss)"))
+  if (glm_gr_create(m->grad_t, m->nparams, C, c.n_global, o->mode, &g, &c.n) || glm_gr_begin(g, &c.n))
     goto done;
   for (int pass = 0; pass < 2; pass++) {
-    c.n.pass = pass;
-    if (pass == 1 && (tr_ck(&c, bx_tokred_agree(c.n.s, comm), "tokred agree") ||
-                      tr_ck(&c, bx_tokred_agree(sl, comm), "tokred agree (loss)")))
-      goto done;
+    if (pass == 1 && glm_gr_agree(g, comm, &c.n)) goto done;
     for (int64_t b = 0; b < micro_batches; b++) {
-      int64_t s0 = b * mb, cb, ce;
-      c.n.tok0 = (first_seq + s0) * L;
-      if (tr_ck(&c, bx_tokred_chunks(c.n.s, c.n.tok0, c.n.tok0 + T, &cb, &ce), "micro-batch chunks")) goto done;
-      c.n.chunk0 = cb;
+      int64_t s0 = b * mb;
+      if (glm_gr_micro_batch(g, (first_seq + s0) * L, T, &c.n)) goto done;
       for (int64_t q = 0; q < mb; q++) {
         const int32_t *seq = tokens + (s0 + q) * (L + 1);
         for (int64_t i = 0; i < L; i++) {
@@ -151,26 +143,22 @@ int tr_model_grad(tr_model *m, const tr_run_opts *o, const int32_t *tokens, int6
           w->positions[q * L + i] = i;
         }
       }
-      if (micro_batch(&c, sl, token_losses ? token_losses + s0 * L : NULL)) goto done;
+      if (micro_batch(&c, glm_gr_loss_state(g), token_losses ? token_losses + s0 * L : NULL))
+        goto done;
     }
   }
-  if (tr_ep_active(m) && o->mode == BX_TOKRED_GRID) {
-    if (tr_ep_allreduce(&c, comm)) goto done; /* expert words over their replicas only */
-  } else if (tr_ck(&c, bx_tokred_allreduce(c.n.s, comm), "tokred allreduce")) {
-    goto done;
-  } else if (m->ep && comm && o->mode == BX_TOKRED_GRID) {
+  int ep_words = tr_ep_active(m) && o->mode == BX_TOKRED_GRID;
+  if (ep_words && tr_ep_allreduce(&c, comm)) goto done; /* expert words over their replicas only */
+  if (glm_gr_allreduce(g, comm, !ep_words, &c.n)) goto done;
+  if (!ep_words && m->ep && comm && o->mode == BX_TOKRED_GRID) {
     int64_t *wd;
     size_t nw = 0;
-    if (bx_tokred_words(c.n.s, &wd, &nw) == BX_OK) m->ep->ar_world_words += (int64_t)nw;
+    if (bx_tokred_words(glm_gr_state(g), &wd, &nw) == BX_OK) m->ep->ar_world_words += (int64_t)nw;
   }
-  if (tr_ck(&c, bx_tokred_allreduce(sl, comm), "tokred allreduce (loss)"))
-    goto done;
-  if (tr_ck(&c, bx_tokred_finish(c.n.s, m->grad_t, m->nparams, 1), "tokred finish")) goto done;
-  if (tr_ck(&c, bx_tokred_finish(sl, tl, 1, c.n_global), "tokred finish (loss)")) goto done;
+  if (glm_gr_finish(g, m->grad_t, tl, c.n_global, &has_loss, &c.n)) goto done;
   if (loss) *loss = lsum;
   rc = 0;
 done:
-  bx_tokred_destroy(c.n.s);
-  bx_tokred_destroy(sl);
+  glm_gr_destroy(g);
   return rc;
 }

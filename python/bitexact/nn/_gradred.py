@@ -4,13 +4,15 @@ docs/paddle_layers.md): the two-pass token-reduction protocol of a
 training step's weight gradients and the per-micro-batch bookkeeping the
 autograd functions of both frameworks share.
 
-:class:`GradReductionBase` owns one ``bitexact.kernels.TokRed`` over the
-trained parameters and one over the loss; a framework subclass supplies
-the few things that need the framework (argument checks, allocation,
-writing ``.grad``, its process groups as a communicator) through the
-``_fw_*`` hooks. Everything numeric is a kernel call (the TokRed methods,
-``linear_wgrad[_bound]``), so a torch and a Paddle step over the same
-data produce the same bits.
+:class:`GradReductionBase` owns one ``bitexact._core.GradRed``: the model
+module's gradient reduction of a step (src/glm glm_gr: the states of the
+gradients and of the loss, begin, the micro-batches that pass 1 must
+repeat, agree, all-reduce, finish), the object `bitexact train` runs; the
+nodes add their partials to it. A framework subclass supplies the few
+things that need the framework (argument checks, allocation, writing
+``.grad``, its process groups as a communicator) through the ``_fw_*``
+hooks. Nothing numeric is here, so a torch and a Paddle step over the
+same data produce the same bits.
 
 Threading: the active micro-batch is thread-local (one per thread, shared
 by the frameworks: a module of one framework inside the other's
@@ -23,7 +25,7 @@ import re as _re
 import threading as _threading
 import weakref as _weakref
 
-from .. import Error, InvalidArgumentError, _comm_args
+from .. import Error, InvalidArgumentError, _comm_args, _core
 from .. import kernels as _k
 
 _tls = _threading.local()  # the reduction whose micro_batch() this thread runs
@@ -40,10 +42,13 @@ def _err(cls, fn, name, text):
     return e
 
 
-def _renamed(e, names):
-    """A TokRed error with 'tensor i' followed by the parameter's name."""
+def _renamed(e, names, fn=None):
+    """A token reduction's error with 'tensor i' followed by the parameter's
+    name (and, with fn, the GradRed method that raised it named fn)."""
     msg = _re.sub(r"tensor (\d+)", lambda m: f"tensor {m.group(1)} ({names[int(m.group(1))]})"
                   if int(m.group(1)) < len(names) else m.group(0), str(e))
+    if fn is not None:
+        msg = _re.sub(r"^GradRed\.\w+:", fn + ":", msg)
     n = type(e)(msg)
     n.__dict__.update(getattr(e, "__dict__", {}))
     return n
@@ -129,7 +134,9 @@ class GradReductionBase:
         self.loss = None
         self.n_targets = self.total_tokens
         self._gen = 0
-        self._state = self._loss_state = None
+        # the protocol (begin, micro-batches, agree, allreduce, finish) is the
+        # model module's object, the one `bitexact train` runs (glm_gr)
+        self._gr = _core.GradRed(params, self.seq_len, self.total_tokens)
         self._mb = None
 
     # -- the passes --
@@ -141,25 +148,20 @@ class GradReductionBase:
         if n < 1:
             raise InvalidArgumentError(f"GradReduction.begin: n_targets {n} must be >= 1")
         self._bf16_copies = {}
-        self._state = _k.TokRed(self.params, self.seq_len, self.total_tokens)
-        self._loss_state = _k.TokRed([()], self.seq_len, self.total_tokens)
+        self._gr.begin()
         self.n_targets, self.loss, self.phase = n, None, "bound"
         self._gen += 1
-        self._ranges, self._added = [], 0
 
     def agree(self, comm=None):
         """End pass 0: agree the grids (one small MAX all-reduce per state);
         pass 1 (add) follows."""
         self._require("bound", "agree")
-        if not self._ranges:
-            raise InvalidArgumentError("GradReduction.agree: pass 0 ran no micro-batch")
         fn, rank = self._fw_comm(comm)
         try:
-            self._state.agree(fn, rank=rank)
-            self._loss_state.agree(fn, rank=rank)
+            self._gr.agree(fn, rank=rank)
         except Error as e:
             self.phase = "failed"
-            raise _renamed(e, self.names) from e
+            raise _renamed(e, self.names, "GradReduction.agree") from e
         self.phase = "add"
         self._gen += 1
 
@@ -168,23 +170,22 @@ class GradReductionBase:
         step), then every parameter's gradient = its gradient (replaced, not
         accumulated), and ``self.loss``. Nothing is written on error."""
         self._require("add", "finish")
-        if self._added != len(self._ranges):
-            raise InvalidArgumentError(
-                f"GradReduction.finish: pass 1 ran {self._added} of pass 0's "
-                f"{len(self._ranges)} micro-batches")
         fn, rank = self._fw_comm(comm)
+        try:
+            self._gr.allreduce(fn, rank=rank)
+        except Error as e:
+            if self._gr.pass_ == 1:  # pass 1 was not complete: nothing happened, still 'add'
+                raise _renamed(e, self.names, "GradReduction.finish") from e
+            self.phase = "failed"
+            raise _renamed(e, self.names + ["loss"], "GradReduction.finish") from e
         self.phase = "failed"  # until everything below succeeded
         try:
-            self._state.allreduce(fn, rank=rank)
-            self._loss_state.allreduce(fn, rank=rank)
             outs = [self._fw_empty_f32(list(p.shape)) for p in self.params]
-            self._state.finish(outs, 1)
-            loss = None
-            if any(_k.words(self._loss_state)[2:]):  # any chunk of the loss added (globally)
-                loss = self._fw_empty_f32([])
-                self._loss_state.finish([loss], self.n_targets)
+            loss = self._fw_empty_f32([])
+            if not self._gr.finish(outs, loss, self.n_targets):
+                loss = None  # no rank added a loss chunk
         except Error as e:
-            raise _renamed(e, self.names + ["loss"]) from e
+            raise _renamed(e, self.names + ["loss"], "GradReduction.finish") from e
         for p, g in zip(self.params, outs):
             self._fw_set_grad(p, g)
         self.loss, self.phase = loss, "done"
@@ -220,16 +221,10 @@ class GradReductionBase:
         b, n = int(first_token), int(num_tokens)
         if n < 1:
             raise InvalidArgumentError(f"GradReduction.micro_batch: num_tokens {n} must be >= 1")
-        c0, _ = self._state.chunks(b, b + n)  # LayoutError: not whole chunks
-        if self.phase == "bound":
-            self._ranges.append((b, n))
-        else:
-            if self._added >= len(self._ranges) or self._ranges[self._added] != (b, n):
-                want = self._ranges[self._added] if self._added < len(self._ranges) else "none"
-                raise InvalidArgumentError(
-                    f"GradReduction.micro_batch: pass 1 must repeat pass 0's micro-batches in "
-                    f"order; got tokens ({b}, {n}), expected {want}")
-            self._added += 1
+        try:  # not whole chunks; pass 1 not repeating pass 0's micro-batches in order
+            c0 = self._gr.micro_batch(b, n)
+        except Error as e:
+            raise _renamed(e, self.names, "GradReduction.micro_batch") from e
         self._mb = MicroBatch(self, b, n, c0)
         _tls.red = self
         try:
@@ -350,7 +345,7 @@ def node_grads(mb, what):
     if mb is None:
         return None
     bound = mb.check(what)
-    return (mb.red._state, 0 if bound else 1, mb.tok0, mb.chunk0)
+    return (mb.red._gr, 0 if bound else 1, mb.tok0, mb.chunk0)
 
 
 @_contextlib.contextmanager

@@ -380,7 +380,7 @@ def xent_forward(fw, ctx, logits, targets, ignore_index, nt, mb, n_global):
     lg = None
     if mb is not None:  # the step's loss: the partials into the loss reduction
         bound = mb.check("cross_entropy")
-        lg = (mb.red._loss_state, 0 if bound else 1, mb.tok0, mb.chunk0)
+        lg = (mb.red._gr, 0 if bound else 1, mb.tok0, mb.chunk0)  # the node takes its loss state
     _core.glm_xent_forward(z, t1, n_global, C, ignore_index, losses, parts, dz, lg, mean,
                            num_threads=nt)
     if mb is not None:

@@ -1,0 +1,187 @@
+/*
+ * glm_gradred.c — one step's gradient reduction as one object (glm_node.h,
+ * "the protocol"): the states of the gradients and of the loss, the
+ * phases, the micro-batch ledger that pass 1 must repeat, the agreement,
+ * the all-reduce and the finish. Over bitexact_train_tokred.h only.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "glm_node.h"
+
+struct glm_gr {
+  DLTensor *grads;          /* n descriptors (data NULL), shapes below */
+  int64_t *shapes;
+  size_t n;
+  int64_t C, total;
+  bx_tokred_mode mode;
+  bx_tokred *s, *sl;
+  int phase;                /* -1 idle/done, 0 pass 0, 1 pass 1, 2 all-reduced */
+  int64_t *mb;              /* pass 0's micro-batches: (tok0, T) pairs */
+  size_t nmb, capmb, at;    /* recorded, capacity, pass 1's next */
+};
+
+int glm_gr_create(const DLTensor *grads, size_t n, int64_t C, int64_t total_tokens,
+                  bx_tokred_mode mode, glm_gr **out, glm_nctx *c) {
+  *out = NULL;
+  if ((n && !grads) || C < 1 || total_tokens < 1)
+    return glm_fail(c, BX_EINVAL, "gradient reduction: %zu tensors, chunk_tokens %lld and "
+                    "total_tokens %lld must be >= 1", n, (long long)C, (long long)total_tokens);
+  glm_gr *g = calloc(1, sizeof *g);
+  size_t dims = 0;
+  for (size_t i = 0; i < n; i++) dims += (size_t)(grads[i].ndim > 0 ? grads[i].ndim : 0);
+  if (g) {
+    g->grads = calloc(n ? n : 1, sizeof *g->grads);
+    g->shapes = calloc(dims ? dims : 1, sizeof *g->shapes);
+  }
+  if (!g || !g->grads || !g->shapes) {
+    glm_gr_destroy(g);
+    return glm_fail(c, BX_ENOMEM, "gradient reduction: out of memory");
+  }
+  for (size_t i = 0, at = 0; i < n; i++) {
+    DLTensor d = grads[i];
+    if (d.ndim > 0) memcpy(g->shapes + at, d.shape, (size_t)d.ndim * sizeof(int64_t));
+    d.shape = g->shapes + at;
+    d.data = NULL;
+    d.strides = NULL;
+    d.byte_offset = 0;
+    g->grads[i] = d;
+    at += (size_t)(d.ndim > 0 ? d.ndim : 0);
+  }
+  g->n = n;
+  g->C = C;
+  g->total = total_tokens;
+  g->mode = mode;
+  g->phase = -1;
+  *out = g;
+  return 0;
+}
+
+static void free_states(glm_gr *g) {
+  bx_tokred_destroy(g->s);
+  bx_tokred_destroy(g->sl);
+  g->s = g->sl = NULL;
+}
+
+void glm_gr_destroy(glm_gr *g) {
+  if (!g) return;
+  free_states(g);
+  free(g->grads);
+  free(g->shapes);
+  free(g->mb);
+  free(g);
+}
+
+static const char *const PHASE[] = {"idle", "pass 0", "pass 1", "pass 1 all-reduced"};
+
+static int wrong_phase(glm_nctx *c, const glm_gr *g, const char *what, const char *want) {
+  return glm_fail(c, BX_EINVAL, "gradient reduction: %s in phase '%s', expected %s (begin, the "
+                  "micro-batches, agree, the same micro-batches, allreduce, finish)", what,
+                  PHASE[g->phase + 1], want);
+}
+
+int glm_gr_begin(glm_gr *g, glm_nctx *c) {
+  free_states(g);
+  g->phase = -1;
+  g->nmb = g->at = 0;
+  bx_tokred_opts to = BX_TOKRED_OPTS_DEFAULT;
+  to.mode = g->mode;
+  float unused = 0;
+  glm_view vl;
+  if (glm_ck(c, bx_tokred_create(g->grads, g->n, g->C, g->total, &to, &g->s), "gradient state") ||
+      glm_ck(c, bx_tokred_create(glm_f32(&vl, &unused, 0, 0, 0, 0), 1, g->C, g->total, &to, &g->sl),
+             "loss state")) {
+    free_states(g);
+    return -1;
+  }
+  g->phase = 0;
+  return 0;
+}
+
+int glm_gr_micro_batch(glm_gr *g, int64_t tok0, int64_t T, glm_nctx *c) {
+  if (g->phase != 0 && g->phase != 1) return wrong_phase(c, g, "micro_batch", "pass 0 or 1");
+  if (T < 1) return glm_fail(c, BX_EINVAL, "gradient reduction: micro-batch of %lld tokens", (long long)T);
+  int64_t cb, ce;
+  if (glm_ck(c, bx_tokred_chunks(g->s, tok0, tok0 + T, &cb, &ce), "micro-batch")) return -1;
+  if (g->phase == 0) {
+    if (g->nmb == g->capmb) {
+      size_t cap = g->capmb ? 2 * g->capmb : 16;
+      int64_t *q = realloc(g->mb, 2 * cap * sizeof *q);
+      if (!q) return glm_fail(c, BX_ENOMEM, "gradient reduction: out of memory");
+      g->mb = q;
+      g->capmb = cap;
+    }
+    g->mb[2 * g->nmb] = tok0;
+    g->mb[2 * g->nmb + 1] = T;
+    g->nmb++;
+  } else {
+    if (g->at >= g->nmb)
+      return glm_fail(c, BX_EINVAL, "gradient reduction: pass 1 runs more micro-batches than "
+                      "pass 0's %zu (tokens %lld + %lld)", g->nmb, (long long)tok0, (long long)T);
+    if (g->mb[2 * g->at] != tok0 || g->mb[2 * g->at + 1] != T)
+      return glm_fail(c, BX_EINVAL, "gradient reduction: pass 1 must repeat pass 0's "
+                      "micro-batches in order; got tokens (%lld, %lld), expected (%lld, %lld)",
+                      (long long)tok0, (long long)T, (long long)g->mb[2 * g->at],
+                      (long long)g->mb[2 * g->at + 1]);
+    g->at++;
+  }
+  c->s = g->s;
+  c->grads = g->grads;
+  c->ngrads = g->n;
+  c->pass = g->phase;
+  c->tok0 = tok0;
+  c->chunk0 = cb;
+  return 0;
+}
+
+int glm_gr_agree(glm_gr *g, const bx_comm *comm, glm_nctx *c) {
+  if (g->phase != 0) return wrong_phase(c, g, "agree", "pass 0");
+  if (g->nmb == 0) return glm_fail(c, BX_EINVAL, "gradient reduction: agree: pass 0 ran no micro-batch");
+  if (glm_ck(c, bx_tokred_agree(g->s, comm), "agree") ||
+      glm_ck(c, bx_tokred_agree(g->sl, comm), "agree (loss)")) {
+    g->phase = -1; /* a failed agreement ends the step: begin again */
+    return -1;
+  }
+  g->phase = 1;
+  return 0;
+}
+
+int glm_gr_allreduce(glm_gr *g, const bx_comm *comm, int grads_too, glm_nctx *c) {
+  if (g->phase != 1) return wrong_phase(c, g, "allreduce", "pass 1");
+  if (g->at != g->nmb)
+    return glm_fail(c, BX_EINVAL, "gradient reduction: pass 1 ran %zu of pass 0's %zu "
+                    "micro-batches", g->at, g->nmb);
+  g->phase = -1; /* until both all-reduces succeeded */
+  if ((grads_too && glm_ck(c, bx_tokred_allreduce(g->s, comm), "allreduce")) ||
+      glm_ck(c, bx_tokred_allreduce(g->sl, comm), "allreduce (loss)"))
+    return -1;
+  g->phase = 2;
+  return 0;
+}
+
+int glm_gr_finish(glm_gr *g, DLTensor *outs, DLTensor *loss, int64_t divisor, int *has_loss,
+                  glm_nctx *c) {
+  if (g->phase != 2) return wrong_phase(c, g, "finish", "pass 1 all-reduced");
+  int any = 1; /* ordinary mode (`bitexact train`'s control): every micro-batch adds its loss */
+  if (g->mode == BX_TOKRED_GRID) {
+    int64_t *w;
+    size_t nw;
+    if (glm_ck(c, bx_tokred_words(g->sl, &w, &nw), "loss words")) return -1;
+    any = 0; /* the words: the element, the non-finite count, then one coverage word per chunk */
+    for (size_t i = 2; i < nw; i++) any |= w[i] != 0;
+  }
+  if (glm_ck(c, bx_tokred_finish(g->s, outs, g->n, 1), "finish")) return -1;
+  if (any && loss && glm_ck(c, bx_tokred_finish(g->sl, loss, 1, divisor), "finish (loss)")) return -1;
+  if (has_loss) *has_loss = any;
+  g->phase = -1;
+  return 0;
+}
+
+const DLTensor *glm_gr_grads(const glm_gr *g, size_t *n) {
+  *n = g->n;
+  return g->grads;
+}
+
+bx_tokred *glm_gr_state(const glm_gr *g) { return g->s; }
+bx_tokred *glm_gr_loss_state(const glm_gr *g) { return g->sl; }
+int glm_gr_pass(const glm_gr *g) { return g->phase; }
