@@ -5,12 +5,12 @@ second copy of the model's numerics. Read from the source tree
 - a kernel of bitexact.kernels is called only where it is a whole
   autograd node by itself (one C entry: RMSNorm's forward, SwiGLU, RoPE,
   attention, the embedding's forward, the cross-entropy's count and scaled
-  backward, the dispatch plan, AdamW) or is the GradReduction's own state;
+  backward, the dispatch plan, AdamW);
 - no function sequences two or more kernel calls, token-reduction partials
   (bound / add), bf16 roundings or expert exchanges: that is a node's job
   (src/glm, bitexact._core.glm_*);
-- the GradReduction's step (nn/_gradred.py: its two states' agree,
-  all-reduce, finish) is the one place the Python side runs the protocol.
+- the GradReduction's step is the model module's protocol object
+  (bitexact._core.GradRed); nn/_gradred.py only keeps its phases.
 """
 import ast
 import os
@@ -25,13 +25,12 @@ OUTSIDE = {"kernels.py", "__init__.py", "_frameworks.py", "deepspeed.py", "megat
            "torch/_groups.py", "paddle/__init__.py"}
 SINGLE_NODES = {"rmsnorm_forward", "swiglu_forward", "swiglu_backward", "rope_forward",
                 "rope_backward", "attention_forward", "attention_backward", "embedding_forward",
-                "xent_count", "xent_backward", "moe_dispatch_plan", "adamw_step",
-                "TokRed", "words"}  # the last two: the GradReduction's own states
+                "xent_count", "xent_backward", "moe_dispatch_plan", "adamw_step"}
 SEQUENCE = re.compile(r"\b_k\.\w+\(|\bgemm\(|\b(s|sl|state)\.(bound|add|bound_exp)\(|"
                       r"linear_wgrad|embedding_grad_|moe_expert_chunks|wgrad_bound_exp|"
                       r"\.to\(torch\.bfloat16\)|astype\(\"bfloat16\"\)|_exchange\(")
-# functions allowed to hold two such lines: the GradReduction's two states
-ALLOWED = {("nn/_gradred.py", "begin")}
+# functions allowed to hold two such lines (none: the protocol is glm_gr)
+ALLOWED = set()
 
 
 def model_path_files():
