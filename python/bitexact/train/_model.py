@@ -257,7 +257,7 @@ class RunnerBase:
         """The framework's all-to-all over this rank's EP group (ep
         consecutive ranks) as a function a2a(send, sbytes, rbytes) ->
         received bytes (numpy uint8), for expert parallelism; None: the
-        all-reduce exchange of nn._ep (a framework without one on the CPU)."""
+        all-reduce exchange of nn._ep (Paddle: its CPU all-to-all is not wired in)."""
         return None
 
     @staticmethod
