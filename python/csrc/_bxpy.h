@@ -178,6 +178,9 @@ typedef struct bxpy_pycomm {
   PyObject *error;
 } bxpy_pycomm;
 int bxpy_pycomm_allreduce(int64_t *buf, size_t n, bx_op op, void *ctx);
+/* The bx_comm of a Python allreduce fn (None: NULL, one process) for rank:
+ * *pc and *comm filled, comm returned (both the caller's, for the call). */
+const bx_comm *bxpy_pycomm_comm(bxpy_pycomm *pc, bx_comm *comm, PyObject *fn, int rank);
 
 #define BXK_N(a) ((int)(sizeof(a) / sizeof((a)[0])))
 /* Declare the call k of Python name fn over the names nm, export objs. */

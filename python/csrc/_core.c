@@ -142,6 +142,17 @@ PyObject *bxpy_take_exception(void) {
 /* ------------------------------------------------------------------------
  * Python communicator trampoline
  * ---------------------------------------------------------------------- */
+const bx_comm *bxpy_pycomm_comm(bxpy_pycomm *pc, bx_comm *comm, PyObject *fn, int rank) {
+  pc->fn = fn;
+  pc->error = NULL;
+  bx_comm c = BX_COMM_DEFAULT;
+  c.allreduce_i64 = bxpy_pycomm_allreduce;
+  c.ctx = pc;
+  c.rank = rank;
+  *comm = c;
+  return fn == Py_None ? NULL : comm;
+}
+
 int bxpy_pycomm_allreduce(int64_t *buf, size_t n, bx_op op, void *ctx) {
   bxpy_pycomm *c = ctx;
   int rc = 1;
@@ -474,12 +485,9 @@ static PyObject *Views_norm(Views *v, PyObject *args, PyObject *kwds) {
   if (ng < 0 || ng > v->ngroups) ng = v->ngroups;
   o.flavor = (bx_norm_flavor)flavor;
   o.norm_dtype = (bx_norm_dtype)norm_dtype; /* checked by the library */
-  bxpy_pycomm pc = {comm_fn, NULL};
-  bx_comm comm = BX_COMM_DEFAULT;
-  comm.allreduce_i64 = bxpy_pycomm_allreduce;
-  comm.ctx = &pc;
-  comm.rank = rank;
-  const bx_comm *cp = comm_fn == Py_None ? NULL : &comm;
+  bxpy_pycomm pc;
+  bx_comm comm;
+  const bx_comm *cp = bxpy_pycomm_comm(&pc, &comm, comm_fn, rank);
   double *gn = want_groups && ng ? PyMem_Malloc((size_t)ng * sizeof(double)) : NULL;
   if (want_groups && ng && !gn) return PyErr_NoMemory();
   double total = 0;
@@ -565,12 +573,9 @@ static PyObject *Views_clip(Views *v, PyObject *args, PyObject *kwds) {
   o.scale.mode = (bx_scale_mode)mode;
   o.scale.num_threads = o.norm.num_threads;
   o.formula = (bx_coef_formula)formula;
-  bxpy_pycomm pc = {comm_fn, NULL};
-  bx_comm comm = BX_COMM_DEFAULT;
-  comm.allreduce_i64 = bxpy_pycomm_allreduce;
-  comm.ctx = &pc;
-  comm.rank = rank;
-  const bx_comm *cp = comm_fn == Py_None ? NULL : &comm;
+  bxpy_pycomm pc;
+  bx_comm comm;
+  const bx_comm *cp = bxpy_pycomm_comm(&pc, &comm, comm_fn, rank);
   double total = 0, coef = 1;
   bx_status st;
   v->busy = 1;

@@ -169,12 +169,9 @@ static PyObject *gr_collective(GradRed *t, PyObject *args, PyObject *kw, int all
                                    &rank) ||
       gr_check(t, fn) < 0)
     return NULL;
-  bxpy_pycomm pc = {cfn, NULL};
-  bx_comm comm = BX_COMM_DEFAULT;
-  comm.allreduce_i64 = bxpy_pycomm_allreduce;
-  comm.ctx = &pc;
-  comm.rank = rank;
-  const bx_comm *cp = cfn == Py_None ? NULL : &comm;
+  bxpy_pycomm pc;
+  bx_comm comm;
+  const bx_comm *cp = bxpy_pycomm_comm(&pc, &comm, cfn, rank);
   char err[512];
   glm_nctx c;
   gr_ctx(&c, err, sizeof err);
@@ -877,7 +874,7 @@ static void ep_capsule_free(PyObject *cap) {
 /* The node's glm_ep of obj (None: no EP; -1 with the error raised). The
  * layer state: the capsule state (or a new one into *state_out). */
 static int ep_of(PyObject *obj, PyObject *state, pyep *p, glm_ep *ep, glm_ep_scratch **scr,
-                 glm_ep_layer **layer, int64_t *bytes, const char *fn) {
+                 glm_ep_layer **layer, const char *fn) {
   memset(ep, 0, sizeof *ep);
   p->obj = obj;
   p->error = NULL;
@@ -916,21 +913,9 @@ static int ep_of(PyObject *obj, PyObject *state, pyep *p, glm_ep *ep, glm_ep_scr
   ep->alltoallv = pyep_a2av;
   ep->ctx = p;
   ep->local_tokens = lt;
-  ep->a2a_bytes = bytes;
+  ep->a2a_bytes = NULL; /* the C trainer's record counts them; nothing here reads them */
   ep->scr = scr;
   return 0;
-}
-
-/* After a successful EP node: the bytes it sent added to ep.a2a_bytes. */
-static void ep_count(pyep *p, int64_t bytes) {
-  if (!p->obj || p->obj == Py_None || !bytes) return;
-  PyObject *v = PyObject_GetAttrString(p->obj, "a2a_bytes");
-  long long old = v ? PyLong_AsLongLong(v) : 0;
-  Py_XDECREF(v);
-  PyErr_Clear();
-  PyObject *nv = PyLong_FromLongLong(old + bytes);
-  if (nv && PyObject_SetAttrString(p->obj, "a2a_bytes", nv) < 0) PyErr_Clear();
-  Py_XDECREF(nv);
 }
 
 /* The MoE lists: weights [router, e_score_correction_bias, experts 3E...,
@@ -954,7 +939,6 @@ typedef struct moe_call {
   glm_ep ep;
   glm_ep_scratch *eps;
   glm_ep_layer *epl;
-  int64_t bytes;
   int have_ep;
 } moe_call;
 
@@ -1099,7 +1083,7 @@ static int moe_begin(moe_call *mc, const char *fn, const char *const *names, int
                      PyObject *acts, Py_ssize_t nacts, PyObject *scr, Py_ssize_t nscr,
                      PyObject *ep, PyObject *ep_state, Py_ssize_t nweights_extra) {
   if (node_begin(&mc->nd, fn, names, n, o, out, opt, grads, nt)) return -1;
-  int r = ep_of(ep, ep_state, &mc->p, &mc->ep, &mc->eps, &mc->epl, &mc->bytes, fn);
+  int r = ep_of(ep, ep_state, &mc->p, &mc->ep, &mc->eps, &mc->epl, fn);
   if (r < 0) return node_abort(&mc->nd), -1;
   mc->have_ep = r == 0 && mc->ep.size > 1;
   Py_ssize_t nw = 3 * mc->m.E + nweights_extra;
@@ -1128,7 +1112,6 @@ static PyObject *moe_end(moe_call *mc, int rc, int keep_state, PyObject *state_i
   mc->p.error = NULL;
   int fresh = !(state_in && state_in != Py_None);
   glm_ep_layer *epl = mc->epl;
-  if (!rc) ep_count(&mc->p, mc->bytes);
   moe_release(mc);
   if (rc) {
     if (fresh) glm_ep_layer_free(epl);

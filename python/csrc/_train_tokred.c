@@ -253,12 +253,9 @@ static PyObject *tr_collective(TokRed *t, PyObject *args, PyObject *kw, int all)
                                    &rank) ||
       tr_check(t, fn) < 0)
     return NULL;
-  bxpy_pycomm pc = {cfn, NULL};
-  bx_comm comm = BX_COMM_DEFAULT;
-  comm.allreduce_i64 = bxpy_pycomm_allreduce;
-  comm.ctx = &pc;
-  comm.rank = rank;
-  const bx_comm *cp = cfn == Py_None ? NULL : &comm;
+  bxpy_pycomm pc;
+  bx_comm comm;
+  const bx_comm *cp = bxpy_pycomm_comm(&pc, &comm, cfn, rank);
   bx_status st;
   t->busy = 1;
   Py_BEGIN_ALLOW_THREADS st = all ? bx_tokred_allreduce(t->s, cp) : bx_tokred_agree(t->s, cp);

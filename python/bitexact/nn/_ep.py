@@ -22,8 +22,7 @@ SUM all-reduce of a :class:`bitexact.Comm`: every rank writes the bytes it
 sends into its own slot of a zeroed buffer and the all-reduce delivers
 every slot (one writer per word: exact for any bit pattern), moving
 world-size times the bytes of a true all-to-all. The bits do not depend
-on which. ``a2a_bytes`` counts
-what the node sent (rows and ids, both passes), as the C trainer's record.
+on which.
 The gradient words of an expert are reduced with the dense ones over all
 ranks (a rank that does not hold the expert adds nothing to them).
 
@@ -54,7 +53,6 @@ class ExpertParallel:
         self.nl = n_experts // ep
         self.first = self.d * self.nl
         self.size, self.rank = ep, self.d  # the node's glm_ep
-        self.a2a_bytes = 0  # bytes the node sent (a true all-to-all's count), cumulative
         self.local_tokens = None  # tokens per rank per step: set by the trainer
         self._a2a = alltoall  # the framework's all-to-all over the EP group, or None
         _g.register(self)  # self._bx_key: how a torch.compile'd graph names it
