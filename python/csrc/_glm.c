@@ -934,7 +934,7 @@ typedef struct moe_call {
   glm_lin *experts;
   glm_moe_act a;
   glm_moe_bscr s;
-  int64_t T, R;
+  int64_t T;
   pyep p;
   glm_ep ep;
   glm_ep_scratch *eps;
@@ -1099,7 +1099,6 @@ static int moe_begin(moe_call *mc, const char *fn, const char *const *names, int
   mc->m.H = tx->ndim >= 1 ? tx->shape[tx->ndim - 1] : 0;
   mc->T = -1;
   if (!glm_dl_f32(&mc->nd.c, tx, names[0], -1, mc->m.H, &mc->T)) return -2;
-  mc->R = mc->T * mc->m.K;
   return 0;
 }
 
@@ -1265,7 +1264,6 @@ static PyObject *py_experts_fwd(PyObject *self, PyObject *args, PyObject *kw) {
   glm_nctx *c = &mc.nd.c;
   const DLTensor *tw0 = mc.nd.k.p[1];
   mc.m.K = tw0->ndim == 2 ? tw0->shape[1] : 0;
-  mc.R = mc.T * mc.m.K;
   int64_t T = mc.T, K = mc.m.K, H = mc.m.H;
   const float *x, *w, *init = NULL;
   float *out;
@@ -1299,7 +1297,6 @@ static PyObject *py_experts_bwd(PyObject *self, PyObject *args, PyObject *kw) {
   glm_nctx *c = &mc.nd.c;
   const DLTensor *tw = mc.nd.k.p[1];
   mc.m.K = tw->ndim == 2 ? tw->shape[1] : 0;
-  mc.R = mc.T * mc.m.K;
   int64_t T = mc.T, K = mc.m.K, H = mc.m.H;
   const float *dout, *w;
   float *dx, *dw = NULL;
