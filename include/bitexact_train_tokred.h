@@ -212,6 +212,12 @@ BX_API bx_status bx_tokred_allreduce(bx_tokred *s, const bx_comm *comm);
 BX_API bx_status bx_tokred_finish(const bx_tokred *s, DLTensor *out, size_t nout,
                                   int64_t divisor);
 
+/* bx_tokred_finish's checks alone (the same statuses and messages), nothing
+ * written: a caller finishing several states checks them all first, so a
+ * failure writes no output of any. s and out are only read. */
+BX_API bx_status bx_tokred_finish_check(const bx_tokred *s, DLTensor *out, size_t nout,
+                                        int64_t divisor);
+
 /* ---- Weight gradients over tokens ----------------
  *
  * The token reductions of a linear layer Y = X · Wᵀ + bias: dW[N,K] =

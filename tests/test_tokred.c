@@ -578,6 +578,9 @@ void test_tokred_layout_refused(void) {
   result before = out;
   DLTensor o[NT];
   for (int k = 0; k < NT; k++) o[k] = view(out.sum[k], k, 0);
+  CHECK_STATUS(bx_tokred_finish_check(s, o, NT, 1), BX_ELAYOUT, "check: missing chunk");
+  CHECK(strstr(bx_last_error(), "tensor 1, chunk 1") && strstr(bx_last_error(), "0 times"),
+        "check message: %s", bx_last_error());
   CHECK_STATUS(bx_tokred_finish(s, o, NT, 1), BX_ELAYOUT, "missing chunk");
   CHECK(strstr(bx_last_error(), "tensor 1, chunk 1") && strstr(bx_last_error(), "0 times"),
         "message: %s", bx_last_error());
@@ -586,6 +589,9 @@ void test_tokred_layout_refused(void) {
   CHECK(memcmp(&out, &before, sizeof out) == 0, "written on error");
   DLTensor p1 = view(part, 1, 0);
   CHECK_STATUS(bx_tokred_add(s, 1, 1, &p1), BX_OK, "the missing chunk");
+  CHECK_STATUS(bx_tokred_finish_check(s, o, NT, 1), BX_OK, "check: complete");
+  CHECK(memcmp(&out, &before, sizeof out) == 0, "finish_check wrote");
+  CHECK_STATUS(bx_tokred_finish_check(s, o, NT, 0), BX_EINVAL, "check: divisor 0");
   CHECK_STATUS(bx_tokred_add(s, 1, 2, &p1), BX_OK, "a chunk twice");
   CHECK_STATUS(bx_tokred_finish(s, o, NT, 1), BX_ELAYOUT, "doubled chunk");
   CHECK(strstr(bx_last_error(), "tensor 1, chunk 2") && strstr(bx_last_error(), "2 times"),

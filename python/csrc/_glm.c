@@ -73,10 +73,12 @@ static PyObject *py_epoch_perm(PyObject *self, PyObject *args) {
 }
 
 /* ---- the protocol object: GradRed (glm_gr) -------------------------------------------------
- * GradRed(grads, chunk_tokens, total_tokens): one step's gradient reduction
- * (glm_node.h's glm_gr) over the gradients of grads (a sequence of tensors
- * or shapes) and the loss. begin(), micro_batch(first_token, num_tokens)
- * -> first chunk, agree(comm=None, rank=0), allreduce(comm=None, rank=0),
+ * GradRed(grads, chunk_tokens, total_tokens, where=None): one step's
+ * gradient reduction (glm_node.h's glm_gr) over the gradients of grads (a
+ * sequence of tensors or shapes) and the loss; where[i] (GLM_GR_*): 0
+ * reduced over comm, 1 local (over xcomm: expert parallelism's replicas),
+ * 2 absent. begin(), micro_batch(first_token, num_tokens) -> first chunk,
+ * agree(comm=None, rank=0, xcomm=None, xrank=0), allreduce(same),
  * finish(outs, loss=None, divisor=1) -> whether the loss was written. A
  * node's grads argument may name it: (gradred, pass, first_token,
  * first_chunk). Used by one thread at a time. */
@@ -111,17 +113,50 @@ static PyObject *gr_raise(const char *fn, const glm_nctx *c, PyObject *cause) {
 }
 
 static PyObject *GradRed_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
-  static char *kwl[] = {"grads", "chunk_tokens", "total_tokens", NULL};
-  PyObject *gobj;
+  static char *kwl[] = {"grads", "chunk_tokens", "total_tokens", "where", NULL};
+  PyObject *gobj, *wobj = Py_None;
   long long ct, tt;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "OLL:GradRed", kwl, &gobj, &ct, &tt)) return NULL;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "OLL|O:GradRed", kwl, &gobj, &ct, &tt, &wobj))
+    return NULL;
   bxpy_descs d;
   if (bxpy_descs_parse(gobj, "GradRed", &d) < 0) return NULL;
+  unsigned char *where = NULL;
+  if (wobj != Py_None) {
+    PyObject *f = PySequence_Fast(wobj, "GradRed: where must be None or a sequence of ints");
+    int bad = !f;
+    if (f && PySequence_Fast_GET_SIZE(f) != d.n) {
+      bxpy_raise_fmt(BX_EINVAL, NULL, "GradRed: where holds %zd values, grads %zd",
+                     PySequence_Fast_GET_SIZE(f), d.n);
+      bad = 1;
+    }
+    if (!bad && !(where = PyMem_Calloc((size_t)(d.n ? d.n : 1), 1))) {
+      PyErr_NoMemory();
+      bad = 1;
+    }
+    for (Py_ssize_t i = 0; !bad && i < d.n; i++) {
+      long v = PyLong_AsLong(PySequence_Fast_GET_ITEM(f, i));
+      if (v == -1 && PyErr_Occurred()) bad = 1;
+      else if (v < GLM_GR_ALL || v > GLM_GR_ABSENT) {
+        bxpy_raise_fmt(BX_EINVAL, NULL, "GradRed: where[%zd] is %ld: 0 (all ranks), 1 (local: "
+                       "reduced over xcomm) or 2 (absent) expected", i, v);
+        bad = 1;
+      } else {
+        where[i] = (unsigned char)v;
+      }
+    }
+    Py_XDECREF(f);
+    if (bad) {
+      PyMem_Free(where);
+      bxpy_descs_release(&d);
+      return NULL;
+    }
+  }
   char err[512];
   glm_nctx c;
   gr_ctx(&c, err, sizeof err);
   glm_gr *g = NULL;
-  int rc = glm_gr_create(d.dl, (size_t)d.n, ct, tt, BX_TOKRED_GRID, &g, &c);
+  int rc = glm_gr_create(d.dl, (size_t)d.n, where, ct, tt, BX_TOKRED_GRID, &g, &c);
+  PyMem_Free(where);
   bxpy_descs_release(&d);
   if (rc) return gr_raise("GradRed", &c, NULL);
   GradRed *t = (GradRed *)type->tp_alloc(type, 0);
@@ -159,28 +194,33 @@ static PyObject *GradRed_micro_batch(GradRed *t, PyObject *args) {
   return PyLong_FromLongLong(c.chunk0);
 }
 
-/* agree / allreduce over comm (a Python allreduce(buf, op) or None). */
+/* agree / allreduce over comm (a Python allreduce(buf, op) or None), the
+ * local tensors' over xcomm. */
 static PyObject *gr_collective(GradRed *t, PyObject *args, PyObject *kw, int all) {
-  static char *kwl[] = {"comm", "rank", NULL};
+  static char *kwl[] = {"comm", "rank", "xcomm", "xrank", NULL};
   const char *fn = all ? "GradRed.allreduce" : "GradRed.agree";
-  PyObject *cfn = Py_None;
-  int rank = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, all ? "|Oi:allreduce" : "|Oi:agree", kwl, &cfn,
-                                   &rank) ||
+  PyObject *cfn = Py_None, *xfn = Py_None;
+  int rank = 0, xrank = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, all ? "|OiOi:allreduce" : "|OiOi:agree", kwl, &cfn,
+                                   &rank, &xfn, &xrank) ||
       gr_check(t, fn) < 0)
     return NULL;
-  bxpy_pycomm pc;
-  bx_comm comm;
+  bxpy_pycomm pc, px;
+  bx_comm comm, xcomm;
   const bx_comm *cp = bxpy_pycomm_comm(&pc, &comm, cfn, rank);
+  const bx_comm *xp = bxpy_pycomm_comm(&px, &xcomm, xfn, xrank);
   char err[512];
   glm_nctx c;
   gr_ctx(&c, err, sizeof err);
   int rc;
   t->busy = 1;
-  Py_BEGIN_ALLOW_THREADS rc = all ? glm_gr_allreduce(t->g, cp, 1, &c) : glm_gr_agree(t->g, cp, &c);
+  Py_BEGIN_ALLOW_THREADS rc = all ? glm_gr_allreduce(t->g, cp, xp, &c) : glm_gr_agree(t->g, cp, xp, &c);
   Py_END_ALLOW_THREADS t->busy = 0;
-  if (rc) return gr_raise(fn, &c, pc.error); /* steals the callback's exception */
-  Py_XDECREF(pc.error);
+  PyObject *cause = pc.error ? pc.error : px.error; /* the first callback exception */
+  if (cause == pc.error) Py_XDECREF(px.error);
+  else Py_XDECREF(pc.error);
+  if (rc) return gr_raise(fn, &c, cause); /* steals the callback's exception */
+  Py_XDECREF(cause);
   Py_RETURN_NONE;
 }
 
@@ -202,9 +242,11 @@ static PyMethodDef GradRed_methods[] = {
      "micro_batch(first_token, num_tokens) -> first chunk: pass 0 records it, pass 1 must "
      "repeat pass 0's in order"},
     {"agree", (PyCFunction)(void (*)(void))GradRed_agree, METH_VARARGS | METH_KEYWORDS,
-     "agree(comm=None, rank=0): end of pass 0, both grids agreed; pass 1"},
+     "agree(comm=None, rank=0, xcomm=None, xrank=0): end of pass 0, the grids agreed (the "
+     "local tensors' over xcomm); pass 1"},
     {"allreduce", (PyCFunction)(void (*)(void))GradRed_allreduce, METH_VARARGS | METH_KEYWORDS,
-     "allreduce(comm=None, rank=0): end of pass 1, the words summed over the ranks"},
+     "allreduce(comm=None, rank=0, xcomm=None, xrank=0): end of pass 1, the words summed over "
+     "the ranks (the local tensors' over xcomm)"},
     {"finish", (PyCFunction)(void (*)(void))GradRed_finish, METH_VARARGS | METH_KEYWORDS,
      "finish(outs, loss=None, divisor=1) -> bool: the gradients into outs, the loss (sum / "
      "divisor) when any rank added one (True)"},
@@ -249,8 +291,8 @@ typedef struct node {
 /* The state of a grads tuple's first item: a TokRed (itself), or a GradRed
  * (its gradients', or with loss its loss's state), taken (marked busy);
  * NULL with the error raised. */
-static bx_tokred *state_take(PyObject *o, const char *fn, int loss, const DLTensor **grads,
-                             size_t *n) {
+static bx_tokred *state_take(PyObject *o, const char *fn, int loss, glm_nctx *ctx,
+                             const DLTensor **grads, size_t *n) {
   if (!PyObject_TypeCheck(o, &GradRedType)) return bxpy_tokred_take(o, fn, grads, n);
   GradRed *t = (GradRed *)o;
   if (gr_check(t, fn) < 0) return NULL;
@@ -260,7 +302,12 @@ static bx_tokred *state_take(PyObject *o, const char *fn, int loss, const DLTens
     return NULL;
   }
   t->busy = 1;
-  *grads = glm_gr_grads(t->g, n);
+  if (loss) {
+    *grads = NULL, *n = 0;
+  } else { /* the gradients: the whole binding (local tensors, gradient index map) */
+    glm_gr_bind(t->g, ctx);
+    *grads = ctx->grads, *n = ctx->ngrads;
+  }
   return s;
 }
 
@@ -302,7 +349,7 @@ static int node_begin_as(node *nd, const char *fn, const char *const *names, int
       bxpy_raise_fmt(BX_EINVAL, NULL, "%s: grads pass %lld is not 0 (bound) or 1 (add)", fn, pass);
       return -1;
     }
-    if (!(nd->c.s = state_take(st, fn, loss, &nd->c.grads, &nd->c.ngrads))) return -1;
+    if (!(nd->c.s = state_take(st, fn, loss, &nd->c, &nd->c.grads, &nd->c.ngrads))) return -1;
     nd->state = st;
     nd->c.pass = (int)pass;
     nd->c.tok0 = tok0;
@@ -791,7 +838,7 @@ static PyObject *GradRed_finish(GradRed *t, PyObject *args, PyObject *kw) {
   Py_DECREF(lseq);
   if (bad) return NULL;
   for (size_t i = 0; i < n; i++)
-    if (!ol.has[i]) {
+    if (!ol.has[i] && !glm_gr_absent(t->g, i)) {
       tlist_release(&ol);
       tlist_release(&ll);
       return bxpy_raise_fmt(BX_EINVAL, NULL, "GradRed.finish: argument 'outs[%zu]': a tensor is "

@@ -13,16 +13,20 @@ struct glm_gr {
   DLTensor *grads;          /* n descriptors (data NULL), shapes below */
   int64_t *shapes;
   size_t n;
+  int64_t *gmap;            /* per tensor: its state and index (glm_nctx.gmap) */
+  DLTensor *wd, *xd;        /* the descriptors of s (nw) and of sx (nx) */
+  DLTensor *outs;           /* finish's scratch: nw + nx */
+  size_t nw, nx;
   int64_t C, total;
   bx_tokred_mode mode;
-  bx_tokred *s, *sl;
+  bx_tokred *s, *sx, *sl;   /* the gradients (over comm; the local ones over xcomm), the loss */
   int phase;                /* -1 idle/done, 0 pass 0, 1 pass 1, 2 all-reduced */
   int64_t *mb;              /* pass 0's micro-batches: (tok0, T) pairs */
   size_t nmb, capmb, at;    /* recorded, capacity, pass 1's next */
 };
 
-int glm_gr_create(const DLTensor *grads, size_t n, int64_t C, int64_t total_tokens,
-                  bx_tokred_mode mode, glm_gr **out, glm_nctx *c) {
+int glm_gr_create(const DLTensor *grads, size_t n, const unsigned char *where, int64_t C,
+                  int64_t total_tokens, bx_tokred_mode mode, glm_gr **out, glm_nctx *c) {
   *out = NULL;
   if ((n && !grads) || C < 1 || total_tokens < 1)
     return glm_fail(c, BX_EINVAL, "gradient reduction: %zu tensors, chunk_tokens %lld and "
@@ -30,11 +34,21 @@ int glm_gr_create(const DLTensor *grads, size_t n, int64_t C, int64_t total_toke
   glm_gr *g = calloc(1, sizeof *g);
   size_t dims = 0;
   for (size_t i = 0; i < n; i++) dims += (size_t)(grads[i].ndim > 0 ? grads[i].ndim : 0);
+  for (size_t i = 0; where && i < n; i++)
+    if (where[i] > GLM_GR_ABSENT) {
+      free(g);
+      return glm_fail(c, BX_EINVAL, "gradient reduction: tensor %zu: where %d is not 0 (all "
+                      "ranks), 1 (local: the replicas) or 2 (absent)", i, (int)where[i]);
+    }
   if (g) {
     g->grads = calloc(n ? n : 1, sizeof *g->grads);
     g->shapes = calloc(dims ? dims : 1, sizeof *g->shapes);
+    g->gmap = calloc(n ? n : 1, sizeof *g->gmap);
+    g->wd = calloc(n ? n : 1, sizeof *g->wd);
+    g->xd = calloc(n ? n : 1, sizeof *g->xd);
+    g->outs = calloc(n ? n : 1, sizeof *g->outs);
   }
-  if (!g || !g->grads || !g->shapes) {
+  if (!g || !g->grads || !g->shapes || !g->gmap || !g->wd || !g->xd || !g->outs) {
     glm_gr_destroy(g);
     return glm_fail(c, BX_ENOMEM, "gradient reduction: out of memory");
   }
@@ -47,6 +61,16 @@ int glm_gr_create(const DLTensor *grads, size_t n, int64_t C, int64_t total_toke
     d.byte_offset = 0;
     g->grads[i] = d;
     at += (size_t)(d.ndim > 0 ? d.ndim : 0);
+    int w = where ? where[i] : GLM_GR_ALL;
+    if (w == GLM_GR_ALL) {
+      g->gmap[i] = (int64_t)g->nw;
+      g->wd[g->nw++] = d;
+    } else if (w == GLM_GR_LOCAL) {
+      g->gmap[i] = -2 - (int64_t)g->nx;
+      g->xd[g->nx++] = d;
+    } else {
+      g->gmap[i] = -1;
+    }
   }
   g->n = n;
   g->C = C;
@@ -59,8 +83,9 @@ int glm_gr_create(const DLTensor *grads, size_t n, int64_t C, int64_t total_toke
 
 static void free_states(glm_gr *g) {
   bx_tokred_destroy(g->s);
+  bx_tokred_destroy(g->sx);
   bx_tokred_destroy(g->sl);
-  g->s = g->sl = NULL;
+  g->s = g->sx = g->sl = NULL;
 }
 
 void glm_gr_destroy(glm_gr *g) {
@@ -68,6 +93,10 @@ void glm_gr_destroy(glm_gr *g) {
   free_states(g);
   free(g->grads);
   free(g->shapes);
+  free(g->gmap);
+  free(g->wd);
+  free(g->xd);
+  free(g->outs);
   free(g->mb);
   free(g);
 }
@@ -88,7 +117,9 @@ int glm_gr_begin(glm_gr *g, glm_nctx *c) {
   to.mode = g->mode;
   float unused = 0;
   glm_view vl;
-  if (glm_ck(c, bx_tokred_create(g->grads, g->n, g->C, g->total, &to, &g->s), "gradient state") ||
+  if (glm_ck(c, bx_tokred_create(g->wd, g->nw, g->C, g->total, &to, &g->s), "gradient state") ||
+      (g->nx && glm_ck(c, bx_tokred_create(g->xd, g->nx, g->C, g->total, &to, &g->sx),
+                       "gradient state (local tensors)")) ||
       glm_ck(c, bx_tokred_create(glm_f32(&vl, &unused, 0, 0, 0, 0), 1, g->C, g->total, &to, &g->sl),
              "loss state")) {
     free_states(g);
@@ -125,19 +156,27 @@ int glm_gr_micro_batch(glm_gr *g, int64_t tok0, int64_t T, glm_nctx *c) {
                       (long long)g->mb[2 * g->at + 1]);
     g->at++;
   }
-  c->s = g->s;
-  c->grads = g->grads;
-  c->ngrads = g->n;
+  glm_gr_bind(g, c);
   c->pass = g->phase;
   c->tok0 = tok0;
   c->chunk0 = cb;
   return 0;
 }
 
-int glm_gr_agree(glm_gr *g, const bx_comm *comm, glm_nctx *c) {
+void glm_gr_bind(const glm_gr *g, glm_nctx *c) {
+  c->s = g->s;
+  c->sx = g->sx;
+  c->grads = g->wd;
+  c->ngrads = g->nw;
+  c->gmap = g->gmap;
+  c->ngmap = g->n;
+}
+
+int glm_gr_agree(glm_gr *g, const bx_comm *comm, const bx_comm *xcomm, glm_nctx *c) {
   if (g->phase != 0) return wrong_phase(c, g, "agree", "pass 0");
   if (g->nmb == 0) return glm_fail(c, BX_EINVAL, "gradient reduction: agree: pass 0 ran no micro-batch");
   if (glm_ck(c, bx_tokred_agree(g->s, comm), "agree") ||
+      (g->sx && glm_ck(c, bx_tokred_agree(g->sx, xcomm), "agree (local tensors)")) ||
       glm_ck(c, bx_tokred_agree(g->sl, comm), "agree (loss)")) {
     g->phase = -1; /* a failed agreement ends the step: begin again */
     return -1;
@@ -146,13 +185,14 @@ int glm_gr_agree(glm_gr *g, const bx_comm *comm, glm_nctx *c) {
   return 0;
 }
 
-int glm_gr_allreduce(glm_gr *g, const bx_comm *comm, int grads_too, glm_nctx *c) {
+int glm_gr_allreduce(glm_gr *g, const bx_comm *comm, const bx_comm *xcomm, glm_nctx *c) {
   if (g->phase != 1) return wrong_phase(c, g, "allreduce", "pass 1");
   if (g->at != g->nmb)
     return glm_fail(c, BX_EINVAL, "gradient reduction: pass 1 ran %zu of pass 0's %zu "
                     "micro-batches", g->at, g->nmb);
   g->phase = -1; /* until both all-reduces succeeded */
-  if ((grads_too && glm_ck(c, bx_tokred_allreduce(g->s, comm), "allreduce")) ||
+  if (glm_ck(c, bx_tokred_allreduce(g->s, comm), "allreduce") ||
+      (g->sx && glm_ck(c, bx_tokred_allreduce(g->sx, xcomm), "allreduce (local tensors)")) ||
       glm_ck(c, bx_tokred_allreduce(g->sl, comm), "allreduce (loss)"))
     return -1;
   g->phase = 2;
@@ -170,8 +210,21 @@ int glm_gr_finish(glm_gr *g, DLTensor *outs, DLTensor *loss, int64_t divisor, in
     any = 0; /* the words: the element, the non-finite count, then one coverage word per chunk */
     for (size_t i = 2; i < nw; i++) any |= w[i] != 0;
   }
-  if (glm_ck(c, bx_tokred_finish(g->s, outs, g->n, 1), "finish")) return -1;
-  if (any && loss && glm_ck(c, bx_tokred_finish(g->sl, loss, 1, divisor), "finish (loss)")) return -1;
+  DLTensor *wo = g->outs, *xo = g->outs + g->nw;
+  for (size_t i = 0; i < g->n; i++) {
+    if (g->gmap[i] >= 0) wo[g->gmap[i]] = outs[i];
+    else if (g->gmap[i] <= -2) xo[-2 - g->gmap[i]] = outs[i];
+  }
+  int lo = any && loss;
+  /* every state checked first: a failure writes no gradient and no loss */
+  if (glm_ck(c, bx_tokred_finish_check(g->s, wo, g->nw, 1), "finish") ||
+      (g->sx && glm_ck(c, bx_tokred_finish_check(g->sx, xo, g->nx, 1), "finish (local tensors)")) ||
+      (lo && glm_ck(c, bx_tokred_finish_check(g->sl, loss, 1, divisor), "finish (loss)")))
+    return -1;
+  if (glm_ck(c, bx_tokred_finish(g->s, wo, g->nw, 1), "finish") ||
+      (g->sx && glm_ck(c, bx_tokred_finish(g->sx, xo, g->nx, 1), "finish (local tensors)")) ||
+      (lo && glm_ck(c, bx_tokred_finish(g->sl, loss, 1, divisor), "finish (loss)")))
+    return -1;
   if (has_loss) *has_loss = any;
   g->phase = -1;
   return 0;
@@ -183,5 +236,7 @@ const DLTensor *glm_gr_grads(const glm_gr *g, size_t *n) {
 }
 
 bx_tokred *glm_gr_state(const glm_gr *g) { return g->s; }
+bx_tokred *glm_gr_local_state(const glm_gr *g) { return g->sx; }
+int glm_gr_absent(const glm_gr *g, size_t i) { return i < g->n && g->gmap[i] == -1; }
 bx_tokred *glm_gr_loss_state(const glm_gr *g) { return g->sl; }
 int glm_gr_pass(const glm_gr *g) { return g->phase; }

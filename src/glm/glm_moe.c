@@ -167,7 +167,11 @@ static int wg_expert(glm_nctx *c, const glm_lin *l, const float *dy, const float
                      int64_t rows, const int64_t *tok, int64_t C, int64_t cb0, int64_t peers,
                      int64_t lc, int64_t nch, int64_t *bd, float *part, const float *zeros,
                      const char *what) {
-  if (!c->s || l->gi < 0) return 0;
+  bx_tokred *s;
+  size_t ti;
+  int h = glm_gidx(c, l->gi, 1, &s, &ti, what);
+  if (h <= 0) return h;
+  if (s == c->sx) what = "expert wgrad (local tensors)"; /* an error's tensor index is sx's */
   int64_t n = l->n, k = l->k, span = (peers - 1) * lc + nch;
   int bf = l->wbf != NULL;
   if (rows > 0) {
@@ -186,13 +190,13 @@ static int wg_expert(glm_nctx *c, const glm_lin *l, const float *dy, const float
       glm_view vp;
       if (c->pass == 0) {
         if (mrows == 0) continue; /* a zero partial: bound -149, nothing to raise */
-        st = bx_tokred_bound_exp(c->s, (size_t)l->gi, glm_wg_bound_exp(bf, mrows, pa, n, pb, k));
+        st = bx_tokred_bound_exp(s, ti, glm_wg_bound_exp(bf, mrows, pa, n, pb, k));
       } else if (mrows == 0) {
-        st = bx_tokred_add(c->s, (size_t)l->gi, cb0 + b, glm_f32(&vp, zeros, 2, n, k, 0));
+        st = bx_tokred_add(s, ti, cb0 + b, glm_f32(&vp, zeros, 2, n, k, 0));
       } else {
         if (glm_gemm(c, bf ? 2 : 0, BX_GEMM_TN, pa, mrows, n, pb, NULL, mrows, k, part, n, k, 0, what))
           return -1;
-        st = bx_tokred_add(c->s, (size_t)l->gi, cb0 + b, glm_f32(&vp, part, 2, n, k, 0));
+        st = bx_tokred_add(s, ti, cb0 + b, glm_f32(&vp, part, 2, n, k, 0));
       }
       if (glm_ck(c, st, what)) return -1;
     }

@@ -204,15 +204,42 @@ int glm_gemm(glm_nctx *c, int bf, bx_gemm_layout layout, const float *a, int64_t
  * rounding as the forward's operands), while the bias partial (a plain
  * sum, not a GEMM) keeps fp32 dY: two calls, one per tensor of the state.
  * The a-priori bound reads the bf16 operands it bounds. */
+int glm_gidx(glm_nctx *c, int64_t gi, int local_ok, bx_tokred **s, size_t *t, const char *what) {
+  if (!c->s || gi < 0) return 0;
+  if (!c->gmap) {
+    *s = c->s;
+    *t = (size_t)gi;
+    return 1;
+  }
+  if ((size_t)gi >= c->ngmap)
+    return glm_fail(c, BX_EINVAL, "%s: gradient index %lld out of range (the reduction has %zu "
+                    "tensors)", what, (long long)gi, c->ngmap);
+  int64_t m = c->gmap[gi];
+  if (m == -1)
+    return glm_fail(c, BX_EINVAL, "%s: gradient tensor %lld is not held by this rank", what,
+                    (long long)gi);
+  if (m <= -2 && !local_ok)
+    return glm_fail(c, BX_EINVAL, "%s: gradient tensor %lld is local (reduced over the expert "
+                    "replicas): only routed experts' weights may be", what, (long long)gi);
+  *s = m >= 0 ? c->s : c->sx;
+  *t = (size_t)(m >= 0 ? m : -2 - m);
+  return 1;
+}
+
 int glm_wg_linear(glm_nctx *c, int64_t w_idx, int bf, int64_t b_idx, const float *dy,
                   int64_t rows, int64_t n, const float *x, int64_t k, const char *what) {
   if (!c->s) return 0;
   glm_view vd, vx;
   bx_wgrad_opts wo = BX_WGRAD_OPTS_DEFAULT;
   wo.num_threads = c->threads;
-  size_t wi = w_idx >= 0 ? (size_t)w_idx : BX_WGRAD_NONE;
-  size_t bi = b_idx >= 0 ? (size_t)b_idx : BX_WGRAD_NONE;
+  bx_tokred *sw = NULL, *sb = NULL;
+  size_t wi = BX_WGRAD_NONE, bi = BX_WGRAD_NONE;
+  int hw = glm_gidx(c, w_idx, 0, &sw, &wi, what), hb = glm_gidx(c, b_idx, 0, &sb, &bi, what);
+  if (hw < 0 || hb < 0) return -1;
+  if (!hw) wi = BX_WGRAD_NONE;
+  if (!hb) bi = BX_WGRAD_NONE;
   if (wi == BX_WGRAD_NONE && bi == BX_WGRAD_NONE) return 0;
+  bx_tokred *st0 = hw ? sw : sb; /* both of s: neither is local */
   if (wi != BX_WGRAD_NONE && x && bf) {
     uint16_t *bd = c->ws ? glm_bfws_get(c->ws, 0, rows * n) : NULL;
     uint16_t *bx = c->ws ? glm_bfws_get(c->ws, 1, rows * k) : NULL;
@@ -220,8 +247,8 @@ int glm_wg_linear(glm_nctx *c, int64_t w_idx, int bf, int64_t b_idx, const float
     glm_bf16_convert(dy, bd, rows * n);
     glm_bf16_convert(x, bx, rows * k);
     const DLTensor *td = glm_bf16(&vd, bd, 2, rows, n), *tx = glm_bf16(&vx, bx, 2, rows, k);
-    bx_status st = c->pass == 0 ? bx_linear_wgrad_bound(c->s, wi, BX_WGRAD_NONE, td, tx, c->tok0, &wo)
-                                : bx_linear_wgrad(c->s, wi, BX_WGRAD_NONE, td, tx, c->tok0, &wo);
+    bx_status st = c->pass == 0 ? bx_linear_wgrad_bound(st0, wi, BX_WGRAD_NONE, td, tx, c->tok0, &wo)
+                                : bx_linear_wgrad(st0, wi, BX_WGRAD_NONE, td, tx, c->tok0, &wo);
     if (glm_ck(c, st, what)) return -1;
     if (bi == BX_WGRAD_NONE) return 0;
     wi = BX_WGRAD_NONE;
@@ -229,22 +256,25 @@ int glm_wg_linear(glm_nctx *c, int64_t w_idx, int bf, int64_t b_idx, const float
   }
   const DLTensor *td = glm_f32(&vd, dy, 2, rows, n, 0);
   const DLTensor *tx = x ? glm_f32(&vx, x, 2, rows, k, 0) : NULL;
-  bx_status st = c->pass == 0 ? bx_linear_wgrad_bound(c->s, wi, bi, td, tx, c->tok0, &wo)
-                              : bx_linear_wgrad(c->s, wi, bi, td, tx, c->tok0, &wo);
+  bx_status st = c->pass == 0 ? bx_linear_wgrad_bound(st0, wi, bi, td, tx, c->tok0, &wo)
+                              : bx_linear_wgrad(st0, wi, bi, td, tx, c->tok0, &wo);
   return glm_ck(c, st, what);
 }
 
 int glm_wg_partials(glm_nctx *c, int64_t idx, const float *partials, int64_t nch, int ndim,
                     const int64_t *shape, const char *what) {
-  if (!c->s || idx < 0) return 0;
+  bx_tokred *s;
+  size_t ti;
+  int h = glm_gidx(c, idx, 0, &s, &ti, what);
+  if (h <= 0) return h;
   int64_t numel = 1;
   for (int d = 0; d < ndim; d++) numel *= shape[d];
   for (int64_t j = 0; j < nch; j++) {
     glm_view v;
     DLTensor *t = glm_f32(&v, partials + j * numel, ndim, ndim > 0 ? shape[0] : 0,
                           ndim > 1 ? shape[1] : 0, 0);
-    bx_status st = c->pass == 0 ? bx_tokred_bound(c->s, (size_t)idx, c->chunk0 + j, t)
-                                : bx_tokred_add(c->s, (size_t)idx, c->chunk0 + j, t);
+    bx_status st = c->pass == 0 ? bx_tokred_bound(s, ti, c->chunk0 + j, t)
+                                : bx_tokred_add(s, ti, c->chunk0 + j, t);
     if (glm_ck(c, st, what)) return -1;
   }
   return 0;

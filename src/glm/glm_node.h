@@ -71,12 +71,25 @@ typedef struct glm_nctx {
   bx_tokred *s;          /* the gradients' token reduction, or NULL */
   const DLTensor *grads; /* the descriptors s was created with (bx_embedding_grad_add) */
   size_t ngrads;
+  /* A glm_gr with local tensors (glm_gr_bind): a node's state index i is
+   * gmap[i] of s (>= 0), -2 - gmap[i] of sx (the local tensors': routed
+   * experts under expert parallelism, reduced over their replicas only),
+   * or not held here (-1). gmap NULL: index i is s's tensor i. */
+  bx_tokred *sx;
+  const int64_t *gmap;
+  size_t ngmap;
   int pass;
   int64_t tok0, chunk0;
   bx_status st;          /* the failing call's status */
   char *err;
   size_t errlen;
 } glm_nctx;
+
+/* The state and tensor of node gradient index gi: 1 with *s and *t set; 0
+ * when no gradient is wanted (c->s NULL or gi < 0); -1 with c->err (what)
+ * when gi is out of range, not held here, or local and local_ok is 0
+ * (only the routed experts' weights may be local). */
+int glm_gidx(glm_nctx *c, int64_t gi, int local_ok, bx_tokred **s, size_t *t, const char *what);
 
 /* 0 on BX_OK; else -1 with c->st = st and "what: status: detail" in c->err. */
 int glm_ck(glm_nctx *c, bx_status st, const char *what);
@@ -112,28 +125,42 @@ const int64_t *glm_dl_i64(glm_nctx *c, const DLTensor *t, const char *name, int6
  * (bitexact._core.GradRed). One thread at a time. */
 typedef struct glm_gr glm_gr;
 
+/* Where a tensor's gradient is reduced: over all ranks (comm), over the
+ * local group only (xcomm: the ranks that hold the same routed experts
+ * under expert parallelism; their grid agreed there too), or not held by
+ * this rank (no state, finish leaves its output alone). */
+enum { GLM_GR_ALL = 0, GLM_GR_LOCAL = 1, GLM_GR_ABSENT = 2 };
+
 /* A reduction over gradients of the descriptors grads[0..n) (shapes and
  * dtypes; copied, data unused) in chunks of C tokens, total_tokens global
- * tokens a step, mode BX_TOKRED_GRID or BX_TOKRED_ORDINARY. */
-int glm_gr_create(const DLTensor *grads, size_t n, int64_t C, int64_t total_tokens,
-                  bx_tokred_mode mode, glm_gr **out, glm_nctx *c);
+ * tokens a step, mode BX_TOKRED_GRID or BX_TOKRED_ORDINARY; where[i] one
+ * of GLM_GR_* (NULL: every tensor GLM_GR_ALL). Every rank of comm must
+ * create the same GLM_GR_ALL tensors in the same order, every rank of an
+ * xcomm the same GLM_GR_LOCAL ones. */
+int glm_gr_create(const DLTensor *grads, size_t n, const unsigned char *where, int64_t C,
+                  int64_t total_tokens, bx_tokred_mode mode, glm_gr **out, glm_nctx *c);
 void glm_gr_destroy(glm_gr *g);
 /* A new step (fresh states): pass 0. */
 int glm_gr_begin(glm_gr *g, glm_nctx *c);
 /* The micro-batch of global tokens [tok0, tok0 + T) (whole chunks): pass 0
  * records it, pass 1 must repeat pass 0's in order. c gets what the nodes
- * read: s, grads, pass, tok0, chunk0. */
+ * read (glm_gr_bind), pass, tok0, chunk0. */
 int glm_gr_micro_batch(glm_gr *g, int64_t tok0, int64_t T, glm_nctx *c);
-/* End of pass 0 (at least one micro-batch): both grids agreed over comm
- * (NULL: this process); pass 1. */
-int glm_gr_agree(glm_gr *g, const bx_comm *comm, glm_nctx *c);
-/* End of pass 1 (every micro-batch of pass 0 repeated): the words summed
- * over comm; grads_too 0: the loss's only (the caller summed the
- * gradients' words its own way: expert parallelism). */
-int glm_gr_allreduce(glm_gr *g, const bx_comm *comm, int grads_too, glm_nctx *c);
-/* outs[0..n) := the gradients (replaced); *loss := the loss's exact sum /
- * divisor when any rank added a loss chunk (*has_loss 1; else 0 and loss
- * untouched; loss may be NULL). The step is done. */
+/* c's s, sx, grads, ngrads, gmap, ngmap := the step's states (a binding
+ * whose nodes take the reduction itself). */
+void glm_gr_bind(const glm_gr *g, glm_nctx *c);
+/* End of pass 0 (at least one micro-batch): the grids agreed, the local
+ * tensors' over xcomm, the others' and the loss's over comm (NULL: this
+ * process); pass 1. */
+int glm_gr_agree(glm_gr *g, const bx_comm *comm, const bx_comm *xcomm, glm_nctx *c);
+/* End of pass 1 (every micro-batch of pass 0 repeated): the words summed,
+ * the local tensors' over xcomm, the others' and the loss's over comm. */
+int glm_gr_allreduce(glm_gr *g, const bx_comm *comm, const bx_comm *xcomm, glm_nctx *c);
+/* outs[0..n) := the gradients (replaced; an absent tensor's left alone);
+ * *loss := the loss's exact sum / divisor when any rank added a loss
+ * chunk (*has_loss 1; else 0 and loss untouched; loss may be NULL). Every
+ * state is checked before anything is written (a failure writes
+ * nothing). The step is done. */
 int glm_gr_finish(glm_gr *g, DLTensor *outs, DLTensor *loss, int64_t divisor, int *has_loss,
                   glm_nctx *c);
 /* The gradient descriptors it was created with (n of them; data NULL). */
@@ -141,6 +168,10 @@ const DLTensor *glm_gr_grads(const glm_gr *g, size_t *n);
 /* The states (NULL before begin): the gradients' and the loss's. */
 bx_tokred *glm_gr_state(const glm_gr *g);
 bx_tokred *glm_gr_loss_state(const glm_gr *g);
+/* The local tensors' state (NULL before begin or without local tensors). */
+bx_tokred *glm_gr_local_state(const glm_gr *g);
+/* Whether tensor i was created GLM_GR_ABSENT. */
+int glm_gr_absent(const glm_gr *g, size_t i);
 /* -1 idle or done, 0 pass 0, 1 pass 1, 2 pass 1 ended (all-reduced). */
 int glm_gr_pass(const glm_gr *g);
 

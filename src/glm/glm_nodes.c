@@ -135,9 +135,12 @@ int glm_embedding_bwd(glm_nctx *c, const DLTensor *ids, const float *dy, int64_t
   if (glm_ck(c, bx_embedding_backward(ids, glm_f32(&v[3], dy, 2, T, H, 0), V, C, trid, trows, toff,
                                       &eo), "embed_tokens backward"))
     return -1;
-  if (!c->s || gi < 0) return 0;
-  bx_status st = c->pass == 0 ? bx_embedding_grad_bound(c->s, (size_t)gi, trows, toff)
-                              : bx_embedding_grad_add(c->s, c->grads, c->ngrads, (size_t)gi,
+  bx_tokred *s;
+  size_t ti;
+  int h = glm_gidx(c, gi, 0, &s, &ti, "embed_tokens wgrad");
+  if (h <= 0) return h;
+  bx_status st = c->pass == 0 ? bx_embedding_grad_bound(s, ti, trows, toff)
+                              : bx_embedding_grad_add(s, c->grads, c->ngrads, ti,
                                                       c->chunk0, trid, trows, toff);
   return glm_ck(c, st, "embed_tokens wgrad");
 }

@@ -162,9 +162,6 @@ int tr_moe_backward(tr_ctx *c, int64_t layer, const float *dout, float *dxn2);
 
 /* Whether the model's MoE layers run expert-parallel (m->ep, size > 1). */
 int tr_ep_active(const tr_model *m);
-/* The gradient state's words over the ranks: expert words over
- * ep->replica, the others over comm (grid mode). */
-int tr_ep_allreduce(tr_ctx *c, const bx_comm *comm);
 
 /* ---- init ------------------------------------------------------------------ */
 

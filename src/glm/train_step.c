@@ -128,10 +128,25 @@ int tr_model_grad(tr_model *m, const tr_run_opts *o, const int32_t *tokens, int6
   glm_view vl;
   float lsum = 0;
   DLTensor *tl = glm_f32(&vl, &lsum, 0, 0, 0, 0); /* the loss: one 0-d tensor */
-  if (glm_gr_create(m->grad_t, m->nparams, C, c.n_global, o->mode, &g, &c.n) || glm_gr_begin(g, &c.n))
-    goto done;
+  /* expert parallelism (grid mode): the experts this rank holds are reduced over their
+   * replicas only, those it does not hold have no state here (their gradients untouched) */
+  unsigned char *where = NULL;
+  const bx_comm *xcomm = m->ep ? m->ep->replica : NULL;
+  if (tr_ep_active(m) && o->mode == BX_TOKRED_GRID) {
+    if (!(where = calloc(m->nparams, 1))) {
+      snprintf(err, errlen, "tr_model_grad: out of memory");
+      return -1;
+    }
+    for (size_t t = 0; t < m->nparams; t++)
+      if (m->p[t].group == TR_GROUP_EXPERT)
+        where[t] = tr_ep_holds(m->ep, m->c.n_routed_experts, m->p[t].expert) ? GLM_GR_LOCAL
+                                                                             : GLM_GR_ABSENT;
+  }
+  int rcg = glm_gr_create(m->grad_t, m->nparams, where, C, c.n_global, o->mode, &g, &c.n);
+  free(where);
+  if (rcg || glm_gr_begin(g, &c.n)) goto done;
   for (int pass = 0; pass < 2; pass++) {
-    if (pass == 1 && glm_gr_agree(g, comm, &c.n)) goto done;
+    if (pass == 1 && glm_gr_agree(g, comm, xcomm, &c.n)) goto done;
     for (int64_t b = 0; b < micro_batches; b++) {
       int64_t s0 = b * mb;
       if (glm_gr_micro_batch(g, (first_seq + s0) * L, T, &c.n)) goto done;
@@ -147,13 +162,13 @@ int tr_model_grad(tr_model *m, const tr_run_opts *o, const int32_t *tokens, int6
         goto done;
     }
   }
-  int ep_words = tr_ep_active(m) && o->mode == BX_TOKRED_GRID;
-  if (ep_words && tr_ep_allreduce(&c, comm)) goto done; /* expert words over their replicas only */
-  if (glm_gr_allreduce(g, comm, !ep_words, &c.n)) goto done;
-  if (!ep_words && m->ep && comm && o->mode == BX_TOKRED_GRID) {
+  if (glm_gr_allreduce(g, comm, xcomm, &c.n)) goto done;
+  if (m->ep && o->mode == BX_TOKRED_GRID) { /* the summary's communication figures */
     int64_t *wd;
     size_t nw = 0;
-    if (bx_tokred_words(glm_gr_state(g), &wd, &nw) == BX_OK) m->ep->ar_world_words += (int64_t)nw;
+    if (comm && bx_tokred_words(glm_gr_state(g), &wd, &nw) == BX_OK) m->ep->ar_world_words += (int64_t)nw;
+    if (xcomm && glm_gr_local_state(g) && bx_tokred_words(glm_gr_local_state(g), &wd, &nw) == BX_OK)
+      m->ep->ar_replica_words += (int64_t)nw;
   }
   if (glm_gr_finish(g, m->grad_t, tl, c.n_global, &has_loss, &c.n)) goto done;
   if (loss) *loss = lsum;

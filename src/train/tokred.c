@@ -640,6 +640,16 @@ static void finish_ordinary(const float *f, size_t n, int64_t d, DLTensor *o) {
   }
 }
 
+bx_status bx_tokred_finish_check(const bx_tokred *s, DLTensor *out, size_t nout, int64_t divisor) {
+  static const char *fn = "bx_tokred_finish";
+  bx_call c;
+  bx_status st = bx_call_enter(&c, fn);
+  if (st != BX_OK) return st;
+  st = finish_checks(fn, s, out, nout, divisor);
+  bx_call_leave(&c);
+  return st;
+}
+
 bx_status bx_tokred_finish(const bx_tokred *s, DLTensor *out, size_t nout, int64_t divisor) {
   static const char *fn = "bx_tokred_finish";
   bx_call c;

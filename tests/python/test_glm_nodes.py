@@ -242,3 +242,86 @@ def test_grads_checked_state_untouched():
     assert np.array_equal(np.array(k.words(s)), before)
     _core.glm_linear_backward(dy, x, w, None, None, (s, 1, 0, 0), 0, -1)  # still usable
     assert not np.array_equal(np.array(k.words(s)), before)
+
+
+# ---- GradRed's local and absent tensors (expert parallelism's reduction) ---------------------
+
+class _LocalExperts:
+    """What a GradReduction asks its expert_parallel: which parameters are
+    local (reduced over the replicas) and the replicas' comm (none here:
+    one process)."""
+
+    def __init__(self, params):
+        self.ids = {id(p) for p in params}
+
+    def is_local(self, p):
+        return id(p) in self.ids
+
+    def replica_comm(self):
+        return None, 0
+
+
+def _moe_step(local):
+    from bitexact import torch as bt
+    torch.manual_seed(3)
+    m = bt.MoE(16, 8, 4, 2)
+    x = torch.randn(2, 4, 16, generator=torch.Generator().manual_seed(5))
+    params = list(m.named_parameters())
+    ep = _LocalExperts([p for n, p in params if n.startswith("experts.")]) if local else None
+    red = bt.GradReduction(params, 4, 8, expert_parallel=ep)
+    red.run_two_pass(lambda i: m(x).square().sum().backward(), [(0, 8)])
+    return {n: p.grad.clone() for n, p in params}, red
+
+
+def test_gradred_local_experts_give_the_same_bits():
+    """The routed experts in GradRed's local state (their own grid and
+    words) give the bits of one state: the grid of a tensor is its own."""
+    a, _ = _moe_step(False)
+    b, red = _moe_step(True)
+    assert red._xnames and all(n.startswith("experts.") for n in red._xnames)
+    assert a.keys() == b.keys()
+    for n in a:
+        same(a[n], b[n])
+
+
+def test_gradred_dense_node_refuses_local_and_absent_tensors():
+    x, w, dy = rnd(8, 16), rnd(12, 16), rnd(8, 12)
+    for where, msg in (([1, 0], "is local"), ([2, 0], "not held by this rank")):
+        g = _core.GradRed([(12, 16), (12,)], 4, 8, where)
+        g.begin()
+        g.micro_batch(0, 8)
+        with pytest.raises(bx.InvalidArgumentError, match=msg):
+            _core.glm_linear_backward(dy, x, w, None, None, (g, 0, 0, 0), 0, 1)
+    with pytest.raises(bx.InvalidArgumentError, match="where"):
+        _core.GradRed([(12, 16), (12,)], 4, 8, [0, 3])
+    with pytest.raises(bx.InvalidArgumentError, match="where"):
+        _core.GradRed([(12, 16), (12,)], 4, 8, [0])
+
+
+def test_gradred_absent_output_untouched_and_failed_finish_writes_nothing():
+    x, w, dy = rnd(8, 16), rnd(12, 16), rnd(8, 12)
+
+    def step(where, add_bias):
+        g = _core.GradRed([(12, 16), (12,)], 4, 8, where)
+        g.begin()
+        for p in (0, 1):
+            g.micro_batch(0, 8)
+            _core.glm_linear_backward(dy, x, w, None, None, (g, p, 0, 0), 0, 1 if add_bias else -1)
+            if p == 0:
+                g.agree()
+        g.allreduce()
+        return g
+    ref = [torch.empty(12, 16), torch.empty(12)]
+    step(None, True).finish(ref)
+    g = step([0, 2], False)  # the bias absent: no state, its output left alone
+    keep = torch.full((12,), 7.0)
+    outs = [torch.empty(12, 16), keep]
+    g.finish(outs)
+    same(outs[0], ref[0])
+    assert torch.equal(keep, torch.full((12,), 7.0))
+    g = step([0, 1], False)  # the local bias never added: its finish fails, nothing written
+    outs = [torch.full((12, 16), 5.0), torch.full((12,), 5.0)]
+    with pytest.raises(bx.Error, match="local tensors"):
+        g.finish(outs)
+    assert torch.equal(outs[0], torch.full((12, 16), 5.0))
+    assert torch.equal(outs[1], torch.full((12,), 5.0))

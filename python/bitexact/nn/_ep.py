@@ -43,11 +43,13 @@ class ExpertParallel:
     (the EP rank), ``local_tokens``, :meth:`alltoall_i64` and
     :meth:`alltoallv` are what the MoE node reads."""
 
-    def __init__(self, comm, rank, world, ep, n_experts, alltoall=None):
+    def __init__(self, comm, rank, world, ep, n_experts, alltoall=None, replica=None):
         if ep < 1 or world % ep or n_experts % ep:
             raise InvalidArgumentError(f"--ep {ep}: must divide the ranks ({world}) and "
                                        f"n_routed_experts ({n_experts})")
         self.fn, _ = _comm_args(comm)
+        self._replica = replica  # the comm over the ranks of this EP rank, or None (emulated)
+        self._local = set()  # ids of the held experts' parameters (own())
         self.world_rank, self.world, self.E, self.NE = rank, world, ep, n_experts
         self.d, self.g0 = rank % ep, rank - rank % ep  # EP rank; the group's first world rank
         self.nl = n_experts // ep
@@ -59,6 +61,39 @@ class ExpertParallel:
 
     def holds(self, e):
         return e // self.nl == self.d
+
+    def own(self, params):
+        """Mark params as held experts' weights: a GradReduction given this
+        object reduces their gradients over the replicas only
+        (:meth:`replica_comm`), as `bitexact train` does."""
+        self._local.update(id(p) for p in params)
+
+    def is_local(self, p):
+        return id(p) in self._local
+
+    def replica_comm(self):
+        """(allreduce function or None, rank) over the P/E ranks with this
+        EP rank (one per EP group: the ranks that hold the same experts),
+        for GradRed's xcomm: the trainer's ``replica=`` comm, else an
+        all-reduce over the whole comm in which each EP rank fills its own
+        slot (exact; E times the words). None with P == E (one replica)."""
+        R = self.world // self.E
+        if R == 1:
+            return None, 0
+        if self._replica is not None:
+            return _comm_args(self._replica)
+        E, d = self.E, self.d
+        lowest = np.iinfo(np.int64).min
+
+        def allreduce(buf, op):
+            w = np.frombuffer(bytes(buf), dtype=np.int64)
+            slots = np.full((E, w.size), 0 if op == "sum" else lowest, dtype=np.int64)
+            slots[d] = w  # the other EP ranks' slots: the identity of op
+            b = bytearray(slots.tobytes())
+            r = self.fn(b, op)
+            buf[:] = np.frombuffer(bytes(b if r is None else r), dtype=np.int64) \
+                .reshape(E, -1)[d].tobytes()
+        return allreduce, self.world_rank // E
 
     def alltoall_i64(self, send, recv):
         """One int64 of send to each EP peer; recv[p] := peer p's."""

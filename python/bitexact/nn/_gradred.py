@@ -106,7 +106,8 @@ class GradReductionBase:
       tensor; ``_fw_empty_i64(n)``, ``_fw_bytes(t)``: for count_targets.
     """
 
-    def __init__(self, parameters, seq_len, total_tokens, *, num_threads=0, compute_dtype="fp32"):
+    def __init__(self, parameters, seq_len, total_tokens, *, num_threads=0, compute_dtype="fp32",
+                 expert_parallel=None):
         names, params = [], []
         for i, it in enumerate(list(parameters)):
             name, p = it if isinstance(it, tuple) else (f"parameters[{i}]", it)
@@ -136,8 +137,26 @@ class GradReductionBase:
         self._gen = 0
         # the protocol (begin, micro-batches, agree, allreduce, finish) is the
         # model module's object, the one `bitexact train` runs (glm_gr)
-        self._gr = _core.GradRed(params, self.seq_len, self.total_tokens)
+        # expert parallelism: the held experts' weights (ExpertParallel.own) are reduced over
+        # their replicas only, their grids agreed there (`bitexact train`'s rule)
+        self._ep = expert_parallel
+        where = [1 if expert_parallel is not None and expert_parallel.is_local(p) else 0
+                 for p in params]
+        self._wnames = [n for n, w in zip(names, where) if not w]
+        self._xnames = [n for n, w in zip(names, where) if w]
+        self._gr = _core.GradRed(params, self.seq_len, self.total_tokens,
+                                 where if any(where) else None)
         self._mb = None
+
+    def _names_for(self, e):
+        """The names a state error's 'tensor i' indexes (the state it names)."""
+        msg = str(e)
+        if "(loss)" in msg:
+            return ["loss"]
+        return self._xnames if "(local tensors)" in msg else self._wnames
+
+    def _xcomm(self):
+        return self._ep.replica_comm() if self._ep is not None else (None, 0)
 
     # -- the passes --
     def begin(self, n_targets=None):
@@ -157,11 +176,12 @@ class GradReductionBase:
         pass 1 (add) follows."""
         self._require("bound", "agree")
         fn, rank = self._fw_comm(comm)
+        xfn, xrank = self._xcomm()
         try:
-            self._gr.agree(fn, rank=rank)
+            self._gr.agree(fn, rank=rank, xcomm=xfn, xrank=xrank)
         except Error as e:
             self.phase = "failed"
-            raise _renamed(e, self.names, "GradReduction.agree") from e
+            raise _renamed(e, self._names_for(e), "GradReduction.agree") from e
         self.phase = "add"
         self._gen += 1
 
@@ -171,13 +191,14 @@ class GradReductionBase:
         accumulated), and ``self.loss``. Nothing is written on error."""
         self._require("add", "finish")
         fn, rank = self._fw_comm(comm)
+        xfn, xrank = self._xcomm()
         try:
-            self._gr.allreduce(fn, rank=rank)
+            self._gr.allreduce(fn, rank=rank, xcomm=xfn, xrank=xrank)
         except Error as e:
             if self._gr.pass_ == 1:  # pass 1 was not complete: nothing happened, still 'add'
-                raise _renamed(e, self.names, "GradReduction.finish") from e
+                raise _renamed(e, self._names_for(e), "GradReduction.finish") from e
             self.phase = "failed"
-            raise _renamed(e, self.names + ["loss"], "GradReduction.finish") from e
+            raise _renamed(e, self._names_for(e), "GradReduction.finish") from e
         self.phase = "failed"  # until everything below succeeded
         try:
             outs = [self._fw_empty_f32(list(p.shape)) for p in self.params]
@@ -185,7 +206,7 @@ class GradReductionBase:
             if not self._gr.finish(outs, loss, self.n_targets):
                 loss = None  # no rank added a loss chunk
         except Error as e:
-            raise _renamed(e, self.names + ["loss"], "GradReduction.finish") from e
+            raise _renamed(e, self._names_for(e), "GradReduction.finish") from e
         for p, g in zip(self.params, outs):
             self._fw_set_grad(p, g)
         self.loss, self.phase = loss, "done"
@@ -224,7 +245,7 @@ class GradReductionBase:
         try:  # not whole chunks; pass 1 not repeating pass 0's micro-batches in order
             c0 = self._gr.micro_batch(b, n)
         except Error as e:
-            raise _renamed(e, self.names, "GradReduction.micro_batch") from e
+            raise _renamed(e, self._names_for(e), "GradReduction.micro_batch") from e
         self._mb = MicroBatch(self, b, n, c0)
         _tls.red = self
         try:
@@ -357,7 +378,7 @@ def named(mb):
     except Error as e:
         if mb is None:
             raise
-        raise _renamed(e, mb.red.names) from e
+        raise _renamed(e, mb.red._names_for(e)) from e
 
 
 __all__ = ["GradReductionBase", "MicroBatch", "capture", "node_grads", "named"]

@@ -176,7 +176,7 @@ def _check_router(b, fn, x, router_weight, bias):
     return x, rw, bb
 
 
-def _check_experts(b, fn, gate, up, down, H, prefix="experts"):
+def _check_experts(b, fn, gate, up, down, H, prefix="experts", first=0):
     gate, up, down = list(gate), list(up), list(down)
     if not (len(gate) == len(up) == len(down)) or not gate:
         raise _err(InvalidArgumentError, fn, "gate_weights", "gate/up/down weight lists of one "
@@ -184,7 +184,7 @@ def _check_experts(b, fn, gate, up, down, H, prefix="experts"):
     I = None
     ews = []
     for e, trio in enumerate(zip(gate, up, down)):
-        names = [f"{prefix}.{e}.{p}_proj.weight" for p in _PROJ]
+        names = [f"{prefix}.{first + e}.{p}_proj.weight" for p in _PROJ]
         wg, wu, wd = (b.check(fn, n, t, ndim=(2,)) for n, t in zip(names, trio))
         I = _shape(wg)[0] if I is None else I
         for n, t, want in zip(names, (wg, wu, wd), ((I, H), (I, H), (H, I))):
@@ -195,8 +195,8 @@ def _check_experts(b, fn, gate, up, down, H, prefix="experts"):
     return ews, [t for trio in ews for t in trio]
 
 
-def _expert_names(n):
-    return [f"experts.{i // 3}.{_PROJ[i % 3]}_proj.weight" for i in range(3 * n)]
+def _expert_names(n, first=0):
+    return [f"experts.{first + i // 3}.{_PROJ[i % 3]}_proj.weight" for i in range(3 * n)]
 
 
 # ---- the call bodies of the public functions ------------------------------------------
@@ -231,8 +231,16 @@ def moe(b, x, router_weight, e_score_correction_bias, gate_weights, up_weights, 
     E, H = _shape(rw)
     cfg = config(fn, E, num_experts_per_tok, n_group, topk_group, norm_topk_prob,
                  routed_scaling_factor)
-    ews, flat = _check_experts(b, fn, gate_weights, up_weights, down_weights, H)
-    if len(ews) != E:
+    first = 0  # the first expert given: all E, or under expert parallelism the held ones
+    held = rows is not LOCAL_ROWS and len(list(gate_weights)) != E
+    if held:
+        first = rows.first
+        if len(list(gate_weights)) != rows.nl:
+            raise _err(InvalidArgumentError, fn, "gate_weights", f"holds {len(list(gate_weights))} "
+                       f"experts: all {E}, or the {rows.nl} this rank holds under expert "
+                       "parallelism expected")
+    ews, flat = _check_experts(b, fn, gate_weights, up_weights, down_weights, H, first=first)
+    if not held and len(ews) != E:
         raise _err(InvalidArgumentError, fn, "gate_weights", f"holds {len(ews)} experts, the "
                    f"router weight {_shape(rw)} has {E}")
     sh = [b.check(fn, n, t, ndim=(2,)) for n, t in (
@@ -255,8 +263,9 @@ def moe(b, x, router_weight, e_score_correction_bias, gate_weights, up_weights, 
         raise InvalidArgumentError(f"{fn}: expert parallel: the block must run inside a "
                                    "GradReduction micro-batch (the rows' global token ids)")
     C = chunk(max(T, 1))
-    ws = [rw, bb] + flat + sh
-    wbf = _bf(fw, [None, None] + flat + sh, bf)
+    pad = [None] * (3 * first), [None] * (3 * (E - first - len(ews)))  # experts not held
+    ws = [rw, bb] + pad[0] + flat + pad[1] + sh
+    wbf = _bf(fw, [None, None] + pad[0] + flat + pad[1] + sh, bf)
     acts = [fw.empty([T, E]), fw.empty([T, K]), fw.empty([T, K], fw.i64)] + \
         _rows_acts(fw, T, K, H, I, E, None, rows is LOCAL_ROWS) + \
         [fw.empty([T, SI]), fw.empty([T, SI]), fw.empty([T, SI]), fw.empty([T, H])]
@@ -264,13 +273,14 @@ def moe(b, x, router_weight, e_score_correction_bias, gate_weights, up_weights, 
     # the whole forward first: any failure leaves the reduction untouched
     state = _core.glm_moe_forward(x2, ws, wbf, cfg, C, acts, out, ep=rows,
                                   first_token=mb0.tok0 if mb0 is not None else 0, num_threads=nt)
-    names = [("router_weight", rw)] + list(zip(_expert_names(E), flat)) + \
+    names = [("router_weight", rw)] + list(zip(_expert_names(len(ews), first), flat)) + \
         [("shared_experts.gate_proj.weight", sh[0]), ("shared_experts.up_proj.weight", sh[1]),
          ("shared_experts.down_proj.weight", sh[2])]
     mb, idx = b.capture(fn, [(t, n, T) for n, t in names])
     st = dict(out=out, nt=nt, cfg=cfg, C=C, acts=acts, ecb=bb, wbf=wbf, rows=rows, state=state,
-              dims=(T, K, H, I, SI))
-    return b.fns.moe.apply(x, rw, st, mb, [idx[0], None] + idx[1:], *flat, *sh, *b.need((x,)))
+              dims=(T, K, H, I, SI), pad=pad)
+    idx = [idx[0], None] + pad[0] + idx[1:1 + len(flat)] + pad[1] + idx[1 + len(flat):]
+    return b.fns.moe.apply(x, rw, st, mb, idx, *flat, *sh, *b.need((x,)))
 
 
 def block_forward(fw, ctx, x, rw, st, mb, idx, *ws):
@@ -294,9 +304,11 @@ def block_backward(fw, ctx, dout, need_dx):
     scratch = [fw.empty([T, K]), fw.empty([T, E]), fw.empty([T, SI]), fw.empty([T, SI]),
                fw.empty([T, SI])] + _rows_scratch(fw, T, K, H, I, st["C"], local)
     dx = fw.empty([T, H])
+    pad = st["pad"]
+    ws = pad[0] + list(ws[:-3]) + pad[1] + list(ws[-3:])  # the experts not held: None
     with _g.named(mb):
         _core.glm_moe_backward(fw.rows(dout.contiguous(), H), fw.rows(x, H),
-                               [rw, st["ecb"]] + list(ws), st["wbf"], st["cfg"], st["C"],
+                               [rw, st["ecb"]] + ws, st["wbf"], st["cfg"], st["C"],
                                st["acts"], scratch, dx, grads, idx, ep=st["rows"],
                                ep_state=st["state"], num_threads=st["nt"])
     return (fw.reshape(dx, list(_shape(x))) if need_dx else None,)
@@ -364,7 +376,7 @@ class MoEBase(_ModuleBase):
 
     def __init__(self, hidden_size, moe_intermediate_size, n_routed_experts, num_experts_per_tok,
                  n_shared_experts=1, n_group=1, topk_group=1, norm_topk_prob=True,
-                 routed_scaling_factor=1.0):
+                 routed_scaling_factor=1.0, expert_parallel=None):
         super().__init__()
         api = self._bx_api
         self.cfg = dict(num_experts_per_tok=num_experts_per_tok, n_group=n_group,
@@ -373,17 +385,37 @@ class MoEBase(_ModuleBase):
         config(f"{api._PREFIX}.MoE", n_routed_experts, num_experts_per_tok, n_group, topk_group,
                norm_topk_prob, routed_scaling_factor)
         self.gate = api.MoERouter(hidden_size, n_routed_experts)
-        self.experts = api.ModuleList(
-            [api.SwiGLUMLP(hidden_size, moe_intermediate_size) for _ in range(n_routed_experts)])
+        ep = expert_parallel
+        if ep is None:
+            self.experts = api.ModuleList([api.SwiGLUMLP(hidden_size, moe_intermediate_size)
+                                           for _ in range(n_routed_experts)])
+        else:  # only the experts this rank holds, under their global numbers
+            if ep.NE != n_routed_experts:
+                raise InvalidArgumentError(f"{api._PREFIX}.MoE: expert_parallel is for "
+                                           f"{ep.NE} experts, the block has {n_routed_experts}")
+            self.experts = api.ModuleDict({str(e): api.SwiGLUMLP(hidden_size, moe_intermediate_size)
+                                           for e in range(ep.first, ep.first + ep.nl)})
+            for m in self.experts.values():
+                ep.own([m.gate_proj.weight, m.up_proj.weight, m.down_proj.weight])
+        self.ep = ep
         self.shared_experts = api.SwiGLUMLP(hidden_size, moe_intermediate_size * n_shared_experts)
         self.num_threads = None
 
     @classmethod
-    def from_config(cls, config):
-        """From a transformers Glm4MoeConfig (or any object with its fields)."""
+    def from_config(cls, config, expert_parallel=None):
+        """From a transformers Glm4MoeConfig (or any object with its fields);
+        ``expert_parallel`` (a bitexact.nn.ExpertParallel): build only this
+        rank's experts (``experts`` then maps their global numbers, as
+        strings, to the modules; the parameter names stay
+        ``experts.E.*``)."""
         return cls(config.hidden_size, config.moe_intermediate_size, config.n_routed_experts,
                    config.num_experts_per_tok, config.n_shared_experts, config.n_group,
-                   config.topk_group, config.norm_topk_prob, config.routed_scaling_factor)
+                   config.topk_group, config.norm_topk_prob, config.routed_scaling_factor,
+                   expert_parallel=expert_parallel)
+
+    def _expert_modules(self):
+        ex = self.experts
+        return list(ex.values()) if hasattr(ex, "values") else list(ex)
 
     def route(self, x):
         """(topk_ids, topk_weights, counts) of x, as the binding's moe_route."""
@@ -391,7 +423,7 @@ class MoEBase(_ModuleBase):
                                       num_threads=self.num_threads, **self.cfg)
 
     def forward(self, x):
-        ex, sh = self.experts, self.shared_experts
+        ex, sh = self._expert_modules(), self.shared_experts
         return self._bx_api.moe(x, self.gate.weight, self.gate.e_score_correction_bias,
                                 [m.gate_proj.weight for m in ex], [m.up_proj.weight for m in ex],
                                 [m.down_proj.weight for m in ex], sh.gate_proj.weight,

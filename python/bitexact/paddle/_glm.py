@@ -58,7 +58,7 @@ class Glm4MoeForCausalLM(_gm.ForCausalLMBase, paddle.nn.Layer):
         copied on a mismatch: InvalidArgumentError naming the tensor)."""
         own = dict(self.named_parameters())
         own.update(self.named_buffers())
-        for n, a in checked_arrays(own, tensors, lambda t: tuple(t.shape)).items():
+        for n, a in checked_arrays(own, tensors, lambda t: tuple(t.shape), self._foreign).items():
             own[n].set_value(a)
 
 

@@ -35,6 +35,7 @@ __all__ = ["MoE", "MoERouter", "moe", "moe_route", "moe_experts"]
 
 _PREFIX = "bitexact.paddle"
 ModuleList = paddle.nn.LayerList  # the experts' container (nn._moe.MoEBase)
+ModuleDict = paddle.nn.LayerDict  # under expert parallelism: the held experts by number
 # need_dx: the states passed last to apply (kept on ctx.need_dx by _FW.dx_args)
 _fn = _ops.autograd_functions(paddle.autograd.PyLayer, _FW, __name__,
                               lambda ctx, i: ctx.need_dx[i])

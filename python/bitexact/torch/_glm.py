@@ -61,10 +61,11 @@ class Glm4MoeForCausalLM(_gm.ForCausalLMBase, torch.nn.Module):
         -> numpy array, e.g. safetensors.numpy.load_file of a `bitexact
         train` model.safetensors). Every name, shape and dtype (float32) is
         checked first; a missing or extra tensor raises
-        InvalidArgumentError and nothing is copied."""
+        InvalidArgumentError and nothing is copied. Under expert
+        parallelism the other ranks' experts are skipped (not read)."""
         own = dict(self.named_parameters())
         own.update(self.named_buffers())
-        arrays = _gm.checked_arrays(own, tensors, lambda t: tuple(t.shape))
+        arrays = _gm.checked_arrays(own, tensors, lambda t: tuple(t.shape), self._foreign)
         with torch.no_grad():
             for n, a in arrays.items():
                 own[n].copy_(torch.from_numpy(a))
@@ -201,6 +202,18 @@ class _Runner(_gm.RunnerBase):
                                    group=group)
             return out.numpy()
         return a2a
+
+    @staticmethod
+    def replica(rank, world, ep):
+        """bitexact.torch.comm over the replica group of rank (the ranks
+        r with r % ep == rank % ep); every rank creates every group, in one
+        order. None with one replica (ep == world)."""
+        if world // ep <= 1:
+            return None
+        import torch.distributed as dist
+        from . import comm
+        groups = [dist.new_group(list(range(d, world, ep))) for d in range(ep)]
+        return comm(groups[rank % ep])
 
     @staticmethod
     def init_distributed():

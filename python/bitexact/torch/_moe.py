@@ -38,6 +38,7 @@ __all__ = ["MoE", "MoERouter", "moe", "moe_route", "moe_experts"]
 
 _PREFIX = "bitexact.torch"
 ModuleList = torch.nn.ModuleList  # the experts' container (nn._moe.MoEBase)
+ModuleDict = torch.nn.ModuleDict  # under expert parallelism: the held experts by number
 _fn = _ops.autograd_functions(_tc.Function, _FW, __name__,
                               lambda ctx, i: ctx.needs_input_grad[i])
 _B = _ops.Binding(fw=_FW, prefix=_PREFIX, check=_check, ints=(torch.int32, torch.int64),

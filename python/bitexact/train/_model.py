@@ -127,12 +127,13 @@ class DecoderLayerBase(_ModuleBase):
     layer < first_k_dense_replace, else the MoE block), input_layernorm,
     post_attention_layernorm."""
 
-    def __init__(self, cfg, layer_idx):
+    def __init__(self, cfg, layer_idx, expert_parallel=None):
         super().__init__()
         api = self._bx_api
         self.self_attn = api.Glm4MoeAttention(cfg)
         self.mlp = (api.SwiGLUMLP(cfg.hidden_size, cfg.intermediate_size)
-                    if layer_idx < cfg.first_k_dense_replace else api.MoE.from_config(cfg))
+                    if layer_idx < cfg.first_k_dense_replace
+                    else api.MoE.from_config(cfg, expert_parallel=expert_parallel))
         self.input_layernorm = api.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = api.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -144,11 +145,11 @@ class DecoderLayerBase(_ModuleBase):
 class ModelBase(_ModuleBase):
     """Glm4MoeModel: embed_tokens, layers, norm."""
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, expert_parallel=None):
         super().__init__()
         api = self._bx_api
         self.embed_tokens = api.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = api.ModuleList([api.Glm4MoeDecoderLayer(cfg, i)
+        self.layers = api.ModuleList([api.Glm4MoeDecoderLayer(cfg, i, expert_parallel)
                                       for i in range(cfg.num_hidden_layers)])
         self.norm = api.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -169,17 +170,38 @@ class ForCausalLMBase(_ModuleBase):
     tensor; inside a GradReduction micro-batch its chunk partials go to
     the step's loss) when labels are given, else the logits [B, L, V].
     Labels are the next tokens (no shift here, no ignore_index: `bitexact
-    train` predicts every position)."""
+    train` predicts every position).
 
-    def __init__(self, cfg):
+    ``expert_parallel`` (a bitexact.nn.ExpertParallel): the MoE blocks
+    hold only this rank's routed experts (weights, and so gradients and
+    optimizer state) and exchange the rows with the other EP ranks; the
+    parameters keep their global names (``...experts.E...``), a
+    GradReduction given the same object reduces them over their replicas
+    only, and :meth:`load_checkpoint` takes this rank's slice of a whole
+    checkpoint."""
+
+    def __init__(self, cfg, expert_parallel=None):
         super().__init__()
         cfg = config(cfg)
         if cfg.max_position_embeddings < 1:
             raise InvalidArgumentError("config: max_position_embeddings must be >= 1")
         self.config = cfg
+        self._ep = expert_parallel
         api = self._bx_api
-        self.model = api.Glm4MoeModel(cfg)
+        self.model = api.Glm4MoeModel(cfg, expert_parallel)
         self.lm_head = api.Linear(cfg.hidden_size, cfg.vocab_size)
+
+    def _foreign(self, name):
+        """Whether name is a routed expert another EP rank holds (skipped
+        by load_checkpoint)."""
+        ep = self._ep
+        if ep is None or not is_expert(name):
+            return False
+        try:
+            e = int(name.split(".mlp.experts.")[1].split(".")[0])
+        except ValueError:
+            return False
+        return 0 <= e < ep.NE and not ep.holds(e)
 
     def forward(self, input_ids, labels=None):
         if len(input_ids.shape) != 2:
@@ -219,11 +241,12 @@ def is_expert(name):
     return ".mlp.experts." in name
 
 
-def checked_arrays(own, tensors, shape_of):
+def checked_arrays(own, tensors, shape_of, foreign=None):
     """{name: float32 array} for every name of own, checked against
-    tensors (names, shapes, dtypes; nothing extra)."""
+    tensors (names, shapes, dtypes; nothing extra but the names for which
+    foreign(name): another EP rank's experts, not read)."""
     missing = [n for n in own if n not in tensors]
-    extra = [n for n in tensors if n not in own]
+    extra = [n for n in tensors if n not in own and not (foreign and foreign(n))]
     if missing or extra:
         raise InvalidArgumentError(f"load_checkpoint: missing {missing[:3]}{'...' if len(missing) > 3 else ''}"
                                    f", unexpected {extra[:3]}{'...' if len(extra) > 3 else ''}")
@@ -258,6 +281,13 @@ class RunnerBase:
         consecutive ranks) as a function a2a(send, sbytes, rbytes) ->
         received bytes (numpy uint8), for expert parallelism; None: the
         all-reduce exchange of nn._ep (Paddle: its CPU all-to-all is not wired in)."""
+        return None
+
+    @staticmethod
+    def replica(rank, world, ep):
+        """A bitexact.Comm over the ranks of this rank's EP rank (rank % ep:
+        one per EP group), for the held experts' gradient words; None: an
+        exact emulation over the whole comm (nn._ep.ExpertParallel.replica_comm)."""
         return None
 
     @staticmethod

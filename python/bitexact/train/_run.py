@@ -74,10 +74,36 @@ def loss_hash(losses):
 
 # ---- checkpoints ---------------------------------------------------------------
 
+class _Tensors:
+    """A safetensors file as a read-only mapping name -> numpy array, each
+    read when asked (safetensors' own reader): a rank reads only the
+    tensors it holds."""
+
+    def __init__(self, path):
+        from safetensors import safe_open
+        self._f = safe_open(path, framework="numpy")
+        self._names = list(self._f.keys())
+        self._set = set(self._names)
+
+    def __contains__(self, n):
+        return n in self._set
+
+    def __iter__(self):
+        return iter(self._names)
+
+    def __len__(self):
+        return len(self._names)
+
+    def __getitem__(self, n):
+        if n not in self._set:
+            raise KeyError(n)
+        return self._f.get_tensor(n)
+
+
 def read_checkpoint(d):
-    """(config text, trainer_state dict, model arrays, optimizer arrays) of a
-    `bitexact train` checkpoint directory (safetensors' own reader)."""
-    from safetensors.numpy import load_file
+    """(config text, trainer_state dict, model tensors, optimizer tensors) of
+    a `bitexact train` checkpoint directory (the tensors as mappings read
+    on demand)."""
     for f in CKPT_FILES:
         if not os.path.isfile(os.path.join(d, f)):
             raise InvalidArgumentError(f"--resume {d}: {f} is missing (a `bitexact train --save` "
@@ -89,8 +115,8 @@ def read_checkpoint(d):
     if st.get("format_version") != 1:
         raise InvalidArgumentError(f"--resume {d}: trainer_state.json format_version "
                                    f"{st.get('format_version')!r} (1 expected)")
-    return cfg, st, load_file(os.path.join(d, "model.safetensors")), \
-        load_file(os.path.join(d, "optimizer.safetensors"))
+    return cfg, st, _Tensors(os.path.join(d, "model.safetensors")), \
+        _Tensors(os.path.join(d, "optimizer.safetensors"))
 
 
 def _state_json(st):
@@ -214,18 +240,16 @@ class Run:
         self.wd = a.weight_decay if a.weight_decay is not None else \
             float.fromhex(st["adamw"]["weight_decay"])
         self.clip = a.clip if a.clip is not None else float.fromhex(st["clip"])
-        self.model = fw.Model(self.cfg)
-        self.model.load_checkpoint(marrays)
         self.ep = None
-        if E > 1:  # the MoE blocks compute their held experts, tokens exchanged over comm
+        if E > 1:  # the MoE blocks hold and compute this rank's experts, rows exchanged over comm
             self.ep = ExpertParallel(self.comm, self.rank, P, E, self.cfg.n_routed_experts,
-                                     alltoall=fw.alltoall(self.rank, P, E))
+                                     alltoall=fw.alltoall(self.rank, P, E),
+                                     replica=fw.replica(self.rank, P, E))
             self.ep.local_tokens = self.B // P * self.L  # every rank's tokens per step
-            for layer in self.model.model.layers:
-                if hasattr(layer.mlp, "gate"):
-                    layer.mlp.ep = self.ep
-        # every rank ends a step with every gradient (the token reduction's words are summed
-        # over all ranks), so every rank keeps the whole model and optimizer state
+        self.model = fw.Model(self.cfg, expert_parallel=self.ep)
+        self.model.load_checkpoint(marrays)  # this rank's experts only
+        # every rank holds the dense parameters and its experts (their gradients reduced over
+        # the replicas only), with their AdamW state; rank 0 gathers the rest to save
         self.params = fw.named_parameters(self.model)
         self.opt = fw.AdamW([p for _, p in self.params], lr=self.lr, weight_decay=self.wd,
                             num_threads=a.threads)
@@ -237,11 +261,15 @@ class Run:
         if a.compile:
             self.forward, self.opt_step = fw.compile(self.model), fw.compile(self.opt.step)
         self.red = fw.GradReduction(self.params, self.L, self.B * self.L, num_threads=a.threads,
-                                    compute_dtype=self.dtype)
-        # each element of the model counted once by the norm: parameter i by rank i mod P
-        # (every rank holds every gradient after finish, experts included)
-        self.owned = [(p, "expert" if _gm.is_expert(n) else "dense")
-                      for i, (n, p) in enumerate(self.params) if i % P == self.rank]
+                                    compute_dtype=self.dtype, expert_parallel=self.ep)
+        # each element of the model counted once by the norm (exact: which rank counts it
+        # cannot change a bit): dense tensor j by rank j mod P; the i-th expert tensor a rank
+        # holds (the same experts on the P/E ranks of its EP rank) by the one in EP group i mod P/E
+        dense = [(n, p) for n, p in self.params if not _gm.is_expert(n)]
+        mine = [(n, p) for n, p in self.params if _gm.is_expert(n)]
+        R = P // E
+        self.owned = [(p, "dense") for j, (n, p) in enumerate(dense) if j % P == self.rank] + \
+            [(p, "expert") for i, (n, p) in enumerate(mine) if i % R == self.rank // E]
         self.first_loss = self.last_loss = self.last_norm = float("nan")
 
     def step(self, s):
@@ -289,7 +317,9 @@ class Run:
                            loss_hash(all_loss), self.data.entropy_nats, self.dtype)
 
     def save(self, d):
-        """Rank 0 writes the checkpoint (every rank holds the whole model)."""
+        """Rank 0 writes the checkpoint: its own tensors, and under expert
+        parallelism the experts it does not hold, gathered from EP group
+        0's holders (every rank takes part)."""
         fw, a = self.fw, self.a
         marr = {n: fw.numpy(t) for n, t in list(fw.named_parameters(self.model)) +
                 list(fw.named_buffers(self.model))}
@@ -297,6 +327,8 @@ class Run:
         for n, p in self.params:
             m, v = self.opt.moments(p)
             oarr[n + ".exp_avg"], oarr[n + ".exp_avg_sq"] = fw.numpy(m), fw.numpy(v)
+        if self.ep is not None:
+            self._gather_experts(marr, oarr)
         if self.rank != 0:
             return
         st = copy.deepcopy(self.state)
@@ -305,6 +337,41 @@ class Run:
         st["lr_schedule"] = {"kind": "constant", "lr": chex(self.lr)}
         st["adamw"]["weight_decay"] = chex(self.wd)
         write_checkpoint(d, self.cfg_text, st, marr, oarr)
+
+
+    def _gather_experts(self, marr, oarr):
+        """marr / oarr on rank 0 += every routed expert's weights and AdamW
+        moments (fp32), one expert at a time: its holder in EP group 0
+        (world rank e // nl) writes the bit patterns as int64 words, every
+        other rank zeros, and the int64 SUM all-reduce delivers them (one
+        writer per word: exact)."""
+        ep, cfg = self.ep, self.cfg
+        fn, _ = _comm_args(self.comm)
+        I, H = cfg.moe_intermediate_size, cfg.hidden_size
+        shapes = {"gate_proj": (I, H), "up_proj": (I, H), "down_proj": (H, I)}
+        for li in range(cfg.first_k_dense_replace, cfg.num_hidden_layers):
+            for e in range(cfg.n_routed_experts):
+                keys = [(f"model.layers.{li}.mlp.experts.{e}.{p}.weight", shapes[p])
+                        for p in ("gate_proj", "up_proj", "down_proj")]
+                names = [(m, k + s, sh) for k, sh in keys
+                         for m, s in ((marr, ""), (oarr, ".exp_avg"), (oarr, ".exp_avg_sq"))]
+                mine = self.rank == e // ep.nl  # the holder in EP group 0
+                words = np.zeros(sum(int(np.prod(sh)) for _, _, sh in names), dtype=np.int64)
+                if mine:
+                    at = 0
+                    for m, k, sh in names:
+                        u = np.ascontiguousarray(m[k], dtype=np.float32).reshape(-1).view(np.uint32)
+                        words[at:at + u.size] = u
+                        at += u.size
+                buf = bytearray(words.tobytes())
+                r = fn(buf, "sum")
+                words = np.frombuffer(bytes(r if r is not None else buf), dtype=np.int64)
+                if self.rank == 0 and not mine:
+                    at = 0
+                    for m, k, sh in names:
+                        n = int(np.prod(sh))
+                        m[k] = words[at:at + n].astype(np.uint32).view(np.float32).reshape(sh)
+                        at += n
 
 
 def main(argv=None):
