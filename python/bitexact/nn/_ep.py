@@ -23,8 +23,11 @@ sends into its own slot of a zeroed buffer and the all-reduce delivers
 every slot (one writer per word: exact for any bit pattern), moving
 world-size times the bytes of a true all-to-all. The bits do not depend
 on which.
-The gradient words of an expert are reduced with the dense ones over all
-ranks (a rank that does not hold the expert adds nothing to them).
+A model built with this object (``expert_parallel=``) holds only its
+rank's experts (:meth:`own` marks their weights); a GradReduction given
+it reduces their gradient words over the replicas only
+(:meth:`replica_comm`: the ranks of the same EP rank), the rest over all
+ranks, as `bitexact train` does.
 
 Threading: one thread per rank; the callbacks run in the thread that
 called the node (which takes the GIL for them).

@@ -64,8 +64,9 @@ def moe(x, router_weight, e_score_correction_bias, gate_weights, up_weights, dow
         num_threads=None, expert_parallel=None):
     """Glm4MoeMoE.forward(x), as bitexact.torch.moe: x [T, H] or [B, L, H];
     router_weight [E, H]; the bias [E] (no gradient); gate/up_weights E
-    tensors [I, H], down_weights E tensors [H, I]; shared_* the shared
-    experts' MLP. Returns routed + shared; weight gradients into the
+    tensors [I, H], down_weights E tensors [H, I] (with expert_parallel:
+    all E, or the ep.nl this rank holds from ep.first); shared_* the
+    shared experts' MLP. Returns routed + shared; weight gradients into the
     active GradReduction; x's gradient by Paddle (stop_gradient=False)."""
     return _ops.moe(_B, x, router_weight, e_score_correction_bias, gate_weights, up_weights,
                     down_weights, shared_gate_weight, shared_up_weight, shared_down_weight,

@@ -68,7 +68,8 @@ def moe(x, router_weight, e_score_correction_bias, gate_weights, up_weights, dow
         num_threads=None, expert_parallel=None):
     """Glm4MoeMoE.forward(x): x [T, H] or [B, L, H] (the post-attention
     norm's output); router_weight [E, H]; the bias [E] (no gradient);
-    gate/up_weights E tensors [I, H], down_weights E tensors [H, I];
+    gate/up_weights E tensors [I, H], down_weights E tensors [H, I] (with
+    expert_parallel: all E, or the ep.nl this rank holds from ep.first);
     shared_* the shared experts' MLP ([SI, H], [SI, H], [H, SI]).
     Returns routed + shared [.., H]; weight gradients into the active
     GradReduction (every trainable weight, one micro-batch's tokens)."""

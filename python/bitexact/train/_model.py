@@ -280,7 +280,8 @@ class RunnerBase:
         """The framework's all-to-all over this rank's EP group (ep
         consecutive ranks) as a function a2a(send, sbytes, rbytes) ->
         received bytes (numpy uint8), for expert parallelism; None: the
-        all-reduce exchange of nn._ep (Paddle: its CPU all-to-all is not wired in)."""
+        all-reduce exchange of nn._ep (Paddle: its gloo backend has no
+        all-to-all, docs/train_python.md)."""
         return None
 
     @staticmethod
