@@ -46,8 +46,27 @@ def _check(fn, name, t, dtypes=(_F32,), ndim=None, min_ndim=1):
     return t if t.is_contiguous() else t.contiguous()
 
 
+def _fast_empty():
+    """paddle.empty without its Python argument handling (a layer step
+    allocates a few hundred outputs): the eager op itself on the CPU place,
+    checked once against paddle.empty; else paddle.empty."""
+    try:
+        from paddle import _C_ops
+        place = paddle.CPUPlace()
+        t = _C_ops.empty([2, 3], _F32, place)
+        if isinstance(t, paddle.Tensor) and list(t.shape) == [2, 3] and t.dtype == _F32 \
+                and t.place.is_cpu_place() and t.stop_gradient:
+            return lambda shape, dtype=_F32: _C_ops.empty(list(shape), dtype, place)
+    except Exception:  # another Paddle: the public call
+        pass
+    return lambda shape, dtype=_F32: paddle.empty(list(shape), dtype=dtype)
+
+
+empty = _fast_empty()  # empty(shape, dtype=float32): an uninitialised CPU tensor
+
+
 def _empty(*shape, dtype=_F32):
-    return paddle.empty(list(shape), dtype=dtype)
+    return empty(shape, dtype)
 
 
 def _rows(t, last):
@@ -87,7 +106,7 @@ class GradReduction(_g.GradReductionBase):
                        "(stop_gradient=True)")
 
     def _fw_empty_f32(self, shape):
-        return paddle.empty(shape, dtype=_F32)
+        return empty(shape, _F32)
 
     def _fw_set_grad(self, p, g):
         p.grad = g
@@ -101,7 +120,7 @@ class GradReduction(_g.GradReductionBase):
         return _check(fn, "targets", targets, _INTS).reshape([-1])
 
     def _fw_empty_i64(self, n):
-        return paddle.empty([n], dtype=paddle.int64)
+        return empty([n], paddle.int64)
 
     def _fw_bytes(self, t):
         return t.numpy().tobytes()
