@@ -427,7 +427,7 @@ static int run_step(tr_run *r, int64_t s) {
     if (i < 0) return cli_error("train: out of memory for the data permutation"), -1;
     td_tokens(&r->data, i, r->tokens + b * (L + 1));
   }
-  tr_run_opts ro = {cli_threads(&a->common), a->ordinary ? BX_TOKRED_ORDINARY : BX_TOKRED_GRID, L, a->bf16};
+  tr_run_opts ro = {cli_threads(&a->common), a->ordinary ? BX_TOKRED_ORDINARY : BX_TOKRED_GRID, L, a->bf16, 0};
   float loss = NAN;
   if (tr_model_grad(r->model, &ro, r->tokens, local, first, B, a->micro_batches, r->comm, &loss,
                     r->tok_loss, err, sizeof err)) {

@@ -21,6 +21,7 @@ struct glm_gr {
   bx_tokred_mode mode;
   bx_tokred *s, *sx, *sl;   /* the gradients (over comm; the local ones over xcomm), the loss */
   int phase;                /* -1 idle/done, 0 pass 0, 1 pass 1, 2 all-reduced */
+  int one_pass;             /* ordinary mode agreed before any micro-batch: no ledger */
   int64_t *mb;              /* pass 0's micro-batches: (tok0, T) pairs */
   size_t nmb, capmb, at;    /* recorded, capacity, pass 1's next */
 };
@@ -113,6 +114,7 @@ int glm_gr_begin(glm_gr *g, glm_nctx *c) {
   free_states(g);
   g->phase = -1;
   g->nmb = g->at = 0;
+  g->one_pass = 0;
   bx_tokred_opts to = BX_TOKRED_OPTS_DEFAULT;
   to.mode = g->mode;
   float unused = 0;
@@ -145,7 +147,7 @@ int glm_gr_micro_batch(glm_gr *g, int64_t tok0, int64_t T, glm_nctx *c) {
     g->mb[2 * g->nmb] = tok0;
     g->mb[2 * g->nmb + 1] = T;
     g->nmb++;
-  } else {
+  } else if (!g->one_pass) {
     if (g->at >= g->nmb)
       return glm_fail(c, BX_EINVAL, "gradient reduction: pass 1 runs more micro-batches than "
                       "pass 0's %zu (tokens %lld + %lld)", g->nmb, (long long)tok0, (long long)T);
@@ -174,7 +176,8 @@ void glm_gr_bind(const glm_gr *g, glm_nctx *c) {
 
 int glm_gr_agree(glm_gr *g, const bx_comm *comm, const bx_comm *xcomm, glm_nctx *c) {
   if (g->phase != 0) return wrong_phase(c, g, "agree", "pass 0");
-  if (g->nmb == 0) return glm_fail(c, BX_EINVAL, "gradient reduction: agree: pass 0 ran no micro-batch");
+  if (g->nmb == 0 && g->mode != BX_TOKRED_ORDINARY)
+    return glm_fail(c, BX_EINVAL, "gradient reduction: agree: pass 0 ran no micro-batch");
   if (glm_ck(c, bx_tokred_agree(g->s, comm), "agree") ||
       (g->sx && glm_ck(c, bx_tokred_agree(g->sx, xcomm), "agree (local tensors)")) ||
       glm_ck(c, bx_tokred_agree(g->sl, comm), "agree (loss)")) {
@@ -182,6 +185,7 @@ int glm_gr_agree(glm_gr *g, const bx_comm *comm, const bx_comm *xcomm, glm_nctx 
     return -1;
   }
   g->phase = 1;
+  g->one_pass = g->nmb == 0; /* ordinary mode: nothing to bound, the step is one pass */
   return 0;
 }
 

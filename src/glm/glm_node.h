@@ -149,7 +149,9 @@ int glm_gr_micro_batch(glm_gr *g, int64_t tok0, int64_t T, glm_nctx *c);
 /* c's s, sx, grads, ngrads, gmap, ngmap := the step's states (a binding
  * whose nodes take the reduction itself). */
 void glm_gr_bind(const glm_gr *g, glm_nctx *c);
-/* End of pass 0 (at least one micro-batch): the grids agreed, the local
+/* End of pass 0 (at least one micro-batch; in ordinary mode, where bounds
+ * have no effect, none: then the step is one pass, pass 1 alone, its
+ * micro-batches not checked against a ledger): the grids agreed, the local
  * tensors' over xcomm, the others' and the loss's over comm (NULL: this
  * process); pass 1. */
 int glm_gr_agree(glm_gr *g, const bx_comm *comm, const bx_comm *xcomm, glm_nctx *c);

@@ -46,6 +46,8 @@ typedef struct tr_run_opts {
   bx_tokred_mode mode;
   int64_t seq_len;      /* L */
   int bf16;             /* 1: the GEMMs take bf16 operands (fp32 accumulation) */
+  int two_pass;         /* ordinary mode: 1 runs the two passes anyway (tests: the same
+                         * bits as its one pass); 0: one pass. Grid mode: always two */
 } tr_run_opts;
 
 /* Builds the model of c with every parameter initialised from (seed,

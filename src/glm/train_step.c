@@ -145,7 +145,10 @@ int tr_model_grad(tr_model *m, const tr_run_opts *o, const int32_t *tokens, int6
   int rcg = glm_gr_create(m->grad_t, m->nparams, where, C, c.n_global, o->mode, &g, &c.n);
   free(where);
   if (rcg || glm_gr_begin(g, &c.n)) goto done;
-  for (int pass = 0; pass < 2; pass++) {
+  /* ordinary mode (the framework baseline) is one pass: its bounds would have no effect, so
+   * the grid is agreed first and the micro-batches run once, adding */
+  int one_pass = o->mode == BX_TOKRED_ORDINARY && !o->two_pass;
+  for (int pass = one_pass; pass < 2; pass++) {
     if (pass == 1 && glm_gr_agree(g, comm, xcomm, &c.n)) goto done;
     for (int64_t b = 0; b < micro_batches; b++) {
       int64_t s0 = b * mb;

@@ -95,7 +95,7 @@ static void test_grad(void) {
       for (int64_t e = 0; e < p[i].numel; e++) p[i].data[e] = (float)((double)(lcg(&rs) % 1000) * 1e-4 - 0.05);
   int64_t L = 12, nseq = 3;
   int32_t *tok = make_tokens(nseq, L, c.vocab_size, 5);
-  tr_run_opts o = {1, BX_TOKRED_GRID, L, 0};
+  tr_run_opts o = {1, BX_TOKRED_GRID, L, 0, 0};
   float loss;
   float *tl = malloc((size_t)(nseq * L) * sizeof *tl);
   if (tr_model_grad(m, &o, tok, nseq, 0, nseq, 1, NULL, &loss, tl, err, sizeof err)) {
@@ -194,7 +194,7 @@ static int dump(const char *dir) {
       for (int64_t e = 0; e < p[i].numel; e++) p[i].data[e] = (float)((double)(lcg(&rs) % 1000) * 1e-4 - 0.05);
   int64_t L = 12, nseq = 3;
   int32_t *tok = make_tokens(nseq, L, c.vocab_size, 5);
-  tr_run_opts o = {1, BX_TOKRED_GRID, L, 0};
+  tr_run_opts o = {1, BX_TOKRED_GRID, L, 0, 0};
   float loss;
   if (tr_model_grad(m, &o, tok, nseq, 0, nseq, 1, NULL, &loss, NULL, err, sizeof err)) {
     fprintf(stderr, "%s\n", err);
@@ -350,7 +350,7 @@ static void test_layout(void) {
   result ref = {0}, cur = {0};
   int threads[] = {1, 2, 1, 2, 1}, mbs[] = {1, 1, 2, 4, 8};
   for (int k = 0; k < 5; k++) {
-    tr_run_opts o = {threads[k], BX_TOKRED_GRID, L, 0};
+    tr_run_opts o = {threads[k], BX_TOKRED_GRID, L, 0, 0};
     if (tr_model_grad(m, &o, tok, nseq, 0, nseq, mbs[k], NULL, &loss, tl, err, sizeof err)) {
       check(0, err);
       break;
@@ -370,7 +370,7 @@ static void test_layout(void) {
   /* 2 data-parallel ranks (4 sequences each, 2 micro-batches), a thread each */
   shared_comm sc;
   pthread_barrier_init(&sc.bar, NULL, 2);
-  tr_run_opts o2 = {1, BX_TOKRED_GRID, L, 0};
+  tr_run_opts o2 = {1, BX_TOKRED_GRID, L, 0, 0};
   rank_ctx rk[2];
   pthread_t th[2];
   tr_model *ms[2] = {m, m2};
@@ -394,12 +394,23 @@ static void test_layout(void) {
   }
   /* the ordinary mode: a framework's float sums per micro-batch, in layout order */
   result o1 = {0}, o4 = {0};
-  tr_run_opts oo = {1, BX_TOKRED_ORDINARY, L, 0};
+  tr_run_opts oo = {1, BX_TOKRED_ORDINARY, L, 0, 0};
   if (!tr_model_grad(m, &oo, tok, nseq, 0, nseq, 1, NULL, &loss, tl, err, sizeof err)) {
     result_take(&o1, m, loss, tl, ntok);
     if (!tr_model_grad(m, &oo, tok, nseq, 0, nseq, 4, NULL, &loss, tl, err, sizeof err)) {
       result_take(&o4, m, loss, tl, ntok);
       check(!result_same(&o1, &o4, m, ntok), "layout: ordinary mode (negative control): 1 vs 4 micro-batches differ");
+      /* its one pass gives the bits of the two passes (pass 0 computes nothing it reads) */
+      tr_run_opts otp = oo;
+      otp.two_pass = 1;
+      result t4 = {0};
+      if (!tr_model_grad(m, &otp, tok, nseq, 0, nseq, 4, NULL, &loss, tl, err, sizeof err)) {
+        result_take(&t4, m, loss, tl, ntok);
+        check(result_same(&o4, &t4, m, ntok), "layout: ordinary mode: one pass = two passes, bit for bit");
+        result_free(&t4);
+      } else {
+        check(0, err);
+      }
       /* and it is still a gradient: close to the invariant one */
       tr_param *p;
       size_t n = tr_model_params(m, &p);
@@ -422,7 +433,7 @@ static void test_layout(void) {
   result_free(&o1);
   result_free(&o4);
   /* a layout that does not divide is refused with a reason */
-  tr_run_opts o = {1, BX_TOKRED_GRID, L, 0};
+  tr_run_opts o = {1, BX_TOKRED_GRID, L, 0, 0};
   check(tr_model_grad(m, &o, tok, nseq, 0, nseq, 3, NULL, &loss, tl, err, sizeof err) == -1 &&
             strstr(err, "micro-batches") != NULL,
         "layout: 8 sequences in 3 micro-batches refused");
@@ -514,7 +525,7 @@ static void test_time(void) {
     return;
   }
   float loss, *tl = malloc((size_t)(nseq * L) * sizeof *tl);
-  tr_run_opts o = {1, BX_TOKRED_GRID, L, 0};
+  tr_run_opts o = {1, BX_TOKRED_GRID, L, 0, 0};
   double best = 1e9;
   int ok = 1;
   for (int r = 0; r < 3 && ok; r++) {
