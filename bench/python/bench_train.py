@@ -4,8 +4,9 @@ docs/benchmarks.md "Framework bindings: step time"): one training step of
 the tiny config (8 x 64 tokens), or of --config FILE.json with
 --seq-len / --global-batch (e.g. bench/configs/glm-34m.json, 8 x 256), by
 
-- ``bitexact train`` (C): (wall of --steps 1+N) - (wall of --steps 1), / N,
-  resumed from the same step-0 checkpoint (start-up and data excluded);
+- ``bitexact train`` (C): the mean wall time of steps 2 .. 1+N that it
+  measures itself (``--json``'s ``step_seconds``), resumed from the same
+  step-0 checkpoint;
 - the torch binding and the Paddle binding (``python -m bitexact.train``'s
   Run.step, in process), and the torch binding under torch.compile
   (``--compile``: fullgraph=True, the layers as custom ops; compiled in the
@@ -49,13 +50,14 @@ def cpu_model():
 
 
 def c_step(cli, ck0, n, threads, dtype, shape=()):
-    def wall(steps):
-        t = time.perf_counter()
-        subprocess.run([cli, "train", "--resume", ck0, "--steps", str(steps), "-q",
+    """`bitexact train`'s own in-process mean of the steps after the first
+    (its --json summary's step_seconds): the same warm-up and timing as
+    the bindings' figure, no process start-up in it."""
+    import json
+    p = subprocess.run([cli, "train", "--resume", ck0, "--steps", str(1 + n), "-q", "--json",
                         "--threads", str(threads), "--compute-dtype", dtype] + list(shape),
-                       check=True, capture_output=True)
-        return time.perf_counter() - t
-    return (wall(1 + n) - wall(1)) / n
+                       check=True, capture_output=True, text=True)
+    return json.loads(p.stdout.strip().splitlines()[-1])["step_seconds"]
 
 
 def binding_step(fw, ck0, n, threads, compile_=False):

@@ -371,6 +371,7 @@ typedef struct tr_run {
   size_t nowned[2];
   float first_loss, last_loss;
   double last_norm;
+  double t_first, t_rest; /* wall seconds of the first step run, of the steps after it */
   tr_ep ep;                       /* expert parallelism (size 1: none) */
 } tr_run;
 
@@ -551,10 +552,12 @@ static void summary(tr_run *r) {
             "{\"steps_run\": %lld, \"first_step\": %lld, \"first_loss\": \"%s\", \"last_loss\": "
             "\"%s\", \"last_grad_norm\": \"%s\", \"entropy_rate\": \"%s\", \"ranks\": %d, "
             "\"params\": %lld, \"ep\": %d, \"alltoall_bytes_per_step\": %lld, "
-            "\"allreduce_bytes_per_step\": %lld, \"allreduce_replica_bytes_per_step\": %lld}\n",
+            "\"allreduce_bytes_per_step\": %lld, \"allreduce_replica_bytes_per_step\": %lld, "
+            "\"first_step_seconds\": %.6f, \"step_seconds\": %.6f}\n",
             (long long)ran, (long long)r->start, fl, ll, gn, en, r->P,
             (long long)tr_config_param_count(&r->cfg), r->ep.size, (long long)r->ep.a2a_bytes,
-            (long long)(8 * r->ep.ar_world_words), (long long)(8 * r->ep.ar_replica_words));
+            (long long)(8 * r->ep.ar_world_words), (long long)(8 * r->ep.ar_replica_words),
+            ran > 0 ? r->t_first : 0.0, ran > 1 ? r->t_rest / (double)(ran - 1) : 0.0);
     return;
   }
   fprintf(out, "train: %lld steps (%lld..%lld), %lld sequences of %lld tokens per step, %d rank%s, "
@@ -669,8 +672,11 @@ static int train_main(tr_run *r, int argc, char **argv) {
   r->first_loss = r->last_loss = NAN;
   r->last_norm = NAN;
   for (int64_t s = r->start; s < a->steps; s++) {
+    double t0 = cli_now();
     bad = run_step(r, s) != 0;
     if (any_rank(r->comm, bad)) return CLI_ERROR;
+    if (s == r->start) r->t_first = cli_now() - t0;
+    else r->t_rest += cli_now() - t0;
   }
   if (r->record) {
     int e = fclose(r->record);
