@@ -14,6 +14,7 @@
 #include "bitexact_train.h"
 #include "call.h"
 #include "error.h"
+#include "kernels.h"
 #include "math_det.h"
 #include "pool.h"
 #include "train_check.h"
@@ -44,7 +45,8 @@ static double ln_sum(double S) {
 
 /* The token's loss (and, with g, e_v then the gradient row; g may be z).
  * y < 0: ignored. c = f64(grad_scale / N). */
-static void xent_row(const float *z, float *g, size_t V, int64_t y, double c, float *loss) {
+static void xent_row(const float *z, float *g, size_t V, int64_t y, double c, float *loss,
+                     bx_math_fn vexp) {
   if (y < 0) {
     if (loss) *loss = 0.0f;
     if (g) memset(g, 0, V * sizeof *g);
@@ -64,20 +66,19 @@ static void xent_row(const float *z, float *g, size_t V, int64_t y, double c, fl
       for (size_t v = 0; v < V; v++) g[v] = q;
     return;
   }
-  /* e_v = bx_expf_det(z[v] - m), the fast path of a block first (as
-   * math.c's bx_exp: the same bits), summed in fp64 in order */
-  double S = 0.0, fast[EXP_BLOCK];
+  /* e_v = bx_expf_det(z[v] - m) for a block at a time by the active ISA's
+   * exp loop (kernels.h: the bits of bx_expf_det on every input, checked
+   * exhaustively by dev/math_exhaustive.c --vector), summed in fp64 in
+   * order. The block's z is read before its g is written (g may be z). */
+  double S = 0.0;
+  float d[EXP_BLOCK], e[EXP_BLOCK];
   for (size_t b = 0; b < V; b += EXP_BLOCK) {
     size_t len = V - b < EXP_BLOCK ? V - b : EXP_BLOCK;
+    for (size_t i = 0; i < len; i++) d[i] = z[b + i] - m; /* <= 0 */
+    vexp(d, e, len);
     for (size_t i = 0; i < len; i++) {
-      float d = z[b + i] - m; /* <= 0 */
-      fast[i] = bx_md_exp_fast((double)(d >= -104.0f ? d : 0.0f));
-    }
-    for (size_t i = 0; i < len; i++) {
-      float d = z[b + i] - m;
-      float e = d >= -104.0f && !bx_md_hard(fast[i]) ? (float)fast[i] : bx_expf_det(d);
-      if (g) g[b + i] = e;
-      S += (double)e;
+      if (g) g[b + i] = e[i];
+      S += (double)e[i];
     }
   }
   if (loss) *loss = (float)(((double)m - (double)zy) + ln_sum(S));
@@ -95,6 +96,7 @@ typedef struct xent_job {
   int64_t ignore;
   size_t T, V, per;
   double c;
+  bx_math_fn vexp; /* the active ISA's exp loop */
 } xent_job;
 
 static void xent_task(void *ctx, size_t task, int worker) {
@@ -104,7 +106,7 @@ static void xent_task(void *ctx, size_t task, int worker) {
   for (size_t t = t0; t < t1; t++) {
     int64_t y = bx_tc_id(j->y, t);
     xent_row(j->z + t * j->V, j->g ? j->g + t * j->V : NULL, j->V, y == j->ignore ? -1 : y, j->c,
-             j->loss ? &j->loss[t] : NULL);
+             j->loss ? &j->loss[t] : NULL, j->vexp);
   }
 }
 
@@ -210,7 +212,8 @@ static bx_status xent_impl(const char *fn, int what, const xent_args *a, const b
                 (what & DO_BWD) ? (float *)(void *)G.data : NULL,
                 (what & DO_FWD) ? (float *)(void *)L.data : NULL,
                 &Y, o->ignore_index, T, V, 0,
-                (what & DO_BWD) ? o->grad_scale / (double)a->n_global : 0.0};
+                (what & DO_BWD) ? o->grad_scale / (double)a->n_global : 0.0,
+                bx_math_kernels_active()->exp};
   if (T && V) {
     j.per = V >= 16384 ? 1 : 16384 / V;
     size_t tasks = (T + j.per - 1) / j.per;
