@@ -108,31 +108,47 @@ void test_adamw_threads_and_isa(void) {
   bxt_tensor_alloc(&V, REF_F32, n);
   bxt_fill_gradient(&r, &P0, 1.0);
   bxt_fill_gradient(&r, &G, 1e-3);
-  float *want[3] = {malloc(n * 4), malloc(n * 4), malloc(n * 4)};
-  int first = 1;
+  /* special values among them (the vector loops see them in every lane position) */
+  const uint32_t special[] = {0x7fc00000u, 0xff812345u, 0x7f800000u, 0xff800000u, 0x80000000u,
+                              0x00000001u, 0x807fffffu, 0x7f7fffffu};
+  for (size_t i = 0; i < 64; i++) {
+    uint32_t b = special[i % 8];
+    memcpy(&((float *)G.buf)[1000 + 37 * i + i % 5], &b, 4);
+    memcpy(&((float *)P0.buf)[3000 + 41 * i + i % 7], &b, 4);
+  }
+  float *want[2][3] = {{malloc(n * 4), malloc(n * 4), malloc(n * 4)},
+                       {malloc(n * 4), malloc(n * 4), malloc(n * 4)}};
+  int first[2] = {1, 1};
   const int threads[] = {1, 2, 5};
   for (int isa = 0; isa < bxt_isa_count(); isa++) {
     bxt_force(isa);
-    for (size_t ti = 0; ti < 3; ti++) {
+    for (size_t ti = 0; ti < 6; ti++) {
+      int cfg = (int)(ti % 2); /* 1: no weight decay (the mul skipped), lerp weight >= 0.5 */
       memcpy(P.buf, P0.buf, n * 4);
       memset(M.buf, 0, n * 4);
       memset(V.buf, 0, n * 4);
       bx_adamw_opts o = BX_ADAMW_OPTS_DEFAULT;
-      o.num_threads = threads[ti];
+      o.num_threads = threads[ti / 2];
+      if (cfg) {
+        o.weight_decay = 0.0;
+        o.beta1 = 0.3;
+      }
       for (int64_t t = 1; t <= 3; t++)
         CHECK_STATUS(bx_adamw_step(&P.t, &G.t, &M.t, &V.t, t, &o), BX_OK, "step");
       float *got[3] = {P.buf, M.buf, V.buf};
       for (int k = 0; k < 3; k++) {
-        if (first) memcpy(want[k], got[k], n * 4);
+        if (first[cfg]) memcpy(want[cfg][k], got[k], n * 4);
         else
-          CHECK(count_diff(got[k], want[k], n) == 0, "isa %s, %d threads: tensor %d differs",
-                bxt_isa(isa), threads[ti], k);
+          CHECK(count_diff(got[k], want[cfg][k], n) == 0,
+                "isa %s, %d threads, options %d: tensor %d differs", bxt_isa(isa),
+                threads[ti / 2], cfg, k);
       }
-      first = 0;
+      first[cfg] = 0;
     }
   }
   bxt_force(-1);
-  for (int k = 0; k < 3; k++) free(want[k]);
+  for (int c = 0; c < 2; c++)
+    for (int k = 0; k < 3; k++) free(want[c][k]);
   bxt_tensor_free(&P0);
   bxt_tensor_free(&G);
   bxt_tensor_free(&P);

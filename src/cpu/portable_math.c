@@ -42,6 +42,8 @@ static void loop_exp(const float *x, float *y, size_t n) {
   }
 }
 
+#include "adamw_body.h"
+
 const bx_math_kernels bx_math_portable = {"portable", loop_exp, loop_log,
                                           loop_sigmoid, loop_silu, loop_rsqrt,
-                                          loop_sin, loop_cos};
+                                          loop_sin, loop_cos, adamw_loop};

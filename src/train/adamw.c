@@ -4,8 +4,9 @@
  * formula). The scalars are formed once per call in double as torch's
  * Python code forms them, then rounded to fp32 as torch's kernels take
  * their scalar arguments; the per-element update is a fixed sequence of
- * fp32 operations, so the bits do not depend on threads or ISA (fmaf is
- * one rounding whether the CPU has an fma instruction or not).
+ * fp32 operations (src/cpu/adamw_body.h, run by the active ISA's table),
+ * so the bits do not depend on threads or ISA (fmaf is one rounding
+ * whether the CPU has an fma instruction or not).
  */
 #include <math.h>
 #include <stdint.h>
@@ -14,50 +15,28 @@
 #include "bitexact_train.h"
 #include "call.h"
 #include "error.h"
+#include "kernels.h"
 #include "pool.h"
 #include "pow_det.h"
 #include "tensor.h"
 #include "train_elementwise.h"
 
-typedef struct adamw_scalars {
-  float decay;     /* f32(1 - lr*wd); 1 when wd == 0 (torch skips the mul) */
-  int do_decay;
-  float w;         /* f32(1 - beta1): lerp weight */
-  float beta2;     /* f32(beta2) */
-  float one_m_b2;  /* f32(1 - beta2) */
-  float bc2_sqrt;  /* f32(sqrt(1 - beta2^t)) */
-  float eps;       /* f32(eps) */
-  float neg_step;  /* f32(-(lr / (1 - beta1^t))) */
-} adamw_scalars;
+typedef bx_adamw_scalars adamw_scalars; /* kernels.h */
 
 typedef struct adamw_job {
   float *p, *m, *v;
   const float *g;
   size_t n;
   adamw_scalars s;
+  bx_adamw_fn k; /* the active ISA's loop (kernels.h) */
 } adamw_job;
 
 static void adamw_piece(void *ctx, size_t task, int worker) {
   (void)worker;
   const adamw_job *j = ctx;
-  const adamw_scalars s = j->s;
   size_t off = task * BX_EW_PIECE;
   size_t end = j->n - off < BX_EW_PIECE ? j->n : off + BX_EW_PIECE;
-  for (size_t i = off; i < end; i++) {
-    float p = j->p[i], g = j->g[i], m = j->m[i], v = j->v[i];
-    if (s.do_decay) p = p * s.decay;
-    float d = g - m;
-    /* torch's vectorised lerp: fmadd(weight, end - start, start), or for
-     * weights >= 0.5 fmadd(weight - 1, end - start, end) */
-    m = s.w < 0.5f && s.w > -0.5f ? fmaf(s.w, d, m) : fmaf(s.w - 1.0f, d, g);
-    /* torch's addcmul_ after mul_: fmadd(value * t1, t2, self) */
-    v = fmaf(s.one_m_b2 * g, g, v * s.beta2);
-    float denom = sqrtf(v) / s.bc2_sqrt + s.eps;
-    p = p + (s.neg_step * m) / denom;
-    j->p[i] = p;
-    j->m[i] = m;
-    j->v[i] = v;
-  }
+  j->k(j->p + off, j->g + off, j->m + off, j->v + off, end - off, &j->s);
 }
 
 static int finite_d(double x) { return x - x == 0.0; }
@@ -121,6 +100,7 @@ bx_status bx_adamw_step(DLTensor *param, const DLTensor *grad, DLTensor *exp_avg
   j.s.bc2_sqrt = (float)bc2_sqrt;
   j.s.eps = (float)o.eps;
   j.s.neg_step = (float)(-step_size);
+  j.k = bx_math_kernels_active()->adamw;
   if (j.n)
     bx_parallel_run(bx_ew_threads(o.num_threads, j.n), (j.n + BX_EW_PIECE - 1) / BX_EW_PIECE,
                     adamw_piece, &j);
