@@ -231,12 +231,13 @@ def moe(b, x, router_weight, e_score_correction_bias, gate_weights, up_weights, 
     E, H = _shape(rw)
     cfg = config(fn, E, num_experts_per_tok, n_group, topk_group, norm_topk_prob,
                  routed_scaling_factor)
+    gate_weights, up_weights, down_weights = list(gate_weights), list(up_weights), list(down_weights)
     first = 0  # the first expert given: all E, or under expert parallelism the held ones
-    held = rows is not LOCAL_ROWS and len(list(gate_weights)) != E
+    held = rows is not LOCAL_ROWS and len(gate_weights) != E
     if held:
         first = rows.first
-        if len(list(gate_weights)) != rows.nl:
-            raise _err(InvalidArgumentError, fn, "gate_weights", f"holds {len(list(gate_weights))} "
+        if len(gate_weights) != rows.nl:
+            raise _err(InvalidArgumentError, fn, "gate_weights", f"holds {len(gate_weights)} "
                        f"experts: all {E}, or the {rows.nl} this rank holds under expert "
                        "parallelism expected")
     ews, flat = _check_experts(b, fn, gate_weights, up_weights, down_weights, H, first=first)

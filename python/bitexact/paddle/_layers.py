@@ -48,7 +48,7 @@ from ..nn import _layers as _ops
 from ..nn._gradred import _err, _threads
 from ._gradred import (  # noqa: F401
     GradReduction, _F32, _INTS, _capture, _check, _numel, _rows, _wants_grad, comm)
-from ._gradred import empty as _empty_any
+from ._gradred import empty
 
 __all__ = ["GradReduction", "Linear", "RMSNorm", "SwiGLUMLP", "Embedding", "CrossEntropyLoss",
            "RotaryEmbedding", "CausalAttention", "linear", "rms_norm", "swiglu", "swiglu_mlp",
@@ -65,7 +65,7 @@ def _dx_args(ctx, args):
 
 # The framework adapter of the shared numerics bodies (nn/_layers.py).
 _FW = _ops.Adapter(f32=_F32, i64=paddle.int64,
-                   empty=_empty_any,
+                   empty=empty,
                    rows=_rows, reshape=lambda t, shape: t.reshape(list(shape)), numel=_numel,
                    saved=lambda ctx: ctx.saved_tensor(), first=lambda t: int(t.numpy()[0]),
                    dx_args=_dx_args, need_dx=lambda ctx: ctx.need_dx,
