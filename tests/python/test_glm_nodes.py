@@ -325,3 +325,32 @@ def test_gradred_absent_output_untouched_and_failed_finish_writes_nothing():
         g.finish(outs)
     assert torch.equal(outs[0], torch.full((12, 16), 5.0))
     assert torch.equal(outs[1], torch.full((12,), 5.0))
+
+
+def test_bf16_copy_against_torch_rounding():
+    """The model's bf16 rounding (glm_bf16_convert, a vectorised loop) on
+    special values, rounding ties, overflow to Inf, subnormals and random
+    bit patterns, every length 0..70 at offsets 0..3 (the vector tails):
+    torch's round-to-nearest-even conversion for every non-NaN value; a
+    NaN stays a NaN with its sign and top payload bits, quiet."""
+    g = np.random.default_rng(11)
+    special = np.array([0, 0x80000000, 0x7F800000, 0xFF800000, 0x00000001, 0x807FFFFF,
+                        0x7F7FFFFF, 0x7F7F8000, 0x7F7F7FFF, 0x3F808000, 0x3F818000,
+                        0x3F808001, 0x3F807FFF, 0x7FC00000, 0xFF812345, 0x7F800001],
+                       dtype=np.uint32)
+    bits = np.concatenate([special, g.integers(0, 2**32, 20000, dtype=np.uint32)])
+    x = torch.from_numpy(bits.view(np.float32).copy())
+
+    def check(xs):
+        y = torch.empty(xs.shape, dtype=torch.bfloat16)
+        _core.glm_bf16_copy(xs, y)
+        got = y.view(torch.int16).numpy().view(np.uint16)
+        ref = xs.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+        u = xs.numpy().view(np.uint32)
+        nan = np.isnan(xs.numpy())
+        assert np.array_equal(got[~nan], ref[~nan])
+        assert np.array_equal(got[nan], ((u[nan] >> 16) | 0x40).astype(np.uint16))
+    check(x)
+    for n in range(71):
+        for off in range(4):
+            check(x[off:off + n])  # a view: unaligned starts
