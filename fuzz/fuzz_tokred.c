@@ -6,7 +6,11 @@
  * grid: E = max frexp exponent, e = E - min(51, 62 - ceil(log2 N)),
  * q = rint(a / 2^e), Q = sum q, result = Q 2^e (and Q 2^e / T) rounded
  * once. Also: one state holding every chunk gives the same words as the
- * split, and the grid error stays within N 2^(e-1).
+ * split, and the grid error stays within N 2^(e-1). Then a stated bound
+ * (BX_TOKRED_BOUND_FLAG, E - 2 .. E + 3 from byte size-2) on the same
+ * split: the observed exponent is E after the merges, the state is flagged
+ * exactly when the bound is below E (finish refuses it), and otherwise
+ * the sums are the reference's on the stated grid.
  *
  * Input: byte 0: elements (1..8), byte 1: chunks (1..64), byte 2: tokens
  * per chunk (1..16, the last chunk shorter by byte 3 mod C), then per chunk
@@ -117,6 +121,41 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     mpfr_div_si(quo, Q, (long)T, MPFR_RNDZ); /* T <= 1024: no long zero runs */
     fz_same_d(mean[i], ref_round_d(quo), "mean", "-");
   }
+  /* a stated bound under BX_TOKRED_BOUND_FLAG */
+  int stated = E + (int)(size >= 2 ? data[size - 2] % 6 : 0) - 2;
+  stated = stated < -149 ? -149 : stated > 128 ? 128 : stated;
+  bx_tokred_opts fo = BX_TOKRED_OPTS_DEFAULT;
+  fo.on_bound = BX_TOKRED_BOUND_FLAG;
+  bx_tokred *fl = NULL, *fs[FZ_MAXS] = {0};
+  fz_check(bx_tokred_create(&g, 1, C, T, &fo, &fl), "create flag");
+  fz_check(bx_tokred_bound_exp(fl, 0, stated), "bound_exp");
+  fz_check(bx_tokred_agree(fl, NULL), "agree flag");
+  for (int k = 0; k < FZ_MAXS; k++) fz_check(bx_tokred_fork(fl, &fs[k]), "fork flag");
+  for (int64_t c = 0; c < N; c++) {
+    DLTensor p = g;
+    p.data = part[c];
+    fz_check(bx_tokred_add(fs[owner[c]], 0, c, &p), "add flag");
+  }
+  for (int k = 0; k < FZ_MAXS; k++) fz_check(bx_tokred_merge(fl, fs[(first + k) % FZ_MAXS]), "merge flag");
+  int obs;
+  int64_t flagged;
+  fz_check(bx_tokred_observed(fl, 0, &obs, &flagged), "observed");
+  if (obs != E) FZ_FAIL("observed 2^%d, reference 2^%d", obs, E);
+  if ((flagged != 0) != (stated < E)) FZ_FAIL("flagged %lld with bound 2^%d, largest 2^%d", (long long)flagged, stated, E);
+  float before = sum[0];
+  bx_status fst = bx_tokred_finish(fl, &os, 1, 1);
+  if (flagged) {
+    if (fst != BX_EINVAL || sum[0] != before) FZ_FAIL("a flagged state finished (%d)", (int)fst);
+  } else {
+    fz_check(fst, "finish flag");
+    for (int i = 0; i < n; i++) {
+      if (!bxt_tokred_ref_element(&part[0][i], FZ_MAXE, N, stated - P, Q))
+        FZ_FAIL("element %d: stated grid error above N 2^(e-1)", i);
+      fz_same_f(sum[i], ref_round_f(Q), "stated sum", "-");
+    }
+  }
+  for (int k = 0; k < FZ_MAXS; k++) bx_tokred_destroy(fs[k]);
+  bx_tokred_destroy(fl);
   mpfr_clears(Q, quo, (mpfr_ptr)0);
   for (int k = 0; k < FZ_MAXS; k++) bx_tokred_destroy(st[k]);
   bx_tokred_destroy(one);

@@ -100,15 +100,32 @@ typedef enum bx_tokred_mode {
   BX_TOKRED_ORDINARY = 1 /* negative control: fp32 sums in layout order */
 } bx_tokred_mode;
 
+/* What an add whose finite element breaks the agreed bound (|a| >= 2^E_t)
+ * does. FAIL (default): the add is refused (BX_EINVAL, s unchanged).
+ * FLAG: the add stands and flags the tensor instead: its words become
+ * void, bx_tokred_allreduce tells every rank (the flag travels in its
+ * agreement step, and a flagged state's words are not summed), and
+ * bx_tokred_finish refuses the state. The one-pass step (a grid stated
+ * before the partials exist, from the previous step's bx_tokred_observed:
+ * docs/train_model.md) uses it: a flag means "run the step again with the
+ * observed bounds". */
+typedef enum bx_tokred_on_bound {
+  BX_TOKRED_BOUND_FAIL = 0,
+  BX_TOKRED_BOUND_FLAG = 1
+} bx_tokred_on_bound;
+
 typedef struct bx_tokred_opts {
   size_t struct_size; /* sizeof(bx_tokred_opts): see "Struct sizes" in bitexact.h */
   bx_tokred_mode mode;
+  bx_tokred_on_bound on_bound; /* grid mode; the ordinary mode never flags */
 } bx_tokred_opts;
 
-#define BX_TOKRED_OPTS_DEFAULT {sizeof(bx_tokred_opts), BX_TOKRED_GRID}
+#define BX_TOKRED_OPTS_DEFAULT {sizeof(bx_tokred_opts), BX_TOKRED_GRID, BX_TOKRED_BOUND_FAIL}
 
-/* Format of the state's words; bump when the layout or the grid changes. */
-#define BX_TOKRED_FORMAT 1
+/* Format of the state's words and of its agreement; bump when the layout,
+ * the grid or the agreement changes. 2: the all-reduce's agreement carries
+ * the observed exponents and the flags (the words' layout is format 1's). */
+#define BX_TOKRED_FORMAT 2
 /* Largest chunk count (keeps P >= 24). */
 #define BX_TOKRED_MAX_CHUNKS (1LL << 38)
 
@@ -172,7 +189,8 @@ BX_API bx_status bx_tokred_agree(bx_tokred *s, const bx_comm *comm);
  * incremented. BX_EINVAL: bad tensor index, chunk outside [0, N), called
  * before bx_tokred_agree, or a finite element with |a| >= 2^E_t (the
  * agreed bound: the partial differs from the one bounded, or a stated
- * bound was wrong; the message names tensor, chunk and element);
+ * bound was wrong; the message names tensor, chunk and element; under
+ * BX_TOKRED_BOUND_FLAG the add stands and flags the tensor instead);
  * BX_EDTYPE / BX_ELAYOUT / BX_EDEVICE for the partial. On error s is
  * unchanged. Single-threaded in the calling thread. */
 BX_API bx_status bx_tokred_add(bx_tokred *s, size_t tensor, int64_t chunk,
@@ -189,15 +207,31 @@ BX_API bx_status bx_tokred_add(bx_tokred *s, size_t tensor, int64_t chunk,
 BX_API bx_status bx_tokred_words(bx_tokred *s, int64_t **words, size_t *count);
 
 /* Over ranks through comm (NULL: nothing to do): an agreement step (one
- * small MAX all-reduce: configuration, grid, local checks) then, in grid
+ * small MAX all-reduce: configuration, grid, local checks, and each
+ * tensor's observed exponent and flag, bx_tokred_observed) then, in grid
  * mode, one SUM all-reduce of bx_tokred_words's words; every rank then
- * holds the global state. Ordinary mode: each rank's fp32 sums are
+ * holds the global state. A state flagged on any rank skips the SUM (its
+ * words are void; finish refuses it) and keeps only the observations. Ordinary mode: each rank's fp32 sums are
  * gathered (a SUM all-reduce of a rank count, then one of nranks * words
  * with each rank in its own slot, so comm->rank must number the ranks
  * 0..n-1) and added in rank order. Errors come back
  * on every rank (BX_EMISMATCH, BX_ECOMM, or the failing rank's status);
  * on error s is unchanged. */
 BX_API bx_status bx_tokred_allreduce(bx_tokred *s, const bx_comm *comm);
+
+/* What the adds saw (grid mode; after bx_tokred_allreduce: over every rank
+ * of comm): *exp2 := the largest frexp exponent of any finite element of
+ * any partial added to tensor (every such |a| < 2^*exp2; -149 when none
+ * was added or all were 0) — the exponent bx_tokred_bound would have
+ * found, so a later step can state it (bx_tokred_bound_exp) before its
+ * partials exist; *flagged (may be NULL) := the adds that broke the agreed
+ * bound under BX_TOKRED_BOUND_FLAG (after bx_tokred_allreduce over ranks:
+ * 1 on every rank when any rank's add did; 0 otherwise). bx_tokred_merge
+ * combines them (MAX, sum), bx_tokred_fork starts from none. The ordinary
+ * mode observes nothing (-149, 0). BX_EINVAL for NULL s or exp2 or a bad
+ * index. s is only read. */
+BX_API bx_status bx_tokred_observed(const bx_tokred *s, size_t tensor, int *exp2,
+                                    int64_t *flagged);
 
 /* Writes each tensor's sum divided by divisor (>= 1; 1 for a sum, the
  * global token count for a token mean), rounded once, nearest even, into
@@ -206,7 +240,9 @@ BX_API bx_status bx_tokred_allreduce(bx_tokred *s, const bx_comm *comm);
  * the exact value Q * 2^e_t / divisor rounded once. Ordinary mode: the
  * fp32 sum, then fl32(sum / divisor). Checks everything first: BX_ELAYOUT
  * unless every chunk of every tensor was added exactly once (naming the
- * tensor, the chunk and its count), BX_ENONFINITE if a tensor saw a NaN or
+ * tensor, the chunk and its count), BX_EINVAL for a flagged tensor
+ * (BX_TOKRED_BOUND_FLAG; naming it, its stated and observed bounds),
+ * BX_ENONFINITE if a tensor saw a NaN or
  * Inf addend, BX_EINVAL / BX_EDTYPE / BX_ELAYOUT / BX_EDEVICE for the
  * outputs; on error nothing is written. s is only read. */
 BX_API bx_status bx_tokred_finish(const bx_tokred *s, DLTensor *out, size_t nout,

@@ -187,6 +187,7 @@ static const test_entry TESTS[] = {
     {"tokred_grid_numerics", test_tokred_grid_numerics},
     {"tokred_vs_exact_reference", test_tokred_vs_exact_reference},
     {"tokred_invariance", test_tokred_invariance},
+    {"tokred_stated_flag", test_tokred_stated_flag},
     {"tokred_ordinary_drifts", test_tokred_ordinary_drifts},
     {"tokred_layout_refused", test_tokred_layout_refused},
     {"tokred_ranks_errors", test_tokred_ranks_errors},

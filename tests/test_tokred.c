@@ -107,12 +107,14 @@ typedef struct result {
   double mean[NT][DIN * DOUT];
   float mean32[NT][DIN * DOUT];
   int grid[NT];
+  int observed[NT]; /* bx_tokred_observed: the largest frexp exponent of any addend element */
+  int64_t flagged[NT];
 } result;
 
 /* The documented grid, with MPFR: E = max frexp exponent, e = E - P,
  * q = rint(a / 2^e), Q = sum q exactly, then Q 2^e (/ T) rounded once. The
  * accuracy bound |Q 2^e - exact| <= N 2^(e-1) is checked on the way. */
-static void reference(const batch *b, result *ref) {
+static void reference_stated(const batch *b, result *ref, const int *stated) {
   int P = 62 - bx_tokred_ceil_log2(b->N);
   if (P > 51) P = 51;
   static float part[1 << 14][DIN * DOUT];
@@ -127,6 +129,8 @@ static void reference(const batch *b, result *ref) {
           if (ex > E) E = ex;
         }
     }
+    ref->observed[k] = E;
+    if (stated) E = stated[k]; /* the caller's bound (at or above the observed one) */
     int e = E - P;
     ref->grid[k] = e;
     mpfr_t Q, tmp;
@@ -148,6 +152,8 @@ static void reference(const batch *b, result *ref) {
   }
 }
 
+static void reference(const batch *b, result *ref) { reference_stated(b, ref, NULL); }
+
 /* ---- simulated ranks: sim_comm.h ---------------------------------------- */
 typedef bxt_world world;
 typedef bxt_rank_ctx rank_ctx;
@@ -166,6 +172,8 @@ typedef struct rank_job {
   int nthreads;                       /* thread states per micro-batch */
   uint64_t seed;                      /* chunk -> thread and merge orders */
   int64_t total_override;             /* != 0: this rank claims another T */
+  const int *stated;                  /* != NULL: bounds stated (bx_tokred_bound_exp) under
+                                         BX_TOKRED_BOUND_FLAG instead of bx_tokred_bound */
   rank_ctx ctx;
   bx_comm comm;
   int use_comm;
@@ -184,6 +192,7 @@ static bx_status rank_step(rank_job *j) {
   const batch *b = j->b;
   bx_tokred_opts o = BX_TOKRED_OPTS_DEFAULT;
   o.mode = j->mode;
+  if (j->stated) o.on_bound = BX_TOKRED_BOUND_FLAG;
   DLTensor g[NT];
   grads_like(g);
   bx_tokred *s = NULL, *th[MAXTH] = {0};
@@ -195,12 +204,14 @@ static bx_status rank_step(rank_job *j) {
   if (st != BX_OK) return st;
   int64_t c0, c1;
   st = note(j, bx_tokred_chunks(s, j->tok_begin, j->tok_end, &c0, &c1));
-  for (int64_t c = c0; st == BX_OK && c < c1; c++)
+  for (int64_t c = c0; st == BX_OK && c < c1 && !j->stated; c++)
     for (int k = 0; k < NT && st == BX_OK; k++) {
       chunk_partial(b, k, c, part);
       DLTensor p = view(part, k, 0);
       st = note(j, bx_tokred_bound(s, (size_t)k, c, &p));
     }
+  for (int k = 0; k < NT && st == BX_OK && j->stated; k++)
+    st = note(j, bx_tokred_bound_exp(s, (size_t)k, j->stated[k]));
   if (st == BX_OK || comm) { /* a failed rank still joins the agreement */
     bx_status a = note(j, bx_tokred_agree(s, comm));
     if (st == BX_OK) st = a;
@@ -236,6 +247,8 @@ static bx_status rank_step(rank_job *j) {
     mean[k] = view(j->out.mean[k], k, 1);
     mean32[k] = view(j->out.mean32[k], k, 0);
   }
+  for (int k = 0; k < NT && st == BX_OK; k++)
+    st = note(j, bx_tokred_observed(s, (size_t)k, &j->out.observed[k], &j->out.flagged[k]));
   if (st == BX_OK) st = note(j, bx_tokred_finish(s, out, NT, 1));
   if (st == BX_OK) st = note(j, bx_tokred_finish(s, mean, NT, b->T));
   if (st == BX_OK) st = note(j, bx_tokred_finish(s, mean32, NT, b->T));
@@ -471,6 +484,78 @@ void test_tokred_invariance(void) {
         CHECK(same_result(&jobs[q].out, &ref),
               "round %d split %d (%d ranks) rank %d: bits differ from the reference", round,
               split, nranks, q);
+      }
+    }
+  }
+}
+
+/* The one-pass step's primitive: bounds stated before any partial exists
+ * (bx_tokred_bound_exp) under BX_TOKRED_BOUND_FLAG. Stated at or above
+ * the observed exponent: the reference's bits on that grid on every
+ * layout, the observed exponent reported, nothing flagged. One tensor
+ * stated below it: every rank of every layout learns the flag and the
+ * observed exponents (the same as the reference's), and finish refuses,
+ * naming the tensor, nothing written. */
+void test_tokred_stated_flag(void) {
+  bxt_rng r;
+  bxt_rng_init(&r);
+  static batch b;
+  static result ref, sref;
+  static rank_job jobs[MAXR];
+  for (int round = 0; round < 8 && bxt_failures() == 0; round++) {
+    int64_t T = 24 + (int64_t)bxt_below(&r, MAXT - 24), C = 1 + (int64_t)bxt_below(&r, 12);
+    batch_make(&r, &b, T, C, round % 2 ? 40 : 0);
+    reference(&b, &ref);
+    int stated[NT];
+    for (int k = 0; k < NT; k++) stated[k] = ref.observed[k] + (int)bxt_below(&r, 4);
+    reference_stated(&b, &sref, stated);
+    for (int split = 0; split < 4; split++) {
+      int nranks = 1 + (int)bxt_below(&r, MAXR);
+      random_layout(&r, &b, jobs, nranks, BX_TOKRED_GRID);
+      for (int q = 0; q < nranks; q++) jobs[q].stated = stated;
+      run_world(jobs, nranks);
+      for (int q = 0; q < nranks; q++) {
+        CHECK_STATUS(jobs[q].st, BX_OK, "round %d split %d rank %d: %s", round, split, q,
+                     jobs[q].err);
+        for (int k = 0; k < NT; k++) {
+          CHECK(jobs[q].out.grid[k] == sref.grid[k], "rank %d tensor %d: grid 2^%d, want 2^%d", q,
+                k, jobs[q].out.grid[k], sref.grid[k]);
+          CHECK(jobs[q].out.observed[k] == ref.observed[k] && jobs[q].out.flagged[k] == 0,
+                "round %d rank %d tensor %d: observed %d (want %d), flagged %lld", round, q, k,
+                jobs[q].out.observed[k], ref.observed[k], (long long)jobs[q].out.flagged[k]);
+        }
+        CHECK(same_result(&jobs[q].out, &sref), "round %d split %d rank %d: bits differ from the "
+              "reference on the stated grid", round, split, q);
+      }
+    }
+    /* one tensor stated one binade too low: flagged everywhere, refused */
+    int low = (int)bxt_below(&r, NT);
+    if (ref.observed[low] == -149) continue; /* all zero: nothing can break it */
+    stated[low] = ref.observed[low] - 1;
+    for (int split = 0; split < 4; split++) {
+      int nranks = 1 + (int)bxt_below(&r, MAXR);
+      random_layout(&r, &b, jobs, nranks, BX_TOKRED_GRID);
+      for (int q = 0; q < nranks; q++) {
+        jobs[q].stated = stated;
+        memset(jobs[q].out.sum, 0x5a, sizeof jobs[q].out.sum);
+      }
+      run_world(jobs, nranks);
+      for (int q = 0; q < nranks; q++) {
+        CHECK_STATUS(jobs[q].st, BX_EINVAL, "round %d split %d rank %d (low tensor %d): %s",
+                     round, split, q, low, jobs[q].err);
+        char want[32];
+        snprintf(want, sizeof want, "tensor %d:", low);
+        CHECK(strstr(jobs[q].err, want) && strstr(jobs[q].err, "broke the stated bound"),
+              "rank %d: %s", q, jobs[q].err);
+        for (int k = 0; k < NT; k++)
+          CHECK(jobs[q].out.observed[k] == ref.observed[k] &&
+                    (jobs[q].out.flagged[k] != 0) == (k == low),
+                "round %d rank %d tensor %d: observed %d (want %d), flagged %lld", round, q, k,
+                jobs[q].out.observed[k], ref.observed[k], (long long)jobs[q].out.flagged[k]);
+        unsigned char *o = (unsigned char *)jobs[q].out.sum;
+        int untouched = 1;
+        for (size_t i = 0; i < sizeof jobs[q].out.sum; i++) untouched &= o[i] == 0x5a;
+        CHECK(untouched, "rank %d: a flagged finish wrote", q);
       }
     }
   }

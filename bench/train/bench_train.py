@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """bench_train.py -- tokens per second of `bitexact train` (the built-in tiny
-GLM-4.5 MoE config, synthetic corpus):
+GLM-4.5 MoE config, or --config FILE such as bench/configs/glm-34m.json;
+synthetic corpus):
 
   * --mode invariant vs --mode ordinary, same layout, 1 and 2 threads;
   * against transformers' Glm4MoeForCausalLM training step (torch eager, CPU,
@@ -23,7 +24,10 @@ interleaved (A, B, C, ... A, B, C, ...) --reps times; the report gives the
 median of each and the median of the per-repetition ratios.
 
 Usage: python3 bench/train/bench_train.py [--bin build/bitexact] [--reps 5]
-       [--steps 20] [--threads 1,2] [--ranks 1,2] [--no-torch] [--json FILE]
+       [--steps 20] [--threads 1,2] [--ranks 1,2] [--config FILE.json]
+       [--batch 8] [--seq-len 64] [--no-torch] [--json FILE]
+The 34M config: --config bench/configs/glm-34m.json --seq-len 256 --steps 3
+(its first step takes two passes: --steps 3 counts it as a third of the time).
 """
 import argparse
 import json
@@ -102,6 +106,8 @@ class Bench:
     def train_cmd(self, steps, threads, mode, ranks):
         cmd = [self.a.bin, "train", "--steps", str(steps), "--threads", str(threads), "--mode", mode,
                "--global-batch", str(self.a.batch), "--seq-len", str(self.a.seq_len), "-q"]
+        if self.a.config:
+            cmd += ["--config", self.a.config]
         if ranks:
             cmd = self.mpirun + ["-np", str(ranks)] + cmd
         return cmd
@@ -134,6 +140,7 @@ def main():
     ap.add_argument("--seq-len", type=int, default=64)
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--ranks", default="1,2")
+    ap.add_argument("--config", default=None, help="a config.json (default: the built-in tiny one)")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--json", help="write the raw figures here")
     a = ap.parse_args()
@@ -149,7 +156,8 @@ def main():
     worker = None
     try:
         ckpt = os.path.join(tmp, "init")
-        subprocess.run([a.bin, "train", "--steps", "0", "--save", ckpt, "-q"], check=True,
+        subprocess.run([a.bin, "train", "--steps", "0", "--save", ckpt, "-q"] +
+                       (["--config", a.config] if a.config else []), check=True,
                        stdout=subprocess.DEVNULL)
         if not a.no_torch:
             worker = subprocess.Popen([sys.executable, "-c", WORKER, ckpt, str(a.batch), str(a.seq_len)],
@@ -197,8 +205,8 @@ def main():
         return statistics.median(sd / sn for sn, sd in zip(d[num], d[den]))
 
     print()
-    print("CPU: %s; commit %s; %d reps x %d steps of %d x %d tokens; medians"
-          % (cpu_model(), commit(), a.reps, a.steps, a.batch, a.seq_len))
+    print("CPU: %s; commit %s; config %s; %d reps x %d steps of %d x %d tokens; medians"
+          % (cpu_model(), commit(), a.config or "tiny (built-in)", a.reps, a.steps, a.batch, a.seq_len))
     if worker:
         print("torch %s" % torch_version)
     print("%-18s %12s %22s" % ("case", "tokens/s", "tokens per CPU-second"))

@@ -49,7 +49,7 @@ typedef struct tr_args {
   int64_t steps, seq_len, global_batch, micro_batches, ep;
   uint64_t seed;
   double lr, weight_decay, clip;
-  int ordinary, shuffle, dry_run, bf16;
+  int ordinary, shuffle, dry_run, bf16, no_history;
   int have_seq_len;
   cli_opts common;
 } tr_args;
@@ -66,6 +66,7 @@ static const char usage[] =
     "usage: bitexact train [--config FILE.json] [--data FILE] [--steps N] [--seed S] "
     "[--seq-len L] [--global-batch B] [--micro-batches M] [--ep E] [--threads T] [--lr X] "
     "[--weight-decay X] [--clip X] [--mode invariant|ordinary] [--compute-dtype fp32|bf16] "
+    "[--grid-history on|off] "
     "[--record FILE.jsonl] "
     "[--save DIR] [--resume DIR] [--shuffle] [--dump-grads FILE] [--dry-run] [--json]";
 
@@ -118,7 +119,8 @@ static int parse_args(int argc, char **argv, tr_args *a) {
     }
     static const char *const valued[] = {
         "--config", "--data", "--steps", "--seed", "--seq-len", "--global-batch",
-        "--micro-batches", "--ep", "--lr", "--weight-decay", "--clip", "--mode", "--compute-dtype", "--record",
+        "--micro-batches", "--ep", "--lr", "--weight-decay", "--clip", "--mode", "--compute-dtype",
+        "--grid-history", "--record",
         "--save", "--resume", "--dump-grads"};
     int known = 0;
     for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++) known |= strcmp(f, valued[k]) == 0;
@@ -168,6 +170,13 @@ static int parse_args(int argc, char **argv, tr_args *a) {
       else if (strcmp(v, "ordinary") == 0) a->ordinary = 1;
       else {
         TERR("train: --mode: '%s' is not invariant or ordinary", v);
+        return -1;
+      }
+    } else if (strcmp(f, "--grid-history") == 0) {
+      if (strcmp(v, "on") == 0) a->no_history = 0;
+      else if (strcmp(v, "off") == 0) a->no_history = 1;
+      else {
+        TERR("train: --grid-history: '%s' is not on or off", v);
         return -1;
       }
     } else if (strcmp(f, "--compute-dtype") == 0) {
@@ -428,7 +437,8 @@ static int run_step(tr_run *r, int64_t s) {
     if (i < 0) return cli_error("train: out of memory for the data permutation"), -1;
     td_tokens(&r->data, i, r->tokens + b * (L + 1));
   }
-  tr_run_opts ro = {cli_threads(&a->common), a->ordinary ? BX_TOKRED_ORDINARY : BX_TOKRED_GRID, L, a->bf16, 0};
+  tr_run_opts ro = {cli_threads(&a->common), a->ordinary ? BX_TOKRED_ORDINARY : BX_TOKRED_GRID, L, a->bf16,
+                    a->no_history};
   float loss = NAN;
   if (tr_model_grad(r->model, &ro, r->tokens, local, first, B, a->micro_batches, r->comm, &loss,
                     r->tok_loss, err, sizeof err)) {
@@ -501,7 +511,8 @@ static int run_step(tr_run *r, int64_t s) {
   r->last_loss = loss;
   r->last_norm = total;
   trec_step rec = {s, loss, total, gn[0], gn[1], coef, a->lr, B * L,
-                   trec_loss_hash(all, (size_t)(B * L)), r->data.entropy_nats, a->bf16 ? "bf16" : "fp32"};
+                   trec_loss_hash(all, (size_t)(B * L)), r->data.entropy_nats, a->bf16 ? "bf16" : "fp32",
+                   tr_model_last_passes(r->model)};
   if (r->record && trec_write(r->record, &rec) != 0) {
     cli_error("train: --record %s: cannot write", a->record);
     return -1;
@@ -625,7 +636,13 @@ static int train_main(tr_run *r, int argc, char **argv) {
       TERR("train: --resume: %s", err);
       return CLI_ERROR;
     }
-    if (check_resume(a, &st, &r->data)) return CLI_ERROR;
+    int bh = check_resume(a, &st, &r->data);
+    if (!bh && st.history && tr_model_set_history(r->model, st.history, st.nhistory, err, sizeof err)) {
+      TERR("train: --resume %s: %s", a->resume, err);
+      bh = 1;
+    }
+    free(st.history);
+    if (bh) return CLI_ERROR;
     r->start = st.step;
   }
   if (a->dump_grads && a->steps <= r->start) {
@@ -711,6 +728,8 @@ static int train_main(tr_run *r, int argc, char **argv) {
     st.clip = a->clip;
     snprintf(st.mode, sizeof st.mode, "%s", a->ordinary ? "ordinary" : "invariant");
     snprintf(st.compute_dtype, sizeof st.compute_dtype, "%s", a->bf16 ? "bf16" : "fp32");
+    st.history = (int *)(uintptr_t)tr_model_history(r->model, &st.nhistory);
+    if (!st.history) st.nhistory = 0;
     bad = tc_save(a->save, &r->cfg, r->params, r->nparams, &st, err, sizeof err) != 0;
     if (bad) cli_error("train: --save %s", err);
   }

@@ -164,7 +164,7 @@ static void remove_dir(const char *dir) {
 
 static void hexd(char *buf, size_t len, double d) { snprintf(buf, len, "%a", d); }
 
-static int write_state(const char *path, const tc_state *s) {
+static int write_state(const char *path, const tc_state *s, const tr_param *params, size_t n) {
   char lr[40], b1[40], b2[40], eps[40], wd[40], clip[40];
   hexd(lr, sizeof lr, s->lr);
   hexd(b1, sizeof b1, s->beta1);
@@ -186,6 +186,18 @@ static int write_state(const char *path, const tc_state *s) {
   snprintf(seed, sizeof seed, "%llu", (unsigned long long)s->seed);
   json_object_set_new(r, "seed", json_string(seed));
   json_object_set_new(r, "compute_dtype", json_string(s->compute_dtype[0] ? s->compute_dtype : "fp32"));
+  if (s->history) { /* {"loss": E, NAME: E for every trainable parameter} */
+    json_t *h = json_object();
+    size_t j = 0;
+    for (size_t i = 0; h && i < n; i++)
+      if (params[i].group >= 0 && j + 1 < s->nhistory)
+        json_object_set_new(h, params[i].name, json_integer(s->history[j++]));
+    if (h && j + 1 == s->nhistory) json_object_set_new(h, "loss", json_integer(s->history[j]));
+    if (!h || j + 1 != s->nhistory || json_object_set_new(r, "grid_history", h) != 0) {
+      json_decref(r);
+      return -1;
+    }
+  }
   FILE *fp = fopen(path, "wb");
   int rc = fp ? 0 : -1;
   if (fp) {
@@ -239,7 +251,7 @@ int tc_save(const char *dir, const tr_config *c, const tr_param *params, size_t 
   snprintf(p, sizeof p, "%s/optimizer.safetensors", tmp);
   if (tc_write_safetensors(p, t, m, err, errlen)) goto done;
   snprintf(p, sizeof p, "%s/trainer_state.json", tmp);
-  if (write_state(p, st)) {
+  if (write_state(p, st, params, n)) {
     cli_errf(err, errlen, "%s: cannot write", p);
     goto done;
   }
@@ -314,7 +326,8 @@ static int hex_field(json_t *o, const char *key, double *out) {
   return *end ? -1 : 0;
 }
 
-static int read_state(const char *path, tc_state *s, char *err, size_t errlen) {
+static int read_state(const char *path, tc_state *s, const tr_param *params, size_t n, char *err,
+                      size_t errlen) {
   json_error_t je;
   json_t *r = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
   if (!r) return cli_errf(err, errlen, "%s: %s", path, je.text);
@@ -322,8 +335,9 @@ static int read_state(const char *path, tc_state *s, char *err, size_t errlen) {
   json_t *d = json_object_get(r, "data"), *ad = json_object_get(r, "adamw");
   json_t *ls = json_object_get(r, "lr_schedule"), *v;
   memset(s, 0, sizeof *s);
-  if (!json_is_object(r) || json_integer_value(json_object_get(r, "format_version")) != TC_FORMAT_VERSION) {
-    cli_errf(err, errlen, "%s: not a trainer state of format version %d", path, TC_FORMAT_VERSION);
+  json_int_t fv = json_is_object(r) ? json_integer_value(json_object_get(r, "format_version")) : 0;
+  if (fv != 1 && fv != TC_FORMAT_VERSION) {
+    cli_errf(err, errlen, "%s: not a trainer state of format version 1 or %d", path, TC_FORMAT_VERSION);
     goto done;
   }
   const char *bad = NULL;
@@ -362,6 +376,37 @@ static int read_state(const char *path, tc_state *s, char *err, size_t errlen) {
                                              strcmp(json_string_value(cd), "bf16") != 0)))
     bad = "compute_dtype";
   if (!bad) snprintf(s->compute_dtype, sizeof s->compute_dtype, "%s", cd ? json_string_value(cd) : "fp32");
+  json_t *gh = fv >= 2 ? json_object_get(r, "grid_history") : NULL;
+  static char gbad[200];
+  if (!bad && gh && !json_is_object(gh)) bad = "grid_history";
+  if (!bad && gh) { /* every trainable parameter's name and "loss", nothing else */
+    size_t ntrain = 0;
+    for (size_t i = 0; i < n; i++) ntrain += params[i].group >= 0;
+    s->nhistory = ntrain + 1;
+    s->history = malloc(s->nhistory * sizeof *s->history);
+    if (!s->history) bad = "grid_history (out of memory)";
+    if (!bad && json_object_size(gh) != s->nhistory) {
+      snprintf(gbad, sizeof gbad, "grid_history (%zu entries; the model's %zu parameters and "
+               "\"loss\" expected)", json_object_size(gh), ntrain);
+      bad = gbad;
+    }
+    for (size_t i = 0, j = 0; !bad && i <= n; i++) {
+      if (i < n && params[i].group < 0) continue;
+      const char *name = i < n ? params[i].name : "loss";
+      json_t *e = json_object_get(gh, name);
+      if (!json_is_integer(e) || json_integer_value(e) < -149 || json_integer_value(e) > 128) {
+        snprintf(gbad, sizeof gbad, "grid_history.%.120s (an exponent in [-149, 128])", name);
+        bad = gbad;
+      } else {
+        s->history[j++] = (int)json_integer_value(e);
+      }
+    }
+    if (bad) {
+      free(s->history);
+      s->history = NULL;
+      s->nhistory = 0;
+    }
+  }
   if (bad) {
     cli_errf(err, errlen, "%s: field '%s' is missing or invalid", path, bad);
     goto done;
@@ -409,7 +454,7 @@ int tc_load(const char *dir, tr_param *params, size_t n, tc_state *st, char *err
     of[m++] = &params[i];
   }
   if (check_file(&fo, po, names, of, m, err, errlen)) goto done;
-  if (read_state(ps, st, err, errlen)) goto done;
+  if (read_state(ps, st, params, n, err, errlen)) goto done;
   /* every check passed: copy */
   for (size_t i = 0; i < n; i++) {
     const st_tensor *t = st_find(&fm, params[i].name, strlen(params[i].name));

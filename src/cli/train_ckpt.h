@@ -28,7 +28,9 @@
 #include "train_config.h"
 #include "train_model.h"
 
-#define TC_FORMAT_VERSION 1
+/* 2: the grid history (the one-pass step); 1 is still read (no history:
+ * the first resumed step runs on its observed grid, two passes). */
+#define TC_FORMAT_VERSION 2
 
 /* The trainer's state beside the tensors. Floats are written as hex
  * floats (exact). */
@@ -44,6 +46,13 @@ typedef struct tc_state {
   double lr, beta1, beta2, eps, weight_decay, clip;
   char mode[16];         /* "invariant", "ordinary" */
   char compute_dtype[8]; /* "fp32", "bf16" (absent in older checkpoints: "fp32") */
+  /* "grid_history": the model's tr_model_history (one exponent per
+   * trainable parameter in the params order, then the loss's), NULL/0
+   * when there is none (ordinary mode, step 0, format 1). Written as an
+   * object {NAME: E, ..., "loss": E}. tc_save borrows it; tc_load
+   * allocates it (the caller frees it). */
+  int *history;
+  size_t nhistory;
 } tc_state;
 
 /* One tensor to write (F32). */

@@ -32,9 +32,11 @@ void trec_format(const trec_step *s, char *buf, size_t len) {
   int w = snprintf(buf, len,
                    "{\"step\": %lld, \"loss\": \"%s\", \"grad_norm\": \"%s\", \"grad_norm_dense\": "
                    "\"%s\", \"grad_norm_expert\": \"%s\", \"clip_coef\": \"%s\", \"lr\": \"%s\", "
-                   "\"tokens\": %lld, \"loss_hash\": \"xxh3:%016llx\", \"compute_dtype\": \"%s\"",
+                   "\"tokens\": %lld, \"loss_hash\": \"xxh3:%016llx\", \"compute_dtype\": \"%s\", "
+                   "\"passes\": %d, \"record_format\": %d",
                    (long long)s->step, loss, gn, gd, ge, cc, lr, (long long)s->tokens,
-                   (unsigned long long)s->loss_hash, s->compute_dtype ? s->compute_dtype : "fp32");
+                   (unsigned long long)s->loss_hash, s->compute_dtype ? s->compute_dtype : "fp32",
+                   s->passes, TREC_FORMAT);
   if (w < 0 || (size_t)w >= len) return;
   if (!isnan(s->entropy_rate)) {
     cli_hex(s->entropy_rate, en, sizeof en);

@@ -17,6 +17,12 @@
  *                     global token order (sequence s*B+b, position t)
  *   compute_dtype     "fp32" or "bf16": the GEMMs' operand dtype
  *                     (--compute-dtype; fp32 accumulation either way)
+ *   passes            forward + backward passes the step ran (1: the grid
+ *                     stated from the history held; 2: it did not, or
+ *                     there was none, and the step ran on its observed
+ *                     grid; ordinary mode: 1): a function of the data
+ *   record_format     TREC_FORMAT: 2 since the one-pass step (format 1,
+ *                     the two-pass step's records, had no such key)
  *   entropy_rate      (synthetic corpus only) the source's entropy rate in
  *                     nats: the loss a perfect model reaches
  */
@@ -34,7 +40,10 @@ typedef struct trec_step {
   uint64_t loss_hash;
   double entropy_rate; /* NaN: not written */
   const char *compute_dtype; /* "fp32" / "bf16" */
+  int passes;
 } trec_step;
+
+#define TREC_FORMAT 2
 
 /* XXH3-64 of n fp32 values as little-endian bytes. */
 uint64_t trec_loss_hash(const float *v, size_t n);

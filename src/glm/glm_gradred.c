@@ -21,7 +21,10 @@ struct glm_gr {
   bx_tokred_mode mode;
   bx_tokred *s, *sx, *sl;   /* the gradients (over comm; the local ones over xcomm), the loss */
   int phase;                /* -1 idle/done, 0 pass 0, 1 pass 1, 2 all-reduced */
-  int one_pass;             /* ordinary mode agreed before any micro-batch: no ledger */
+  int one_pass;             /* agreed before any micro-batch (ordinary mode, a stated grid): no ledger */
+  int stated;               /* glm_gr_begin_stated: the bounds are given, agree may come first */
+  int *hist;                /* n + 1 observed exponents after allreduce (the gradients, the loss) */
+  int overflowed;           /* after allreduce: an add broke a stated bound on some rank */
   int64_t *mb;              /* pass 0's micro-batches: (tok0, T) pairs */
   size_t nmb, capmb, at;    /* recorded, capacity, pass 1's next */
 };
@@ -48,8 +51,9 @@ int glm_gr_create(const DLTensor *grads, size_t n, const unsigned char *where, i
     g->wd = calloc(n ? n : 1, sizeof *g->wd);
     g->xd = calloc(n ? n : 1, sizeof *g->xd);
     g->outs = calloc(n ? n : 1, sizeof *g->outs);
+    g->hist = calloc(n + 1, sizeof *g->hist);
   }
-  if (!g || !g->grads || !g->shapes || !g->gmap || !g->wd || !g->xd || !g->outs) {
+  if (!g || !g->grads || !g->shapes || !g->gmap || !g->wd || !g->xd || !g->outs || !g->hist) {
     glm_gr_destroy(g);
     return glm_fail(c, BX_ENOMEM, "gradient reduction: out of memory");
   }
@@ -99,6 +103,7 @@ void glm_gr_destroy(glm_gr *g) {
   free(g->xd);
   free(g->outs);
   free(g->mb);
+  free(g->hist);
   free(g);
 }
 
@@ -110,13 +115,14 @@ static int wrong_phase(glm_nctx *c, const glm_gr *g, const char *what, const cha
                   PHASE[g->phase + 1], want);
 }
 
-int glm_gr_begin(glm_gr *g, glm_nctx *c) {
+static int begin(glm_gr *g, const int *bounds, int flag, glm_nctx *c) {
   free_states(g);
   g->phase = -1;
   g->nmb = g->at = 0;
-  g->one_pass = 0;
+  g->one_pass = g->stated = g->overflowed = 0;
   bx_tokred_opts to = BX_TOKRED_OPTS_DEFAULT;
   to.mode = g->mode;
+  to.on_bound = flag ? BX_TOKRED_BOUND_FLAG : BX_TOKRED_BOUND_FAIL;
   float unused = 0;
   glm_view vl;
   if (glm_ck(c, bx_tokred_create(g->wd, g->nw, g->C, g->total, &to, &g->s), "gradient state") ||
@@ -127,8 +133,31 @@ int glm_gr_begin(glm_gr *g, glm_nctx *c) {
     free_states(g);
     return -1;
   }
+  if (bounds) {
+    for (size_t i = 0; i <= g->n; i++) {
+      bx_tokred *s = i == g->n ? g->sl : g->gmap[i] >= 0 ? g->s : g->gmap[i] <= -2 ? g->sx : NULL;
+      size_t t = i == g->n ? 0 : g->gmap[i] >= 0 ? (size_t)g->gmap[i] : (size_t)(-2 - g->gmap[i]);
+      if (s && glm_ck(c, bx_tokred_bound_exp(s, t, bounds[i]),
+                      i == g->n ? "stated bound (loss)" : "stated bound")) {
+        free_states(g);
+        return -1;
+      }
+    }
+    g->stated = 1;
+  }
   g->phase = 0;
   return 0;
+}
+
+int glm_gr_begin(glm_gr *g, glm_nctx *c) { return begin(g, NULL, 0, c); }
+
+int glm_gr_begin_stated(glm_gr *g, const int *bounds, int flag, glm_nctx *c) {
+  if (!bounds) return glm_fail(c, BX_EINVAL, "gradient reduction: begin_stated: bounds is NULL");
+  for (size_t i = 0; i <= g->n; i++)
+    if (bounds[i] < -149 || bounds[i] > 128)
+      return glm_fail(c, BX_EINVAL, "gradient reduction: begin_stated: bound %d of %s %zu is "
+                      "outside [-149, 128]", bounds[i], i == g->n ? "the loss, entry" : "tensor", i);
+  return begin(g, bounds, flag, c);
 }
 
 int glm_gr_micro_batch(glm_gr *g, int64_t tok0, int64_t T, glm_nctx *c) {
@@ -176,8 +205,12 @@ void glm_gr_bind(const glm_gr *g, glm_nctx *c) {
 
 int glm_gr_agree(glm_gr *g, const bx_comm *comm, const bx_comm *xcomm, glm_nctx *c) {
   if (g->phase != 0) return wrong_phase(c, g, "agree", "pass 0");
-  if (g->nmb == 0 && g->mode != BX_TOKRED_ORDINARY)
-    return glm_fail(c, BX_EINVAL, "gradient reduction: agree: pass 0 ran no micro-batch");
+  if (g->nmb == 0 && g->mode != BX_TOKRED_ORDINARY && !g->stated)
+    return glm_fail(c, BX_EINVAL, "gradient reduction: agree: pass 0 ran no micro-batch (and "
+                    "no grid was stated)");
+  if (g->nmb > 0 && g->stated)
+    return glm_fail(c, BX_EINVAL, "gradient reduction: agree: a stated grid is agreed before "
+                    "any micro-batch (the step is one pass)");
   if (glm_ck(c, bx_tokred_agree(g->s, comm), "agree") ||
       (g->sx && glm_ck(c, bx_tokred_agree(g->sx, xcomm), "agree (local tensors)")) ||
       glm_ck(c, bx_tokred_agree(g->sl, comm), "agree (loss)")) {
@@ -185,7 +218,38 @@ int glm_gr_agree(glm_gr *g, const bx_comm *comm, const bx_comm *xcomm, glm_nctx 
     return -1;
   }
   g->phase = 1;
-  g->one_pass = g->nmb == 0; /* ordinary mode: nothing to bound, the step is one pass */
+  g->one_pass = g->nmb == 0; /* ordinary mode or a stated grid: the step is one pass */
+  return 0;
+}
+
+/* g->hist and g->overflowed from the all-reduced states: every tensor's
+ * observed exponent (absent ones -149) and the loss's; the local tensors'
+ * were combined over xcomm only, so one small MAX over comm gives every
+ * rank the whole model's (the history is a checkpoint's, rank 0 writes it). */
+static int observe(glm_gr *g, const bx_comm *comm, glm_nctx *c) {
+  int64_t fl = 0, f;
+  for (size_t i = 0; i <= g->n; i++) {
+    bx_tokred *s = i == g->n ? g->sl : g->gmap[i] >= 0 ? g->s : g->gmap[i] <= -2 ? g->sx : NULL;
+    size_t t = i == g->n ? 0 : g->gmap[i] >= 0 ? (size_t)g->gmap[i] : (size_t)(-2 - g->gmap[i]);
+    int e = -149;
+    if (s && glm_ck(c, bx_tokred_observed(s, t, &e, &f), "observed")) return -1;
+    g->hist[i] = e;
+    fl |= s ? f != 0 : 0;
+  }
+  if (g->sx && comm && g->mode == BX_TOKRED_GRID) {
+    int64_t *w = malloc((g->n + 2) * sizeof *w);
+    if (!w) return glm_fail(c, BX_ENOMEM, "gradient reduction: out of memory");
+    for (size_t i = 0; i <= g->n; i++) w[i] = g->hist[i];
+    w[g->n + 1] = fl;
+    int rc = comm->allreduce_i64(w, g->n + 2, BX_OP_MAX, comm->ctx);
+    for (size_t i = 0; rc == 0 && i <= g->n; i++) g->hist[i] = (int)w[i];
+    if (rc == 0) fl = w[g->n + 1];
+    free(w);
+    if (rc != 0)
+      return glm_fail(c, BX_ECOMM, "gradient reduction: the all-reduce of the observed exponents "
+                      "failed (%d)", rc);
+  }
+  g->overflowed = fl != 0;
   return 0;
 }
 
@@ -199,7 +263,33 @@ int glm_gr_allreduce(glm_gr *g, const bx_comm *comm, const bx_comm *xcomm, glm_n
       (g->sx && glm_ck(c, bx_tokred_allreduce(g->sx, xcomm), "allreduce (local tensors)")) ||
       glm_ck(c, bx_tokred_allreduce(g->sl, comm), "allreduce (loss)"))
     return -1;
+  if (observe(g, comm, c)) return -1;
   g->phase = 2;
+  return 0;
+}
+
+void glm_gr_stated_bounds(const int *hist, size_t n1, int *bounds) {
+  int top = -149; /* the largest gradient history (the loss, last, apart) */
+  for (size_t i = 0; hist && i + 1 < n1; i++) top = hist[i] > top ? hist[i] : top;
+  for (size_t i = 0; i < n1; i++) {
+    int h = hist ? hist[i] : -149;
+    if (hist && h == -149 && i + 1 < n1) h = top; /* never seen an addend: the model's largest */
+    int e = hist ? h + GLM_GR_MARGIN : -149;
+    bounds[i] = e > 128 ? 128 : e < -149 ? -149 : e;
+  }
+}
+
+void glm_gr_next_history(const int *prev, const int *observed, size_t n1, int *next) {
+  for (size_t i = 0; i < n1; i++) {
+    int d = prev ? prev[i] - GLM_GR_DECAY : -149;
+    next[i] = observed[i] > d ? observed[i] : d < -149 ? -149 : d;
+  }
+}
+
+int glm_gr_history(const glm_gr *g, int *hist, int *overflowed) {
+  if (g->phase != 2) return -1;
+  if (hist) memcpy(hist, g->hist, (g->n + 1) * sizeof *hist);
+  if (overflowed) *overflowed = g->overflowed;
   return 0;
 }
 

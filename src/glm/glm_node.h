@@ -142,6 +142,41 @@ int glm_gr_create(const DLTensor *grads, size_t n, const unsigned char *where, i
 void glm_gr_destroy(glm_gr *g);
 /* A new step (fresh states): pass 0. */
 int glm_gr_begin(glm_gr *g, glm_nctx *c);
+/* A new step on a stated grid (the one-pass step, docs/train_model.md):
+ * bounds[0..n] the exponent bound of every gradient tensor (in creation
+ * order; absent ones ignored) and, last, of the loss, each in [-149, 128]
+ * (bx_tokred_bound_exp). glm_gr_agree follows at once (no pass 0), then
+ * the micro-batches once (the nodes add), glm_gr_allreduce. flag != 0: an
+ * add that breaks a bound flags the step (BX_TOKRED_BOUND_FLAG) instead of
+ * failing; glm_gr_history then says so on every rank, finish refuses, and
+ * the caller runs the step again from glm_gr_begin_stated with the
+ * observed exponents (flag 0: they hold, by the determinism of the
+ * partials). */
+int glm_gr_begin_stated(glm_gr *g, const int *bounds, int flag, glm_nctx *c);
+/* After glm_gr_allreduce (-1 otherwise, nothing written): hist[0..n] :=
+ * the largest exponent of any finite addend element of each gradient
+ * tensor and, last, of the loss, over every rank (absent tensors: their
+ * holders'; -149: nothing added or all 0): the history the next step
+ * states its grid from; *overflowed := whether an add broke a stated
+ * bound on any rank (the same on every rank). Either may be NULL. */
+int glm_gr_history(const glm_gr *g, int *hist, int *overflowed);
+/* The stated grid of a one-pass step from the history hist[0..n1) (NULL:
+ * none, every bound -149, so the first attempt only observes):
+ * bounds[i] = min(h + GLM_GR_MARGIN, 128), h = hist[i], or for a gradient
+ * tensor that never saw an addend (hist -149: an expert no token chose
+ * yet) the largest gradient history: a partial may grow 8x over the
+ * history before the step runs again (docs/train_model.md). Both trainers
+ * state their grids through it. */
+#define GLM_GR_MARGIN 3
+void glm_gr_stated_bounds(const int *hist, size_t n1, int *bounds);
+/* The history after a step: next[i] = max(observed[i], prev[i] -
+ * GLM_GR_DECAY) (prev NULL: observed), so a tensor that saw no addend
+ * this step (an expert no token chose: observed -149) or a smaller one
+ * keeps a bound that decays one binade a step instead of dropping at once
+ * (docs/train_model.md: fewer fallbacks, a grid at most a few bits
+ * coarser). next may be prev. */
+#define GLM_GR_DECAY 1
+void glm_gr_next_history(const int *prev, const int *observed, size_t n1, int *next);
 /* The micro-batch of global tokens [tok0, tok0 + T) (whole chunks): pass 0
  * records it, pass 1 must repeat pass 0's in order. c gets what the nodes
  * read (glm_gr_bind), pass, tok0, chunk0. */

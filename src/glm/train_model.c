@@ -3,16 +3,14 @@
  * (train_model.h): parameters under transformers' names, counter-based
  * initialisation, the micro-batch workspace and the step's gradient pass.
  *
- * The gradient pass (docs/train_model.md) runs the forward + backward of
- * every local micro-batch TWICE: pass 0 only raises the token reductions'
- * exponent bounds (bx_tokred_bound on the computed partials of the small
- * tensors, a-priori bounds bx_linear_wgrad_bound / bx_wgrad_bound_exp from
- * the GEMM inputs for the weights, whose TN GEMMs it skips), then the grid
- * is agreed (over ranks through comm), and pass 1 recomputes the same bits
- * and adds every chunk partial. Chunk = one sequence (grid mode), so the
- * result is a pure function of the data; the ordinary mode (the negative
- * control) takes chunk = one micro-batch, a framework's sum per
- * micro-batch, added in layout order.
+ * The gradient pass (docs/train_model.md, train_step.c) runs the forward +
+ * backward of every local micro-batch ONCE on a grid stated from the
+ * previous step's observed exponents (the history), and a second time on
+ * the observed grid when an add broke the stated one (or there is no
+ * history). Chunk = one sequence (grid mode), so the result is a pure
+ * function of the data; the ordinary mode (the framework baseline) takes
+ * chunk = one micro-batch, a framework's sum per micro-batch, added in
+ * layout order, one pass.
  */
 #include <math.h>
 #include <stdio.h>
@@ -195,7 +193,8 @@ int tr_model_create(const tr_config *c, uint64_t seed, tr_model **out, char *err
   m->nall = l.n;
   l.p = NULL;
   m->grad_t = calloc(m->nparams, sizeof *m->grad_t);
-  if (!m->grad_t) goto oom;
+  m->hist = calloc(m->nparams + 1, sizeof *m->hist);
+  if (!m->grad_t || !m->hist) goto oom;
   float std = (float)c->initializer_range;
   for (size_t i = 0; i < m->nall; i++) {
     tr_param *p = &m->p[i];
@@ -239,10 +238,40 @@ void tr_model_destroy(tr_model *m) {
   glm_bfws_free(&m->ws);
   free(m->p);
   free(m->grad_t);
+  free(m->hist);
   free(m->lx);
   tr_work_free(m->work);
   free(m);
 }
+
+const int *tr_model_history(const tr_model *m, size_t *n) {
+  *n = m->nparams + 1;
+  return m->hist_ok ? m->hist : NULL;
+}
+
+int tr_model_set_history(tr_model *m, const int *hist, size_t n, char *err, size_t errlen) {
+  if (!hist) {
+    m->hist_ok = 0;
+    return 0;
+  }
+  if (n != m->nparams + 1) {
+    if (err && errlen)
+      snprintf(err, errlen, "grid history: %zu exponents, the model needs %zu (one per trainable "
+               "parameter and the loss)", n, m->nparams + 1);
+    return -1;
+  }
+  for (size_t i = 0; i < n; i++)
+    if (hist[i] < -149 || hist[i] > 128) {
+      if (err && errlen)
+        snprintf(err, errlen, "grid history: exponent %zu is %d, outside [-149, 128]", i, hist[i]);
+      return -1;
+    }
+  memcpy(m->hist, hist, n * sizeof *hist);
+  m->hist_ok = 1;
+  return 0;
+}
+
+int tr_model_last_passes(const tr_model *m) { return m->last_passes; }
 
 size_t tr_model_params(tr_model *m, tr_param **params) {
   if (params) *params = m ? m->p : NULL;

@@ -46,9 +46,24 @@ typedef struct tr_run_opts {
   bx_tokred_mode mode;
   int64_t seq_len;      /* L */
   int bf16;             /* 1: the GEMMs take bf16 operands (fp32 accumulation) */
-  int two_pass;         /* ordinary mode: 1 runs the two passes anyway (tests: the same
-                         * bits as its one pass); 0: one pass. Grid mode: always two */
+  int two_pass;         /* 1: no step uses the grid history (grid mode: every step runs
+                         * the fallback's two passes, observe then add: --grid-history
+                         * off; ordinary mode: two passes, the same bits as one) */
 } tr_run_opts;
+
+/* The grid history (docs/train_model.md, "The one-pass invariant step"):
+ * nparams + 1 exponents (every trainable parameter's gradient in
+ * tr_model_params order, then the loss), the largest exponent of any
+ * chunk partial element the last grid-mode step added, over all ranks; a
+ * step states its grid from them (glm_gr_stated_bounds). tr_model_history:
+ * *n := nparams + 1, returns the array (owned by m) or NULL when no step
+ * has observed one since creation or tr_model_set_history(m, NULL, 0).
+ * tr_model_set_history copies n == nparams + 1 values in [-149, 128] (a
+ * checkpoint's); -1 otherwise (err). tr_model_last_passes: the forward +
+ * backward passes the last tr_model_grad ran (1: the stated grid held). */
+const int *tr_model_history(const tr_model *m, size_t *n);
+int tr_model_set_history(tr_model *m, const int *hist, size_t n, char *err, size_t errlen);
+int tr_model_last_passes(const tr_model *m);
 
 /* Builds the model of c with every parameter initialised from (seed,
  * parameter index, element index) only: normal(0, initializer_range)

@@ -103,6 +103,9 @@ struct tr_model {
   int64_t max_expert_numel;
   tr_work *work;                    /* cached for the last micro-batch size */
   tr_ep *ep;                        /* expert parallelism (NULL: none) */
+  int *hist;                        /* [nparams + 1] the grid history (tr_model_history) */
+  int hist_ok;                      /* hist holds a step's observation */
+  int last_passes;                  /* passes of the last tr_model_grad (1 or 2) */
 };
 
 /* The workspace of micro-batches of T tokens in chunks of C (NULL: out

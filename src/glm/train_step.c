@@ -1,9 +1,11 @@
 /*
  * train_step.c — tr_model_grad (train_model.h): the forward + backward of
- * every local micro-batch, twice (pass 0 bounds, pass 1 adds: the grid is
- * agreed in between, train_model.c's comment and docs/train_model.md),
- * through the step's gradient reduction (glm_gr: the protocol object the
- * bindings' GradReduction uses too), and the all-reduce over ranks.
+ * every local micro-batch through the step's gradient reduction (glm_gr:
+ * the protocol object the bindings' GradReduction uses too) and the
+ * all-reduce over ranks. Grid mode is one pass on a grid stated from the
+ * history (the previous step's observed exponents + TR_GRID_MARGIN); when
+ * an add breaks it (or there is no history), the step runs again on the
+ * observed grid (docs/train_model.md, "The one-pass invariant step").
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,6 +49,27 @@ static int micro_batch(tr_ctx *c, bx_tokred *sl, float *token_losses) {
   }
   return glm_embedding_bwd(&c->n, glm_i32(&v[0], w->ids, T), w->s.dx, T, H, m->c.vocab_size, w->C, -1,
                            w->emb_row_ids, w->emb_rows, w->emb_offsets, m->embed);
+}
+
+/* Every local micro-batch once through g's current pass. */
+static int run_micro_batches(tr_ctx *c, glm_gr *g, const int32_t *tokens, int64_t first_seq,
+                             int64_t micro_batches, int64_t mb, float *token_losses) {
+  tr_work *w = c->w;
+  int64_t L = c->L, T = mb * L;
+  for (int64_t b = 0; b < micro_batches; b++) {
+    int64_t s0 = b * mb;
+    if (glm_gr_micro_batch(g, (first_seq + s0) * L, T, &c->n)) return -1;
+    for (int64_t q = 0; q < mb; q++) {
+      const int32_t *seq = tokens + (s0 + q) * (L + 1);
+      for (int64_t i = 0; i < L; i++) {
+        w->ids[q * L + i] = seq[i];
+        w->targets[q * L + i] = seq[i + 1];
+        w->positions[q * L + i] = i;
+      }
+    }
+    if (micro_batch(c, glm_gr_loss_state(g), token_losses ? token_losses + s0 * L : NULL)) return -1;
+  }
+  return 0;
 }
 
 static int check_args(const tr_model *m, const tr_run_opts *o, const int32_t *tokens,
@@ -122,7 +145,6 @@ int tr_model_grad(tr_model *m, const tr_run_opts *o, const int32_t *tokens, int6
     return -1;
   }
   if (m->ep) m->ep->a2a_bytes = m->ep->ar_world_words = m->ep->ar_replica_words = 0;
-  tr_work *w = c.w;
   glm_gr *g = NULL; /* the step's gradient reduction: the protocol */
   int rc = -1, has_loss = 0;
   glm_view vl;
@@ -144,29 +166,47 @@ int tr_model_grad(tr_model *m, const tr_run_opts *o, const int32_t *tokens, int6
   }
   int rcg = glm_gr_create(m->grad_t, m->nparams, where, C, c.n_global, o->mode, &g, &c.n);
   free(where);
-  if (rcg || glm_gr_begin(g, &c.n)) goto done;
-  /* ordinary mode (the framework baseline) is one pass: its bounds would have no effect, so
-   * the grid is agreed first and the micro-batches run once, adding */
-  int one_pass = o->mode == BX_TOKRED_ORDINARY && !o->two_pass;
-  for (int pass = one_pass; pass < 2; pass++) {
-    if (pass == 1 && glm_gr_agree(g, comm, xcomm, &c.n)) goto done;
-    for (int64_t b = 0; b < micro_batches; b++) {
-      int64_t s0 = b * mb;
-      if (glm_gr_micro_batch(g, (first_seq + s0) * L, T, &c.n)) goto done;
-      for (int64_t q = 0; q < mb; q++) {
-        const int32_t *seq = tokens + (s0 + q) * (L + 1);
-        for (int64_t i = 0; i < L; i++) {
-          w->ids[q * L + i] = seq[i];
-          w->targets[q * L + i] = seq[i + 1];
-          w->positions[q * L + i] = i;
-        }
-      }
-      if (micro_batch(&c, glm_gr_loss_state(g), token_losses ? token_losses + s0 * L : NULL))
-        goto done;
-    }
+  size_t nh = m->nparams + 1;
+  int *bounds = rcg ? NULL : malloc(nh * sizeof *bounds);
+  if (rcg || !bounds) {
+    if (!rcg) snprintf(err, errlen, "tr_model_grad: out of memory");
+    goto done;
   }
-  if (glm_gr_allreduce(g, comm, xcomm, &c.n)) goto done;
+  m->last_passes = 0;
+  if (o->mode == BX_TOKRED_GRID) {
+    /* attempt 1: the grid stated from the history (none: every bound -149, so any non-zero
+     * partial flags and the attempt only observes); attempt 2, when an add broke it: the
+     * observed exponents, which hold (the partials are recomputed bit for bit) */
+    glm_gr_stated_bounds(m->hist_ok && !o->two_pass ? m->hist : NULL, nh, bounds);
+    for (int attempt = 0; attempt < 2; attempt++) {
+      int over = 0;
+      if (glm_gr_begin_stated(g, bounds, attempt == 0, &c.n) || glm_gr_agree(g, comm, xcomm, &c.n) ||
+          run_micro_batches(&c, g, tokens, first_seq, micro_batches, mb, token_losses) ||
+          glm_gr_allreduce(g, comm, xcomm, &c.n) || glm_gr_history(g, bounds, &over))
+        goto done;
+      m->last_passes = attempt + 1;
+      if (!over) break;
+      if (attempt == 1) { /* not reached: the recomputed partials differ from the observed */
+        snprintf(err, errlen, "tr_model_grad: the step broke its own observed grid (a "
+                 "non-deterministic partial?)");
+        goto done;
+      }
+    }
+    glm_gr_next_history(m->hist_ok ? m->hist : NULL, bounds, nh, m->hist);
+    m->hist_ok = 1;
+  } else {
+    /* ordinary mode (the framework baseline) is one pass: its bounds would have no effect, so
+     * the grid is agreed first and the micro-batches run once, adding */
+    if (glm_gr_begin(g, &c.n)) goto done;
+    for (int pass = !o->two_pass; pass < 2; pass++) {
+      if (pass == 1 && glm_gr_agree(g, comm, xcomm, &c.n)) goto done;
+      if (run_micro_batches(&c, g, tokens, first_seq, micro_batches, mb, token_losses)) goto done;
+      m->last_passes++;
+    }
+    if (glm_gr_allreduce(g, comm, xcomm, &c.n)) goto done;
+  }
   if (m->ep && o->mode == BX_TOKRED_GRID) { /* the summary's communication figures */
+
     int64_t *wd;
     size_t nw = 0;
     if (comm && bx_tokred_words(glm_gr_state(g), &wd, &nw) == BX_OK) m->ep->ar_world_words += (int64_t)nw;
@@ -177,6 +217,7 @@ int tr_model_grad(tr_model *m, const tr_run_opts *o, const int32_t *tokens, int6
   if (loss) *loss = lsum;
   rc = 0;
 done:
+  free(bounds);
   glm_gr_destroy(g);
   return rc;
 }

@@ -2,10 +2,12 @@
  * embedding.c — the embedding lookup and its gradient as compact chunk
  * partials (bitexact_train.h, "Layers: embedding, cross-entropy"), and the
  * two helpers that feed such partials to a bx_tokred state through the
- * token reduction's public API only (bx_tokred_bound_exp, bx_tokred_words,
- * bx_tokred_grid_exp, bx_tokred_add): the sparse add writes the state's
- * documented wire words directly, as bx_tokred_add would for the dense
- * partial, so its cost is that of the rows present, not of V x H.
+ * token reduction's public API (bx_tokred_bound_exp, bx_tokred_words,
+ * bx_tokred_grid_exp, bx_tokred_add) and its observation helpers
+ * (tokred_internal.h: the bound rule and the observed exponent): the
+ * sparse add writes the state's documented wire words directly, as
+ * bx_tokred_add would for the dense partial, so its cost is that of the
+ * rows present, not of V x H.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -15,15 +17,17 @@
 #include "bitexact_train.h"
 #include "call.h"
 #include "error.h"
+#include "kernels.h"
 #include "pool.h"
 #include "train_check.h"
 #include "tokred_grid.h"
+#include "tokred_internal.h"
 #include "workspace.h"
 
 /* The words' layout this file relies on (bx_tokred_words: per tensor its
  * elements and one non-finite word, then the coverage words, tensor-major). */
-#if BX_TOKRED_FORMAT != 1
-#error "embedding.c writes bx_tokred's wire words of format 1; update bx_embedding_grad_add"
+#if BX_TOKRED_FORMAT != 2
+#error "embedding.c writes bx_tokred's wire words of format 1 (and 2); update bx_embedding_grad_add"
 #endif
 
 /* The first token whose id is outside [0, V) -> BX_EINVAL. */
@@ -382,7 +386,8 @@ static bx_status add_words(const char *fn, bx_tokred *s, const DLTensor *grads, 
   int E = e + bx_tokred_precision(nchunks);
   uint32_t lim = bx_tokred_abs_limit(E);
   size_t used = (size_t)off[nch];
-  for (size_t k = 0; k < used; k++)
+  uint32_t mx = used ? bx_tokred_kernels_active()->max_abs(rows, used * H) : 0;
+  for (size_t k = 0; bx_tokred_breaks(s, tensor, mx) && k < used; k++)
     for (size_t h = 0; h < H; h++) {
       uint32_t b;
       memcpy(&b, &rows[k * H + h], sizeof b);
@@ -405,12 +410,14 @@ static bx_status add_words(const char *fn, bx_tokred *s, const DLTensor *grads, 
       float a = rows[k * H + h];
       uint32_t b;
       memcpy(&b, &a, sizeof b);
-      if ((b & 0x7fffffffu) < 0x7f800000u) gr[h] += bx_tokred_q(a, inv);
+      if ((b & 0x7fffffffu) < 0x7f800000u) /* modulo 2^64: a flagged add may wrap */
+        gr[h] = (int64_t)((uint64_t)gr[h] + (uint64_t)bx_tokred_q(a, inv));
       else nf++;
     }
   }
   size_t V = (size_t)grads[tensor].shape[0];
   g[V * H] += nf;
+  if (used) bx_tokred_observe(s, tensor, mx);
   int64_t *cover = w + wsum + tensor * (size_t)nchunks + (size_t)first_chunk;
   for (size_t j = 0; j < nch; j++) cover[j] += 1;
   return BX_OK;

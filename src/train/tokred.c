@@ -129,6 +129,8 @@ static void free_state(bx_tokred *s) {
   free(s->word_at);
   free(s->bound);
   free(s->grid);
+  free(s->observed);
+  free(s->flagged);
   free(s->words);
   free(s->fsum);
   free(s);
@@ -141,13 +143,16 @@ static bx_status alloc_rest(const char *fn, bx_tokred *s) {
   s->word_at = malloc(n * sizeof *s->word_at);
   s->bound = malloc(n * sizeof *s->bound);
   s->grid = malloc(n * sizeof *s->grid);
-  if (!s->word_at || !s->bound || !s->grid) goto oom;
+  s->observed = malloc(n * sizeof *s->observed);
+  s->flagged = calloc(n, sizeof *s->flagged);
+  if (!s->word_at || !s->bound || !s->grid || !s->observed || !s->flagged) goto oom;
   size_t at = 0, elems = 0;
   for (size_t t = 0; t < s->ntensors; t++) {
     s->word_at[t] = at;
     at += (size_t)s->numel[t] + 1;
     elems += (size_t)s->numel[t];
     s->bound[t] = BX_TOKRED_EMIN;
+    s->observed[t] = BX_TOKRED_EMIN;
     s->grid[t] = 0;
   }
   s->cover_at = at;
@@ -180,6 +185,9 @@ static bx_status create_impl(const char *fn, const DLTensor *grads, size_t ntens
     return bx_fail(BX_EINVAL, "%s: total_tokens %lld must be >= 0", fn, (long long)total_tokens);
   if (o->mode != BX_TOKRED_GRID && o->mode != BX_TOKRED_ORDINARY)
     return bx_fail(BX_EINVAL, "%s: unknown mode %d", fn, (int)o->mode);
+  if (o->on_bound != BX_TOKRED_BOUND_FAIL && o->on_bound != BX_TOKRED_BOUND_FLAG)
+    return bx_fail(BX_EINVAL, "%s: unknown on_bound %d (BX_TOKRED_BOUND_FAIL or _FLAG)", fn,
+                   (int)o->on_bound);
   int64_t nchunks = total_tokens / chunk_tokens + (total_tokens % chunk_tokens != 0);
   if (nchunks > BX_TOKRED_MAX_CHUNKS)
     return bx_fail(BX_EINVAL, "%s: %lld chunks exceed BX_TOKRED_MAX_CHUNKS (2^38)", fn,
@@ -215,6 +223,7 @@ static bx_status create_impl(const char *fn, const DLTensor *grads, size_t ntens
   bx_tokred *s = calloc(1, sizeof *s);
   if (!s) return bx_fail(BX_ENOMEM, "%s: cannot allocate the state", fn);
   s->mode = (int)o->mode;
+  s->on_bound = (int)o->on_bound;
   s->ntensors = ntensors;
   s->chunk_tokens = chunk_tokens;
   s->total_tokens = total_tokens;
@@ -273,6 +282,7 @@ static bx_status fork_impl(const char *fn, const bx_tokred *s, bx_tokred **out) 
   if (!f) return bx_fail(BX_ENOMEM, "%s: cannot allocate the state", fn);
   bx_status st = BX_OK;
   f->mode = s->mode;
+  f->on_bound = s->on_bound;
   f->ntensors = s->ntensors;
   f->chunk_tokens = s->chunk_tokens;
   f->total_tokens = s->total_tokens;
@@ -402,6 +412,21 @@ bx_status bx_tokred_bound_exp(bx_tokred *s, size_t tensor, int exp2) {
   return st;
 }
 
+bx_status bx_tokred_observed(const bx_tokred *s, size_t tensor, int *exp2, int64_t *flagged) {
+  static const char *fn = "bx_tokred_observed";
+  bx_call c;
+  bx_status st = bx_call_enter(&c, fn);
+  if (st != BX_OK) return st;
+  if (!s || !exp2) st = bx_fail(BX_EINVAL, "%s: NULL argument", fn);
+  else st = check_tensor_index(fn, s, tensor);
+  if (st == BX_OK) {
+    *exp2 = s->observed[tensor];
+    if (flagged) *flagged = s->flagged[tensor];
+  }
+  bx_call_leave(&c);
+  return st;
+}
+
 bx_status bx_tokred_grid_exp(const bx_tokred *s, size_t tensor, int *exp2) {
   static const char *fn = "bx_tokred_grid_exp";
   bx_call c;
@@ -455,6 +480,16 @@ bx_status bx_tokred_add_check(const char *fn, const bx_tokred *s, size_t t, int6
   return st;
 }
 
+int bx_tokred_breaks(const bx_tokred *s, size_t t, uint32_t mx) {
+  return s->on_bound == BX_TOKRED_BOUND_FAIL && mx >= bx_tokred_abs_limit(s->bound[t]);
+}
+
+void bx_tokred_observe(bx_tokred *s, size_t t, uint32_t mx) {
+  int E = bx_tokred_exp_of_abs(mx);
+  if (E > s->observed[t]) s->observed[t] = E;
+  if (mx >= bx_tokred_abs_limit(s->bound[t])) s->flagged[t] += 1;
+}
+
 bx_status bx_tokred_bound_fail(const char *fn, const bx_tokred *s, size_t t, int64_t chunk,
                                const float *a, size_t n) {
   uint32_t lim = bx_tokred_abs_limit(s->bound[t]);
@@ -479,12 +514,12 @@ static bx_status add_impl(const char *fn, bx_tokred *s, size_t t, int64_t chunk,
   int64_t nf = 0;
   if (s->mode == BX_TOKRED_GRID) {
     double inv = bx_tokred_pow2(-s->grid[t]);
-    uint32_t lim = bx_tokred_abs_limit(s->bound[t]);
     uint32_t mx = bx_tokred_kernels_active()->grid_add(w, a, n, inv, &nf);
-    if (mx >= lim) {
+    if (bx_tokred_breaks(s, t, mx)) {
       bx_tokred_grid_sub(w, a, n, inv); /* exactly undone: s unchanged */
       return bx_tokred_bound_fail(fn, s, t, chunk, a, n);
     }
+    bx_tokred_observe(s, t, mx);
   } else {
     float *f = s->fsum + (s->word_at[t] - t); /* word_at counts one extra word per tensor */
     nf = bx_tokred_plain_add(f, a, n);
@@ -507,7 +542,7 @@ bx_status bx_tokred_add(bx_tokred *s, size_t tensor, int64_t chunk, const DLTens
 /* ---- merge, words, allreduce ------------------------------------------- */
 
 static int same_config(const bx_tokred *a, const bx_tokred *b) {
-  if (a->mode != b->mode || a->ntensors != b->ntensors || a->chunk_tokens != b->chunk_tokens ||
+  if (a->mode != b->mode || a->on_bound != b->on_bound || a->ntensors != b->ntensors || a->chunk_tokens != b->chunk_tokens ||
       a->total_tokens != b->total_tokens || a->agreed != b->agreed)
     return 0;
   for (size_t t = 0; t < a->ntensors; t++) {
@@ -531,7 +566,12 @@ bx_status bx_tokred_merge(bx_tokred *into, const bx_tokred *from) {
   else if (!same_config(into, from))
     st = bx_fail(BX_EMISMATCH, "%s: the states differ in mode, tensors, chunks or grid", fn);
   if (st == BX_OK) {
-    for (size_t i = 0; i < into->nwords; i++) into->words[i] += from->words[i];
+    for (size_t i = 0; i < into->nwords; i++)
+      into->words[i] = (int64_t)((uint64_t)into->words[i] + (uint64_t)from->words[i]);
+    for (size_t t = 0; t < into->ntensors; t++) {
+      if (from->observed[t] > into->observed[t]) into->observed[t] = from->observed[t];
+      into->flagged[t] += from->flagged[t];
+    }
     if (into->mode == BX_TOKRED_ORDINARY)
       for (size_t i = 0; i < into->fsum_total; i++) into->fsum[i] += from->fsum[i];
   }
@@ -568,6 +608,15 @@ static bx_status finish_checks(const char *fn, const bx_tokred *s, DLTensor *out
   if (nout != s->ntensors)
     return bx_fail(BX_EINVAL, "%s: %zu outputs for %zu tensors", fn, nout, s->ntensors);
   if (nout > 0 && !out) return bx_fail(BX_EINVAL, "%s: out is NULL", fn);
+  for (size_t t = 0; t < s->ntensors; t++)
+    if (s->flagged[t])
+      return bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, t,
+                        "%s: tensor %zu: %lld adds broke the stated bound 2^%d (the largest "
+                        "addend element is below 2^%d): the state is flagged "
+                        "(BX_TOKRED_BOUND_FLAG) and its sums are void; run the step again with "
+                        "a bound of at least 2^%d; nothing written",
+                        fn, t, (long long)s->flagged[t], s->bound[t], s->observed[t],
+                        s->observed[t]);
   for (size_t t = 0; t < s->ntensors; t++) {
     const int64_t *cov = s->words + s->cover_at + t * (size_t)s->nchunks;
     for (int64_t c = 0; c < s->nchunks; c++)

@@ -33,7 +33,7 @@ enum {
 static const char *const ag_names[AG_ITEMS] = {
     "the token-reduction format (bitexact build)",
     "the call (agree on some ranks, allreduce on others)",
-    "the mode",
+    "the mode (and on_bound)",
     "the tensor count",
     "chunk_tokens",
     "total_tokens",
@@ -48,7 +48,7 @@ static int64_t mix(uint64_t h, uint64_t v) {
 static void fill_items(const bx_tokred *s, int call, int64_t *items) {
   items[AG_FORMAT] = TOKRED_TAG;
   items[AG_CALL] = call;
-  items[AG_MODE] = s->mode;
+  items[AG_MODE] = s->mode + 16 * s->on_bound;
   items[AG_NTENSORS] = (int64_t)s->ntensors;
   items[AG_CHUNK] = s->chunk_tokens;
   items[AG_TOTAL] = s->total_tokens;
@@ -202,18 +202,46 @@ static bx_status allreduce_impl(const char *fn, bx_tokred *s, const bx_comm *com
   if (!s) local = bx_fail(BX_EINVAL, "%s: s is NULL", fn);
   else if (!s->agreed) local = bx_fail(BX_EINVAL, "%s: the grid is not agreed yet", fn);
   if (!comm || !s) return local;
-  bx_status st = agree_step(fn, s, comm, 2, local, NULL, 0);
-  if (st != BX_OK) return st;
+  /* the observations travel with the agreement (MAX): every rank learns
+   * the largest addend exponent of each tensor and whether any rank's add
+   * broke a stated bound; a flagged state's words are void, not summed */
+  size_t n = s->ntensors;
+  int64_t *ex = malloc((2 * n + 1) * sizeof *ex);
+  if (!ex && local == BX_OK) local = bx_fail(BX_ENOMEM, "%s: cannot allocate %zu words", fn, 2 * n);
+  if (!ex) return local; /* cannot join: the others time out as for a missing rank */
+  for (size_t t = 0; t < n; t++) {
+    ex[t] = s->observed[t];
+    ex[n + t] = s->flagged[t] > 0;
+  }
+  bx_status st = agree_step(fn, s, comm, 2, local, ex, 2 * n);
+  int flagged = 0;
+  for (size_t t = 0; st == BX_OK && t < n; t++) flagged |= ex[n + t] != 0;
+  if (st != BX_OK || (flagged && s->mode == BX_TOKRED_GRID)) {
+    if (st == BX_OK) /* flagged: only the observations change */
+      for (size_t t = 0; t < n; t++) {
+        s->observed[t] = (int)ex[t];
+        if (ex[n + t] && !s->flagged[t]) s->flagged[t] = 1;
+      }
+    free(ex);
+    return st;
+  }
   /* reduce a copy, so that a failing collective leaves s unchanged */
   int64_t *w = malloc((s->nwords ? s->nwords : 1) * sizeof *w);
-  if (!w) return bx_fail(BX_ENOMEM, "%s: cannot allocate %zu words", fn, s->nwords);
+  if (!w) {
+    free(ex);
+    return bx_fail(BX_ENOMEM, "%s: cannot allocate %zu words", fn, s->nwords);
+  }
   memcpy(w, s->words, s->nwords * sizeof *w);
   if (s->mode == BX_TOKRED_GRID)
     st = bx_comm_allreduce(comm, NULL, fn, "token-reduction words", w, s->nwords, BX_OP_SUM);
   else
     st = ordinary_allreduce(fn, s, comm, w);
-  if (st == BX_OK) memcpy(s->words, w, s->nwords * sizeof *w);
+  if (st == BX_OK) {
+    memcpy(s->words, w, s->nwords * sizeof *w);
+    for (size_t t = 0; t < n; t++) s->observed[t] = (int)ex[t];
+  }
   free(w);
+  free(ex);
   return st;
 }
 

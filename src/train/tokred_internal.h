@@ -30,6 +30,9 @@ struct bx_tokred {
   size_t fsum_total;
   int *bound;       /* [ntensors] E_t */
   int *grid;        /* [ntensors] e_t (after agree) */
+  int on_bound;     /* bx_tokred_on_bound */
+  int *observed;    /* [ntensors] the largest exponent of a finite addend element added (MAX) */
+  int64_t *flagged; /* [ntensors] adds that broke the bound (BX_TOKRED_BOUND_FLAG) */
   int64_t *words;
   size_t nwords;
   size_t cover_at;  /* start of the coverage words */
@@ -50,6 +53,15 @@ bx_status bx_tokred_add_check(const char *fn, const bx_tokred *s, size_t t, int6
 void bx_tokred_grid_sub(int64_t *w, const float *a, size_t n, double inv_step);
 /* f[i] += a[i] in fp32 (the ordinary mode); returns the non-finite count. */
 int64_t bx_tokred_plain_add(float *restrict f, const float *restrict a, size_t n);
+/* After a grid add to tensor t whose largest finite |bits| was mx (the
+ * grid kernel's result): 1 when mx breaks the agreed bound and the state
+ * fails such adds (BX_TOKRED_BOUND_FAIL: the caller undoes the add and
+ * fails with bx_tokred_bound_fail), else 0. s is only read. */
+int bx_tokred_breaks(const bx_tokred *s, size_t t, uint32_t mx);
+/* Commits that observation (after the add stands): raises tensor t's
+ * observed exponent to mx's and, when mx breaks the bound, counts a
+ * flagged add (BX_TOKRED_BOUND_FLAG; the words are then unspecified). */
+void bx_tokred_observe(bx_tokred *s, size_t t, uint32_t mx);
 /* The BX_EINVAL of bx_tokred_add for a partial a[0..n) of tensor t that
  * breaks the agreed bound (names the first such element). */
 bx_status bx_tokred_bound_fail(const char *fn, const bx_tokred *s, size_t t, int64_t chunk,

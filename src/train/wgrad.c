@@ -411,6 +411,7 @@ static bx_status wgrad_impl(const char *fn, bx_tokred *s, size_t wt, size_t bt, 
   int grid = s->mode == BX_TOKRED_GRID;
   static _Thread_local wg_slot slots[BX_MAX_THREADS];
   int64_t nf_w = 0, nf_b = 0;
+  uint32_t mx_w = 0, mx_b = 0; /* observed (bx_tokred_observe at the commit) */
   /* the weight: one chunked TN product over all the local rows (they start
    * on a chunk boundary, so the segments of chunk_tokens rows are the
    * chunks), each block of each chunk added in the epilogue */
@@ -426,7 +427,8 @@ static bx_status wgrad_impl(const char *fn, bx_tokred *s, size_t wt, size_t bt, 
       mx = slots[i].mx > mx ? slots[i].mx : mx;
       nf_w += slots[i].nf;
     }
-    if (grid && mx >= bx_tokred_abs_limit(s->bound[wt])) {
+    mx_w = mx;
+    if (grid && bx_tokred_breaks(s, wt, mx)) {
       /* find the chunk and element for the message, then take it all off */
       for (int64_t c = g->cb; c < g->ce; c++) {
         size_t r0, r1;
@@ -456,7 +458,8 @@ static bx_status wgrad_impl(const char *fn, bx_tokred *s, size_t wt, size_t bt, 
         double inv = bx_tokred_pow2(-s->grid[bt]);
         uint32_t mx = bx_tokred_kernels_active()->grid_add(w, bpart, g->n, inv, &nf);
         nf_b += nf;
-        if (mx >= bx_tokred_abs_limit(s->bound[bt])) {
+        mx_b = mx > mx_b ? mx : mx_b;
+        if (bx_tokred_breaks(s, bt, mx)) {
           bx_status st = bx_tokred_bound_fail(fn, s, bt, c, bpart, g->n);
           bx_tokred_grid_sub(w, bpart, g->n, inv);
           undo(fn, s, nk ? wt : BX_WGRAD_NONE, bt, g, token_begin, c, part, bpart);
@@ -471,6 +474,7 @@ static bx_status wgrad_impl(const char *fn, bx_tokred *s, size_t wt, size_t bt, 
     size_t t = which ? bt : wt;
     if (t == BX_WGRAD_NONE) continue;
     s->words[s->word_at[t] + (size_t)s->numel[t]] += which ? nf_b : nf_w;
+    if (grid && (which ? g->n > 0 : nk > 0)) bx_tokred_observe(s, t, which ? mx_b : mx_w);
     for (int64_t c = g->cb; c < g->ce; c++) s->words[s->cover_at + t * (size_t)s->nchunks + (size_t)c] += 1;
   }
   return BX_OK;

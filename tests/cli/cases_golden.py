@@ -73,6 +73,10 @@ CASES = {
                    (4, ["--ep", "4", "--micro-batches", "2"])]),
     "qk-shuffle-fp32": (None, [(1, []), (1, ["--micro-batches", "2"]),
                                (2, ["--ep", "2", "--micro-batches", "2"])]),
+    # the one-pass step's fallback forced (every step on its observed grid, two passes)
+    "tiny-fp32-fallback": (TINY + ["--grid-history", "off"],
+                           [(1, []), (1, ["--micro-batches", "4", "--threads", "2"]),
+                            (2, ["--ep", "2", "--micro-batches", "2"]), (4, ["--ep", "4"])]),
 }
 
 

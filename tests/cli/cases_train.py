@@ -366,6 +366,75 @@ def train_run_record_and_resume():
 
 
 @test
+def train_run_grid_history():
+    """The one-pass step (docs/train_model.md): step 0 takes two passes (no
+    history), the others one; the checkpoint carries the history
+    (trainer_state format 2), so a resumed run continues in one pass, bit
+    for bit; a format-1 checkpoint (no history) resumes with two passes on
+    its first step; --grid-history off takes two passes every step, on
+    the observed grid; a bad history is refused, naming the entry."""
+    ra, ck = tpath("gh_a.jsonl"), tpath("gh_ckpt")
+    train_run("--steps", "4", "--record", ra)
+    A = records(ra)
+    assert [r["passes"] for r in A] == [2, 1, 1, 1], A
+    assert all(r["record_format"] == 2 for r in A), A
+    train_run("--steps", "2", "--save", ck)
+    with open(os.path.join(ck, "trainer_state.json")) as f:
+        st = json.load(f)
+    assert st["format_version"] == 2, st
+    gh = st["grid_history"]
+    rc, out, err = run("hash", os.path.join(ck, "model.safetensors"), "--json")
+    assert rc == 0, err
+    trainable = {n for n in json.loads(out)["tensors"] if not n.endswith("e_score_correction_bias")}
+    assert set(gh) == trainable | {"loss"}, sorted(set(gh) ^ (trainable | {"loss"}))
+    assert all(isinstance(v, int) and -149 <= v <= 128 for v in gh.values()), gh
+    # format 1 (the two-pass trainer's checkpoints): no history, two passes first, same bits
+    import shutil
+    old = tpath("gh_v1")
+    shutil.rmtree(old, ignore_errors=True)
+    shutil.copytree(ck, old)
+    st1 = dict(st)
+    st1["format_version"] = 1
+    del st1["grid_history"]
+    with open(os.path.join(old, "trainer_state.json"), "w") as f:
+        json.dump(st1, f)
+    r1 = tpath("gh_v1.jsonl")
+    train_run("--steps", "4", "--resume", old, "--record", r1)
+    B = records(r1)
+    assert [r["passes"] for r in B] == [2, 1], B
+    # forced fallback: two passes a step, invariant over layouts
+    rf, rf2 = tpath("gh_off.jsonl"), tpath("gh_off2.jsonl")
+    train_run("--steps", "3", "--grid-history", "off", "--record", rf)
+    train_run("--steps", "3", "--grid-history", "off", "--micro-batches", "4", "--threads", "2",
+              "--record", rf2)
+    F, F2 = records(rf), records(rf2)
+    assert [r["passes"] for r in F] == [2, 2, 2] and F == F2, (F, F2)
+    # step 0 has no history either way: the same bits
+    assert {k: v for k, v in F[0].items()} == A[0], (F[0], A[0])
+    # bad histories and flags
+    def bad(name, edit, needles):
+        d = tpath("gh_bad_" + name)
+        shutil.rmtree(d, ignore_errors=True)
+        shutil.copytree(ck, d)
+        s2 = json.loads(json.dumps(st))
+        edit(s2)
+        with open(os.path.join(d, "trainer_state.json"), "w") as f:
+            json.dump(s2, f)
+        expect_train_error("--steps", "3", *FAST, "--resume", d, needles=needles)
+    bad("missing", lambda s2: s2["grid_history"].pop("lm_head.weight"),
+        ("grid_history", "entries"))
+    bad("range", lambda s2: s2["grid_history"].__setitem__("lm_head.weight", 200),
+        ("grid_history.lm_head.weight",))
+    bad("type", lambda s2: s2["grid_history"].__setitem__("loss", "7"), ("grid_history.loss",))
+    bad("extra", lambda s2: (s2["grid_history"].pop("lm_head.weight"),
+                             s2["grid_history"].__setitem__("model.extra", 1)),
+        ("grid_history.lm_head.weight",))
+    bad("version", lambda s2: s2.__setitem__("format_version", 3), ("format version",))
+    expect_train_error("--steps", "1", *FAST, "--grid-history", "maybe",
+                       needles=("--grid-history", "maybe"))
+
+
+@test
 def train_run_layouts_identical():
     base = None
     for args in ((), ("--micro-batches", "2"), ("--micro-batches", "4"), ("--threads", "1"),

@@ -25,6 +25,7 @@
 #include <time.h>
 
 #include "model_ref.h"
+#include "glm_node.h" /* GLM_GR_MARGIN */
 #include "train_model.h"
 
 static int npass, nfail;
@@ -448,6 +449,125 @@ static void test_layout(void) {
   tr_model_destroy(m2);
 }
 
+
+/* ---- the one-pass step ------------------------------------------------------ */
+
+/* One gradient pass with the given history (NULL: none) and options; the
+ * passes it ran in *passes. 0 / -1 (check failed with err). */
+static int grad_with(tr_model *m, const int *hist, const tr_run_opts *o, const int32_t *tok,
+                     int64_t nseq, int64_t mb, float *loss, float *tl, int *passes) {
+  char err[512];
+  size_t nh;
+  tr_model_history(m, &nh);
+  if (tr_model_set_history(m, hist, hist ? nh : 0, err, sizeof err) ||
+      tr_model_grad(m, o, tok, nseq, 0, nseq, mb, NULL, loss, tl, err, sizeof err)) {
+    check(0, err);
+    return -1;
+  }
+  *passes = tr_model_last_passes(m);
+  return 0;
+}
+
+/* The step on a grid stated from the history (one pass) gives the same
+ * bits on every layout; a history too low for a tensor makes the step run
+ * again on its observed grid, which is the forced fallback's (and the
+ * no-history step's) bits exactly; the history is the observed exponents. */
+static void test_one_pass(void) {
+  tr_config c;
+  tr_config_tiny(&c);
+  int64_t L = 16, nseq = 8, ntok = nseq * L;
+  int32_t *tok = make_tokens(nseq, L, c.vocab_size, 23);
+  char err[512], msg[256];
+  tr_model *m;
+  if (tr_model_create(&c, 5, &m, err, sizeof err)) {
+    check(0, err);
+    free(tok);
+    return;
+  }
+  float *tl = malloc((size_t)ntok * sizeof *tl), loss;
+  size_t nh;
+  check(tr_model_history(m, &nh) == NULL, "one pass: a new model has no history");
+  int *hist = malloc(nh * sizeof *hist), *low = malloc(nh * sizeof *low);
+  result obs = {0}, stated = {0}, cur = {0};
+  tr_run_opts o = {1, BX_TOKRED_GRID, L, 0, 0};
+  int passes = 0;
+  /* no history: the first attempt only observes, the second adds on the observed grid */
+  if (grad_with(m, NULL, &o, tok, nseq, 1, &loss, tl, &passes)) goto out;
+  check(passes == 2, "one pass: without a history the step takes two passes");
+  result_take(&obs, m, loss, tl, ntok);
+  const int *h = tr_model_history(m, &nh);
+  check(h != NULL, "one pass: a grid step leaves a history");
+  if (!h) goto out;
+  memcpy(hist, h, nh * sizeof *hist);
+  int sane = 1;
+  for (size_t i = 0; i < nh; i++) sane &= hist[i] >= -149 && hist[i] <= 128;
+  check(sane && hist[nh - 1] > 0, "one pass: history exponents in range (the loss's positive)");
+  /* with the history: one pass, the same bits on every layout */
+  int threads[] = {1, 2, 1, 1}, mbs[] = {1, 1, 2, 8};
+  for (int k = 0; k < 4; k++) {
+    tr_run_opts ok = o;
+    ok.threads = threads[k];
+    if (grad_with(m, hist, &ok, tok, nseq, mbs[k], &loss, tl, &passes)) goto out;
+    snprintf(msg, sizeof msg, "one pass: history, threads %d, %d micro-batches: one pass", threads[k], mbs[k]);
+    check(passes == 1, msg);
+    const int *h2 = tr_model_history(m, &nh);
+    check(h2 && !memcmp(h2, hist, nh * sizeof *hist), "one pass: the observed history is the data's (unchanged)");
+    if (k == 0) {
+      result_take(&stated, m, loss, tl, ntok);
+      continue;
+    }
+    result_take(&cur, m, loss, tl, ntok);
+    snprintf(msg, sizeof msg, "one pass: threads %d, %d micro-batches: the bits of 1 thread, 1 micro-batch",
+             threads[k], mbs[k]);
+    check(result_same(&stated, &cur, m, ntok), msg);
+    result_free(&cur);
+  }
+  /* a history too low: the stated grid breaks, the step runs again on the observed grid */
+  for (int which = 0; which < 3; which++) {
+    memcpy(low, hist, nh * sizeof *low);
+    if (which == 0) low[0] -= GLM_GR_MARGIN + 1;      /* one tensor: its stated bound below */
+    else if (which == 1) low[nh - 1] -= GLM_GR_MARGIN + 1; /* the loss */
+    else for (size_t i = 0; i < nh; i++) low[i] = -149; /* every tensor */
+    if (grad_with(m, low, &o, tok, nseq, which == 2 ? 4 : 2, &loss, tl, &passes)) goto out;
+    result_take(&cur, m, loss, tl, ntok);
+    snprintf(msg, sizeof msg, "one pass: history too low (%s): two passes, the observed grid's bits",
+             which == 0 ? "tensor 0" : which == 1 ? "the loss" : "every tensor");
+    check(passes == 2 && result_same(&obs, &cur, m, ntok), msg);
+    result_free(&cur);
+  }
+  /* forced fallback (--grid-history off) despite a history: two passes, the observed grid */
+  tr_run_opts of = o;
+  of.two_pass = 1;
+  for (int k = 0; k < 2; k++) {
+    if (grad_with(m, hist, &of, tok, nseq, k ? 4 : 1, &loss, tl, &passes)) goto out;
+    result_take(&cur, m, loss, tl, ntok);
+    snprintf(msg, sizeof msg, "one pass: forced fallback, %d micro-batches: two passes, the observed grid's bits",
+             k ? 4 : 1);
+    check(passes == 2 && result_same(&obs, &cur, m, ntok), msg);
+    result_free(&cur);
+  }
+  /* the history is checked */
+  check(tr_model_set_history(m, hist, nh - 1, err, sizeof err) == -1 && strstr(err, "exponents"),
+        "one pass: a history of the wrong length refused");
+  low[3] = 129;
+  check(tr_model_set_history(m, low, nh, err, sizeof err) == -1 && strstr(err, "outside"),
+        "one pass: an exponent above 128 refused");
+  /* the ordinary mode neither uses nor leaves a history */
+  tr_model_set_history(m, NULL, 0, err, sizeof err);
+  tr_run_opts oo = {1, BX_TOKRED_ORDINARY, L, 0, 0};
+  if (grad_with(m, NULL, &oo, tok, nseq, 2, &loss, tl, &passes)) goto out;
+  check(passes == 1 && tr_model_history(m, &nh) == NULL, "one pass: ordinary mode: one pass, no history");
+out:
+  result_free(&obs);
+  result_free(&stated);
+  result_free(&cur);
+  free(hist);
+  free(low);
+  free(tl);
+  free(tok);
+  tr_model_destroy(m);
+}
+
 /* ---- init ------------------------------------------------------------------ */
 
 static void test_init(void) {
@@ -543,7 +663,8 @@ static void test_time(void) {
 
 int main(int argc, char **argv) {
   struct { const char *name; void (*fn)(void); } tests[] = {
-      {"init", test_init}, {"layout", test_layout}, {"grad", test_grad}, {"time", test_time}};
+      {"init", test_init},         {"layout", test_layout}, {"one_pass", test_one_pass},
+      {"grad", test_grad},         {"time", test_time}};
   if (argc == 3 && !strcmp(argv[1], "dump")) return dump(argv[2]);
   printf("# test_model: ISA %s\n", bx_isa_name());
   for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
