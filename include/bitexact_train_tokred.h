@@ -146,6 +146,15 @@ BX_API bx_status bx_tokred_create(const DLTensor *grads, size_t ntensors, int64_
                                   int64_t total_tokens, const bx_tokred_opts *opts,
                                   bx_tokred **out);
 
+/* Makes s the state bx_tokred_create would make with its configuration
+ * (words, bounds, observations and flags cleared, not agreed), keeping its
+ * memory: a trainer reuses a step's states instead of allocating (and
+ * page-faulting in) their words every step. opts: NULL keeps s's options;
+ * otherwise (struct_size checked first) its mode must be s's (BX_EINVAL:
+ * the ordinary mode's sums need another state) and its on_bound is taken.
+ * BX_EINVAL for NULL s; s unchanged on error. */
+BX_API bx_status bx_tokred_reset(bx_tokred *s, const bx_tokred_opts *opts);
+
 /* Frees s and its words (NULL: nothing); no call may be using s. */
 BX_API void bx_tokred_destroy(bx_tokred *s);
 

@@ -188,6 +188,7 @@ static const test_entry TESTS[] = {
     {"tokred_vs_exact_reference", test_tokred_vs_exact_reference},
     {"tokred_invariance", test_tokred_invariance},
     {"tokred_stated_flag", test_tokred_stated_flag},
+    {"tokred_reset", test_tokred_reset},
     {"tokred_ordinary_drifts", test_tokred_ordinary_drifts},
     {"tokred_layout_refused", test_tokred_layout_refused},
     {"tokred_ranks_errors", test_tokred_ranks_errors},

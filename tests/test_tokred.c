@@ -561,6 +561,77 @@ void test_tokred_stated_flag(void) {
   }
 }
 
+/* bx_tokred_reset: a state used (flagged, even) and reset gives the bits
+ * of a fresh state; a mode change and bad options are refused, s unchanged. */
+void test_tokred_reset(void) {
+  bxt_rng r;
+  bxt_rng_init(&r);
+  static batch b;
+  static result ref, got;
+  batch_make(&r, &b, 40, 5, 30);
+  reference(&b, &ref);
+  DLTensor g[NT], out[NT];
+  grads_like(g);
+  bx_tokred_opts fo = BX_TOKRED_OPTS_DEFAULT;
+  fo.on_bound = BX_TOKRED_BOUND_FLAG;
+  bx_tokred *s = NULL;
+  CHECK_STATUS(bx_tokred_create(g, NT, b.C, b.T, &fo, &s), BX_OK, "create: %s", bx_last_error());
+  float part[DIN * DOUT];
+  for (int round = 0; round < 3 && s; round++) {
+    /* round 0: stated -149 (every add flags); rounds 1, 2: reset to FAIL, bounds from partials */
+    if (round) {
+      bx_tokred_opts o = BX_TOKRED_OPTS_DEFAULT;
+      CHECK_STATUS(bx_tokred_reset(s, round == 1 ? &o : NULL), BX_OK, "reset: %s", bx_last_error());
+      for (int64_t c = 0; c < b.N; c++)
+        for (int k = 0; k < NT; k++) {
+          chunk_partial(&b, k, c, part);
+          DLTensor p = view(part, k, 0);
+          CHECK_STATUS(bx_tokred_bound(s, (size_t)k, c, &p), BX_OK, "bound: %s", bx_last_error());
+        }
+    }
+    CHECK_STATUS(bx_tokred_agree(s, NULL), BX_OK, "agree: %s", bx_last_error());
+    for (int64_t c = 0; c < b.N; c++)
+      for (int k = 0; k < NT; k++) {
+        chunk_partial(&b, k, c, part);
+        DLTensor p = view(part, k, 0);
+        CHECK_STATUS(bx_tokred_add(s, (size_t)k, c, &p), BX_OK, "add: %s", bx_last_error());
+      }
+    for (int k = 0; k < NT; k++) out[k] = view(got.sum[k], k, 0);
+    int obs;
+    int64_t fl;
+    CHECK_STATUS(bx_tokred_observed(s, 0, &obs, &fl), BX_OK, "observed");
+    CHECK(obs == ref.observed[0] && (fl != 0) == (round == 0), "round %d: observed %d (want %d), "
+          "flagged %lld", round, obs, ref.observed[0], (long long)fl);
+    bx_status st = bx_tokred_finish(s, out, NT, 1);
+    if (round == 0) {
+      CHECK_STATUS(st, BX_EINVAL, "a flagged state finished");
+      continue;
+    }
+    CHECK_STATUS(st, BX_OK, "finish: %s", bx_last_error());
+    for (int k = 0; k < NT; k++) {
+      int e;
+      CHECK_STATUS(bx_tokred_grid_exp(s, (size_t)k, &e), BX_OK, "grid");
+      CHECK(e == ref.grid[k], "round %d tensor %d: grid 2^%d, want 2^%d", round, k, e, ref.grid[k]);
+      CHECK(!memcmp(got.sum[k], ref.sum[k], (size_t)numel_of[k] * sizeof(float)),
+            "round %d tensor %d: a reset state's sums differ from the reference", round, k);
+    }
+  }
+  bx_tokred_opts om = BX_TOKRED_OPTS_DEFAULT;
+  om.mode = BX_TOKRED_ORDINARY;
+  CHECK_STATUS(bx_tokred_reset(s, &om), BX_EINVAL, "reset to another mode");
+  CHECK(strstr(bx_last_error(), "mode") != NULL, "message: %s", bx_last_error());
+  om = (bx_tokred_opts)BX_TOKRED_OPTS_DEFAULT;
+  om.on_bound = (bx_tokred_on_bound)7;
+  CHECK_STATUS(bx_tokred_reset(s, &om), BX_EINVAL, "reset with a bad on_bound");
+  om.struct_size = 3;
+  CHECK_STATUS(bx_tokred_reset(s, &om), BX_EINVAL, "reset with a bad struct_size");
+  CHECK_STATUS(bx_tokred_reset(NULL, NULL), BX_EINVAL, "reset NULL");
+  /* still the finished state of round 2: refused resets changed nothing */
+  CHECK_STATUS(bx_tokred_finish(s, out, NT, 1), BX_OK, "finish after refused resets: %s", bx_last_error());
+  CHECK(!memcmp(got.sum[0], ref.sum[0], (size_t)numel_of[0] * sizeof(float)), "refused resets changed the state");
+  bx_tokred_destroy(s);
+}
+
 /* The ordinary mode (fp32 sums in layout order) drifts on a constructed
  * split; the grid mode does not. Chunks of one token: 1, 2^-24, 2^-24,
  * 2^-24. One rank: ((1 + u) + u) + u = 1 (each a tie to even). Ranks {0},

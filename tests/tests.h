@@ -178,6 +178,7 @@ void test_tokred_grid_numerics(void);
 void test_tokred_vs_exact_reference(void);
 void test_tokred_invariance(void);
 void test_tokred_stated_flag(void);
+void test_tokred_reset(void);
 void test_tokred_ordinary_drifts(void);
 void test_tokred_layout_refused(void);
 void test_tokred_ranks_errors(void);

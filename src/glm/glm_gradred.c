@@ -116,7 +116,6 @@ static int wrong_phase(glm_nctx *c, const glm_gr *g, const char *what, const cha
 }
 
 static int begin(glm_gr *g, const int *bounds, int flag, glm_nctx *c) {
-  free_states(g);
   g->phase = -1;
   g->nmb = g->at = 0;
   g->one_pass = g->stated = g->overflowed = 0;
@@ -125,11 +124,15 @@ static int begin(glm_gr *g, const int *bounds, int flag, glm_nctx *c) {
   to.on_bound = flag ? BX_TOKRED_BOUND_FLAG : BX_TOKRED_BOUND_FAIL;
   float unused = 0;
   glm_view vl;
-  if (glm_ck(c, bx_tokred_create(g->wd, g->nw, g->C, g->total, &to, &g->s), "gradient state") ||
+  /* the last step's states, cleared in place (no allocation, no page faults on the words) */
+  if (!g->s || bx_tokred_reset(g->s, &to) != BX_OK || (g->sx && bx_tokred_reset(g->sx, &to) != BX_OK) ||
+      bx_tokred_reset(g->sl, &to) != BX_OK)
+    free_states(g);
+  if (!g->s && (glm_ck(c, bx_tokred_create(g->wd, g->nw, g->C, g->total, &to, &g->s), "gradient state") ||
       (g->nx && glm_ck(c, bx_tokred_create(g->xd, g->nx, g->C, g->total, &to, &g->sx),
                        "gradient state (local tensors)")) ||
       glm_ck(c, bx_tokred_create(glm_f32(&vl, &unused, 0, 0, 0, 0), 1, g->C, g->total, &to, &g->sl),
-             "loss state")) {
+             "loss state"))) {
     free_states(g);
     return -1;
   }

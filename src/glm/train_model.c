@@ -239,6 +239,7 @@ void tr_model_destroy(tr_model *m) {
   free(m->p);
   free(m->grad_t);
   free(m->hist);
+  glm_gr_destroy(m->gr);
   free(m->lx);
   tr_work_free(m->work);
   free(m);

@@ -106,6 +106,9 @@ struct tr_model {
   int *hist;                        /* [nparams + 1] the grid history (tr_model_history) */
   int hist_ok;                      /* hist holds a step's observation */
   int last_passes;                  /* passes of the last tr_model_grad (1 or 2) */
+  struct glm_gr *gr;                /* the last step's gradient reduction, reused while the */
+  int64_t gr_C, gr_total;           /* step's chunking, token count, mode and expert */
+  int gr_mode, gr_ep;               /* placement are the same (its states' memory kept) */
 };
 
 /* The workspace of micro-batches of T tokens in chunks of C (NULL: out

@@ -152,20 +152,34 @@ int tr_model_grad(tr_model *m, const tr_run_opts *o, const int32_t *tokens, int6
   DLTensor *tl = glm_f32(&vl, &lsum, 0, 0, 0, 0); /* the loss: one 0-d tensor */
   /* expert parallelism (grid mode): the experts this rank holds are reduced over their
    * replicas only, those it does not hold have no state here (their gradients untouched) */
-  unsigned char *where = NULL;
   const bx_comm *xcomm = m->ep ? m->ep->replica : NULL;
-  if (tr_ep_active(m) && o->mode == BX_TOKRED_GRID) {
-    if (!(where = calloc(m->nparams, 1))) {
-      snprintf(err, errlen, "tr_model_grad: out of memory");
-      return -1;
-    }
-    for (size_t t = 0; t < m->nparams; t++)
-      if (m->p[t].group == TR_GROUP_EXPERT)
-        where[t] = tr_ep_holds(m->ep, m->c.n_routed_experts, m->p[t].expert) ? GLM_GR_LOCAL
-                                                                             : GLM_GR_ABSENT;
+  int ep_where = tr_ep_active(m) && o->mode == BX_TOKRED_GRID;
+  if (m->gr && (m->gr_C != C || m->gr_total != c.n_global || m->gr_mode != (int)o->mode ||
+                m->gr_ep != ep_where)) {
+    glm_gr_destroy(m->gr);
+    m->gr = NULL;
   }
-  int rcg = glm_gr_create(m->grad_t, m->nparams, where, C, c.n_global, o->mode, &g, &c.n);
-  free(where);
+  int rcg = 0;
+  if (!m->gr) { /* the reduction of this step's shape, kept for the next steps */
+    unsigned char *where = NULL;
+    if (ep_where) {
+      if (!(where = calloc(m->nparams, 1))) {
+        snprintf(err, errlen, "tr_model_grad: out of memory");
+        return -1;
+      }
+      for (size_t t = 0; t < m->nparams; t++)
+        if (m->p[t].group == TR_GROUP_EXPERT)
+          where[t] = tr_ep_holds(m->ep, m->c.n_routed_experts, m->p[t].expert) ? GLM_GR_LOCAL
+                                                                               : GLM_GR_ABSENT;
+    }
+    rcg = glm_gr_create(m->grad_t, m->nparams, where, C, c.n_global, o->mode, &m->gr, &c.n);
+    free(where);
+    m->gr_C = C;
+    m->gr_total = c.n_global;
+    m->gr_mode = (int)o->mode;
+    m->gr_ep = ep_where;
+  }
+  g = m->gr;
   size_t nh = m->nparams + 1;
   int *bounds = rcg ? NULL : malloc(nh * sizeof *bounds);
   if (rcg || !bounds) {
@@ -218,6 +232,5 @@ int tr_model_grad(tr_model *m, const tr_run_opts *o, const int32_t *tokens, int6
   rc = 0;
 done:
   free(bounds);
-  glm_gr_destroy(g);
   return rc;
 }

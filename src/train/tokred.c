@@ -274,6 +274,34 @@ bx_status bx_tokred_create(const DLTensor *grads, size_t ntensors, int64_t chunk
 
 void bx_tokred_destroy(bx_tokred *s) { free_state(s); }
 
+bx_status bx_tokred_reset(bx_tokred *s, const bx_tokred_opts *opts) {
+  static const char *fn = "bx_tokred_reset";
+  bx_status st = check_opts_size(fn, opts); /* before anything else */
+  if (st != BX_OK) return st;
+  bx_call c;
+  st = bx_call_enter(&c, fn);
+  if (st != BX_OK) return st;
+  if (!s) st = bx_fail(BX_EINVAL, "%s: s is NULL", fn);
+  else if (opts && (int)opts->mode != s->mode)
+    st = bx_fail(BX_EINVAL, "%s: opts->mode %d is not the state's mode %d (create a new state)", fn,
+                 (int)opts->mode, s->mode);
+  else if (opts && opts->on_bound != BX_TOKRED_BOUND_FAIL && opts->on_bound != BX_TOKRED_BOUND_FLAG)
+    st = bx_fail(BX_EINVAL, "%s: unknown on_bound %d", fn, (int)opts->on_bound);
+  if (st == BX_OK) {
+    if (opts) s->on_bound = (int)opts->on_bound;
+    s->agreed = 0;
+    memset(s->words, 0, s->nwords * sizeof *s->words);
+    if (s->fsum) memset(s->fsum, 0, s->fsum_total * sizeof *s->fsum);
+    for (size_t t = 0; t < s->ntensors; t++) {
+      s->bound[t] = s->observed[t] = BX_TOKRED_EMIN;
+      s->grid[t] = 0;
+      s->flagged[t] = 0;
+    }
+  }
+  bx_call_leave(&c);
+  return st;
+}
+
 static bx_status fork_impl(const char *fn, const bx_tokred *s, bx_tokred **out) {
   if (!s || !out) return bx_fail(BX_EINVAL, "%s: %s is NULL", fn, s ? "out" : "s");
   if (!s->agreed)
