@@ -10,7 +10,9 @@ synthetic corpus):
     same batch (B sequences of L tokens, L predictions each), same threads
     (torch.set_num_threads), token-mean cross-entropy, clip_grad_norm_(1.0),
     AdamW(lr 1e-3, weight decay 0.01), zero_grad(set_to_none=True);
-  * scaling over MPI ranks: mpirun -np 1/2 (threads 1), the same global batch.
+  * scaling over MPI ranks: mpirun -np 1/2 (threads 1), the same global batch;
+    and its ceiling on this machine: two independent 1-thread runs at once
+    ("pair t1": tokens of both over the wall time of both), against one.
 
 Timing. bitexact: the wall time of `bitexact train --steps N` minus that of
 the same command with `--steps 0` (process start, model init, the synthetic
@@ -123,6 +125,25 @@ class Bench:
             sys.exit("bench_train: %s: exit %d: %s" % (" ".join(cmd), p.returncode, p.stderr.decode()[-500:]))
         return dt, (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
 
+    def pair(self):
+        """(wall, CPU) seconds per step of two concurrent independent 1-thread runs, per run's
+        step: the most two processes get out of the machine's cores (no communication)"""
+        def both(steps):
+            r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            t = time.perf_counter()
+            ps = [subprocess.Popen(self.train_cmd(steps, 1, "invariant", 0) + ["--seed", str(k + 1)],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for k in range(2)]
+            for p in ps:
+                _, err = p.communicate()
+                if p.returncode != 0:
+                    sys.exit("bench_train: pair: exit %d: %s" % (p.returncode, err.decode()[-500:]))
+            dt = time.perf_counter() - t
+            r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            return dt, (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+        n = self.a.steps
+        (w_n, c_n), (w_0, c_0) = both(n), both(0)
+        return (w_n - w_0) / n / 2, (c_n - c_0) / n / 2
+
     def bx(self, threads, mode, ranks=0):
         """(wall, CPU) seconds per step of bitexact train (ranks 0: no mpirun)"""
         n = self.a.steps
@@ -182,6 +203,8 @@ def main():
                 cases.append(("torch t%d" % t, lambda t=t: torch_step(t)))
         for r in ranks:
             cases.append(("mpirun -np %d t1" % r, lambda r=r: b.bx(1, "invariant", r)))
+        if 2 in ranks:
+            cases.append(("pair t1", b.pair))
 
         sec = {name: [] for name, _ in cases}
         cpu = {name: [] for name, _ in cases}
@@ -224,6 +247,8 @@ def main():
             ratios["invariant/torch t1 (CPU time)"] = med_ratio("invariant t1", "torch t1", cpu)
     for r in ranks[1:]:
         ratios["np%d/np%d" % (r, ranks[0])] = med_ratio("mpirun -np %d t1" % r, "mpirun -np %d t1" % ranks[0])
+    if 2 in ranks and 1 in threads:  # the machine's ceiling for np 2 / np 1
+        ratios["pair/one (2-process ceiling)"] = med_ratio("pair t1", "invariant t1")
     for k, v in ratios.items():
         print("%-34s %6.3f" % (k, v))
     if a.json:

@@ -132,6 +132,7 @@ static void free_state(bx_tokred *s) {
   free(s->observed);
   free(s->flagged);
   free(s->words);
+  free(s->scratch);
   free(s->fsum);
   free(s);
 }

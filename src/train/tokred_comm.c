@@ -225,8 +225,10 @@ static bx_status allreduce_impl(const char *fn, bx_tokred *s, const bx_comm *com
     free(ex);
     return st;
   }
-  /* reduce a copy, so that a failing collective leaves s unchanged */
-  int64_t *w = malloc((s->nwords ? s->nwords : 1) * sizeof *w);
+  /* reduce a copy, so that a failing collective leaves s unchanged (the copy's memory is
+   * kept by the state for the next steps) */
+  if (!s->scratch) s->scratch = malloc((s->nwords ? s->nwords : 1) * sizeof *s->scratch);
+  int64_t *w = s->scratch;
   if (!w) {
     free(ex);
     return bx_fail(BX_ENOMEM, "%s: cannot allocate %zu words", fn, s->nwords);
@@ -240,7 +242,6 @@ static bx_status allreduce_impl(const char *fn, bx_tokred *s, const bx_comm *com
     memcpy(s->words, w, s->nwords * sizeof *w);
     for (size_t t = 0; t < n; t++) s->observed[t] = (int)ex[t];
   }
-  free(w);
   free(ex);
   return st;
 }

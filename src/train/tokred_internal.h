@@ -37,6 +37,8 @@ struct bx_tokred {
   size_t nwords;
   size_t cover_at;  /* start of the coverage words */
   float *fsum;      /* ordinary mode: [fsum_total] */
+  int64_t *scratch; /* [nwords] bx_tokred_allreduce's copy, kept (peak memory unchanged, no
+                       allocation and page faults every step) */
 };
 
 #define TOKRED_TAG (0x746B0000LL + BX_TOKRED_FORMAT)
