@@ -77,8 +77,17 @@ static PyObject *py_epoch_perm(PyObject *self, PyObject *args) {
  * gradient reduction (glm_node.h's glm_gr) over the gradients of grads (a
  * sequence of tensors or shapes) and the loss; where[i] (GLM_GR_*): 0
  * reduced over comm, 1 local (over xcomm: expert parallelism's replicas),
- * 2 absent. begin(), micro_batch(first_token, num_tokens) -> first chunk,
- * agree(comm=None, rank=0, xcomm=None, xrank=0), allreduce(same),
+ * 2 absent. begin(bounds=None, flag=False): a new step, the two-pass
+ * protocol (bounds None: glm_gr_begin) or one pass on the grid stated by
+ * bounds (n + 1 exponents: the tensors in creation order, then the loss;
+ * glm_gr_begin_stated, flag: an add that breaks a bound flags the step
+ * instead of failing); micro_batch(first_token, num_tokens) -> first
+ * chunk, agree(comm=None, rank=0, xcomm=None, xrank=0), allreduce(same),
+ * history() -> ([n + 1 observed exponents], overflowed) after allreduce,
+ * stated_bounds(history=None, top=None) -> the n + 1 bounds a step states
+ * from a history (glm_gr_stated_bounds; module constant GRID_MARGIN),
+ * next_history(prev, observed) -> the history after a step
+ * (glm_gr_next_history; GRID_DECAY),
  * finish(outs, loss=None, divisor=1) -> whether the loss was written. A
  * node's grads argument may name it: (gradred, pass, first_token,
  * first_chunk). Used by one thread at a time. */
@@ -173,14 +182,191 @@ static void GradRed_dealloc(GradRed *t) {
   Py_TYPE(t)->tp_free((PyObject *)t);
 }
 
-static PyObject *GradRed_begin(GradRed *t, PyObject *unused) {
-  (void)unused;
-  if (gr_check(t, "GradRed.begin") < 0) return NULL;
+/* The n1 ints of seq (a sequence of Python ints, each in [-149, 128]) into
+ * out[0..n1); -1 with the error raised naming fn and arg. */
+static int gr_exponents(PyObject *seq, size_t n1, const char *fn, const char *arg, int *out) {
+  PyObject *f = PySequence_Fast(seq, "");
+  if (!f) {
+    PyErr_Clear();
+    bxpy_raise_fmt(BX_EINVAL, NULL, "%s: argument '%s': a sequence of %zu ints expected (one "
+                   "exponent per gradient tensor, then the loss's), not %s", fn, arg, n1,
+                   Py_TYPE(seq)->tp_name);
+    return -1;
+  }
+  int rc = 0;
+  if ((size_t)PySequence_Fast_GET_SIZE(f) != n1) {
+    bxpy_raise_fmt(BX_EINVAL, NULL, "%s: argument '%s': %zd values, %zu expected (one exponent per "
+                   "gradient tensor, then the loss's)", fn, arg, PySequence_Fast_GET_SIZE(f), n1);
+    rc = -1;
+  }
+  for (size_t i = 0; rc == 0 && i < n1; i++) {
+    PyObject *o = PySequence_Fast_GET_ITEM(f, (Py_ssize_t)i);
+    int ovf = 0;
+    long v = PyLong_Check(o) && !PyBool_Check(o) ? PyLong_AsLongAndOverflow(o, &ovf) : 0;
+    if (!PyLong_Check(o) || PyBool_Check(o)) {
+      bxpy_raise_fmt(BX_EINVAL, NULL, "%s: argument '%s[%zu]' (%s) is a %s, not an int", fn, arg,
+                     i, i + 1 == n1 ? "the loss" : "a gradient tensor", Py_TYPE(o)->tp_name);
+      rc = -1;
+    } else if (v == -1 && PyErr_Occurred()) {
+      rc = -1;
+    } else if (ovf || v < -149 || v > 128) {
+      PyObject *r = PyObject_Repr(o);
+      const char *rs = r ? PyUnicode_AsUTF8(r) : NULL;
+      if (!rs) PyErr_Clear();
+      bxpy_raise_fmt(BX_EINVAL, NULL, "%s: argument '%s[%zu]' (%s) is %s: outside [-149, 128]",
+                     fn, arg, i, i + 1 == n1 ? "the loss" : "a gradient tensor", rs ? rs : "?");
+      Py_XDECREF(r);
+      rc = -1;
+    } else {
+      out[i] = (int)v;
+    }
+  }
+  Py_DECREF(f);
+  return rc;
+}
+
+/* A list of the n ints v[0..n); NULL with the error raised. */
+static PyObject *int_list(const int *v, size_t n) {
+  PyObject *lst = PyList_New((Py_ssize_t)n);
+  for (size_t i = 0; lst && i < n; i++) {
+    PyObject *o = PyLong_FromLong(v[i]);
+    if (!o) Py_CLEAR(lst);
+    else PyList_SET_ITEM(lst, (Py_ssize_t)i, o);
+  }
+  return lst;
+}
+
+static size_t gr_ntensors(const GradRed *t) {
+  size_t n;
+  glm_gr_grads(t->g, &n);
+  return n;
+}
+
+static PyObject *GradRed_begin(GradRed *t, PyObject *args, PyObject *kw) {
+  static char *kwl[] = {"bounds", "flag", NULL};
+  PyObject *bobj = Py_None;
+  int flag = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "|Op:begin", kwl, &bobj, &flag) ||
+      gr_check(t, "GradRed.begin") < 0)
+    return NULL;
   char err[512];
   glm_nctx c;
   gr_ctx(&c, err, sizeof err);
-  if (glm_gr_begin(t->g, &c)) return gr_raise("GradRed.begin", &c, NULL);
+  if (bobj == Py_None) {
+    if (flag)
+      return bxpy_raise_fmt(BX_EINVAL, NULL, "GradRed.begin: flag=True needs bounds (the flag is "
+                            "the stated grid's overflow check)");
+    if (glm_gr_begin(t->g, &c)) return gr_raise("GradRed.begin", &c, NULL);
+    Py_RETURN_NONE;
+  }
+  size_t n1 = gr_ntensors(t) + 1;
+  int *bounds = PyMem_Malloc(n1 * sizeof *bounds);
+  if (!bounds) return PyErr_NoMemory();
+  int rc = gr_exponents(bobj, n1, "GradRed.begin", "bounds", bounds);
+  if (rc == 0 && glm_gr_begin_stated(t->g, bounds, flag, &c)) {
+    gr_raise("GradRed.begin", &c, NULL);
+    rc = -1;
+  }
+  PyMem_Free(bounds);
+  if (rc) return NULL;
   Py_RETURN_NONE;
+}
+
+/* history() -> ([n + 1 ints], overflowed). Tensor i's entry is read from
+ * the state that holds it (bx_tokred_observed after the all-reduce: over
+ * comm, a local tensor's over xcomm); an absent one's is glm_gr_history's
+ * (the holders', one MAX over comm). glm_gr_history's own entries for the
+ * local tensors assume every rank lists the same tensors at the same
+ * index (absent ones included), as `bitexact train` does; a binding whose
+ * ranks hold different local tensors at one index (each rank its own
+ * experts, bitexact.nn's GradReduction under expert parallelism) would
+ * get their MAX over comm there, another tensor's exponent. overflowed
+ * (whether an add broke a stated bound on any rank) is glm_gr_history's. */
+static PyObject *GradRed_history(GradRed *t, PyObject *unused) {
+  (void)unused;
+  if (gr_check(t, "GradRed.history") < 0) return NULL;
+  size_t n = gr_ntensors(t);
+  int *h = PyMem_Malloc((n + 1) * sizeof *h);
+  if (!h) return PyErr_NoMemory();
+  int over = 0;
+  if (glm_gr_history(t->g, h, &over)) {
+    PyMem_Free(h);
+    return bxpy_raise_fmt(BX_EINVAL, NULL, "GradRed.history: the step is not all-reduced (pass %d; "
+                          "history() follows allreduce(), before finish())", glm_gr_pass(t->g));
+  }
+  char err[512];
+  glm_nctx c;
+  gr_ctx(&c, err, sizeof err);
+  glm_gr_bind(t->g, &c);
+  int bad = 0;
+  for (size_t i = 0; !bad && i <= n; i++) {
+    bx_tokred *s = i == n             ? glm_gr_loss_state(t->g)
+                   : c.gmap[i] >= 0  ? c.s
+                   : c.gmap[i] <= -2 ? c.sx
+                                     : NULL;
+    size_t k = i == n ? 0 : c.gmap[i] >= 0 ? (size_t)c.gmap[i] : (size_t)(-2 - c.gmap[i]);
+    bad = s && glm_ck(&c, bx_tokred_observed(s, k, &h[i], NULL), "observed");
+  }
+  PyObject *lst = bad ? NULL : int_list(h, n + 1);
+  PyMem_Free(h);
+  if (bad) return gr_raise("GradRed.history", &c, NULL);
+  if (!lst) return NULL;
+  return Py_BuildValue("(NO)", lst, over ? Py_True : Py_False);
+}
+
+/* stated_bounds(history=None, top=None) -> [n + 1 ints]: glm_gr_stated_bounds
+ * of history; top (an exponent) joins the gradient entries it takes "the
+ * largest gradient history" over (the model's tensors this GradRed does not
+ * hold: other ranks' experts), as one more gradient entry whose bound is
+ * dropped. */
+static PyObject *GradRed_stated_bounds(GradRed *t, PyObject *args, PyObject *kw) {
+  static char *kwl[] = {"history", "top", NULL};
+  PyObject *hobj = Py_None, *tobj = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "|OO:stated_bounds", kwl, &hobj, &tobj)) return NULL;
+  size_t n1 = gr_ntensors(t) + 1;
+  if (hobj == Py_None && tobj != Py_None)
+    return bxpy_raise_fmt(BX_EINVAL, NULL, "GradRed.stated_bounds: argument 'top' needs a history "
+                          "(without one every bound is -149)");
+  int *h = PyMem_Malloc(2 * (n1 + 1) * sizeof *h), *b = h + n1 + 1;
+  if (!h) return PyErr_NoMemory();
+  PyObject *targ = tobj == Py_None ? NULL : PyTuple_Pack(1, tobj);
+  int bad = (tobj != Py_None && !targ) ||
+            (hobj != Py_None && gr_exponents(hobj, n1, "GradRed.stated_bounds", "history", h)) ||
+            (targ && gr_exponents(targ, 1, "GradRed.stated_bounds", "top", &h[n1]));
+  Py_XDECREF(targ);
+  PyObject *lst = NULL;
+  if (!bad && targ) { /* [gradients..., top, loss] */
+    int loss = h[n1 - 1];
+    h[n1 - 1] = h[n1];
+    h[n1] = loss;
+    glm_gr_stated_bounds(h, n1 + 1, b);
+    b[n1 - 1] = b[n1];
+    lst = int_list(b, n1);
+  } else if (!bad) {
+    glm_gr_stated_bounds(hobj == Py_None ? NULL : h, n1, b);
+    lst = int_list(b, n1);
+  }
+  PyMem_Free(h);
+  return lst;
+}
+
+/* next_history(prev, observed) -> [n + 1 ints]: glm_gr_next_history (prev
+ * None: none, the observed exponents). */
+static PyObject *GradRed_next_history(GradRed *t, PyObject *args, PyObject *kw) {
+  static char *kwl[] = {"prev", "observed", NULL};
+  PyObject *pobj, *oobj;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "OO:next_history", kwl, &pobj, &oobj)) return NULL;
+  size_t n1 = gr_ntensors(t) + 1;
+  int *h = PyMem_Malloc(3 * n1 * sizeof *h);
+  if (!h) return PyErr_NoMemory();
+  PyObject *lst = NULL;
+  if ((pobj == Py_None || !gr_exponents(pobj, n1, "GradRed.next_history", "prev", h)) &&
+      !gr_exponents(oobj, n1, "GradRed.next_history", "observed", h + n1)) {
+    glm_gr_next_history(pobj == Py_None ? NULL : h, h + n1, n1, h + 2 * n1);
+    lst = int_list(h + 2 * n1, n1);
+  }
+  PyMem_Free(h);
+  return lst;
 }
 
 static PyObject *GradRed_micro_batch(GradRed *t, PyObject *args) {
@@ -237,7 +423,12 @@ static PyObject *GradRed_pass(GradRed *t, void *closure) {
 }
 
 static PyMethodDef GradRed_methods[] = {
-    {"begin", (PyCFunction)GradRed_begin, METH_NOARGS, "begin(): a new step (fresh states), pass 0"},
+    {"begin", (PyCFunction)(void (*)(void))GradRed_begin, METH_VARARGS | METH_KEYWORDS,
+     "begin(bounds=None, flag=False): a new step (fresh states), pass 0. bounds None: the "
+     "two-pass protocol (micro-batches bound, agree, the same micro-batches add); a sequence of "
+     "n + 1 exponents in [-149, 128] (the tensors in creation order, then the loss): the grid is "
+     "stated, agree follows at once and the micro-batches run once, adding; flag=True: an add "
+     "that breaks a bound flags the step (history()'s overflowed) instead of failing"},
     {"micro_batch", (PyCFunction)GradRed_micro_batch, METH_VARARGS,
      "micro_batch(first_token, num_tokens) -> first chunk: pass 0 records it, pass 1 must "
      "repeat pass 0's in order"},
@@ -247,6 +438,20 @@ static PyMethodDef GradRed_methods[] = {
     {"allreduce", (PyCFunction)(void (*)(void))GradRed_allreduce, METH_VARARGS | METH_KEYWORDS,
      "allreduce(comm=None, rank=0, xcomm=None, xrank=0): end of pass 1, the words summed over "
      "the ranks (the local tensors' over xcomm)"},
+    {"history", (PyCFunction)GradRed_history, METH_NOARGS,
+     "history() -> (list, overflowed): after allreduce, the largest exponent of any finite "
+     "element added to each tensor and, last, the loss (over every rank; -149: none), and "
+     "whether an add broke a stated bound on any rank (finish then refuses the step)"},
+    {"stated_bounds", (PyCFunction)(void (*)(void))GradRed_stated_bounds,
+     METH_VARARGS | METH_KEYWORDS,
+     "stated_bounds(history=None, top=None) -> list: the n + 1 bounds a one-pass step states "
+     "from a history (glm_gr_stated_bounds: min(h + GRID_MARGIN, 128), a gradient never seen "
+     "(-149) taking the largest gradient history, over this GradRed's tensors and top when "
+     "given; None: every bound -149, the step only observes)"},
+    {"next_history", (PyCFunction)(void (*)(void))GradRed_next_history,
+     METH_VARARGS | METH_KEYWORDS,
+     "next_history(prev, observed) -> list: the history after a step (glm_gr_next_history: "
+     "max(observed, prev - GRID_DECAY); prev None: observed)"},
     {"finish", (PyCFunction)(void (*)(void))GradRed_finish, METH_VARARGS | METH_KEYWORDS,
      "finish(outs, loss=None, divisor=1) -> bool: the gradients into outs, the loss (sum / "
      "divisor) when any rank added one (True)"},
@@ -261,8 +466,8 @@ static PyTypeObject GradRedType = {
     .tp_basicsize = sizeof(GradRed),
     .tp_dealloc = (destructor)GradRed_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "GradRed(grads, chunk_tokens, total_tokens): one step's gradient reduction "
-              "(src/glm glm_gr): begin, micro_batch, agree, allreduce, finish",
+    .tp_doc = "GradRed(grads, chunk_tokens, total_tokens, where=None): one step's gradient "
+              "reduction (src/glm glm_gr): begin, micro_batch, agree, allreduce, history, finish",
     .tp_methods = GradRed_methods,
     .tp_getset = GradRed_getset,
     .tp_new = GradRed_new,
@@ -270,6 +475,9 @@ static PyTypeObject GradRedType = {
 
 int bxpy_glm_init(PyObject *m) {
   if (PyType_Ready(&GradRedType) < 0) return -1;
+  if (PyModule_AddIntConstant(m, "GRID_MARGIN", GLM_GR_MARGIN) < 0 ||
+      PyModule_AddIntConstant(m, "GRID_DECAY", GLM_GR_DECAY) < 0)
+    return -1;
   Py_INCREF(&GradRedType);
   if (PyModule_AddObject(m, "GradRed", (PyObject *)&GradRedType) < 0) {
     Py_DECREF(&GradRedType);

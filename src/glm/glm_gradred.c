@@ -226,9 +226,15 @@ int glm_gr_agree(glm_gr *g, const bx_comm *comm, const bx_comm *xcomm, glm_nctx 
 }
 
 /* g->hist and g->overflowed from the all-reduced states: every tensor's
- * observed exponent (absent ones -149) and the loss's; the local tensors'
- * were combined over xcomm only, so one small MAX over comm gives every
- * rank the whole model's (the history is a checkpoint's, rank 0 writes it). */
+ * observed exponent and the loss's (over comm, the local tensors' over
+ * xcomm). With local tensors, one small MAX over comm makes the flag the
+ * whole world's (the local tensors' flags were combined over xcomm only:
+ * every rank must take the same decision) and gives absent tensors their
+ * holders' values (`bitexact train` under expert parallelism: every rank
+ * lists every expert in the same order, so rank 0 saves the whole
+ * history); a local tensor keeps its own value (the bindings list only
+ * their held experts, so an index names different experts on different
+ * ranks). */
 static int observe(glm_gr *g, const bx_comm *comm, glm_nctx *c) {
   int64_t fl = 0, f;
   for (size_t i = 0; i <= g->n; i++) {
@@ -245,7 +251,8 @@ static int observe(glm_gr *g, const bx_comm *comm, glm_nctx *c) {
     for (size_t i = 0; i <= g->n; i++) w[i] = g->hist[i];
     w[g->n + 1] = fl;
     int rc = comm->allreduce_i64(w, g->n + 2, BX_OP_MAX, comm->ctx);
-    for (size_t i = 0; rc == 0 && i <= g->n; i++) g->hist[i] = (int)w[i];
+    for (size_t i = 0; rc == 0 && i < g->n; i++)
+      if (g->gmap[i] == -1) g->hist[i] = (int)w[i];
     if (rc == 0) fl = w[g->n + 1];
     free(w);
     if (rc != 0)

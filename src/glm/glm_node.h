@@ -156,7 +156,10 @@ int glm_gr_begin_stated(glm_gr *g, const int *bounds, int flag, glm_nctx *c);
 /* After glm_gr_allreduce (-1 otherwise, nothing written): hist[0..n] :=
  * the largest exponent of any finite addend element of each gradient
  * tensor and, last, of the loss, over every rank (absent tensors: their
- * holders'; -149: nothing added or all 0): the history the next step
+ * holders', when every rank of comm lists the same tensors, absent ones
+ * included, as `bitexact train` does; -149: nothing added or all 0;
+ * with local tensors the step takes one more small MAX over comm, so every
+ * rank of comm must have local tensors or none): the history the next step
  * states its grid from; *overflowed := whether an add broke a stated
  * bound on any rank (the same on every rank). Either may be NULL. */
 int glm_gr_history(const glm_gr *g, int *hist, int *overflowed);

@@ -4,8 +4,10 @@ module here allocates, checks and keeps autograd state for both
 frameworks; every value is computed by the model module's nodes
 (src/glm, through bitexact._core.glm_*), never here:
 
-- _gradred: the two-pass GradReduction's bookkeeping (passes, micro-batches,
-  the states' agree / all-reduce / finish) and a node's ``grads`` argument;
+- _gradred: the GradReduction's bookkeeping (the one-pass step on a grid
+  stated from the history and its fallback, run_step; the two-pass protocol,
+  run_two_pass; micro-batches, the states' agree / all-reduce / finish) and
+  a node's ``grads`` argument;
 - _layers: the dense layers' autograd bodies (linear, q/k/v, RMSNorm, the
   SwiGLU MLP, embedding, cross-entropy, RoPE, attention) and the module
   bodies;

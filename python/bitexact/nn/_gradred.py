@@ -1,14 +1,17 @@
 """The framework-neutral part of bitexact's layer bindings
 (bitexact.torch and bitexact.paddle layers, docs/torch_layers.md,
-docs/paddle_layers.md): the two-pass token-reduction protocol of a
-training step's weight gradients and the per-micro-batch bookkeeping the
-autograd functions of both frameworks share.
+docs/paddle_layers.md): the token-reduction protocol of a training step's
+weight gradients (the one-pass step on a grid stated from the history,
+with its deterministic fallback, and the two-pass step) and the
+per-micro-batch bookkeeping the autograd functions of both frameworks
+share.
 
 :class:`GradReductionBase` owns one ``bitexact._core.GradRed``: the model
 module's gradient reduction of a step (src/glm glm_gr: the states of the
-gradients and of the loss, begin, the micro-batches that pass 1 must
-repeat, agree, all-reduce, finish), the object `bitexact train` runs; the
-nodes add their partials to it. A framework subclass supplies the few
+gradients and of the loss, begin (two-pass, or on a stated grid), the
+micro-batches that pass 1 must repeat, agree, all-reduce, the observed
+exponents, finish), the object `bitexact train` runs; the nodes add their
+partials to it. A framework subclass supplies the few
 things that need the framework (argument checks, allocation, writing
 ``.grad``, its process groups as a communicator) through the ``_fw_*``
 hooks. Nothing numeric is here, so a torch and a Paddle step over the
@@ -21,7 +24,9 @@ reduction is used by one thread at a time.
 """
 import contextlib as _contextlib
 import itertools as _itertools
+import operator as _operator
 import re as _re
+import sys as _sys
 import threading as _threading
 import weakref as _weakref
 
@@ -130,9 +135,17 @@ class GradReductionBase:
         self._param_keys = {(p.data_ptr(), tuple(p.shape)) for p in params}
         self._bf16_copies = {}  # bf16 compute: the parameters rounded this step
         self.names, self.params, self._index = names, params, index
+        self._index_by_name = {n: i for i, n in enumerate(names)}
         self.seq_len, self.total_tokens, self.num_threads = int(seq_len), int(total_tokens), int(num_threads)
-        self.phase = "idle"  # idle -> bound -> add -> done (or failed)
+        # two-pass: idle -> bound -> add -> done; one pass: idle -> stated -> add -> reduced
+        # (or overflowed: begin again) -> done; any -> failed on an error that voids the step
+        self.phase = "idle"
         self.loss = None
+        self.passes = None  # forward + backward passes of the last run_step / run_two_pass
+        self.overflowed = None  # after allreduce: an add broke the stated grid (on any rank)
+        self._observed = None  # after allreduce: the n + 1 observed exponents (a list)
+        self._gr_bounds = None  # the stated bounds of the step (a list), None: two-pass
+        self._history = None  # the last finished step's observed exponents (a list) or None
         self.n_targets = self.total_tokens
         self._gen = 0
         # the protocol (begin, micro-batches, agree, allreduce, finish) is the
@@ -158,23 +171,133 @@ class GradReductionBase:
     def _xcomm(self):
         return self._ep.replica_comm() if self._ep is not None else (None, 0)
 
+    # -- the grid history (the one-pass step) --
+    GRID_MARGIN = _core.GRID_MARGIN  # a stated bound = the history's exponent + this (<= 128)
+    GRID_DECAY = _core.GRID_DECAY  # the history after a step: max(observed, history - this)
+
+    def _exponents(self, fn, arg, value):
+        """value (a dict {name: exponent, ..., "loss": exponent} with exactly
+        this reduction's parameter names and "loss", or a sequence of
+        len(names) + 1 ints in the parameters' order, then the loss) as a
+        list; InvalidArgumentError naming the key otherwise."""
+        n1 = len(self.names) + 1
+        if isinstance(value, dict):
+            if "loss" in self._index_by_name:
+                raise _err(InvalidArgumentError, fn, arg, "a parameter is named 'loss': give "
+                           f"a sequence of {n1} ints (the parameters' order, then the loss)")
+            keys = self.names + ["loss"]
+            missing = [k for k in keys if k not in value]
+            extra = [k for k in value if k not in self._index_by_name and k != "loss"]
+            if missing or extra:
+                raise _err(InvalidArgumentError, fn, arg,
+                           f"keys {'missing ' + repr(missing[:3]) if missing else ''}"
+                           f"{', ' if missing and extra else ''}"
+                           f"{'unexpected ' + repr(extra[:3]) if extra else ''}: exactly the "
+                           "parameters' names and 'loss' expected")
+            value = [value[k] for k in keys]
+        elif isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
+            raise _err(InvalidArgumentError, fn, arg, f"is a {type(value).__name__}: a dict "
+                       f"name -> exponent or a sequence of {n1} ints expected")
+        out = list(value)
+        if len(out) != n1:
+            raise _err(InvalidArgumentError, fn, arg, f"holds {len(out)} values, {n1} expected "
+                       "(one per parameter, then the loss)")
+        keys = self.names + ["loss"]
+        for k, v in zip(keys, out):
+            if isinstance(v, bool) or not hasattr(type(v), "__index__"):
+                raise _err(InvalidArgumentError, fn, arg, f"{k}: {v!r} is not an int")
+            if not -149 <= _operator.index(v) <= 128:
+                raise _err(InvalidArgumentError, fn, arg, f"{k}: {_operator.index(v)} is outside "
+                           "[-149, 128]")
+        return [_operator.index(v) for v in out]
+
+    def _as_dict(self, values):
+        return None if values is None else dict(zip(self.names + ["loss"], values))
+
+    @property
+    def history(self):
+        """The grid history: {parameter name: exponent, ..., "loss": exponent}
+        (the parameters' order, then the loss); after each finished step
+        max(observed, history - GRID_DECAY) (`bitexact train`'s
+        glm_gr_next_history), observed being the largest frexp exponent of
+        any finite chunk-partial element the step added to each gradient
+        and to the loss, over every rank (-149: none or all 0; the first
+        step: observed); None before any step. A function of the data only
+        (every layout gives the same), so a checkpoint keeps it and
+        :meth:`run_step` states the next step's grid from it. Settable (a
+        dict as above or a sequence of ints in [-149, 128], checked; None
+        forgets it). Under expert parallelism it covers the dense
+        parameters, this rank's experts and the loss."""
+        return self._as_dict(self._history)
+
+    @history.setter
+    def history(self, value):
+        self._history = None if value is None else self._exponents("GradReduction.history",
+                                                                   "history", value)
+
+    @property
+    def observed(self):
+        """After :meth:`allreduce`: this step's observed exponents, as
+        :attr:`history` (None otherwise)."""
+        return self._as_dict(self._observed)
+
+    def stated_bounds(self, history=None, top=None):
+        """The bounds a one-pass step states from history (a dict or
+        sequence as :attr:`history`; None: none, every bound -149, so the
+        step only observes), as a dict like :attr:`history`
+        (`bitexact train`'s glm_gr_stated_bounds): min(exponent +
+        GRID_MARGIN, 128) each; a gradient that never saw an addend (-149)
+        takes the largest gradient exponent of the history and of ``top``
+        (an int: the largest of the model's tensors this reduction does not
+        hold, i.e. the other ranks' experts under expert parallelism;
+        :meth:`run_step` all-reduces it)."""
+        h = None if history is None else self._exponents("GradReduction.stated_bounds",
+                                                         "history", history)
+        try:
+            return self._as_dict(self._gr.stated_bounds(h, top))
+        except Error as e:
+            raise _renamed(e, self.names, "GradReduction.stated_bounds") from e
+
     # -- the passes --
-    def begin(self, n_targets=None):
-        """Start a step (pass 0, bound). ``n_targets``: the global count of
-        targets that are not ``ignore_index`` (the loss divisor; default
-        ``total_tokens``, every target valid; :meth:`count_targets`)."""
+    def begin(self, n_targets=None, bounds=None, flag_overflow=True):
+        """Start a step. ``n_targets``: the global count of targets that are
+        not ``ignore_index`` (the loss divisor; default ``total_tokens``,
+        every target valid; :meth:`count_targets`).
+
+        ``bounds`` None: the two-pass step (pass 0 bounds the partials,
+        :meth:`agree`, pass 1 adds the same micro-batches). ``bounds`` a dict
+        or sequence as :attr:`history` (:meth:`stated_bounds` of a history,
+        or an :attr:`observed` as it stands): the one-pass step on that
+        stated grid: :meth:`agree` at once, every micro-batch once (adding),
+        :meth:`allreduce`, which says whether an add broke the grid;
+        ``flag_overflow`` True: such an add flags the step (then
+        :meth:`begin` again, e.g. with ``bounds=self.observed``, which
+        holds), False: it raises in the backward. :meth:`run_step` does all
+        of it."""
         n = self.total_tokens if n_targets is None else int(n_targets)
         if n < 1:
             raise InvalidArgumentError(f"GradReduction.begin: n_targets {n} must be >= 1")
+        b = None if bounds is None else self._exponents("GradReduction.begin", "bounds", bounds)
         self._bf16_copies = {}
-        self._gr.begin()
-        self.n_targets, self.loss, self.phase = n, None, "bound"
+        self.overflowed = self._observed = None
+        self._gr_bounds = b
+        if b is None:
+            self._gr.begin()
+        else:
+            try:
+                self._gr.begin(b, bool(flag_overflow))
+            except Error as e:
+                self.phase = "failed"
+                raise _renamed(e, self._names_for(e), "GradReduction.begin") from e
+        self.n_targets, self.loss = n, None
+        self.phase = "bound" if b is None else "stated"
         self._gen += 1
 
     def agree(self, comm=None):
-        """End pass 0: agree the grids (one small MAX all-reduce per state);
-        pass 1 (add) follows."""
-        self._require("bound", "agree")
+        """End pass 0 (two-pass) or follow begin at once (a stated grid):
+        agree the grids (one small MAX all-reduce per state); the adding
+        pass follows."""
+        self._require(("bound", "stated"), "agree")
         fn, rank = self._fw_comm(comm)
         xfn, xrank = self._xcomm()
         try:
@@ -185,20 +308,58 @@ class GradReductionBase:
         self.phase = "add"
         self._gen += 1
 
-    def finish(self, comm=None):
-        """End pass 1: SUM all-reduce of the int64 words (with an agreement
-        step), then every parameter's gradient = its gradient (replaced, not
-        accumulated), and ``self.loss``. Nothing is written on error."""
-        self._require("add", "finish")
+    def allreduce(self, comm=None):
+        """End the adding pass: SUM all-reduce of the int64 words (with an
+        agreement step that also combines the observed exponents and the
+        overflow flags); returns whether an add broke the stated grid on any
+        rank (the same on every rank; always False for the two-pass step).
+        :attr:`observed` is then this step's exponents. False: :meth:`finish`
+        writes the gradients; True: the step is void, :meth:`begin` it
+        again."""
+        self._require("add", "allreduce")
+        return self._allreduce(comm, "GradReduction.allreduce")
+
+    def _allreduce(self, comm, what):
         fn, rank = self._fw_comm(comm)
         xfn, xrank = self._xcomm()
         try:
             self._gr.allreduce(fn, rank=rank, xcomm=xfn, xrank=xrank)
         except Error as e:
-            if self._gr.pass_ == 1:  # pass 1 was not complete: nothing happened, still 'add'
-                raise _renamed(e, self._names_for(e), "GradReduction.finish") from e
+            if self._gr.pass_ != 1:  # pass 1 was complete (nothing happened: still 'add')
+                self.phase = "failed"
+            raise _renamed(e, self._names_for(e), what) from e
+        try:
+            obs, over = self._gr.history()
+        except Error as e:
             self.phase = "failed"
-            raise _renamed(e, self._names_for(e), "GradReduction.finish") from e
+            raise _renamed(e, self._names_for(e), what) from e
+        self._observed, self.overflowed = obs, bool(over)
+        self.phase = "overflowed" if over else "reduced"
+        self._gen += 1
+        return self.overflowed
+
+    def _overflow_error(self, fn):
+        bounds = self._gr_bounds
+        broke = [k for k, o, b in zip(self.names + ["loss"], self._observed or [], bounds or [])
+                 if o > b]
+        return InvalidArgumentError(
+            f"{fn}: an add broke the stated grid ({', '.join(broke[:3]) or 'a tensor'}"
+            f"{'...' if len(broke) > 3 else ''}: observed exponent above the stated bound); the "
+            "step is void: begin(bounds=self.observed) and run its micro-batches again "
+            "(run_step does)")
+
+    def finish(self, comm=None):
+        """End the step: after the adding pass, :meth:`allreduce` first (here
+        when not called yet), then every parameter's gradient = its gradient
+        (replaced, not accumulated), ``self.loss`` and :attr:`history`
+        (updated with this step's observed exponents). A step whose stated grid was broken
+        (:meth:`allreduce` returned True) is refused. Nothing is written on
+        error."""
+        self._require(("add", "reduced"), "finish")  # overflowed: the overflow's error
+        if self.phase == "add":
+            self._allreduce(comm, "GradReduction.finish")
+        if self.phase == "overflowed":
+            raise self._overflow_error("GradReduction.finish")
         self.phase = "failed"  # until everything below succeeded
         try:
             outs = [self._fw_empty_f32(list(p.shape)) for p in self.params]
@@ -210,30 +371,90 @@ class GradReductionBase:
         for p, g in zip(self.params, outs):
             self._fw_set_grad(p, g)
         self.loss, self.phase = loss, "done"
+        self._history = self._gr.next_history(self._history, self._observed)
         self._gen += 1
         return loss
 
     def run_two_pass(self, closure, micro_batches, comm=None, n_targets=None):
-        """One step: ``micro_batches`` a list of (first_token, num_tokens)
-        (global token ids, whole sequences), ``closure(i)`` runs the forward
-        and backward of micro-batch i; run for pass 0, agree, run again,
-        finish. Returns the closure's pass-1 results."""
+        """One two-pass step: ``micro_batches`` a list of (first_token,
+        num_tokens) (global token ids, whole sequences), ``closure(i)`` runs
+        the forward and backward of micro-batch i; run for pass 0, agree,
+        run again, finish. Returns the closure's pass-1 results."""
         self.begin(n_targets)
-        for i, (b, n) in enumerate(micro_batches):
-            with self.micro_batch(b, n):
-                closure(i)
+        self._run_all(closure, micro_batches)
         self.agree(comm)
+        out = self._run_all(closure, micro_batches)
+        self.finish(comm)
+        self.passes = 2
+        return out
+
+    def run_step(self, closure, micro_batches, comm=None, n_targets=None, use_history=True):
+        """One step as `bitexact train` runs it (docs/train_model.md, "The
+        one-pass invariant step"): ``micro_batches`` and ``closure(i)`` as
+        :meth:`run_two_pass`. Attempt 1 states the grid from
+        :attr:`history` (:meth:`stated_bounds`; none, or ``use_history``
+        False: every bound -149, so the attempt only observes), agrees, runs
+        every micro-batch once and all-reduces; when no add broke the grid
+        the step is done in one pass, else attempt 2 states the observed
+        exponents (they hold: the partials are recomputed bit for bit) and
+        runs the micro-batches again. Then :meth:`finish` (:attr:`history`
+        updated), ``self.passes`` := 1 or 2. The gradients are a function of
+        the data and the history (itself a function of the data): the same
+        bits on every layout. Under expert parallelism the largest gradient
+        exponent of the other ranks' experts joins the bounds' rule (one
+        small MAX all-reduce over comm). Returns the closure's results of
+        the pass that stood."""
+        hist = self._history if use_history else None
+        bounds = self._gr.stated_bounds(hist, self._top(hist, comm))
+        for attempt in (0, 1):
+            self.begin(n_targets, bounds=bounds, flag_overflow=attempt == 0)
+            self.agree(comm)
+            out = self._run_all(closure, micro_batches)
+            if not self.allreduce(comm):
+                break
+            if attempt == 1:  # not reached: the flag is off in attempt 2 (an add would raise)
+                raise self._overflow_error("GradReduction.run_step")
+            bounds = self._observed
+        self.finish(comm)
+        self.passes = attempt + 1
+        return out
+
+    def _top(self, hist, comm):
+        """Under expert parallelism with a history: the largest gradient
+        exponent of the whole model's history (this rank's MAX all-reduced
+        over comm: the other ranks hold other experts); None otherwise."""
+        if self._ep is None or hist is None:
+            return None
+        top = max(hist[:-1], default=-149)
+        fn, _ = self._fw_comm(comm)
+        if fn is None:
+            return top
+        buf = bytearray(int(top).to_bytes(8, _sys.byteorder, signed=True))  # one int64 word
+        r = fn(buf, "max")
+        return int.from_bytes(bytes(buf if r is None else r), _sys.byteorder, signed=True)
+
+    def _run_all(self, closure, micro_batches):
         out = []
         for i, (b, n) in enumerate(micro_batches):
             with self.micro_batch(b, n):
                 out.append(closure(i))
-        self.finish(comm)
         return out
+
+    @property
+    def current_micro_batch(self):
+        """The :class:`MicroBatch` whose ``with micro_batch(...)`` block
+        runs (e.g. inside a :meth:`run_step` closure: its
+        ``token_losses``), or None."""
+        return self._mb
 
     @_contextlib.contextmanager
     def micro_batch(self, first_token, num_tokens):
         """The bitexact modules called inside hold the micro-batch of global
         tokens [first_token, first_token + num_tokens) (whole sequences)."""
+        if self.phase == "stated":
+            raise InvalidArgumentError("GradReduction.micro_batch: the stated grid is not agreed "
+                                       "yet (phase 'stated'): agree() first, then the "
+                                       "micro-batches once")
         if self.phase not in ("bound", "add"):
             raise InvalidArgumentError(f"GradReduction.micro_batch: no pass is running (phase "
                                        f"'{self.phase}'): begin() first")
@@ -269,10 +490,16 @@ class GradReductionBase:
         return int.from_bytes(bytes(buf), "little", signed=True)
 
     def _require(self, phase, what):
-        if self.phase != phase:
+        phases = (phase,) if isinstance(phase, str) else phase
+        if self.phase not in phases:
+            if self.phase == "overflowed":
+                raise self._overflow_error(f"GradReduction.{what}")
+            want = " or ".join(f"'{p}'" for p in phases)
             raise InvalidArgumentError(f"GradReduction.{what}: called in phase '{self.phase}', "
-                                       f"expected '{phase}' (begin, micro-batches, agree, the same "
-                                       "micro-batches, finish)")
+                                       f"expected {want} (two passes: begin, micro-batches, "
+                                       "agree, the same micro-batches, finish; one pass: "
+                                       "begin(bounds=...), agree, micro-batches, allreduce, "
+                                       "finish)")
 
     def _fw_comm(self, comm):
         return _comm_args(comm)

@@ -150,5 +150,11 @@ class _Runner(_gm.RunnerBase):
         from ._gradred import comm
         return dist.get_rank(), dist.get_world_size(), comm(), None
 
+    @staticmethod
+    def finalize_distributed():
+        """The end of a run: nothing to do (Paddle keeps its gloo context to
+        the end of the process; its CPU barrier is not used: Paddle 3.3's
+        gloo point-to-point calls time out, docs/train_python.md)."""
+
 
 RUNNER = _Runner

@@ -90,7 +90,8 @@ def _capture(fn, weights, exact=True):
 
 class GradReduction(_g.GradReductionBase):
     """bitexact.torch.GradReduction for Paddle: the same protocol (begin,
-    micro_batch, agree, the same micro-batches, finish; or run_two_pass),
+    micro_batch, agree, the same micro-batches, finish; or run_two_pass; or
+    the one-pass run_step on a grid stated from the history),
     the same errors and the same bits. ``parameters``: fp32 CPU Paddle
     parameters with ``stop_gradient=False`` or ``named_parameters()`` pairs.
     ``finish`` sets every parameter's ``.grad`` (a new tensor, replacing

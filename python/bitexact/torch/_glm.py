@@ -228,5 +228,17 @@ class _Runner(_gm.RunnerBase):
         from . import comm
         return dist.get_rank(), dist.get_world_size(), comm(), None
 
+    @staticmethod
+    def finalize_distributed():
+        """The end of a run: every rank waits for the others, then the
+        process groups (the world's and the EP / replica groups) are
+        destroyed, so that no gloo thread is alive at interpreter exit
+        ("terminate called without an active exception" otherwise, now and
+        then, on a rank that exits first)."""
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
+
 
 RUNNER = _Runner

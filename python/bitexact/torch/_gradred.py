@@ -8,10 +8,13 @@ kernels. Weight gradients never go through torch's accumulation into
 ``.grad``: each module adds its per-chunk partials (one chunk = one
 sequence of ``seq_len`` tokens) to the :class:`GradReduction` of the step,
 which owns one ``bitexact.kernels.TokRed`` over the parameters and writes
-every ``.grad`` at :meth:`GradReduction.finish`. A step is two passes of the
-same forward + backward (pass 0 bounds the partials, the grid is agreed over
-ranks, pass 1 adds them), so gradients and the loss are bitwise the same for
-any micro-batching, thread count and data-parallel rank count.
+every ``.grad`` at :meth:`GradReduction.finish`. A step
+(:meth:`GradReduction.run_step`) is one forward + backward on a grid stated
+from the previous steps' observed exponents (:attr:`history`), run again on
+its observed grid when an add breaks it (or there is no history); or two
+passes (:meth:`run_two_pass`: pass 0 bounds, the grid is agreed, pass 1
+adds). Either way gradients and the loss are bitwise the same for any
+micro-batching, thread count and data-parallel rank count.
 
 Threading: a GradReduction is used by one thread at a time (the one running
 the step); the kernels release the GIL and their own worker threads
@@ -70,7 +73,12 @@ class GradReduction(_g.GradReductionBase):
     gradients' TN partials too (`bitexact train --compute-dtype bf16`);
     weights, gradients and everything else stay fp32.
 
-    The protocol, on every rank, per step (:meth:`run_two_pass` does it)::
+    A step, on every rank: ``red.run_step(closure, micro_batches, comm)``
+    (``closure(i)`` runs micro-batch i's forward + backward; one pass while
+    the grid stated from :attr:`history` holds, ``red.passes`` says how many
+    ran; the history is checkpointed as ``red.history``, a dict name ->
+    exponent plus ``"loss"``; docs/train_model.md, "The one-pass invariant
+    step"). The two-pass protocol, per step (:meth:`run_two_pass` does it)::
 
         red.begin()                          # pass 0: bound
         for b, n, batch in my_micro_batches: # global first token, token count

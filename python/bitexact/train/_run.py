@@ -2,8 +2,10 @@
 bitexact.train``, docs/train_python.md): the GLM-4.5 model of
 bitexact.torch or bitexact.paddle, resumed from a `bitexact train`
 checkpoint, trained with `bitexact train`'s step (src/cli/train.c
-run_step): the data order, the two-pass token reduction of every weight
-gradient (GradReduction), the exact group norms (dense, routed experts),
+run_step): the data order, the token reduction of every weight gradient
+(GradReduction.run_step: one pass on the grid stated from the history, the
+observed grid's second pass when an add breaks it or there is none), the
+exact group norms (dense, routed experts),
 torch's clip coefficient and rounding, AdamW by bx_adamw_step; the same run
 record lines and checkpoint files. Every number is computed by a bitexact
 kernel; this file only moves data, so the records are byte-identical to
@@ -38,6 +40,8 @@ from .. import clip_coef, scale, total_norm
 from ..nn._ep import ExpertParallel
 
 CKPT_FILES = ("config.json", "model.safetensors", "optimizer.safetensors", "trainer_state.json")
+FORMAT_VERSION = 2  # trainer_state.json (train_ckpt.h TC_FORMAT_VERSION); 1 is still read
+RECORD_FORMAT = 2  # a record's "record_format" (train_record.h TREC_FORMAT)
 
 
 def chex(d):
@@ -57,12 +61,15 @@ def chex(d):
     return f"{sign}0x{lead}{'.' + frac if frac else ''}p{exp if exp[0] in '+-' else '+' + exp}"
 
 
-def record_line(step, loss, norm, gd, ge, coef, lr, tokens, loss_hash, entropy, dtype="fp32"):
-    """One run-record line (train_record.c trec_format), without newline."""
+def record_line(step, loss, norm, gd, ge, coef, lr, tokens, loss_hash, entropy, dtype="fp32",
+                passes=1):
+    """One run-record line (train_record.c trec_format), without newline;
+    passes: the forward + backward passes the step ran (1 or 2)."""
     s = (f'{{"step": {step}, "loss": "{chex(loss)}", "grad_norm": "{chex(norm)}", '
          f'"grad_norm_dense": "{chex(gd)}", "grad_norm_expert": "{chex(ge)}", '
          f'"clip_coef": "{chex(coef)}", "lr": "{chex(lr)}", "tokens": {tokens}, '
-         f'"loss_hash": "xxh3:{loss_hash:016x}", "compute_dtype": "{dtype}"')
+         f'"loss_hash": "xxh3:{loss_hash:016x}", "compute_dtype": "{dtype}", '
+         f'"passes": {int(passes)}, "record_format": {RECORD_FORMAT}')
     return s + (f', "entropy_rate": "{chex(entropy)}"}}' if not math.isnan(entropy) else "}")
 
 
@@ -100,10 +107,42 @@ class _Tensors:
         return self._f.get_tensor(n)
 
 
+def trainable_names(opt_tensors):
+    """The trainable parameters' names of a checkpoint: those with AdamW
+    moments in optimizer.safetensors (every rank reads the whole file's
+    names, its experts' or not)."""
+    return [n[:-len(".exp_avg")] for n in opt_tensors if n.endswith(".exp_avg")]
+
+
+def check_grid_history(d, gh, names):
+    """trainer_state.json's "grid_history" (train_ckpt.c read_state): an
+    object holding exactly every trainable parameter's name and "loss",
+    each an integer exponent in [-149, 128]; InvalidArgumentError naming the
+    key otherwise."""
+    where = f"--resume {d}: trainer_state.json"
+    if not isinstance(gh, dict):
+        raise InvalidArgumentError(f"{where}: grid_history is a {type(gh).__name__}, an object "
+                                   "{parameter name: exponent, ..., \"loss\": exponent} expected")
+    keys = list(names) + ["loss"]
+    for k in keys:
+        v = gh.get(k)
+        if k not in gh or isinstance(v, bool) or not isinstance(v, int) or not -149 <= v <= 128:
+            raise InvalidArgumentError(f"{where}: grid_history.{k} is "
+                                       f"{'missing' if k not in gh else repr(v)} (an integer "
+                                       "exponent in [-149, 128] expected)")
+    extra = sorted(set(gh) - set(keys))
+    if extra:
+        raise InvalidArgumentError(f"{where}: grid_history.{extra[0]}: not a trainable parameter "
+                                   f"of the checkpoint ({len(gh)} entries; its {len(names)} "
+                                   "parameters and \"loss\" expected)")
+
+
 def read_checkpoint(d):
     """(config text, trainer_state dict, model tensors, optimizer tensors) of
     a `bitexact train` checkpoint directory (the tensors as mappings read
-    on demand)."""
+    on demand). trainer_state.json format_version 1 or 2; a "grid_history"
+    (format 2) is checked (check_grid_history; format 1 has none and any
+    such key is ignored, as the C trainer does)."""
     for f in CKPT_FILES:
         if not os.path.isfile(os.path.join(d, f)):
             raise InvalidArgumentError(f"--resume {d}: {f} is missing (a `bitexact train --save` "
@@ -112,11 +151,17 @@ def read_checkpoint(d):
         cfg = f.read()
     with open(os.path.join(d, "trainer_state.json"), encoding="utf-8") as f:
         st = json.load(f)
-    if st.get("format_version") != 1:
-        raise InvalidArgumentError(f"--resume {d}: trainer_state.json format_version "
-                                   f"{st.get('format_version')!r} (1 expected)")
-    return cfg, st, _Tensors(os.path.join(d, "model.safetensors")), \
-        _Tensors(os.path.join(d, "optimizer.safetensors"))
+    fv = st.get("format_version") if isinstance(st, dict) else None
+    if fv not in (1, FORMAT_VERSION) or isinstance(fv, bool):
+        raise InvalidArgumentError(f"--resume {d}: trainer_state.json format_version {fv!r} "
+                                   f"(1 or {FORMAT_VERSION} expected)")
+    marrays = _Tensors(os.path.join(d, "model.safetensors"))
+    oarrays = _Tensors(os.path.join(d, "optimizer.safetensors"))
+    if fv == 1:
+        st.pop("grid_history", None)
+    elif "grid_history" in st:
+        check_grid_history(d, st["grid_history"], trainable_names(oarrays))
+    return cfg, st, marrays, oarrays
 
 
 def _state_json(st):
@@ -186,6 +231,10 @@ def parse_args(argv):
     p.add_argument("--shuffle", action="store_true", default=None)
     p.add_argument("--compute-dtype", choices=("fp32", "bf16"), default=None,
                    help="must equal the checkpoint's (default: the checkpoint's)")
+    p.add_argument("--grid-history", choices=("on", "off"), default="on",
+                   help="off: no step states its grid from the history (every step runs the "
+                   "observed grid's two passes; the same records as `bitexact train "
+                   "--grid-history off`)")
     p.add_argument("--compile", action="store_true",
                    help="torch: run the model and AdamW.step under "
                    "torch.compile(fullgraph=True)")
@@ -262,6 +311,12 @@ class Run:
             self.forward, self.opt_step = fw.compile(self.model), fw.compile(self.opt.step)
         self.red = fw.GradReduction(self.params, self.L, self.B * self.L, num_threads=a.threads,
                                     compute_dtype=self.dtype, expert_parallel=self.ep)
+        # the grid history of the checkpoint (format 2), by name: this rank's parameters' and
+        # the loss's; none (format 1, step 0): the first step runs two passes
+        gh = st.get("grid_history")
+        if gh is not None:
+            self.red.history = {n: gh[n] for n in self.red.names + ["loss"]}
+        self.trainable = trainable_names(oarrays)  # every rank's (save: the whole history)
         # each element of the model counted once by the norm (exact: which rank counts it
         # cannot change a bit): dense tensor j by rank j mod P; the i-th expert tensor a rank
         # holds (the same experts on the P/E ranks of its EP rank) by the one in EP group i mod P/E
@@ -279,20 +334,16 @@ class Run:
         toks = np.stack([self.data.tokens(self.data.sequence(s * B + first + b))
                          for b in range(local)])
         per = local // a.micro_batches
-        tok_losses = np.empty(local * L, dtype=np.float32)
         red = self.red
-        red.begin()
-        for pass_ in (0, 1):
-            for i in range(a.micro_batches):
-                r0 = i * per
-                with red.micro_batch((first + r0) * L, per * L) as mb:
-                    loss = self.forward(fw.ids(toks[r0:r0 + per, :L]), fw.ids(toks[r0:r0 + per, 1:]))
-                    fw.backward(loss)
-                    if pass_:
-                        tok_losses[r0 * L:(r0 + per) * L] = fw.numpy(mb.token_losses)
-            if not pass_:
-                red.agree(self.comm)
-        red.finish(self.comm)
+
+        def micro_batch(i):  # forward + backward; the per-token losses
+            r0 = i * per
+            loss = self.forward(fw.ids(toks[r0:r0 + per, :L]), fw.ids(toks[r0:r0 + per, 1:]))
+            fw.backward(loss)
+            return fw.numpy(red.current_micro_batch.token_losses)
+        mbs = [((first + i * per) * L, per * L) for i in range(a.micro_batches)]
+        outs = red.run_step(micro_batch, mbs, comm=self.comm, use_history=a.grid_history == "on")
+        tok_losses = np.concatenate([np.asarray(o, dtype=np.float32).reshape(-1) for o in outs])
         loss = float(fw.numpy(red.loss))
         all_loss = tok_losses
         if P > 1:  # the global batch's token losses, gathered exactly (their bit patterns summed)
@@ -314,13 +365,16 @@ class Run:
             self.first_loss = loss
         self.last_loss, self.last_norm = loss, total
         return record_line(s, loss, total, gn["dense"], gn["expert"], coef, self.lr, B * L,
-                           loss_hash(all_loss), self.data.entropy_nats, self.dtype)
+                           loss_hash(all_loss), self.data.entropy_nats, self.dtype, red.passes)
 
     def save(self, d):
         """Rank 0 writes the checkpoint: its own tensors, and under expert
         parallelism the experts it does not hold, gathered from EP group
-        0's holders (every rank takes part)."""
+        0's holders (every rank takes part); trainer_state.json of format 2
+        with the grid history of every trainable parameter and the loss
+        (none before a step has observed one, as `bitexact train`)."""
         fw, a = self.fw, self.a
+        hist = self.red.history  # the same on every rank where present (a function of the data)
         marr = {n: fw.numpy(t) for n, t in list(fw.named_parameters(self.model)) +
                 list(fw.named_buffers(self.model))}
         oarr = {}
@@ -328,23 +382,32 @@ class Run:
             m, v = self.opt.moments(p)
             oarr[n + ".exp_avg"], oarr[n + ".exp_avg_sq"] = fw.numpy(m), fw.numpy(v)
         if self.ep is not None:
-            self._gather_experts(marr, oarr)
+            self._gather_experts(marr, oarr, hist)
         if self.rank != 0:
             return
         st = copy.deepcopy(self.state)
-        st.update(step=a.steps, clip=chex(self.clip), mode="invariant", compute_dtype=self.dtype)
+        st.update(format_version=FORMAT_VERSION, step=a.steps, clip=chex(self.clip),
+                  mode="invariant", compute_dtype=self.dtype)
+        st.pop("grid_history", None)
+        if hist is not None:
+            missing = [n for n in self.trainable + ["loss"] if n not in hist]
+            if missing:  # not reached: the gather fills every expert
+                raise InvalidArgumentError(f"--save {d}: no grid history for {missing[:3]}")
+            st["grid_history"] = {n: int(hist[n]) for n in self.trainable + ["loss"]}
         st["data"]["position"] = a.steps * self.B
         st["lr_schedule"] = {"kind": "constant", "lr": chex(self.lr)}
         st["adamw"]["weight_decay"] = chex(self.wd)
         write_checkpoint(d, self.cfg_text, st, marr, oarr)
 
 
-    def _gather_experts(self, marr, oarr):
+    def _gather_experts(self, marr, oarr, hist=None):
         """marr / oarr on rank 0 += every routed expert's weights and AdamW
         moments (fp32), one expert at a time: its holder in EP group 0
         (world rank e // nl) writes the bit patterns as int64 words, every
         other rank zeros, and the int64 SUM all-reduce delivers them (one
-        writer per word: exact)."""
+        writer per word: exact). hist (the grid history, a dict, or None
+        on every rank): its weights' exponents travel in the same words (3
+        more), and rank 0's hist gets them."""
         ep, cfg = self.ep, self.cfg
         fn, _ = _comm_args(self.comm)
         I, H = cfg.moe_intermediate_size, cfg.hidden_size
@@ -356,13 +419,16 @@ class Run:
                 names = [(m, k + s, sh) for k, sh in keys
                          for m, s in ((marr, ""), (oarr, ".exp_avg"), (oarr, ".exp_avg_sq"))]
                 mine = self.rank == e // ep.nl  # the holder in EP group 0
-                words = np.zeros(sum(int(np.prod(sh)) for _, _, sh in names), dtype=np.int64)
+                nh = len(keys) if hist is not None else 0
+                words = np.zeros(sum(int(np.prod(sh)) for _, _, sh in names) + nh, dtype=np.int64)
                 if mine:
                     at = 0
                     for m, k, sh in names:
                         u = np.ascontiguousarray(m[k], dtype=np.float32).reshape(-1).view(np.uint32)
                         words[at:at + u.size] = u
                         at += u.size
+                    for j, (k, _) in enumerate(keys[:nh]):
+                        words[at + j] = hist[k]
                 buf = bytearray(words.tobytes())
                 r = fn(buf, "sum")
                 words = np.frombuffer(bytes(r if r is not None else buf), dtype=np.int64)
@@ -372,6 +438,8 @@ class Run:
                         n = int(np.prod(sh))
                         m[k] = words[at:at + n].astype(np.uint32).view(np.float32).reshape(sh)
                         at += n
+                    for j, (k, _) in enumerate(keys[:nh]):
+                        hist[k] = int(words[at + j])
 
 
 def main(argv=None):
@@ -398,6 +466,7 @@ def main(argv=None):
                     os.remove(a.record)
         if a.save:
             run.save(a.save)
+        fw.finalize_distributed()
     except (Error, OSError) as e:
         print(f"bitexact.train: {e}", file=sys.stderr)
         return 2
