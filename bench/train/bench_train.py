@@ -14,14 +14,19 @@ synthetic corpus):
     and its ceiling on this machine: two independent 1-thread runs at once
     ("pair t1": tokens of both over the wall time of both), against one.
 
-Timing. bitexact: the wall time of `bitexact train --steps N` minus that of
-the same command with `--steps 0` (process start, model init, the synthetic
-corpus, mpirun start-up), divided by N. torch: one long-lived worker process
-(imported once); per measurement it sets the threads, runs 2 warm-up steps,
-then times N steps with perf_counter (and process_time). Tokens per step =
-B*L. Each figure is also given per CPU-second (bitexact: the rusage of the
-command and its descendants; torch: the worker's process_time), which at 1
-thread is the work whatever else runs on a shared machine. The runs are
+Timing. Steady state, the figure compared: bitexact: the in-process mean
+step time of steps 1 .. N-1 of `bitexact train --steps N --json`
+(`step_seconds`: the first step, which states no grid from a history and
+runs two passes, and allocates, is left out, as torch's warm-up steps
+are); torch: one long-lived worker process (imported once); per
+measurement it sets the threads, runs 2 warm-up steps, then times N steps
+with perf_counter (and process_time). Beside it, bitexact's whole-run
+figure: the wall time of `--steps N` minus that of the same command with
+`--steps 0` (process start, model init, the synthetic corpus, mpirun
+start-up), divided by N, the first step included. Tokens per step = B*L.
+Each figure is also given per CPU-second (bitexact: the rusage of the
+command and its descendants, whole run; torch: the worker's process_time),
+which at 1 thread is the work whatever else runs on a shared machine. The runs are
 interleaved (A, B, C, ... A, B, C, ...) --reps times; the report gives the
 median of each and the median of the per-repetition ratios.
 
@@ -107,7 +112,8 @@ class Bench:
 
     def train_cmd(self, steps, threads, mode, ranks):
         cmd = [self.a.bin, "train", "--steps", str(steps), "--threads", str(threads), "--mode", mode,
-               "--global-batch", str(self.a.batch), "--seq-len", str(self.a.seq_len), "-q"]
+               "--global-batch", str(self.a.batch), "--seq-len", str(self.a.seq_len), "-q",
+               "--json"]
         if self.a.config:
             cmd += ["--config", self.a.config]
         if ranks:
@@ -115,15 +121,21 @@ class Bench:
         return cmd
 
     def wall(self, cmd):
-        """(wall seconds, CPU seconds of the command and its descendants)"""
+        """(wall seconds, CPU seconds of the command and its descendants, the summary's
+        in-process step_seconds: steps after the first; None for --steps 0)"""
         r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         t = time.perf_counter()
-        p = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         dt = time.perf_counter() - t
         r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
         if p.returncode != 0:
             sys.exit("bench_train: %s: exit %d: %s" % (" ".join(cmd), p.returncode, p.stderr.decode()[-500:]))
-        return dt, (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+        steady = None
+        try:
+            steady = json.loads(p.stdout.decode()).get("step_seconds")
+        except ValueError:
+            pass
+        return dt, (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime), steady
 
     def pair(self):
         """(wall, CPU) seconds per step of two concurrent independent 1-thread runs, per run's
@@ -132,24 +144,29 @@ class Bench:
             r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
             t = time.perf_counter()
             ps = [subprocess.Popen(self.train_cmd(steps, 1, "invariant", 0) + ["--seed", str(k + 1)],
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for k in range(2)]
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE) for k in range(2)]
+            steady = []
             for p in ps:
-                _, err = p.communicate()
+                out, err = p.communicate()
                 if p.returncode != 0:
                     sys.exit("bench_train: pair: exit %d: %s" % (p.returncode, err.decode()[-500:]))
+                if steps:
+                    steady.append(json.loads(out.decode())["step_seconds"])
             dt = time.perf_counter() - t
             r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-            return dt, (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+            return dt, (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime), steady
         n = self.a.steps
-        (w_n, c_n), (w_0, c_0) = both(n), both(0)
-        return (w_n - w_0) / n / 2, (c_n - c_0) / n / 2
+        (w_n, c_n, st), (w_0, c_0, _) = both(n), both(0)
+        # steady: the two runs overlap only if both are running; their mean step over 2
+        return statistics.mean(st) / 2, (w_n - w_0) / n / 2, (c_n - c_0) / n / 2
 
     def bx(self, threads, mode, ranks=0):
-        """(wall, CPU) seconds per step of bitexact train (ranks 0: no mpirun)"""
+        """(steady wall, whole-run wall, CPU) seconds per step of bitexact train (ranks 0: no
+        mpirun; steady: rank 0's in-process step_seconds)"""
         n = self.a.steps
-        w_n, c_n = self.wall(self.train_cmd(n, threads, mode, ranks))
-        w_0, c_0 = self.wall(self.train_cmd(0, threads, mode, ranks))
-        return (w_n - w_0) / n, (c_n - c_0) / n
+        w_n, c_n, steady = self.wall(self.train_cmd(n, threads, mode, ranks))
+        w_0, c_0, _ = self.wall(self.train_cmd(0, threads, mode, ranks))
+        return steady, (w_n - w_0) / n, (c_n - c_0) / n
 
 
 def main():
@@ -193,7 +210,7 @@ def main():
             worker.stdin.write("%d %d\n" % (t, a.steps))
             worker.stdin.flush()
             w, c = map(float, worker.stdout.readline().split())
-            return w / a.steps, c / a.steps
+            return w / a.steps, w / a.steps, c / a.steps
 
         cases = []  # (name, fn)
         for t in threads:
@@ -207,11 +224,13 @@ def main():
             cases.append(("pair t1", b.pair))
 
         sec = {name: [] for name, _ in cases}
+        run = {name: [] for name, _ in cases}
         cpu = {name: [] for name, _ in cases}
         for rep in range(a.reps):
             for name, fn in cases:
-                w, c = fn()
+                w, wr, c = fn()
                 sec[name].append(w)
+                run[name].append(wr)
                 cpu[name].append(c)
             print("rep %d: " % rep + ", ".join("%s %.0f" % (n, tokens / sec[n][-1]) for n, _ in cases),
                   flush=True)
@@ -232,9 +251,10 @@ def main():
           % (cpu_model(), commit(), a.config or "tiny (built-in)", a.reps, a.steps, a.batch, a.seq_len))
     if worker:
         print("torch %s" % torch_version)
-    print("%-18s %12s %22s" % ("case", "tokens/s", "tokens per CPU-second"))
+    print("%-18s %12s %22s %22s" % ("case", "tokens/s", "tokens/s, whole run", "tokens per CPU-second"))
     for name, _ in cases:
-        print("%-18s %12.0f %22.0f" % (name, med_tps(name), med_tps(name, cpu)))
+        print("%-18s %12.0f %22.0f %22.0f" % (name, med_tps(name), med_tps(name, run),
+                                               med_tps(name, cpu)))
     ratios = {}
     for t in threads:
         ratios["invariant/ordinary t%d" % t] = med_ratio("invariant t%d" % t, "ordinary t%d" % t)
@@ -242,6 +262,7 @@ def main():
             ratios["invariant/torch t%d" % t] = med_ratio("invariant t%d" % t, "torch t%d" % t)
             ratios["ordinary/torch t%d" % t] = med_ratio("ordinary t%d" % t, "torch t%d" % t)
     if 1 in threads:  # 1 thread: CPU time is the work, whatever else runs
+        ratios["invariant/ordinary t1 (whole run)"] = med_ratio("invariant t1", "ordinary t1", run)
         ratios["invariant/ordinary t1 (CPU time)"] = med_ratio("invariant t1", "ordinary t1", cpu)
         if worker:
             ratios["invariant/torch t1 (CPU time)"] = med_ratio("invariant t1", "torch t1", cpu)
@@ -254,7 +275,8 @@ def main():
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"cpu": cpu_model(), "commit": commit(), "tokens_per_step": tokens,
-                       "steps": a.steps, "seconds_per_step": sec, "cpu_seconds_per_step": cpu,
+                       "steps": a.steps, "seconds_per_step": sec, "run_seconds_per_step": run,
+                       "cpu_seconds_per_step": cpu,
                        "ratios": ratios}, f, indent=1)
 
 
