@@ -147,6 +147,17 @@ BX_API bx_status bx_rsqrt(const DLTensor *x, DLTensor *y, const bx_math_opts *op
 BX_API bx_status bx_sin(const DLTensor *x, DLTensor *y, const bx_math_opts *opts);
 BX_API bx_status bx_cos(const DLTensor *x, DLTensor *y, const bx_math_opts *opts);
 
+/* y = x rounded to bf16: nearest even on the bits (torch's
+ * x.to(torch.bfloat16)), a NaN stays a NaN with its quiet bit set,
+ * overflow to +-Inf, subnormals rounded like any value: the rounding of
+ * the models' bf16 GEMM operands (`--compute-dtype bf16`). x fp32, y bf16
+ * (kDLBfloat, 16 bits), the same shape, both dense row-major (strides NULL
+ * or compact), host memory, not overlapping. The same bits on every ISA
+ * (one integer loop, vectorised). Errors (nothing written): BX_EDTYPE,
+ * BX_EDEVICE, BX_EINVAL (shapes, opts), BX_ELAYOUT (strides, overlap),
+ * naming the tensor (x 0, y 1). Threads, ownership and opts as above. */
+BX_API bx_status bx_round_bf16(const DLTensor *x, DLTensor *y, const bx_math_opts *opts);
+
 #ifdef __cplusplus
 }
 #endif

@@ -149,6 +149,7 @@ static const test_entry TESTS[] = {
     {"math_vs_mpfr", test_math_vs_mpfr},
     {"math_tensor_invariance", test_math_tensor_invariance},
     {"math_errors", test_math_errors},
+    {"round_bf16", test_round_bf16},
     {"adamw_vs_reference", test_adamw_vs_reference},
     {"adamw_threads_and_isa", test_adamw_threads_and_isa},
     {"adamw_errors", test_adamw_errors},

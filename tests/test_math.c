@@ -350,3 +350,129 @@ void test_math_vector_kernels(void) {
   free(out);
   free(tmp);
 }
+
+/* ---- bx_round_bf16 ------------------------------------------------------------ */
+
+/* The reference: x rounded by MPFR to 8 significant bits, nearest even,
+ * in bf16's exponent range (normals from 2^-126, subnormals in steps of
+ * 2^-133, overflow to Inf from (2 - 2^-9) 2^127), as fp32 bits; a NaN
+ * keeps its top bits with the quiet bit set. */
+static uint16_t bf16_ref(float x) {
+  uint32_t u;
+  memcpy(&u, &x, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+  mpfr_exp_t emin = mpfr_get_emin(), emax = mpfr_get_emax();
+  mpfr_set_emin(-132); /* 2^-133 = 0.5 * 2^-132: the smallest subnormal */
+  mpfr_set_emax(128);
+  mpfr_t m;
+  mpfr_init2(m, 8);
+  int t = mpfr_set_flt(m, x, MPFR_RNDN);
+  t = mpfr_check_range(m, t, MPFR_RNDN);
+  mpfr_subnormalize(m, t, MPFR_RNDN);
+  float r = mpfr_get_flt(m, MPFR_RNDN); /* exact: 8 bits */
+  mpfr_clear(m);
+  mpfr_set_emin(emin);
+  mpfr_set_emax(emax);
+  uint32_t v;
+  memcpy(&v, &r, 4);
+  return (uint16_t)(v >> 16);
+}
+
+/* Every ISA's table against the MPFR reference: specials, ties (odd and
+ * even), the overflow edge, subnormals, random bits, every length 0..70 at
+ * offsets 0..3; then the tensor call's threads and its errors. */
+void test_round_bf16(void) {
+  bxt_rng r;
+  bxt_rng_init(&r);
+  enum { CAP = 1 << 16 };
+  static float x[CAP];
+  static uint16_t y[CAP], want[CAP];
+  size_t n = 0;
+  static const uint32_t edge[] = {0x00000000u, 0x00000001u, 0x00007fffu, 0x00008000u, 0x00008001u,
+                                  0x00018000u, 0x007fffffu, 0x00800000u, 0x3f800000u, 0x3f808000u,
+                                  0x3f818000u, 0x3f807fffu, 0x3f808001u, 0x7f7f7fffu, 0x7f7f8000u,
+                                  0x7f7fffffu, 0x7f800000u, 0x7f800001u, 0x7fbfffffu, 0x7fc00000u,
+                                  0x7fffffffu, 0x7f80ffffu};
+  for (size_t i = 0; i < sizeof edge / sizeof edge[0]; i++)
+    for (int d = -3; d <= 3; d++)
+      for (int s = 0; s < 2; s++) {
+        uint32_t b = (edge[i] + (uint32_t)d) ^ (s ? 0x80000000u : 0);
+        memcpy(&x[n++], &b, 4);
+      }
+  while (n < CAP) {
+    uint32_t b = (uint32_t)bxt_next(&r);
+    if (n % 3 == 0) b = (b & 0xffff0000u) | 0x8000u; /* an exact tie */
+    memcpy(&x[n++], &b, 4);
+  }
+  for (size_t i = 0; i < n; i++) want[i] = bf16_ref(x[i]);
+  for (int isa = 0; isa < bxt_isa_count(); isa++) {
+    if (!bxt_force(isa)) continue;
+    const bx_math_kernels *k = bx_math_kernels_active();
+    memset(y, 0, sizeof y);
+    k->bf16_round(x, y, n);
+    size_t bad = 0, first = n;
+    for (size_t i = 0; i < n; i++)
+      if (y[i] != want[i]) {
+        bad++;
+        if (first == n) first = i;
+      }
+    CHECK(bad == 0, "%s: %zu of %zu differ from MPFR (first: x %08x -> %04x, want %04x)", k->name,
+          bad, n, bad ? (unsigned)((uint32_t *)(void *)x)[first] : 0u, bad ? y[first] : 0,
+          bad ? want[first] : 0);
+    for (size_t len = 0; len <= 70; len++)
+      for (size_t off = 0; off < 4; off++) {
+        memset(y, 0xab, 160 * sizeof *y);
+        k->bf16_round(x + off, y + off, len);
+        int ok = 1;
+        for (size_t i = 0; i < 160; i++)
+          ok &= (i >= off && i < off + len) ? y[i] == want[i] : y[i] == 0xabab;
+        CHECK(ok, "%s: length %zu at offset %zu: wrong or written outside", k->name, len, off);
+      }
+  }
+  bxt_force(-1);
+  /* the tensor call: 1 and 2 threads, the same bits; errors name the tensor, nothing written */
+  int64_t shape[2] = {256, 256};
+  DLTensor tx, ty;
+  memset(&tx, 0, sizeof tx);
+  tx.data = x;
+  tx.device.device_type = kDLCPU;
+  tx.ndim = 2;
+  tx.shape = shape;
+  tx.dtype.code = kDLFloat;
+  tx.dtype.bits = 32;
+  tx.dtype.lanes = 1;
+  ty = tx;
+  ty.data = y;
+  ty.dtype.code = kDLBfloat;
+  ty.dtype.bits = 16;
+  for (int th = 1; th <= 2; th++) {
+    bx_math_opts o = BX_MATH_OPTS_DEFAULT;
+    o.num_threads = th;
+    memset(y, 0, sizeof y);
+    CHECK_STATUS(bx_round_bf16(&tx, &ty, &o), BX_OK, "threads %d: %s", th, bx_last_error());
+    CHECK(!memcmp(y, want, 65536 * sizeof *y), "threads %d: the tensor call's bits", th);
+  }
+  memset(y, 0x5a, sizeof y);
+  DLTensor bad = ty;
+  bad.dtype.code = kDLFloat;
+  CHECK_STATUS(bx_round_bf16(&tx, &bad, NULL), BX_EDTYPE, "y fp16-sized float");
+  CHECK(strstr(bx_last_error(), "tensor 1") != NULL, "message: %s", bx_last_error());
+  CHECK_STATUS(bx_round_bf16(&ty, &ty, NULL), BX_EDTYPE, "x bf16");
+  int64_t other[2] = {256, 255};
+  bad = ty;
+  bad.shape = other;
+  CHECK_STATUS(bx_round_bf16(&tx, &bad, NULL), BX_EINVAL, "shapes differ");
+  int64_t st[2] = {1, 256};
+  bad = ty;
+  bad.strides = st;
+  CHECK_STATUS(bx_round_bf16(&tx, &bad, NULL), BX_ELAYOUT, "column-major y");
+  bad = ty;
+  bad.data = (char *)x + 2;
+  CHECK_STATUS(bx_round_bf16(&tx, &bad, NULL), BX_ELAYOUT, "y overlaps x");
+  bx_math_opts neg = BX_MATH_OPTS_DEFAULT;
+  neg.num_threads = -1;
+  CHECK_STATUS(bx_round_bf16(&tx, &ty, &neg), BX_EINVAL, "negative threads");
+  int untouched = 1;
+  for (size_t i = 0; i < 65536; i++) untouched &= y[i] == 0x5a5a;
+  CHECK(untouched, "a failed call wrote");
+}

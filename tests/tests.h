@@ -132,6 +132,7 @@ void test_pow_det_flush_to_zero(void);
 void test_math_vs_mpfr(void);
 void test_math_tensor_invariance(void);
 void test_math_errors(void);
+void test_round_bf16(void);
 
 /* test_adamw.c */
 void test_adamw_vs_reference(void);

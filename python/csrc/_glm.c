@@ -1625,7 +1625,7 @@ static PyObject *py_bf16_copy(PyObject *self, PyObject *args, PyObject *kw) {
       !(y = (uint16_t *)glm_dl_bf16(&nd.c, nd.k.p[1], "y", 1, n)))
     return node_end(&nd, -1);
   Py_BEGIN_ALLOW_THREADS
-  glm_bf16_convert(x, y, n);
+  glm_bf16_convert(x, y, n, 0);
   Py_END_ALLOW_THREADS
   return node_end(&nd, 0);
 }

@@ -184,10 +184,15 @@ typedef struct bx_adamw_scalars {
 typedef void (*bx_adamw_fn)(float *p, const float *g, float *m, float *v, size_t n,
                             const bx_adamw_scalars *s);
 
+/* fp32 -> bf16, nearest even, NaN quieted (src/cpu/bf16_body.h: the
+ * same loop in every table, vectorised where the ISA allows). */
+typedef void (*bx_bf16_round_fn)(const float *x, uint16_t *y, size_t n);
+
 typedef struct bx_math_kernels {
   const char *name;
   bx_math_fn exp, log, sigmoid, silu, rsqrt, sin, cos;
   bx_adamw_fn adamw;
+  bx_bf16_round_fn bf16_round;
 } bx_math_kernels;
 
 extern const bx_math_kernels bx_math_portable;

@@ -43,7 +43,8 @@ static void loop_exp(const float *x, float *y, size_t n) {
 }
 
 #include "adamw_body.h"
+#include "bf16_body.h"
 
 const bx_math_kernels bx_math_portable = {"portable", loop_exp, loop_log,
                                           loop_sigmoid, loop_silu, loop_rsqrt,
-                                          loop_sin, loop_cos, adamw_loop};
+                                          loop_sin, loop_cos, adamw_loop, bf16_round_loop};

@@ -361,7 +361,9 @@ VM_LOOP(cos)
 #undef EACH
 
 #include "adamw_body.h"
+#include "bf16_body.h"
 
 const bx_math_kernels VM_TABLE = {VM_NAME,         vm_loop_exp,  vm_loop_log,
                                   vm_loop_sigmoid, vm_loop_silu, vm_loop_rsqrt,
-                                  vm_loop_sin,     vm_loop_cos,  adamw_loop};
+                                  vm_loop_sin,     vm_loop_cos,  adamw_loop,
+                                  bf16_round_loop};

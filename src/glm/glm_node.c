@@ -148,21 +148,15 @@ float glm_bf16_widen(uint16_t h) {
   return x;
 }
 
-/* glm_bf16_round over an array, branch-free so the compiler vectorises it
- * (integer operations only: the bits of glm_bf16_round whatever the ISA;
- * GCC's -O2 cost model declines the loop, hence the attribute). */
-#if defined(__GNUC__) && !defined(__clang__)
-__attribute__((optimize("tree-vectorize", "vect-cost-model=dynamic")))
-#endif
-void glm_bf16_convert(const float *restrict x, uint16_t *restrict y, int64_t n) {
-  const uint32_t *u = (const uint32_t *)(const void *)x;
-  for (int64_t i = 0; i < n; i++) {
-    uint32_t v = u[i];
-    uint32_t nan = (uint32_t)-(int32_t)((v & 0x7fffffffu) > 0x7f800000u); /* all ones: NaN */
-    uint32_t r = (v + 0x7fffu + ((v >> 16) & 1u)) >> 16;
-    uint32_t q = (v >> 16) | 0x0040u; /* a NaN stays a NaN, quiet */
-    y[i] = (uint16_t)((r & ~nan) | (q & nan));
-  }
+/* glm_bf16_round over an array: bx_round_bf16 (the same bits: one integer
+ * loop in every ISA's table, vectorised, over `threads` threads; 0: the
+ * library's default). */
+void glm_bf16_convert(const float *x, uint16_t *y, int64_t n, int threads) {
+  if (n <= 0) return;
+  glm_view vx, vy;
+  bx_math_opts o = BX_MATH_OPTS_DEFAULT;
+  o.num_threads = threads;
+  (void)bx_round_bf16(glm_f32(&vx, x, 1, n, 0, 0), glm_bf16(&vy, y, 1, n, 0), &o);
 }
 
 uint16_t *glm_bfws_get(glm_bfws *ws, int slot, int64_t n) {
@@ -197,10 +191,10 @@ int glm_gemm(glm_nctx *c, int bf, bx_gemm_layout layout, const float *a, int64_t
     uint16_t *wa = c->ws ? glm_bfws_get(c->ws, 0, ar * ac) : NULL;
     uint16_t *wb = bf == 2 && c->ws ? glm_bfws_get(c->ws, 1, br * bc) : NULL;
     if (!wa || (bf == 2 && !wb)) return glm_fail(c, BX_ENOMEM, "%s: out of memory (bf16 operand)", what);
-    glm_bf16_convert(a, wa, ar * ac);
+    glm_bf16_convert(a, wa, ar * ac, c->threads);
     ta = glm_bf16(&va, wa, 2, ar, ac);
     if (bf == 2) {
-      glm_bf16_convert(b, wb, br * bc);
+      glm_bf16_convert(b, wb, br * bc, c->threads);
       bbf = wb;
     }
     tb = glm_bf16(&vb, bbf, 2, br, bc);
@@ -257,8 +251,8 @@ int glm_wg_linear(glm_nctx *c, int64_t w_idx, int bf, int64_t b_idx, const float
     uint16_t *bd = c->ws ? glm_bfws_get(c->ws, 0, rows * n) : NULL;
     uint16_t *bx = c->ws ? glm_bfws_get(c->ws, 1, rows * k) : NULL;
     if (!bd || !bx) return glm_fail(c, BX_ENOMEM, "%s: out of memory (bf16 operand)", what);
-    glm_bf16_convert(dy, bd, rows * n);
-    glm_bf16_convert(x, bx, rows * k);
+    glm_bf16_convert(dy, bd, rows * n, c->threads);
+    glm_bf16_convert(x, bx, rows * k, c->threads);
     const DLTensor *td = glm_bf16(&vd, bd, 2, rows, n), *tx = glm_bf16(&vx, bx, 2, rows, k);
     bx_status st = c->pass == 0 ? bx_linear_wgrad_bound(st0, wi, BX_WGRAD_NONE, td, tx, c->tok0, &wo)
                                 : bx_linear_wgrad(st0, wi, BX_WGRAD_NONE, td, tx, c->tok0, &wo);

@@ -46,7 +46,9 @@ DLTensor *glm_bf16(glm_view *v, const uint16_t *p, int ndim, int64_t d0, int64_t
  * | 0x40); bf16 -> fp32 exact. */
 uint16_t glm_bf16_round(float x);
 float glm_bf16_widen(uint16_t h);
-void glm_bf16_convert(const float *restrict x, uint16_t *restrict y, int64_t n);
+/* y[0..n) = x rounded (bx_round_bf16 over `threads` threads, 0: the
+ * library's default; the bits never depend on the count). */
+void glm_bf16_convert(const float *x, uint16_t *y, int64_t n, int threads);
 
 /* Two growable bf16 workspaces (slot 0: the A operand, 1: the B operand
  * of a TN product). Zero-initialise; glm_bfws_free releases. */

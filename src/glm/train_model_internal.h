@@ -150,7 +150,7 @@ glm_lin tr_lin(const tr_ctx *c, int64_t w, int64_t b);
 /* The bf16 copies of the GEMM weights from the fp32 masters (once per
  * step, before its first GEMM): every 2-D parameter but the embedding and
  * the routers. 0 / -1 (out of memory). */
-int tr_bf16_weights(tr_model *m);
+int tr_bf16_weights(tr_model *m, int threads);
 /* Whether parameter idx's GEMMs run in bf16 in this context. */
 int tr_bf16_on(const tr_ctx *c, int64_t idx);
 

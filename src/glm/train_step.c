@@ -140,7 +140,7 @@ int tr_model_grad(tr_model *m, const tr_run_opts *o, const int32_t *tokens, int6
   c.n_global = global_seqs * L;
   c.local_tokens = local_seqs * L;
   c.bf16 = o->bf16;
-  if (o->bf16 && tr_bf16_weights(m)) {
+  if (o->bf16 && tr_bf16_weights(m, o->threads)) {
     snprintf(err, errlen, "tr_model_grad: out of memory (bf16 weight copies)");
     return -1;
   }

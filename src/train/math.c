@@ -171,6 +171,76 @@ bx_status bx_cos(const DLTensor *x, DLTensor *y, const bx_math_opts *opts) {
   return ew_run("bx_cos", EW_COS, x, y, opts);
 }
 
+/* ---- fp32 -> bf16 (bx_round_bf16) ------------------------------------------ */
+
+typedef struct bf_job {
+  const float *x;
+  uint16_t *y;
+  size_t n;
+  bx_bf16_round_fn loop;
+} bf_job;
+
+static void bf_piece(void *ctx, size_t task, int worker) {
+  (void)worker;
+  const bf_job *j = ctx;
+  size_t off = task * PIECE;
+  size_t len = j->n - off < PIECE ? j->n - off : PIECE;
+  j->loop(j->x + off, j->y + off, len);
+}
+
+static bx_status rowmajor(const char *fn, const DLTensor *t, size_t i) {
+  if (!t->strides) return BX_OK;
+  int64_t want = 1;
+  for (int d = t->ndim - 1; d >= 0; d--) {
+    if (t->shape[d] != 1 && t->strides[d] != want)
+      return bx_fail_at(BX_ELAYOUT, -1, BX_NO_GROUP, i,
+                        "%s: tensor %zu: not dense row-major (stride %lld in dimension %d, %lld "
+                        "expected)", fn, i, (long long)t->strides[d], d, (long long)want);
+    want *= t->shape[d];
+  }
+  return BX_OK;
+}
+
+bx_status bx_round_bf16(const DLTensor *x, DLTensor *y, const bx_math_opts *opts) {
+  static const char *fn = "bx_round_bf16";
+  bx_status st = opts ? bx_check_struct_size(fn, "opts->struct_size", opts->struct_size,
+                                             sizeof(bx_math_opts), "bx_math_opts",
+                                             "BX_MATH_OPTS_DEFAULT")
+                      : BX_OK;
+  if (st != BX_OK) return st;
+  bx_math_opts o = BX_MATH_OPTS_DEFAULT;
+  if (opts) o = *opts;
+  bx_call c;
+  st = bx_call_enter(&c, fn);
+  if (st != BX_OK) return st;
+  bx_span sx, sy;
+  if (o.num_threads < 0) st = bx_fail(BX_EINVAL, "%s: num_threads %d is negative", fn, o.num_threads);
+  if (st == BX_OK) st = bx_tensor_span(x, fn, BX_NO_GROUP, 0, &sx);
+  if (st == BX_OK) st = bx_tensor_span(y, fn, BX_NO_GROUP, 1, &sy);
+  if (st == BX_OK && sx.dtype != BX_DT_F32)
+    st = bx_fail_at(BX_EDTYPE, -1, BX_NO_GROUP, 0, "%s: tensor 0: dtype must be float32", fn);
+  if (st == BX_OK && sy.dtype != BX_DT_BF16)
+    st = bx_fail_at(BX_EDTYPE, -1, BX_NO_GROUP, 1, "%s: tensor 1: dtype must be bfloat16", fn);
+  if (st == BX_OK) {
+    int same = x->ndim == y->ndim;
+    for (int d = 0; same && d < x->ndim; d++) same = x->shape[d] == y->shape[d];
+    if (!same) st = bx_fail_at(BX_EINVAL, -1, BX_NO_GROUP, 1, "%s: tensor 1: shape differs from tensor 0's", fn);
+  }
+  if (st == BX_OK) st = rowmajor(fn, x, 0);
+  if (st == BX_OK) st = rowmajor(fn, y, 1);
+  if (st == BX_OK && sx.n && sy.n) {
+    const char *a0 = sx.data, *a1 = a0 + sx.n * 4, *b0 = sy.data, *b1 = b0 + sy.n * 2;
+    if (a0 < b1 && b0 < a1)
+      st = bx_fail_at(BX_ELAYOUT, -1, BX_NO_GROUP, 1, "%s: tensor 1 overlaps tensor 0", fn);
+  }
+  if (st == BX_OK && sx.n) {
+    bf_job j = {sx.data, sy.data, sx.n, bx_math_kernels_active()->bf16_round};
+    bx_parallel_run(bx_ew_threads(o.num_threads, j.n), (j.n + PIECE - 1) / PIECE, bf_piece, &j);
+  }
+  bx_call_leave(&c);
+  return st;
+}
+
 /* ---- scalar versions: the library's floating-point environment around one
  * evaluation (no nesting level needed: nothing here calls back) ------------ */
 #define EW_SCALAR(name, f)       \
