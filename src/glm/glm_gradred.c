@@ -86,6 +86,15 @@ int glm_gr_create(const DLTensor *grads, size_t n, const unsigned char *where, i
   return 0;
 }
 
+/* The state holding entry i of a history (i < n: gradient tensor i; i ==
+ * n: the loss) and its index there, *t; NULL for an absent tensor. */
+static bx_tokred *state_of(const glm_gr *g, size_t i, size_t *t) {
+  if (i == g->n) return *t = 0, g->sl;
+  int64_t m = g->gmap[i];
+  *t = m >= 0 ? (size_t)m : m <= -2 ? (size_t)(-2 - m) : 0;
+  return m >= 0 ? g->s : m <= -2 ? g->sx : NULL;
+}
+
 static void free_states(glm_gr *g) {
   bx_tokred_destroy(g->s);
   bx_tokred_destroy(g->sx);
@@ -138,8 +147,8 @@ static int begin(glm_gr *g, const int *bounds, int flag, glm_nctx *c) {
   }
   if (bounds) {
     for (size_t i = 0; i <= g->n; i++) {
-      bx_tokred *s = i == g->n ? g->sl : g->gmap[i] >= 0 ? g->s : g->gmap[i] <= -2 ? g->sx : NULL;
-      size_t t = i == g->n ? 0 : g->gmap[i] >= 0 ? (size_t)g->gmap[i] : (size_t)(-2 - g->gmap[i]);
+      size_t t;
+      bx_tokred *s = state_of(g, i, &t);
       if (s && glm_ck(c, bx_tokred_bound_exp(s, t, bounds[i]),
                       i == g->n ? "stated bound (loss)" : "stated bound")) {
         free_states(g);
@@ -238,8 +247,8 @@ int glm_gr_agree(glm_gr *g, const bx_comm *comm, const bx_comm *xcomm, glm_nctx 
 static int observe(glm_gr *g, const bx_comm *comm, glm_nctx *c) {
   int64_t fl = 0, f;
   for (size_t i = 0; i <= g->n; i++) {
-    bx_tokred *s = i == g->n ? g->sl : g->gmap[i] >= 0 ? g->s : g->gmap[i] <= -2 ? g->sx : NULL;
-    size_t t = i == g->n ? 0 : g->gmap[i] >= 0 ? (size_t)g->gmap[i] : (size_t)(-2 - g->gmap[i]);
+    size_t t;
+    bx_tokred *s = state_of(g, i, &t);
     int e = -149;
     if (s && glm_ck(c, bx_tokred_observed(s, t, &e, &f), "observed")) return -1;
     g->hist[i] = e;

@@ -3,7 +3,7 @@
  * every local micro-batch through the step's gradient reduction (glm_gr:
  * the protocol object the bindings' GradReduction uses too) and the
  * all-reduce over ranks. Grid mode is one pass on a grid stated from the
- * history (the previous step's observed exponents + TR_GRID_MARGIN); when
+ * history (glm_gr_stated_bounds: the history + GLM_GR_MARGIN); when
  * an add breaks it (or there is no history), the step runs again on the
  * observed grid (docs/train_model.md, "The one-pass invariant step").
  */
@@ -220,7 +220,6 @@ int tr_model_grad(tr_model *m, const tr_run_opts *o, const int32_t *tokens, int6
     if (glm_gr_allreduce(g, comm, xcomm, &c.n)) goto done;
   }
   if (m->ep && o->mode == BX_TOKRED_GRID) { /* the summary's communication figures */
-
     int64_t *wd;
     size_t nw = 0;
     if (comm && bx_tokred_words(glm_gr_state(g), &wd, &nw) == BX_OK) m->ep->ar_world_words += (int64_t)nw;

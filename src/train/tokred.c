@@ -137,6 +137,16 @@ static void free_state(bx_tokred *s) {
   free(s);
 }
 
+/* Every tensor's bound and observation back to "nothing seen", no grid,
+ * no flag (a new state, bx_tokred_reset). */
+static void clear_tensors(bx_tokred *s) {
+  for (size_t t = 0; t < s->ntensors; t++) {
+    s->bound[t] = s->observed[t] = BX_TOKRED_EMIN;
+    s->grid[t] = 0;
+    s->flagged[t] = 0;
+  }
+}
+
 /* Allocation of a state whose numel/ndim/shape/shape_at are filled:
  * words, offsets, bounds, fsum. */
 static bx_status alloc_rest(const char *fn, bx_tokred *s) {
@@ -152,10 +162,8 @@ static bx_status alloc_rest(const char *fn, bx_tokred *s) {
     s->word_at[t] = at;
     at += (size_t)s->numel[t] + 1;
     elems += (size_t)s->numel[t];
-    s->bound[t] = BX_TOKRED_EMIN;
-    s->observed[t] = BX_TOKRED_EMIN;
-    s->grid[t] = 0;
   }
+  clear_tensors(s);
   s->cover_at = at;
   uint64_t cover = (uint64_t)s->ntensors * (uint64_t)s->nchunks;
   if (cover > ((uint64_t)1 << 40) || at > ((size_t)1 << 60))
@@ -293,11 +301,7 @@ bx_status bx_tokred_reset(bx_tokred *s, const bx_tokred_opts *opts) {
     s->agreed = 0;
     memset(s->words, 0, s->nwords * sizeof *s->words);
     if (s->fsum) memset(s->fsum, 0, s->fsum_total * sizeof *s->fsum);
-    for (size_t t = 0; t < s->ntensors; t++) {
-      s->bound[t] = s->observed[t] = BX_TOKRED_EMIN;
-      s->grid[t] = 0;
-      s->flagged[t] = 0;
-    }
+    clear_tensors(s);
   }
   bx_call_leave(&c);
   return st;
