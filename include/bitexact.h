@@ -362,11 +362,19 @@ typedef struct bx_comm {
   int on_device;
   void *stream;
   int (*allreduce_i64_async)(int64_t *buf, size_t n, bx_op op, void *ctx, void *s);
+  /* Optional (NULL: not offered; bx_comm_mpi sets it). A float SUM
+   * all-reduce of buf[0..n) in place, reduced in whatever order the
+   * transport chooses (ring, tree, ...), as DDP and Megatron reduce their
+   * fp32 gradients: neither exact nor layout-invariant. Only the training
+   * token reduction's ordinary mode (the negative control,
+   * bitexact_train_tokred.h) calls it; the norm and the invariant mode
+   * never do. Host buffers; same return rule as allreduce_i64. */
+  int (*allreduce_f32)(float *buf, size_t n, void *ctx);
 } bx_comm;
 
 /* A host communicator with no function yet: every field zero or NULL
  * except struct_size. */
-#define BX_COMM_DEFAULT {sizeof(bx_comm), NULL, NULL, 0, 0, NULL, NULL}
+#define BX_COMM_DEFAULT {sizeof(bx_comm), NULL, NULL, 0, 0, NULL, NULL, NULL}
 
 /* ------------------------------------------------------------------------
  * Simple API

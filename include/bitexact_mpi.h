@@ -15,7 +15,9 @@ extern "C" {
 #endif
 
 /* A bx_comm whose all-reduce is MPI_Allreduce(MPI_IN_PLACE, ..., MPI_INT64_T,
- * MPI_SUM or MPI_MAX, comm). The returned struct holds the communicator
+ * MPI_SUM or MPI_MAX, comm), and whose allreduce_f32 (used by the training
+ * token reduction's ordinary mode only) is MPI_Allreduce of MPI_FLOAT with
+ * MPI_SUM. The returned struct holds the communicator
  * handle by value (no allocation, nothing to free); comm must stay valid
  * while the bx_comm is used. rank is filled from MPI_Comm_rank (or -1 if
  * that fails). Every rank of comm must make the same bitexact calls in

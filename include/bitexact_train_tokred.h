@@ -70,7 +70,9 @@ extern "C" {
  *
  * The ordinary mode (BX_TOKRED_ORDINARY): the negative control. The same
  * calls, but fp32 sums in the order of the calls (add, merge) and, over
- * ranks, in rank order, as frameworks do: its bits depend on the layout.
+ * ranks, the communicator's float all-reduce (bx_comm.allreduce_f32, as
+ * DDP and Megatron reduce fp32 gradients) or, without one, a gather added
+ * in rank order: its bits depend on the layout.
  *
  * A step, on each rank:
  *     bx_tokred_create(grads, n, C, T, &opts, &s);
@@ -220,10 +222,13 @@ BX_API bx_status bx_tokred_words(bx_tokred *s, int64_t **words, size_t *count);
  * tensor's observed exponent and flag, bx_tokred_observed) then, in grid
  * mode, one SUM all-reduce of bx_tokred_words's words; every rank then
  * holds the global state. A state flagged on any rank skips the SUM (its
- * words are void; finish refuses it) and keeps only the observations. Ordinary mode: each rank's fp32 sums are
- * gathered (a SUM all-reduce of a rank count, then one of nranks * words
- * with each rank in its own slot, so comm->rank must number the ranks
- * 0..n-1) and added in rank order. Errors come back
+ * words are void; finish refuses it) and keeps only the observations.
+ * Ordinary mode: where comm->allreduce_f32 is set (a host comm), the fp32
+ * sums go through it (the transport's order: not exact) and the counts
+ * through one SUM; else each rank's fp32 sums are gathered (a SUM
+ * all-reduce of a rank count, then one of nranks * words with each rank in
+ * its own slot, so comm->rank must number the ranks 0..n-1) and added in
+ * rank order. Errors come back
  * on every rank (BX_EMISMATCH, BX_ECOMM, or the failing rank's status);
  * on error s is unchanged. */
 BX_API bx_status bx_tokred_allreduce(bx_tokred *s, const bx_comm *comm);

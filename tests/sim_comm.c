@@ -61,6 +61,33 @@ int bxt_sim_allreduce(int64_t *buf, size_t n, bx_op op, void *ctx) {
   return agree ? 0 : 1;
 }
 
+int bxt_sim_allreduce_f32(float *buf, size_t n, void *ctx) {
+  bxt_rank_ctx *c = ctx;
+  bxt_world *w = c->w;
+  w->fslot[c->rank] = buf;
+  w->len[c->rank] = n;
+  if (barrier(w)) return 1;
+  int agree = 1;
+  for (int r = 0; r < w->n; r++) agree &= w->len[r] == n;
+  float *tmp = NULL;
+  if (agree) {
+    tmp = malloc(n * sizeof *tmp + 1);
+    for (size_t i = 0; i < n; i++) {
+      float v = w->fslot[w->n - 1][i];
+      for (int r = w->n - 2; r >= 0; r--) v += w->fslot[r][i];
+      tmp[i] = v;
+    }
+  }
+  if (barrier(w)) {
+    free(tmp);
+    return 1;
+  }
+  if (tmp) memcpy(buf, tmp, n * sizeof *tmp);
+  free(tmp);
+  if (w->fail_rank == c->rank || w->fail_rank == w->n) return 1;
+  return agree ? 0 : 1;
+}
+
 void bxt_world_init(bxt_world *w, int n) {
   memset(w, 0, sizeof *w);
   w->n = n;

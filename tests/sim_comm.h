@@ -26,6 +26,7 @@ typedef struct bxt_world {
   int64_t *slot[BXT_SIM_MAX_RANKS];
   size_t len[BXT_SIM_MAX_RANKS];
   bx_op op[BXT_SIM_MAX_RANKS];
+  float *fslot[BXT_SIM_MAX_RANKS];
   int fail_rank; /* this rank's all-reduce reports failure (-1: none; n: all) */
 } bxt_world;
 
@@ -42,6 +43,11 @@ void bxt_world_free(bxt_world *w);
  * buffer replaced by the element-wise SUM/MAX over all ranks; non-zero when
  * the ranks disagree on n or op, on a timeout, or for w->fail_rank. */
 int bxt_sim_allreduce(int64_t *buf, size_t n, bx_op op, void *ctx);
+
+/* A float SUM all-reduce (bx_comm.allreduce_f32) that adds the ranks'
+ * buffers in reverse rank order, ((x[n-1] + x[n-2]) + ...) + x[0]: a
+ * transport's own order, not the rank order of the gather. */
+int bxt_sim_allreduce_f32(float *buf, size_t n, void *ctx);
 
 /* A communicator for rank r of w, through ctx (which must outlive it). */
 bx_comm bxt_sim_comm(bxt_world *w, bxt_rank_ctx *ctx, int r);

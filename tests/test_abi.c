@@ -71,7 +71,8 @@ void test_abi_defaults(void) {
             c.scale.mode == BX_SCALE_TORCH,
         "BX_CLIP_OPTS_DEFAULT nests the other defaults");
   CHECK(m.struct_size == sizeof(bx_comm) && m.allreduce_i64 == NULL && m.ctx == NULL &&
-            m.rank == 0 && m.on_device == 0 && m.stream == NULL && m.allreduce_i64_async == NULL,
+            m.rank == 0 && m.on_device == 0 && m.stream == NULL && m.allreduce_i64_async == NULL &&
+            m.allreduce_f32 == NULL,
         "BX_COMM_DEFAULT: struct_size, everything else zero");
   /* struct_size leads: it is where a program of another layout has it */
   CHECK(offsetof(bx_norm_opts, struct_size) == 0 && offsetof(bx_scale_opts, struct_size) == 0 &&

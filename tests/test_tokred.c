@@ -177,6 +177,7 @@ typedef struct rank_job {
   rank_ctx ctx;
   bx_comm comm;
   int use_comm;
+  int float_comm;                     /* the comm offers allreduce_f32 */
   bx_status st;
   char err[512];
   result out;
@@ -313,6 +314,7 @@ static void run_world(rank_job *jobs, int nranks) {
   pthread_t th[MAXR];
   for (int q = 0; q < nranks; q++) {
     jobs[q].comm = bxt_sim_comm(&w, &jobs[q].ctx, q);
+    if (jobs[q].float_comm) jobs[q].comm.allreduce_f32 = bxt_sim_allreduce_f32;
     jobs[q].use_comm = 1;
     pthread_create(&th[q], NULL, rank_main, &jobs[q]);
   }
@@ -689,6 +691,42 @@ void test_tokred_ordinary_drifts(void) {
     else drift |= !same_result(&first, &jobs[0].out);
   }
   CHECK(drift, "the ordinary mode gave the same bits on 8 random layouts");
+
+  /* A comm with a float all-reduce (DDP's way): the ordinary mode adds the
+   * ranks' fp32 sums in the transport's order, here reverse rank order.
+   * One token a rank: 1, u, u. Rank order: (1 + u) + u = 1 (ties to even);
+   * reverse: (u + u) + 1 = 1 + 2^-23. The grid mode never calls it. */
+  b.T = 3;
+  b.loss[0] = 1.0f;
+  b.loss[1] = b.loss[2] = 0x1p-24f;
+  float three[2][2]; /* [mode][float comm] */
+  for (int mode = 0; mode < 2; mode++)
+    for (int fc = 0; fc < 2; fc++) {
+      for (int q = 0; q < 3; q++) {
+        rank_job *j = &jobs[q];
+        memset(j, 0, sizeof *j);
+        j->b = &b;
+        j->mode = mode ? BX_TOKRED_ORDINARY : BX_TOKRED_GRID;
+        j->tok_begin = q;
+        j->tok_end = q + 1;
+        j->nmb = 1;
+        j->mb_cut[0] = q;
+        j->mb_cut[1] = q + 1;
+        j->nthreads = 1;
+        j->float_comm = fc;
+      }
+      run_world(jobs, 3);
+      for (int q = 0; q < 3; q++) {
+        CHECK_STATUS(jobs[q].st, BX_OK, "mode %d float comm %d rank %d: %s", mode, fc, q, jobs[q].err);
+        CHECK(bxt_fbits(jobs[q].out.sum[2][0]) == bxt_fbits(jobs[0].out.sum[2][0]),
+              "mode %d float comm %d: rank %d's sum differs from rank 0's", mode, fc, q);
+      }
+      three[mode][fc] = jobs[0].out.sum[2][0];
+    }
+  CHECK_BITS_F(three[0][0], 1.0f + 0x1p-23f, "grid, three ranks");
+  CHECK_BITS_F(three[0][1], 1.0f + 0x1p-23f, "grid, three ranks, float comm unused");
+  CHECK_BITS_F(three[1][0], 1.0f, "ordinary, gather in rank order");
+  CHECK_BITS_F(three[1][1], 1.0f + 0x1p-23f, "ordinary, the comm's float all-reduce");
 }
 
 static bx_tokred *make_state(bx_tokred_mode mode, int64_t C, int64_t T) {

@@ -3,7 +3,8 @@
  * reduction"): bx_tokred_agree (one MAX all-reduce of the agreement items
  * and each tensor's exponent bound: the grid) and bx_tokred_allreduce (the
  * agreement, then one SUM all-reduce of the words; the ordinary mode's
- * gather in rank order). The state lives in tokred_internal.h.
+ * float all-reduce through comm->allreduce_f32, or its gather in rank
+ * order). The state lives in tokred_internal.h.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -151,10 +152,36 @@ bx_status bx_tokred_agree(bx_tokred *s, const bx_comm *comm) {
   return st;
 }
 
-/* The ordinary mode over ranks: a rank count, then each rank's fp32 sums
- * in its own slot (a SUM gathers them), added in rank order. */
+/* The ordinary mode over ranks with the transport's float all-reduce
+ * (comm->allreduce_f32: DDP's way, the transport's order) on a copy of the
+ * fp32 sums, then the counts' SUM. */
+static bx_status ordinary_float_allreduce(const char *fn, bx_tokred *s, const bx_comm *comm,
+                                          int64_t *sum_words) {
+  size_t m = s->fsum_total;
+  float *f = malloc((m ? m : 1) * sizeof *f);
+  if (!f) return bx_fail(BX_ENOMEM, "%s: cannot allocate %zu fp32 sums", fn, m);
+  memcpy(f, s->fsum, m * sizeof *f);
+  bx_call_user_begin(); /* the callback runs in the caller's environment */
+  int rc = comm->allreduce_f32(f, m, comm->ctx);
+  bx_call_user_end();
+  bx_status st = BX_OK;
+  if (rc != 0)
+    st = bx_fail_at(BX_ECOMM, comm->rank, BX_NO_INDEX, BX_NO_INDEX,
+                    "%s: rank %d: the communicator's float all-reduce (ordinary sums, %zu "
+                    "floats) failed with code %d; no gradient was modified",
+                    fn, comm->rank, m, rc);
+  if (st == BX_OK) st = bx_comm_allreduce(comm, NULL, fn, "counts", sum_words, s->nwords, BX_OP_SUM);
+  if (st == BX_OK) memcpy(s->fsum, f, m * sizeof *f);
+  free(f);
+  return st;
+}
+
+/* The ordinary mode over ranks without a float all-reduce: a rank count,
+ * then each rank's fp32 sums in its own slot (a SUM gathers them), added
+ * in rank order. */
 static bx_status ordinary_allreduce(const char *fn, bx_tokred *s, const bx_comm *comm,
                                     int64_t *sum_words) {
+  if (comm->allreduce_f32 && !comm->on_device) return ordinary_float_allreduce(fn, s, comm, sum_words);
   int64_t who[3] = {1, comm->rank, (int64_t)comm->rank * comm->rank};
   bx_status st = bx_comm_allreduce(comm, NULL, fn, "rank count", who, 3, BX_OP_SUM);
   if (st != BX_OK) return st;

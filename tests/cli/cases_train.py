@@ -573,6 +573,26 @@ def train_run_under_mpi_identical():
 
 
 @test
+def train_run_ordinary_under_mpi_drifts():
+    """--mode ordinary over ranks is the framework baseline: fp32 sums per
+    rank, then MPI's float all-reduce (MPI_FLOAT, MPI_SUM, MPI's order).
+    It runs on 1, 2 and 4 ranks and its bits depend on the layout."""
+    rows = {}
+    for P in (1, 2, 4):
+        f = tpath("ord_np%d.jsonl" % P)
+        args = (*FAST, "--steps", "3", "--mode", "ordinary", "--record", f)
+        if P == 1:
+            train_run(*args)
+        else:
+            p = mpirun_train(P, *args)
+            assert p.returncode == 0, p.stderr.decode()[-2000:]
+        rows[P] = records(f)
+        assert len(rows[P]) == 3, rows[P]
+    assert rows[1] != rows[2] or rows[1] != rows[4] or rows[2] != rows[4], \
+        "the ordinary mode gave the same bits on 1, 2 and 4 ranks"
+
+
+@test
 def train_run_isas_identical():
     base = None
     for isa in ("portable", "avx2", "avx512"):
