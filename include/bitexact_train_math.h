@@ -95,6 +95,44 @@ typedef struct bx_adamw_opts {
 BX_API bx_status bx_adamw_step(DLTensor *param, const DLTensor *grad, DLTensor *exp_avg,
                                DLTensor *exp_avg_sq, int64_t step, const bx_adamw_opts *opts);
 
+/* ---- Learning-rate schedules --------------------------------------------
+ *
+ * transformers' schedules (get_scheduler(name, optimizer,
+ * num_warmup_steps=W, num_training_steps=N), a LambdaLR over the base rate
+ * lr), with "cosine" also its "cosine_with_min_lr" (min_lr > 0). The rate
+ * of step s (0-based: the update that makes the optimizer's step count
+ * s + 1, as the scheduler's lambda(s) gives it in transformers' Trainer):
+ *
+ *   constant                 lr
+ *   s < W (the others)       lr * s / W                 (warmup from 0)
+ *   constant_with_warmup     lr
+ *   linear                   m + (lr - m) * max(0, (N - s) / max(1, N - W))
+ *   cosine                   m + (lr - m) * (1 + cos(pi (s - W) / max(1, N - W))) / 2
+ *
+ * with m = min_lr (0: transformers' plain "linear" / "cosine"; for cosine
+ * this is cosine_with_min_lr's factor * (1 - m / lr) + m / lr; for linear
+ * it is Megatron's floor, which transformers' linear lacks). Past N the
+ * cosine rises again, as transformers' does. */
+typedef enum bx_lr_schedule {
+  BX_LR_CONSTANT = 0,
+  BX_LR_LINEAR = 1,
+  BX_LR_COSINE = 2,
+  BX_LR_CONSTANT_WITH_WARMUP = 3
+} bx_lr_schedule;
+
+/* *out := the rate of step `step` under `kind`, evaluated exactly from the
+ * integer ratios (double-double, no libm; relative error below 2^-95) and
+ * rounded once to double: the correctly rounded rate (checked against
+ * MPFR), the same bits on every machine. transformers computes the same
+ * formulas in Python floats, several roundings, so its rates may differ
+ * from these by an ulp or two.
+ * Arguments: lr finite in [0, 2^900), 0 <= min_lr <= lr (min_lr != 0 only
+ * with linear and cosine), warmup_steps, total_steps and step in [0, 2^52];
+ * out not NULL. Errors: BX_EINVAL naming the argument, *out unchanged.
+ * No memory, no threads: thread-safe. */
+BX_API bx_status bx_lr_at(bx_lr_schedule kind, double lr, double min_lr, int64_t warmup_steps,
+                          int64_t total_steps, int64_t step, double *out);
+
 /* ======================================================================
  * Experimental: not used by any bitexact model
  * ======================================================================

@@ -150,6 +150,8 @@ static const test_entry TESTS[] = {
     {"math_tensor_invariance", test_math_tensor_invariance},
     {"math_errors", test_math_errors},
     {"round_bf16", test_round_bf16},
+    {"lr_schedule_vs_mpfr", test_lr_schedule_vs_mpfr},
+    {"lr_schedule_errors", test_lr_schedule_errors},
     {"adamw_vs_reference", test_adamw_vs_reference},
     {"adamw_threads_and_isa", test_adamw_threads_and_isa},
     {"adamw_errors", test_adamw_errors},

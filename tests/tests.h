@@ -134,6 +134,10 @@ void test_math_tensor_invariance(void);
 void test_math_errors(void);
 void test_round_bf16(void);
 
+/* test_lr.c */
+void test_lr_schedule_vs_mpfr(void);
+void test_lr_schedule_errors(void);
+
 /* test_adamw.c */
 void test_adamw_vs_reference(void);
 void test_adamw_threads_and_isa(void);
