@@ -113,8 +113,13 @@ static const char help[] =
     "                (nanoGPT); default: a synthetic Markov corpus whose entropy\n"
     "                rate (the lowest loss) is printed\n"
     "  --steps N (10) --seed S (0) --seq-len L (64) --global-batch B (8, sequences\n"
-    "  per step) --micro-batches M (1) --ep E (1; > 1 not yet supported)\n"
+    "  per step) --micro-batches M (1) --ep E (1: expert-parallel ranks, divides P)\n"
     "  --lr X (1e-3) --weight-decay X (0.01) --clip X (1.0; 0: none)\n"
+    "  --lr-scheduler constant|linear|cosine|constant_with_warmup (constant;\n"
+    "                transformers' formulas over --steps, rounded once: bx_lr_at)\n"
+    "  --warmup-steps W (0) --min-lr X (0; linear and cosine end there)\n"
+    "  --adam-beta1 X (0.9) --adam-beta2 X (0.999) --adam-epsilon X (1e-8)\n"
+    "  --compute-dtype fp32|bf16 (fp32)   --grid-history on|off (on: one pass)\n"
     "  --mode invariant|ordinary (ordinary: float token reductions in layout\n"
     "                order, the negative control whose bits drift)\n"
     "  --shuffle     permute the sequences per epoch (counter-based, of the seed)\n"
@@ -123,13 +128,41 @@ static const char help[] =
     "                two runs with bitexact diff A.jsonl B.jsonl)\n"
     "  --save DIR    config.json + model.safetensors (transformers loads it) +\n"
     "                optimizer.safetensors + trainer_state.json, written atomically\n"
+    "  --save-every K   also save after every K-th step (DIR: the last complete one)\n"
     "  --resume DIR  continue bit for bit; --steps N is the step the run ends at\n"
+    "  SIGTERM/SIGINT: the step finishes on every rank, --save is written, exit 0\n"
+    "  A progress line (step, loss, lr, tokens/s, ETA) on a terminal; -q: none.\n"
     "  --dump-grads FILE   the last step's gradients (before clipping) as safetensors\n"
     "  --dry-run     check everything, print the plan and the data order as JSON\n"
     "  docs/train_cli.md has the data order, the record and the checkpoint format.\n"
     "\n"
     "Errors: one line on stderr naming the file (and tensor), exit status 2, and\n"
     "nothing on stdout: results are printed only once complete.\n";
+
+/* `bitexact CMD --help`: the usage line and CMD's section of the help. */
+static int sub_help(const char *cmd) {
+  char key[32];
+  snprintf(key, sizeof key, "\n\n%s", cmd);
+  const char *p = help, *sec = NULL;
+  while ((p = strstr(p, key)) != NULL) {
+    char c = p[strlen(key)];
+    if (c == ' ' || c == '\n') {
+      sec = p + 2;
+      break;
+    }
+    p++;
+  }
+  snprintf(key, sizeof key, "  bitexact %s", cmd);
+  const char *use = strstr(help, key);
+  if (!sec || !use) return CLI_ERROR;
+  const char *use_end = strchr(use, '\n'), *sec_end = strstr(sec, "\n\n");
+  const char *common = strstr(help, "Options for every command");
+  const char *common_end = common ? strstr(common, "\n\n") : NULL;
+  printf("usage:\n%.*s\n\n%.*s\n\n", (int)(use_end - use), use,
+         (int)(sec_end ? sec_end - sec : (long)strlen(sec)), sec);
+  if (common && common_end) printf("%.*s\n", (int)(common_end - common), common);
+  return fflush(stdout) == 0 ? CLI_OK : CLI_ERROR;
+}
 
 int main(int argc, char **argv) {
   if (argc < 2) {
@@ -147,6 +180,11 @@ int main(int argc, char **argv) {
     printf("bitexact %u.%u.%u\n", v / 10000, v / 100 % 100, v % 100);
     return fflush(stdout) == 0 ? CLI_OK : CLI_ERROR;
   }
+  static const char *const cmds[] = {"norm", "hash", "diff", "demo", "train"};
+  for (size_t k = 0; k < sizeof cmds / sizeof cmds[0]; k++)
+    if (strcmp(cmd, cmds[k]) == 0)
+      for (int i = 2; i < argc; i++)
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) return sub_help(cmd);
   if (strcmp(cmd, "norm") == 0) rc = cmd_norm(argc - 1, argv + 1);
   else if (strcmp(cmd, "hash") == 0) rc = cmd_hash(argc - 1, argv + 1);
   else if (strcmp(cmd, "diff") == 0) rc = cmd_diff(argc - 1, argv + 1);

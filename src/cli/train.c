@@ -28,6 +28,7 @@
  */
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -48,7 +49,9 @@ typedef struct tr_args {
   const char *config, *data, *record, *save, *resume, *dump_grads;
   int64_t steps, seq_len, global_batch, micro_batches, ep;
   uint64_t seed;
-  double lr, weight_decay, clip;
+  double lr, weight_decay, clip, min_lr, beta1, beta2, eps;
+  bx_lr_schedule sched;
+  int64_t warmup_steps, save_every;
   int ordinary, shuffle, dry_run, bf16, no_history;
   int have_seq_len;
   cli_opts common;
@@ -65,10 +68,15 @@ static int g_rank;
 static const char usage[] =
     "usage: bitexact train [--config FILE.json] [--data FILE] [--steps N] [--seed S] "
     "[--seq-len L] [--global-batch B] [--micro-batches M] [--ep E] [--threads T] [--lr X] "
+    "[--lr-scheduler constant|linear|cosine|constant_with_warmup] [--warmup-steps W] [--min-lr X] "
+    "[--adam-beta1 X] [--adam-beta2 X] [--adam-epsilon X] "
     "[--weight-decay X] [--clip X] [--mode invariant|ordinary] [--compute-dtype fp32|bf16] "
     "[--grid-history on|off] "
     "[--record FILE.jsonl] "
-    "[--save DIR] [--resume DIR] [--shuffle] [--dump-grads FILE] [--dry-run] [--json]";
+    "[--save DIR] [--save-every K] [--resume DIR] [--shuffle] [--dump-grads FILE] [--dry-run] "
+    "[--json] [-q]";
+
+static const char *const sched_names[] = {"constant", "linear", "cosine", "constant_with_warmup"};
 
 static int parse_i64(const char *flag, const char *s, int64_t lo, int64_t *out) {
   char *end;
@@ -103,6 +111,11 @@ static int parse_args(int argc, char **argv, tr_args *a) {
   a->lr = 1e-3;
   a->weight_decay = 0.01;
   a->clip = 1.0;
+  bx_adamw_opts ao = BX_ADAMW_OPTS_DEFAULT;
+  a->beta1 = ao.beta1;
+  a->beta2 = ao.beta2;
+  a->eps = ao.eps;
+  a->sched = BX_LR_CONSTANT;
   a->common.progress = -1;
   for (int i = 1; i < argc; i++) {
     const char *f = argv[i];
@@ -121,7 +134,8 @@ static int parse_args(int argc, char **argv, tr_args *a) {
         "--config", "--data", "--steps", "--seed", "--seq-len", "--global-batch",
         "--micro-batches", "--ep", "--lr", "--weight-decay", "--clip", "--mode", "--compute-dtype",
         "--grid-history", "--record",
-        "--save", "--resume", "--dump-grads"};
+        "--save", "--resume", "--dump-grads", "--lr-scheduler", "--warmup-steps", "--min-lr",
+        "--adam-beta1", "--adam-beta2", "--adam-epsilon", "--save-every"};
     int known = 0;
     for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++) known |= strcmp(f, valued[k]) == 0;
     if (!known) {
@@ -165,6 +179,30 @@ static int parse_args(int argc, char **argv, tr_args *a) {
       if (parse_f64(f, v, &a->weight_decay)) return -1;
     } else if (strcmp(f, "--clip") == 0) {
       if (parse_f64(f, v, &a->clip)) return -1;
+    } else if (strcmp(f, "--min-lr") == 0) {
+      if (parse_f64(f, v, &a->min_lr)) return -1;
+    } else if (strcmp(f, "--adam-epsilon") == 0) {
+      if (parse_f64(f, v, &a->eps)) return -1;
+    } else if (strcmp(f, "--adam-beta1") == 0 || strcmp(f, "--adam-beta2") == 0) {
+      double *b = f[11] == '1' ? &a->beta1 : &a->beta2;
+      if (parse_f64(f, v, b)) return -1;
+      if (*b >= 1) {
+        TERR("train: %s: '%s' is not below 1", f, v);
+        return -1;
+      }
+    } else if (strcmp(f, "--warmup-steps") == 0) {
+      if (parse_i64(f, v, 0, &a->warmup_steps)) return -1;
+    } else if (strcmp(f, "--save-every") == 0) {
+      if (parse_i64(f, v, 1, &a->save_every)) return -1;
+    } else if (strcmp(f, "--lr-scheduler") == 0) {
+      int k = -1;
+      for (int j = 0; j < 4; j++)
+        if (strcmp(v, sched_names[j]) == 0) k = j;
+      if (k < 0) {
+        TERR("train: --lr-scheduler: '%s' is not constant, linear, cosine or constant_with_warmup", v);
+        return -1;
+      }
+      a->sched = (bx_lr_schedule)k;
     } else if (strcmp(f, "--mode") == 0) {
       if (strcmp(v, "invariant") == 0) a->ordinary = 0;
       else if (strcmp(v, "ordinary") == 0) a->ordinary = 1;
@@ -188,7 +226,26 @@ static int parse_args(int argc, char **argv, tr_args *a) {
       }
     }
   }
+  double probe;
+  if (bx_lr_at(a->sched, a->lr, a->min_lr, a->warmup_steps, a->steps, 0, &probe) != BX_OK) {
+    const char *e = bx_last_error();
+    const char *m = strstr(e, ": ");
+    TERR("train: --lr-scheduler %s --lr %g --min-lr %g --warmup-steps %lld: %s", sched_names[a->sched],
+         a->lr, a->min_lr, (long long)a->warmup_steps, m ? m + 2 : e);
+    return -1;
+  }
+  if (a->save_every && !a->save) {
+    TERR("train: --save-every needs --save DIR");
+    return -1;
+  }
   return 0;
+}
+
+/* The rate of step s (a pure function of the step and the flags). */
+static double lr_of(const tr_args *a, int64_t s) {
+  double v = NAN;
+  if (bx_lr_at(a->sched, a->lr, a->min_lr, a->warmup_steps, a->steps, s, &v) != BX_OK) return NAN;
+  return v;
 }
 
 /* The parent directory of path exists and is writable. */
@@ -332,10 +389,18 @@ static int check_resume(const tr_args *a, const tc_state *st, const td_data *d) 
     return -1;
   }
   if (st->lr != a->lr || st->weight_decay != a->weight_decay || st->clip != a->clip ||
+      st->beta1 != a->beta1 || st->beta2 != a->beta2 || st->eps != a->eps ||
+      st->min_lr != a->min_lr || st->warmup_steps != a->warmup_steps ||
+      strcmp(st->lr_scheduler, sched_names[a->sched]) != 0 ||
       strcmp(st->mode, a->ordinary ? "ordinary" : "invariant") != 0)
     if (g_rank == 0)
-      cli_note("train: --lr, --weight-decay, --clip or --mode differ from the checkpoint's; the "
-               "run continues with the new values");
+      cli_note("train: --lr, --lr-scheduler, --warmup-steps, --min-lr, --adam-*, --weight-decay, "
+               "--clip or --mode differ from the checkpoint's; the run continues with the new values");
+  if ((a->sched == BX_LR_LINEAR || a->sched == BX_LR_COSINE) && st->total_steps != a->steps &&
+      g_rank == 0)
+    cli_note("train: --steps %lld is not the checkpoint's run length %lld: the %s schedule's "
+             "length is --steps, so the rates from here on differ from that run's",
+             (long long)a->steps, (long long)st->total_steps, sched_names[a->sched]);
   return 0;
 }
 
@@ -381,6 +446,10 @@ typedef struct tr_run {
   float first_loss, last_loss;
   double last_norm;
   double t_first, t_rest; /* wall seconds of the first step run, of the steps after it */
+  double last_lr;
+  int64_t saved_step;     /* the step of the last checkpoint written (-1: none) */
+  int64_t end;            /* the step the run ends at (--steps, or earlier on a signal) */
+  int stopped;            /* ended by SIGTERM / SIGINT */
   tr_ep ep;                       /* expert parallelism (size 1: none) */
 } tr_run;
 
@@ -492,7 +561,10 @@ static int run_step(tr_run *r, int64_t s) {
   }
   /* AdamW */
   bx_adamw_opts ao = BX_ADAMW_OPTS_DEFAULT;
-  ao.lr = a->lr;
+  ao.lr = lr_of(a, s);
+  ao.beta1 = a->beta1;
+  ao.beta2 = a->beta2;
+  ao.eps = a->eps;
   ao.weight_decay = a->weight_decay;
   ao.num_threads = ro.threads;
   for (size_t i = 0; i < r->nparams; i++) {
@@ -510,7 +582,7 @@ static int run_step(tr_run *r, int64_t s) {
   if (s == r->start) r->first_loss = loss;
   r->last_loss = loss;
   r->last_norm = total;
-  trec_step rec = {s, loss, total, gn[0], gn[1], coef, a->lr, B * L,
+  trec_step rec = {s, loss, total, gn[0], gn[1], coef, ao.lr, B * L,
                    trec_loss_hash(all, (size_t)(B * L)), r->data.entropy_nats, a->bf16 ? "bf16" : "fp32",
                    tr_model_last_passes(r->model)};
   if (r->record && trec_write(r->record, &rec) != 0) {
@@ -518,10 +590,89 @@ static int run_step(tr_run *r, int64_t s) {
     return -1;
   }
   if (r->record) r->lines++;
-  if (r->rank == 0 && !a->common.quiet && (a->common.progress == 1 || (a->common.progress < 0 && isatty(2))))
-    fprintf(stderr, "bitexact: train: step %lld/%lld loss %.6f grad_norm %.6g\n", (long long)s,
-            (long long)a->steps, (double)loss, total);
+  r->last_lr = ao.lr;
   return 0;
+}
+
+/* The progress line (rank 0, a terminal or --progress; not with -q):
+ * step, loss, tokens/s over the steps so far, the time left. */
+static void progress_line(tr_run *r, int64_t s, double elapsed) {
+  const tr_args *a = &r->a;
+  if (r->rank != 0 || a->common.quiet || !(a->common.progress == 1 || (a->common.progress < 0 && isatty(2))))
+    return;
+  int64_t done = s + 1 - r->start, left = a->steps - s - 1;
+  double per = done > 0 ? elapsed / (double)done : 0, tps = per > 0 ? (double)(a->global_batch * a->seq_len) / per : 0;
+  double eta = per * (double)left;
+  fprintf(stderr, "bitexact: train: step %lld/%lld loss %.6f grad_norm %.4g lr %.3g %.0f tokens/s ETA %dh%02dm%02ds%s\n",
+          (long long)s, (long long)a->steps, (double)r->last_loss, r->last_norm, r->last_lr, tps,
+          (int)(eta / 3600), (int)(eta / 60) % 60, (int)eta % 60, left ? "" : " (done)");
+}
+
+/* The checkpoint of the state after step end - 1 into --save DIR
+ * (atomic: DIR holds the previous complete checkpoint until the new one is
+ * in place). Every rank calls it; the records written so far are flushed
+ * first, so they never lag the checkpoint. 0 / -1 (the message printed). */
+static int save_checkpoint(tr_run *r, int64_t end) {
+  const tr_args *a = &r->a;
+  char err[512];
+  int bad = 0;
+  if (r->record && fflush(r->record) != 0) {
+    cli_error("train: --record %s: cannot write", a->record);
+    bad = 1;
+  }
+  if (any_rank(r->comm, bad)) return -1;
+  if (gather_experts(r, 1)) {
+    TERR("train: --save: gathering the experts failed");
+    return -1;
+  }
+  if (r->rank == 0) {
+    tc_state st;
+    memset(&st, 0, sizeof st);
+    st.step = end;
+    st.seed = a->seed;
+    st.seq_len = a->seq_len;
+    st.global_batch = a->global_batch;
+    st.shuffle = a->shuffle;
+    snprintf(st.data_kind, sizeof st.data_kind, "%s", kind_name(r->data.kind));
+    st.data_tokens = r->data.ntokens;
+    st.data_sequences = r->data.nseq;
+    st.data_position = end * a->global_batch;
+    st.lr = a->lr;
+    snprintf(st.lr_scheduler, sizeof st.lr_scheduler, "%s", sched_names[a->sched]);
+    st.warmup_steps = a->warmup_steps;
+    st.total_steps = a->steps;
+    st.min_lr = a->min_lr;
+    st.beta1 = a->beta1;
+    st.beta2 = a->beta2;
+    st.eps = a->eps;
+    st.weight_decay = a->weight_decay;
+    st.clip = a->clip;
+    snprintf(st.mode, sizeof st.mode, "%s", a->ordinary ? "ordinary" : "invariant");
+    snprintf(st.compute_dtype, sizeof st.compute_dtype, "%s", a->bf16 ? "bf16" : "fp32");
+    st.history = (int *)(uintptr_t)tr_model_history(r->model, &st.nhistory);
+    if (!st.history) st.nhistory = 0;
+    bad = tc_save(a->save, &r->cfg, r->params, r->nparams, &st, err, sizeof err) != 0;
+    if (bad) cli_error("train: --save %s", err);
+  }
+  if (any_rank(r->comm, bad)) return -1;
+  r->saved_step = end;
+  return 0;
+}
+
+/* SIGTERM / SIGINT: the step in progress finishes on every rank (the flag
+ * is agreed after each step), the checkpoint is saved, exit 0. The handler
+ * is one-shot (SA_RESETHAND): a second signal ends the process at once. */
+static volatile sig_atomic_t g_stop;
+static void on_stop_signal(int sig) { g_stop = sig; }
+
+static void catch_stop_signals(void) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESETHAND;
+  sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGINT, &sa, NULL);
 }
 
 /* --dry-run: the plan and the data order, nothing computed or written. */
@@ -557,23 +708,24 @@ static void summary(tr_run *r) {
   cli_hex(r->last_loss, ll, sizeof ll);
   cli_hex(r->last_norm, gn, sizeof gn);
   cli_hex(r->data.entropy_nats, en, sizeof en);
-  int64_t ran = a->steps - r->start;
+  int64_t ran = r->end - r->start;
   if (a->common.json) {
     fprintf(out,
             "{\"steps_run\": %lld, \"first_step\": %lld, \"first_loss\": \"%s\", \"last_loss\": "
             "\"%s\", \"last_grad_norm\": \"%s\", \"entropy_rate\": \"%s\", \"ranks\": %d, "
             "\"params\": %lld, \"ep\": %d, \"alltoall_bytes_per_step\": %lld, "
             "\"allreduce_bytes_per_step\": %lld, \"allreduce_replica_bytes_per_step\": %lld, "
-            "\"first_step_seconds\": %.6f, \"step_seconds\": %.6f}\n",
+            "\"first_step_seconds\": %.6f, \"step_seconds\": %.6f, \"stopped_by_signal\": %s}\n",
             (long long)ran, (long long)r->start, fl, ll, gn, en, r->P,
             (long long)tr_config_param_count(&r->cfg), r->ep.size, (long long)r->ep.a2a_bytes,
             (long long)(8 * r->ep.ar_world_words), (long long)(8 * r->ep.ar_replica_words),
-            ran > 0 ? r->t_first : 0.0, ran > 1 ? r->t_rest / (double)(ran - 1) : 0.0);
+            ran > 0 ? r->t_first : 0.0, ran > 1 ? r->t_rest / (double)(ran - 1) : 0.0,
+            r->stopped ? "true" : "false");
     return;
   }
   fprintf(out, "train: %lld steps (%lld..%lld), %lld sequences of %lld tokens per step, %d rank%s, "
           "mode %s, %lld parameters\n",
-          (long long)ran, (long long)r->start, (long long)(a->steps - 1), (long long)a->global_batch,
+          (long long)ran, (long long)r->start, (long long)(r->end - 1), (long long)a->global_batch,
           (long long)a->seq_len, r->P, r->P > 1 ? "s" : "", a->ordinary ? "ordinary" : "invariant",
           (long long)tr_config_param_count(&r->cfg));
   if (ran > 0 && r->P > 1)
@@ -588,9 +740,13 @@ static void summary(tr_run *r) {
   if (!isnan(r->data.entropy_nats))
     fprintf(out, "synthetic corpus: entropy rate %.6f nats (%s; %.6f bits): the lowest loss\n",
             r->data.entropy_nats, en, r->data.entropy_bits);
+  if (r->stopped)
+    fprintf(out, "stopped by a signal after step %lld (of --steps %lld)%s\n", (long long)(r->end - 1),
+            (long long)a->steps, a->save ? "; the checkpoint holds that step: --resume continues" : "");
   if (a->record) fprintf(out, "record: %s\n", a->record);
   if (a->save) fprintf(out, "checkpoint: %s\n", a->save);
-  if (a->dump_grads && ran > 0) fprintf(out, "gradients of step %lld: %s\n", (long long)(a->steps - 1), a->dump_grads);
+  if (a->dump_grads && ran > 0 && !r->stopped)
+    fprintf(out, "gradients of step %lld: %s\n", (long long)(a->steps - 1), a->dump_grads);
 }
 
 static int train_main(tr_run *r, int argc, char **argv) {
@@ -688,12 +844,28 @@ static int train_main(tr_run *r, int argc, char **argv) {
   if (any_rank(r->comm, bad)) return CLI_ERROR;
   r->first_loss = r->last_loss = NAN;
   r->last_norm = NAN;
+  r->end = a->steps;
+  r->saved_step = -1;
+  catch_stop_signals();
+  double t_run = cli_now();
   for (int64_t s = r->start; s < a->steps; s++) {
     double t0 = cli_now();
     bad = run_step(r, s) != 0;
-    if (any_rank(r->comm, bad)) return CLI_ERROR;
+    /* one agreement: a failure anywhere, a stop signal anywhere */
+    int64_t flags[2] = {bad, g_stop != 0};
+    if (r->comm && r->comm->allreduce_i64(flags, 2, BX_OP_MAX, r->comm->ctx) != 0) flags[0] = 1;
+    if (flags[0]) return CLI_ERROR;
     if (s == r->start) r->t_first = cli_now() - t0;
     else r->t_rest += cli_now() - t0;
+    progress_line(r, s, cli_now() - t_run);
+    if (flags[1]) {
+      r->end = s + 1;
+      r->stopped = 1;
+      break;
+    }
+    if (a->save_every && (s + 1) % a->save_every == 0 && s + 1 < a->steps &&
+        save_checkpoint(r, s + 1) != 0)
+      return CLI_ERROR;
   }
   if (r->record) {
     int e = fclose(r->record);
@@ -703,36 +875,7 @@ static int train_main(tr_run *r, int argc, char **argv) {
       return CLI_ERROR;
     }
   }
-  if (a->save && gather_experts(r, 1)) {
-    TERR("train: --save: gathering the experts failed");
-    return CLI_ERROR;
-  }
-  if (a->save && r->rank == 0) {
-    tc_state st;
-    memset(&st, 0, sizeof st);
-    st.step = a->steps;
-    st.seed = a->seed;
-    st.seq_len = L;
-    st.global_batch = B;
-    st.shuffle = a->shuffle;
-    snprintf(st.data_kind, sizeof st.data_kind, "%s", kind_name(r->data.kind));
-    st.data_tokens = r->data.ntokens;
-    st.data_sequences = r->data.nseq;
-    st.data_position = a->steps * B;
-    bx_adamw_opts ao = BX_ADAMW_OPTS_DEFAULT;
-    st.lr = a->lr;
-    st.beta1 = ao.beta1;
-    st.beta2 = ao.beta2;
-    st.eps = ao.eps;
-    st.weight_decay = a->weight_decay;
-    st.clip = a->clip;
-    snprintf(st.mode, sizeof st.mode, "%s", a->ordinary ? "ordinary" : "invariant");
-    snprintf(st.compute_dtype, sizeof st.compute_dtype, "%s", a->bf16 ? "bf16" : "fp32");
-    st.history = (int *)(uintptr_t)tr_model_history(r->model, &st.nhistory);
-    if (!st.history) st.nhistory = 0;
-    bad = tc_save(a->save, &r->cfg, r->params, r->nparams, &st, err, sizeof err) != 0;
-    if (bad) cli_error("train: --save %s", err);
-  }
+  bad = a->save && save_checkpoint(r, r->end) != 0;
   if (any_rank(r->comm, bad)) return CLI_ERROR;
   if (r->rank == 0) summary(r);
   return CLI_OK;

@@ -165,8 +165,9 @@ static void remove_dir(const char *dir) {
 static void hexd(char *buf, size_t len, double d) { snprintf(buf, len, "%a", d); }
 
 static int write_state(const char *path, const tc_state *s, const tr_param *params, size_t n) {
-  char lr[40], b1[40], b2[40], eps[40], wd[40], clip[40];
+  char lr[40], b1[40], b2[40], eps[40], wd[40], clip[40], mlr[40];
   hexd(lr, sizeof lr, s->lr);
+  hexd(mlr, sizeof mlr, s->min_lr);
   hexd(b1, sizeof b1, s->beta1);
   hexd(b2, sizeof b2, s->beta2);
   hexd(eps, sizeof eps, s->eps);
@@ -179,12 +180,16 @@ static int write_state(const char *path, const tc_state *s, const tr_param *para
       "data", "seq_len", (json_int_t)s->seq_len, "global_batch", (json_int_t)s->global_batch,
       "shuffle", s->shuffle, "kind", s->data_kind, "tokens", (json_int_t)s->data_tokens,
       "sequences", (json_int_t)s->data_sequences, "position", (json_int_t)s->data_position,
-      "lr_schedule", "kind", "constant", "lr", lr, "adamw", "beta1", b1, "beta2", b2, "eps", eps,
+      "lr_schedule", "kind", s->lr_scheduler[0] ? s->lr_scheduler : "constant", "lr", lr, "adamw", "beta1", b1, "beta2", b2, "eps", eps,
       "weight_decay", wd, "clip", clip, "mode", s->mode);
   if (!r) return -1;
   char seed[32];
   snprintf(seed, sizeof seed, "%llu", (unsigned long long)s->seed);
   json_object_set_new(r, "seed", json_string(seed));
+  json_t *ls = json_object_get(r, "lr_schedule");
+  json_object_set_new(ls, "warmup_steps", json_integer((json_int_t)s->warmup_steps));
+  json_object_set_new(ls, "total_steps", json_integer((json_int_t)s->total_steps));
+  json_object_set_new(ls, "min_lr", json_string(mlr));
   json_object_set_new(r, "compute_dtype", json_string(s->compute_dtype[0] ? s->compute_dtype : "fp32"));
   if (s->history) { /* {"loss": E, NAME: E for every trainable parameter} */
     json_t *h = json_object();
@@ -364,6 +369,19 @@ static int read_state(const char *path, tc_state *s, const tr_param *params, siz
   if (!bad && !json_is_string(json_object_get(d, "kind"))) bad = "data.kind";
   if (!bad) snprintf(s->data_kind, sizeof s->data_kind, "%s", json_string_value(json_object_get(d, "kind")));
   if (!bad && hex_field(ls, "lr", &s->lr)) bad = "lr_schedule.lr";
+  v = json_object_get(ls, "kind");
+  if (!bad && (!json_is_string(v) || strlen(json_string_value(v)) >= sizeof s->lr_scheduler))
+    bad = "lr_schedule.kind";
+  if (!bad) snprintf(s->lr_scheduler, sizeof s->lr_scheduler, "%s", json_string_value(v));
+  s->total_steps = s->step;
+  static const char *const sched_ints[] = {"warmup_steps", "total_steps"};
+  int64_t *sched_dst[] = {&s->warmup_steps, &s->total_steps};
+  for (int i = 0; i < 2 && !bad; i++) {
+    v = json_object_get(ls, sched_ints[i]);
+    if (v && (!json_is_integer(v) || json_integer_value(v) < 0)) bad = sched_ints[i];
+    else if (v) *sched_dst[i] = json_integer_value(v);
+  }
+  if (!bad && json_object_get(ls, "min_lr") && hex_field(ls, "min_lr", &s->min_lr)) bad = "lr_schedule.min_lr";
   if (!bad && hex_field(ad, "beta1", &s->beta1)) bad = "adamw.beta1";
   if (!bad && hex_field(ad, "beta2", &s->beta2)) bad = "adamw.beta2";
   if (!bad && hex_field(ad, "eps", &s->eps)) bad = "adamw.eps";

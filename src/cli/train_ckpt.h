@@ -44,6 +44,11 @@ typedef struct tc_state {
   int64_t data_sequences;
   int64_t data_position; /* the next global sequence: step * global_batch */
   double lr, beta1, beta2, eps, weight_decay, clip;
+  /* the schedule (lr_schedule in the file; absent before 2026-12-05:
+   * "constant", 0, 0, and total_steps = step) */
+  char lr_scheduler[24];
+  int64_t warmup_steps, total_steps;
+  double min_lr;
   char mode[16];         /* "invariant", "ordinary" */
   char compute_dtype[8]; /* "fp32", "bf16" (absent in older checkpoints: "fp32") */
   /* "grid_history": the model's tr_model_history (one exponent per
