@@ -67,6 +67,7 @@ from ._core import (  # noqa: F401
     linear_wgrad_bound,
     log,
     log_f32,
+    lr_at,
     moe_bias_update,
     moe_dispatch_order,
     moe_dispatch_plan,

@@ -233,6 +233,35 @@ static PyObject *k_adamw BXK_ARGS {
   BXK_RUN(k, bx_adamw_step(k.p[0], k.p[1], k.p[2], k.p[3], (int64_t)step, &op));
 }
 
+PyDoc_STRVAR(lr_at_doc,
+             "lr_at(schedule, lr, step, *, total_steps, warmup_steps=0, min_lr=0.0)\n--\n\n"
+             "The learning rate of step `step` (0-based) under transformers' schedule "
+             "'constant',\n'linear', 'cosine' (with min_lr: cosine_with_min_lr) or "
+             "'constant_with_warmup' over\ntotal_steps with warmup_steps, correctly rounded "
+             "to a float (bx_lr_at): the rate\n`bitexact train --lr-scheduler` records.");
+static PyObject *k_lr_at(PyObject *self, PyObject *args, PyObject *kw) {
+  (void)self;
+  static char *kwl[] = {"schedule", "lr", "step", "total_steps", "warmup_steps", "min_lr", NULL};
+  static const char *const names[] = {"constant", "linear", "cosine", "constant_with_warmup"};
+  const char *name;
+  double lr, min_lr = 0.0, out = 0.0;
+  long long step, total = -1, warmup = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "sdL|$LLd:lr_at", kwl, &name, &lr, &step, &total,
+                                   &warmup, &min_lr))
+    return NULL;
+  if (total == -1) return PyErr_Format(PyExc_TypeError, "lr_at() needs total_steps=");
+  int kind = -1;
+  for (int i = 0; i < 4; i++)
+    if (strcmp(name, names[i]) == 0) kind = i;
+  if (kind < 0)
+    return PyErr_Format(PyExc_ValueError, "lr_at: schedule '%s' is not constant, linear, cosine "
+                        "or constant_with_warmup", name);
+  bx_status st = bx_lr_at((bx_lr_schedule)kind, lr, min_lr, (int64_t)warmup, (int64_t)total,
+                          (int64_t)step, &out);
+  if (st != BX_OK) return bxpy_raise_last(st, NULL);
+  return PyFloat_FromDouble(out);
+}
+
 /* ------------------------------------------------------------------------
  * GEMM
  * ---------------------------------------------------------------------- */
@@ -517,6 +546,7 @@ PyMethodDef bxpy_train_methods[] = {
     EW_METHODS(sin, "sin x (|x| < 2^28)"),
     EW_METHODS(cos, "cos x (|x| < 2^28)"),
     BXK_METH("adamw_step", k_adamw, adamw_doc),
+    {"lr_at", (PyCFunction)(void (*)(void))k_lr_at, METH_VARARGS | METH_KEYWORDS, lr_at_doc},
     BXK_METH("gemm", k_gemm, gemm_doc),
     BXK_METH("rmsnorm_forward", k_rmsnorm_fwd, rmsnorm_fwd_doc),
     BXK_METH("rmsnorm_backward", k_rmsnorm_bwd, rmsnorm_bwd_doc),
