@@ -441,3 +441,29 @@ def test_model_bad_input_changes_nothing(ref, fw):
         red.run_two_pass(run, [(0, 16)])
         grads.append([np.array(p.grad.numpy()) for _, p in m.named_parameters()])
     assert all(np.array_equal(a.view(np.uint32), b.view(np.uint32)) for a, b in zip(*grads))
+
+
+SCHEDULE = ("--lr-scheduler", "cosine", "--warmup-steps", "3", "--min-lr", "1e-4",
+            "--adam-beta1", "0.85", "--adam-beta2", "0.95", "--adam-epsilon", "1e-6")
+
+
+@pytest.mark.parametrize("fw", ["torch", "paddle"])
+def test_schedule_and_adam_flags_equal_bitexact_train(ref, tmp_path, fw):
+    """--lr-scheduler/--warmup-steps/--min-lr/--adam-*: the same names in
+    python -m bitexact.train, the same rates (bx_lr_at) in the record, the
+    same checkpoint bytes (trainer_state.json included) as the C trainer."""
+    if fw == "paddle":
+        pytest.importorskip("paddle")
+    d = tmp_path / "c"
+    d.mkdir()
+    crec, cck = str(d / "c.jsonl"), str(d / "ck")
+    p = _run([CLI, "train", "--resume", ref["ck0"], "--steps", str(STEPS), "--record", crec,
+              "--save", cck, "--threads", "1", "-q", *SCHEDULE])
+    assert p.returncode == 0, p.stderr
+    rec, ck = _py_train(fw, 1, str(tmp_path), ref["ck0"], *SCHEDULE)
+    cref = dict(rec=crec, ck=cck)
+    _same_run(cref, rec, ck)
+    lrs = [float.fromhex(json.loads(l)["lr"]) for l in open(rec)]
+    assert lrs[0] == 0.0 and lrs[3] == 1e-3 and lrs[-1] > 1e-4, lrs
+    with open(rec, "rb") as f, open(ref["rec"], "rb") as g:
+        assert f.read() != g.read()

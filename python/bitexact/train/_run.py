@@ -37,6 +37,7 @@ from .. import Error, InvalidArgumentError, _comm_args
 from . import _data as _gd
 from . import _model as _gm
 from .. import clip_coef, scale, total_norm
+from .. import kernels as _k
 from ..nn._ep import ExpertParallel
 
 CKPT_FILES = ("config.json", "model.safetensors", "optimizer.safetensors", "trainer_state.json")
@@ -224,6 +225,15 @@ def parse_args(argv):
     p.add_argument("--lr", type=float, default=None)
     p.add_argument("--weight-decay", type=float, default=None)
     p.add_argument("--clip", type=float, default=None)
+    p.add_argument("--lr-scheduler", default=None,
+                   choices=("constant", "linear", "cosine", "constant_with_warmup"),
+                   help="default: the checkpoint's (bx_lr_at: transformers' formulas over "
+                   "--steps, rounded once)")
+    p.add_argument("--warmup-steps", type=int, default=None)
+    p.add_argument("--min-lr", type=float, default=None)
+    p.add_argument("--adam-beta1", type=float, default=None)
+    p.add_argument("--adam-beta2", type=float, default=None)
+    p.add_argument("--adam-epsilon", type=float, default=None)
     p.add_argument("--record", default=None, metavar="FILE.jsonl")
     p.add_argument("--save", default=None, metavar="DIR")
     for f in ("--seed", "--seq-len", "--global-batch"):
@@ -289,6 +299,17 @@ class Run:
         self.wd = a.weight_decay if a.weight_decay is not None else \
             float.fromhex(st["adamw"]["weight_decay"])
         self.clip = a.clip if a.clip is not None else float.fromhex(st["clip"])
+        ls, ad = st["lr_schedule"], st["adamw"]
+        self.sched = a.lr_scheduler or ls.get("kind", "constant")
+        self.warmup = a.warmup_steps if a.warmup_steps is not None else int(ls.get("warmup_steps", 0))
+        self.min_lr = a.min_lr if a.min_lr is not None else float.fromhex(ls.get("min_lr", "0x0p+0"))
+        self.betas = (a.adam_beta1 if a.adam_beta1 is not None else float.fromhex(ad["beta1"]),
+                      a.adam_beta2 if a.adam_beta2 is not None else float.fromhex(ad["beta2"]))
+        self.eps = a.adam_epsilon if a.adam_epsilon is not None else float.fromhex(ad["eps"])
+        self.lr_of(self.start)  # bad schedule arguments: named before anything runs
+        if a.compile and self.sched != "constant":
+            raise InvalidArgumentError(f"--compile with --lr-scheduler {self.sched}: the rate "
+                                       "changes every step, which torch.compile would recompile")
         self.ep = None
         if E > 1:  # the MoE blocks hold and compute this rank's experts, rows exchanged over comm
             self.ep = ExpertParallel(self.comm, self.rank, P, E, self.cfg.n_routed_experts,
@@ -300,8 +321,8 @@ class Run:
         # every rank holds the dense parameters and its experts (their gradients reduced over
         # the replicas only), with their AdamW state; rank 0 gathers the rest to save
         self.params = fw.named_parameters(self.model)
-        self.opt = fw.AdamW([p for _, p in self.params], lr=self.lr, weight_decay=self.wd,
-                            num_threads=a.threads)
+        self.opt = fw.AdamW([p for _, p in self.params], lr=self.lr, betas=self.betas,
+                            eps=self.eps, weight_decay=self.wd, num_threads=a.threads)
         for n, p in self.params:
             self.opt.load_moments(p, oarrays[n + ".exp_avg"], oarrays[n + ".exp_avg_sq"],
                                   self.start)
@@ -326,6 +347,11 @@ class Run:
         self.owned = [(p, "dense") for j, (n, p) in enumerate(dense) if j % P == self.rank] + \
             [(p, "expert") for i, (n, p) in enumerate(mine) if i % R == self.rank // E]
         self.first_loss = self.last_loss = self.last_norm = float("nan")
+
+    def lr_of(self, s):
+        """The rate of step s: bx_lr_at, as `bitexact train` records it."""
+        return _k.lr_at(self.sched, self.lr, s, total_steps=self.a.steps,
+                        warmup_steps=self.warmup, min_lr=self.min_lr)
 
     def step(self, s):
         a, fw, L, B, P = self.a, self.fw, self.L, self.B, self.world
@@ -360,11 +386,17 @@ class Run:
         coef = clip_coef(total, self.clip)
         if coef != 1:
             scale([fw.grad(p) for _, p in self.params], coef, num_threads=a.threads)
+        lr = self.lr_of(s)
+        if hasattr(self.opt, "param_groups"):  # torch
+            for g in self.opt.param_groups:
+                g["lr"] = lr
+        else:  # Paddle
+            self.opt.lr = lr
         self.opt_step()
         if s == self.start:
             self.first_loss = loss
         self.last_loss, self.last_norm = loss, total
-        return record_line(s, loss, total, gn["dense"], gn["expert"], coef, self.lr, B * L,
+        return record_line(s, loss, total, gn["dense"], gn["expert"], coef, lr, B * L,
                            loss_hash(all_loss), self.data.entropy_nats, self.dtype, red.passes)
 
     def save(self, d):
@@ -395,8 +427,10 @@ class Run:
                 raise InvalidArgumentError(f"--save {d}: no grid history for {missing[:3]}")
             st["grid_history"] = {n: int(hist[n]) for n in self.trainable + ["loss"]}
         st["data"]["position"] = a.steps * self.B
-        st["lr_schedule"] = {"kind": "constant", "lr": chex(self.lr)}
-        st["adamw"]["weight_decay"] = chex(self.wd)
+        st["lr_schedule"] = {"kind": self.sched, "lr": chex(self.lr), "min_lr": chex(self.min_lr),
+                             "total_steps": a.steps, "warmup_steps": self.warmup}
+        st["adamw"].update(weight_decay=chex(self.wd), beta1=chex(self.betas[0]),
+                           beta2=chex(self.betas[1]), eps=chex(self.eps))
         write_checkpoint(d, self.cfg_text, st, marr, oarr)
 
 
