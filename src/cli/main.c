@@ -129,6 +129,8 @@ static const char help[] =
     "  --save DIR    config.json + model.safetensors (transformers loads it) +\n"
     "                optimizer.safetensors + trainer_state.json, written atomically\n"
     "  --save-every K   also save after every K-th step (DIR: the last complete one)\n"
+    "  --eval-data FILE --eval-every K [--eval-batches N]   the exact mean loss of\n"
+    "                N batches of FILE after every K-th step: eval_loss in the record\n"
     "  --resume DIR  continue bit for bit; --steps N is the step the run ends at\n"
     "  SIGTERM/SIGINT: the step finishes on every rank, --save is written, exit 0\n"
     "  A progress line (step, loss, lr, tokens/s, ETA) on a terminal; -q: none.\n"

@@ -46,12 +46,12 @@
 #include "train_record.h"
 
 typedef struct tr_args {
-  const char *config, *data, *record, *save, *resume, *dump_grads;
+  const char *config, *data, *record, *save, *resume, *dump_grads, *eval_data;
   int64_t steps, seq_len, global_batch, micro_batches, ep;
   uint64_t seed;
   double lr, weight_decay, clip, min_lr, beta1, beta2, eps;
   bx_lr_schedule sched;
-  int64_t warmup_steps, save_every;
+  int64_t warmup_steps, save_every, eval_every, eval_batches;
   int ordinary, shuffle, dry_run, bf16, no_history;
   int have_seq_len;
   cli_opts common;
@@ -73,7 +73,8 @@ static const char usage[] =
     "[--weight-decay X] [--clip X] [--mode invariant|ordinary] [--compute-dtype fp32|bf16] "
     "[--grid-history on|off] "
     "[--record FILE.jsonl] "
-    "[--save DIR] [--save-every K] [--resume DIR] [--shuffle] [--dump-grads FILE] [--dry-run] "
+    "[--save DIR] [--save-every K] [--resume DIR] [--shuffle] [--dump-grads FILE] "
+    "[--eval-data FILE --eval-every K [--eval-batches N]] [--dry-run] "
     "[--json] [-q]";
 
 static const char *const sched_names[] = {"constant", "linear", "cosine", "constant_with_warmup"};
@@ -135,7 +136,8 @@ static int parse_args(int argc, char **argv, tr_args *a) {
         "--micro-batches", "--ep", "--lr", "--weight-decay", "--clip", "--mode", "--compute-dtype",
         "--grid-history", "--record",
         "--save", "--resume", "--dump-grads", "--lr-scheduler", "--warmup-steps", "--min-lr",
-        "--adam-beta1", "--adam-beta2", "--adam-epsilon", "--save-every"};
+        "--adam-beta1", "--adam-beta2", "--adam-epsilon", "--save-every", "--eval-data",
+        "--eval-every", "--eval-batches"};
     int known = 0;
     for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++) known |= strcmp(f, valued[k]) == 0;
     if (!known) {
@@ -153,6 +155,12 @@ static int parse_args(int argc, char **argv, tr_args *a) {
     else if (strcmp(f, "--save") == 0) a->save = v;
     else if (strcmp(f, "--resume") == 0) a->resume = v;
     else if (strcmp(f, "--dump-grads") == 0) a->dump_grads = v;
+    else if (strcmp(f, "--eval-data") == 0) a->eval_data = v;
+    else if (strcmp(f, "--eval-every") == 0) {
+      if (parse_i64(f, v, 1, &a->eval_every)) return -1;
+    } else if (strcmp(f, "--eval-batches") == 0) {
+      if (parse_i64(f, v, 1, &a->eval_batches)) return -1;
+    }
     else if (strcmp(f, "--steps") == 0) {
       if (parse_i64(f, v, 0, &a->steps)) return -1;
     } else if (strcmp(f, "--seed") == 0) {
@@ -236,6 +244,14 @@ static int parse_args(int argc, char **argv, tr_args *a) {
   }
   if (a->save_every && !a->save) {
     TERR("train: --save-every needs --save DIR");
+    return -1;
+  }
+  if (!a->eval_data != !a->eval_every) {
+    TERR("train: --eval-data and --eval-every go together");
+    return -1;
+  }
+  if (a->eval_batches && !a->eval_data) {
+    TERR("train: --eval-batches needs --eval-data FILE --eval-every K");
     return -1;
   }
   return 0;
@@ -447,10 +463,14 @@ typedef struct tr_run {
   double last_norm;
   double t_first, t_rest; /* wall seconds of the first step run, of the steps after it */
   double last_lr;
+  float last_eval;        /* NaN: no eval yet */
   int64_t saved_step;     /* the step of the last checkpoint written (-1: none) */
   int64_t end;            /* the step the run ends at (--steps, or earlier on a signal) */
   int stopped;            /* ended by SIGTERM / SIGINT */
   tr_ep ep;                       /* expert parallelism (size 1: none) */
+  td_data eval;                   /* --eval-data (opened when given) */
+  int32_t *eval_tokens;           /* one eval batch's local sequences */
+  float *eval_parts;              /* every local eval sequence's loss sum */
 } tr_run;
 
 /* Whether this rank holds parameter q (every dense one; its experts). */
@@ -495,6 +515,66 @@ static int write_grads(tr_run *r, char *err, size_t errlen) {
   if (rc) unlink(tmp);
   free(t);
   return rc;
+}
+
+/* The exact mean loss over the eval sequences (batches j = 0 .. N-1 of B
+ * sequences in file order, rank r taking the slice of each batch its
+ * training batches have), of the model as it is: each sequence's loss sum
+ * (tr_model_eval: a chunk of one sequence, as the training loss) added
+ * onto the agreed grid of a token reduction over all N B L tokens,
+ * summed over the ranks, divided by N B L and rounded once: the same
+ * bits on every layout. 0 / -1 (the message printed). */
+static int run_eval(tr_run *r, float *mean) {
+  const tr_args *a = &r->a;
+  int64_t B = a->global_batch, L = a->seq_len, local = B / r->P, first = r->rank * local;
+  int64_t N = a->eval_batches;
+  char err[512];
+  tr_run_opts ro = {cli_threads(&a->common), a->ordinary ? BX_TOKRED_ORDINARY : BX_TOKRED_GRID, L,
+                    a->bf16, a->no_history};
+  int bad = 0;
+  for (int64_t j = 0; j < N && !bad; j++) {
+    for (int64_t b = 0; b < local; b++)
+      td_tokens(&r->eval, j * B + first + b, r->eval_tokens + b * (L + 1));
+    if (tr_model_eval(r->model, &ro, r->eval_tokens, local, j * B + first, a->micro_batches,
+                      r->eval_parts + j * local, err, sizeof err)) {
+      cli_error("train: --eval-data %s%s: %s", a->eval_data, r->P > 1 ? " (a rank)" : "", err);
+      bad = 1;
+    }
+  }
+  if (any_rank(r->comm, bad)) return -1;
+  DLTensor tm, tp;
+  int64_t scalar_shape[1] = {1};
+  memset(&tm, 0, sizeof tm);
+  tm.device.device_type = kDLCPU;
+  tm.dtype.code = kDLFloat;
+  tm.dtype.bits = 32;
+  tm.dtype.lanes = 1;
+  tm.ndim = 0;
+  tm.shape = scalar_shape;
+  tm.data = mean;
+  tp = tm;
+  bx_tokred_opts to = BX_TOKRED_OPTS_DEFAULT;
+  bx_tokred *st = NULL;
+  bx_status e = bx_tokred_create(&tm, 1, L, N * B * L, &to, &st);
+  for (int64_t k = 0; e == BX_OK && k < N * local; k++) {
+    tp.data = &r->eval_parts[k];
+    e = bx_tokred_bound(st, 0, (k / local) * B + first + k % local, &tp);
+  }
+  /* every rank reaches the agreement, which carries a local failure to all */
+  bx_status ag = bx_tokred_agree(st, r->comm);
+  if (e == BX_OK) e = ag;
+  for (int64_t k = 0; e == BX_OK && k < N * local; k++) {
+    tp.data = &r->eval_parts[k];
+    e = bx_tokred_add(st, 0, (k / local) * B + first + k % local, &tp);
+  }
+  if (e == BX_OK) e = bx_tokred_allreduce(st, r->comm);
+  if (e == BX_OK) e = bx_tokred_finish(st, &tm, 1, N * B * L);
+  bx_tokred_destroy(st);
+  if (e != BX_OK) {
+    TERR("train: --eval-data %s: the eval loss: %s: %s", a->eval_data, bx_status_str(e), bx_last_error());
+    return -1;
+  }
+  return 0;
 }
 
 static int run_step(tr_run *r, int64_t s) {
@@ -584,7 +664,13 @@ static int run_step(tr_run *r, int64_t s) {
   r->last_norm = total;
   trec_step rec = {s, loss, total, gn[0], gn[1], coef, ao.lr, B * L,
                    trec_loss_hash(all, (size_t)(B * L)), r->data.entropy_nats, a->bf16 ? "bf16" : "fp32",
-                   tr_model_last_passes(r->model)};
+                   tr_model_last_passes(r->model), 0, NAN};
+  /* after every --eval-every K-th step and after the run's last */
+  if (a->eval_data && ((s + 1) % a->eval_every == 0 || s + 1 == a->steps)) {
+    if (run_eval(r, &rec.eval_loss)) return -1;
+    rec.has_eval = 1;
+    r->last_eval = rec.eval_loss;
+  }
   if (r->record && trec_write(r->record, &rec) != 0) {
     cli_error("train: --record %s: cannot write", a->record);
     return -1;
@@ -703,7 +789,8 @@ static void dry_run(tr_run *r) {
 static void summary(tr_run *r) {
   const tr_args *a = &r->a;
   FILE *out = cli_out();
-  char fl[40], ll[40], gn[40], en[40];
+  char fl[40], ll[40], gn[40], en[40], ev[40];
+  cli_hex(r->last_eval, ev, sizeof ev);
   cli_hex(r->first_loss, fl, sizeof fl);
   cli_hex(r->last_loss, ll, sizeof ll);
   cli_hex(r->last_norm, gn, sizeof gn);
@@ -715,12 +802,13 @@ static void summary(tr_run *r) {
             "\"%s\", \"last_grad_norm\": \"%s\", \"entropy_rate\": \"%s\", \"ranks\": %d, "
             "\"params\": %lld, \"ep\": %d, \"alltoall_bytes_per_step\": %lld, "
             "\"allreduce_bytes_per_step\": %lld, \"allreduce_replica_bytes_per_step\": %lld, "
-            "\"first_step_seconds\": %.6f, \"step_seconds\": %.6f, \"stopped_by_signal\": %s}\n",
+            "\"first_step_seconds\": %.6f, \"step_seconds\": %.6f, \"stopped_by_signal\": %s, "
+            "\"last_eval_loss\": \"%s\"}\n",
             (long long)ran, (long long)r->start, fl, ll, gn, en, r->P,
             (long long)tr_config_param_count(&r->cfg), r->ep.size, (long long)r->ep.a2a_bytes,
             (long long)(8 * r->ep.ar_world_words), (long long)(8 * r->ep.ar_replica_words),
             ran > 0 ? r->t_first : 0.0, ran > 1 ? r->t_rest / (double)(ran - 1) : 0.0,
-            r->stopped ? "true" : "false");
+            r->stopped ? "true" : "false", ev);
     return;
   }
   fprintf(out, "train: %lld steps (%lld..%lld), %lld sequences of %lld tokens per step, %d rank%s, "
@@ -740,6 +828,7 @@ static void summary(tr_run *r) {
   if (!isnan(r->data.entropy_nats))
     fprintf(out, "synthetic corpus: entropy rate %.6f nats (%s; %.6f bits): the lowest loss\n",
             r->data.entropy_nats, en, r->data.entropy_bits);
+  if (!isnan(r->last_eval)) fprintf(out, "eval loss (last): %.6f (%s)\n", (double)r->last_eval, ev);
   if (r->stopped)
     fprintf(out, "stopped by a signal after step %lld (of --steps %lld)%s\n", (long long)(r->end - 1),
             (long long)a->steps, a->save ? "; the checkpoint holds that step: --resume continues" : "");
@@ -765,6 +854,25 @@ static int train_main(tr_run *r, int argc, char **argv) {
   if (td_open(&r->data, a->data, r->cfg.vocab_size, a->seq_len, a->seed, a->shuffle, err, sizeof err)) {
     TERR("train: %s: %s", a->data ? a->data : "the synthetic corpus", err);
     return CLI_ERROR;
+  }
+  if (a->eval_data) {
+    if (td_open(&r->eval, a->eval_data, r->cfg.vocab_size, a->seq_len, a->seed, 0, err, sizeof err)) {
+      TERR("train: --eval-data %s: %s", a->eval_data, err);
+      return CLI_ERROR;
+    }
+    int64_t whole = r->eval.nseq / a->global_batch;
+    if (whole < 1) {
+      TERR("train: --eval-data %s: %lld sequences of %lld + 1 tokens, fewer than one batch of "
+           "--global-batch %lld", a->eval_data, (long long)r->eval.nseq, (long long)a->seq_len,
+           (long long)a->global_batch);
+      return CLI_ERROR;
+    }
+    if (!a->eval_batches) a->eval_batches = whole;
+    if (a->eval_batches > whole) {
+      TERR("train: --eval-batches %lld: --eval-data %s holds %lld batches of --global-batch %lld",
+           (long long)a->eval_batches, a->eval_data, (long long)whole, (long long)a->global_batch);
+      return CLI_ERROR;
+    }
   }
   if (a->save && tc_check_save_dir(a->save, err, sizeof err)) {
     TERR("train: --save %s", err);
@@ -817,6 +925,14 @@ static int train_main(tr_run *r, int argc, char **argv) {
   r->all_loss = malloc((size_t)(B * L) * sizeof *r->all_loss);
   r->words = r->P > 1 ? malloc((size_t)(B * L) * sizeof *r->words) : NULL;
   r->grads = calloc(r->nparams + 1, sizeof *r->grads);
+  if (a->eval_data) {
+    r->eval_tokens = malloc((size_t)(local * (L + 1)) * sizeof *r->eval_tokens);
+    r->eval_parts = malloc((size_t)(a->eval_batches * local) * sizeof *r->eval_parts);
+    if (!r->eval_tokens || !r->eval_parts) {
+      cli_error("train: out of memory (--eval-data)");
+      return CLI_ERROR;
+    }
+  }
   r->owned[0] = calloc(r->nparams + 1, sizeof(DLTensor));
   r->owned[1] = calloc(r->nparams + 1, sizeof(DLTensor));
   if (!r->tokens || !r->tok_loss || !r->all_loss || (r->P > 1 && !r->words) || !r->grads ||
@@ -842,7 +958,7 @@ static int train_main(tr_run *r, int argc, char **argv) {
     }
   }
   if (any_rank(r->comm, bad)) return CLI_ERROR;
-  r->first_loss = r->last_loss = NAN;
+  r->first_loss = r->last_loss = r->last_eval = NAN;
   r->last_norm = NAN;
   r->end = a->steps;
   r->saved_step = -1;
@@ -893,6 +1009,9 @@ int cmd_train(int argc, char **argv) {
   }
   if (r.model) tr_model_destroy(r.model);
   td_close(&r.data);
+  td_close(&r.eval);
+  free(r.eval_tokens);
+  free(r.eval_parts);
   free(r.tokens);
   free(r.tok_loss);
   free(r.all_loss);

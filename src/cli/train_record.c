@@ -38,6 +38,13 @@ void trec_format(const trec_step *s, char *buf, size_t len) {
                    (unsigned long long)s->loss_hash, s->compute_dtype ? s->compute_dtype : "fp32",
                    s->passes, TREC_FORMAT);
   if (w < 0 || (size_t)w >= len) return;
+  if (s->has_eval) {
+    char ev[40];
+    cli_hex((double)s->eval_loss, ev, sizeof ev);
+    int e = snprintf(buf + w, len - (size_t)w, ", \"eval_loss\": \"%s\"", ev);
+    if (e < 0 || (size_t)(w + e) >= len) return;
+    w += e;
+  }
   if (!isnan(s->entropy_rate)) {
     cli_hex(s->entropy_rate, en, sizeof en);
     snprintf(buf + w, len - (size_t)w, ", \"entropy_rate\": \"%s\"}", en);

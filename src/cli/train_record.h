@@ -23,6 +23,9 @@
  *                     grid; ordinary mode: 1): a function of the data
  *   record_format     TREC_FORMAT: 2 since the one-pass step (format 1,
  *                     the two-pass step's records, had no such key)
+ *   eval_loss         (steps after which --eval-data was evaluated) the
+ *                     exact mean loss over the eval sequences (fp32,
+ *                     rounded once), of the model after this step's update
  *   entropy_rate      (synthetic corpus only) the source's entropy rate in
  *                     nats: the loss a perfect model reaches
  */
@@ -41,6 +44,8 @@ typedef struct trec_step {
   double entropy_rate; /* NaN: not written */
   const char *compute_dtype; /* "fp32" / "bf16" */
   int passes;
+  int has_eval;
+  float eval_loss;
 } trec_step;
 
 #define TREC_FORMAT 2

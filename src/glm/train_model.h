@@ -93,6 +93,19 @@ int tr_model_grad(tr_model *m, const tr_run_opts *o, const int32_t *tokens, int6
                   const bx_comm *comm, float *loss, float *token_losses, char *err,
                   size_t errlen);
 
+/* Evaluation: the forward of the local sequences (tokens [local_seqs, L+1],
+ * global sequences [first_seq, first_seq + local_seqs) of the eval batch:
+ * the rows' token ids in the expert exchange; micro_batches divides
+ * local_seqs) with the step's kernels, no gradient,
+ * nothing of the model changed; seq_losses[q] := the fp32 sum of sequence
+ * q's L token losses in the order the training loss's chunk partials use
+ * (a chunk is a sequence), so the same bits on every layout. Under expert
+ * parallelism every rank of the group must call it with the same
+ * micro-batch count (the MoE layers exchange rows). 0 / -1 with err. */
+int tr_model_eval(tr_model *m, const tr_run_opts *o, const int32_t *tokens, int64_t local_seqs,
+                  int64_t first_seq, int64_t micro_batches, float *seq_losses, char *err,
+                  size_t errlen);
+
 /* Expert parallelism (docs/train_cli.md "Expert parallelism"): the ranks
  * form EP groups of `size` consecutive ranks; this rank is EP rank `rank`
  * of its group and holds the routed experts [rank * n/size, (rank+1) *

@@ -13,13 +13,12 @@
 
 #include "train_model_internal.h"
 
-/* The model's forward on the micro-batch in c->w, then the loss (its
- * chunk partials bounded or added to sl) and the backward. */
-static int micro_batch(tr_ctx *c, bx_tokred *sl, float *token_losses) {
+/* The model's forward on the micro-batch in c->w: the logits in w->logits. */
+static int forward_logits(tr_ctx *c) {
   tr_model *m = c->m;
   tr_work *w = c->w;
   int64_t T = w->T, H = m->c.hidden_size, NL = m->c.num_hidden_layers;
-  glm_view v[8];
+  glm_view v[3];
   bx_embedding_opts eo = BX_EMBEDDING_OPTS_DEFAULT;
   eo.num_threads = c->n.threads;
   if (tr_ck(c, bx_embedding_forward(glm_f32(&v[0], m->p[m->embed].data, 2, m->c.vocab_size, H, 0),
@@ -33,7 +32,17 @@ static int micro_batch(tr_ctx *c, bx_tokred *sl, float *token_losses) {
     const float *h1 = w->act[l].h1;
     for (int64_t i = 0; i < T * H; i++) out[i] = h1[i] + out[i];
   }
-  if (tr_head_forward(c)) return -1;
+  return tr_head_forward(c);
+}
+
+/* The model's forward on the micro-batch in c->w, then the loss (its
+ * chunk partials bounded or added to sl) and the backward. */
+static int micro_batch(tr_ctx *c, bx_tokred *sl, float *token_losses) {
+  tr_model *m = c->m;
+  tr_work *w = c->w;
+  int64_t T = w->T, H = m->c.hidden_size, NL = m->c.num_hidden_layers;
+  glm_view v[8];
+  if (forward_logits(c)) return -1;
   /* the loss of the global token mean: dlogits in place of the logits */
   if (glm_xent_fwd(&c->n, sl, w->logits, T, m->c.vocab_size, glm_i32(&v[1], w->targets, T),
                    c->n_global, w->C, -100, w->losses, w->loss_partials, w->logits, NULL))
@@ -51,6 +60,19 @@ static int micro_batch(tr_ctx *c, bx_tokred *sl, float *token_losses) {
                            w->emb_row_ids, w->emb_rows, w->emb_offsets, m->embed);
 }
 
+/* The micro-batch's token ids, targets and positions from q sequences
+ * of L + 1 tokens. */
+static void load_tokens(tr_work *w, const int32_t *tokens, int64_t nseq, int64_t L) {
+  for (int64_t q = 0; q < nseq; q++) {
+    const int32_t *seq = tokens + q * (L + 1);
+    for (int64_t i = 0; i < L; i++) {
+      w->ids[q * L + i] = seq[i];
+      w->targets[q * L + i] = seq[i + 1];
+      w->positions[q * L + i] = i;
+    }
+  }
+}
+
 /* Every local micro-batch once through g's current pass. */
 static int run_micro_batches(tr_ctx *c, glm_gr *g, const int32_t *tokens, int64_t first_seq,
                              int64_t micro_batches, int64_t mb, float *token_losses) {
@@ -59,14 +81,7 @@ static int run_micro_batches(tr_ctx *c, glm_gr *g, const int32_t *tokens, int64_
   for (int64_t b = 0; b < micro_batches; b++) {
     int64_t s0 = b * mb;
     if (glm_gr_micro_batch(g, (first_seq + s0) * L, T, &c->n)) return -1;
-    for (int64_t q = 0; q < mb; q++) {
-      const int32_t *seq = tokens + (s0 + q) * (L + 1);
-      for (int64_t i = 0; i < L; i++) {
-        w->ids[q * L + i] = seq[i];
-        w->targets[q * L + i] = seq[i + 1];
-        w->positions[q * L + i] = i;
-      }
-    }
+    load_tokens(w, tokens + s0 * (L + 1), mb, L);
     if (micro_batch(c, glm_gr_loss_state(g), token_losses ? token_losses + s0 * L : NULL)) return -1;
   }
   return 0;
@@ -232,4 +247,57 @@ int tr_model_grad(tr_model *m, const tr_run_opts *o, const int32_t *tokens, int6
 done:
   free(bounds);
   return rc;
+}
+
+int tr_model_eval(tr_model *m, const tr_run_opts *o, const int32_t *tokens, int64_t local_seqs,
+                  int64_t first_seq, int64_t micro_batches, float *seq_losses, char *err,
+                  size_t errlen) {
+  if (check_args(m, o, tokens, local_seqs, first_seq, first_seq + local_seqs, micro_batches, err,
+                 errlen))
+    return -1;
+  int64_t L = o->seq_len, mb = local_seqs / micro_batches, T = mb * L;
+  /* the training step's work buffers where their micro-batch is this one's */
+  int64_t C = m->work && m->work->T == T ? m->work->C : L;
+  if (!m->work || m->work->T != T) {
+    tr_work *nw = tr_work_make(m, T, C);
+    if (!nw) {
+      snprintf(err, errlen, "tr_model_eval: out of memory (micro-batch of %lld tokens)", (long long)T);
+      return -1;
+    }
+    tr_model_set_work(m, nw);
+  }
+  tr_ctx c;
+  memset(&c, 0, sizeof c);
+  c.n.threads = o->threads;
+  c.n.ws = &m->ws;
+  c.n.err = err;
+  c.n.errlen = errlen;
+  c.m = m;
+  c.w = m->work;
+  c.mode = o->mode;
+  c.L = L;
+  c.n_global = local_seqs * L;
+  c.local_tokens = local_seqs * L;
+  c.bf16 = o->bf16;
+  if (o->bf16 && tr_bf16_weights(m, o->threads)) {
+    snprintf(err, errlen, "tr_model_eval: out of memory (bf16 weight copies)");
+    return -1;
+  }
+  bx_xent_opts xo = BX_XENT_OPTS_DEFAULT;
+  xo.num_threads = o->threads;
+  for (int64_t b = 0; b < micro_batches; b++) {
+    tr_work *w = c.w;
+    load_tokens(w, tokens + b * mb * (L + 1), mb, L);
+    c.n.tok0 = (first_seq + b * mb) * L; /* the rows' global token ids (expert exchange) */
+    c.n.chunk0 = c.n.tok0 / C;
+    if (forward_logits(&c)) return -1;
+    glm_view v[4];
+    /* chunks of one sequence: each sequence's loss sum, as the training loss's partials */
+    if (tr_ck(&c, bx_xent_forward(glm_f32(&v[0], w->logits, 2, T, m->c.vocab_size, 0),
+                                  glm_i32(&v[1], w->targets, T), L, glm_f32(&v[2], w->losses, 1, T, 0, 0),
+                                  glm_f32(&v[3], seq_losses + b * mb, 1, mb, 0, 0), NULL, &xo),
+              "eval cross-entropy"))
+      return -1;
+  }
+  return 0;
 }

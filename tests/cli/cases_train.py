@@ -926,3 +926,66 @@ def train_run_sigterm_under_mpi():
     assert 2 <= k < 200, k
     with open(os.path.join(ck, "trainer_state.json")) as fh:
         assert json.load(fh)["step"] == k
+
+
+def eval_file(name, tokens, seed):
+    f = tpath(name)
+    np.save(f, np.random.default_rng(seed).integers(0, 256, tokens).astype(np.int32))
+    return f
+
+
+@test
+def train_run_eval_loss():
+    """--eval-data: the exact mean loss over the eval batches after every
+    K-th step and the last. With the training file as the eval file and
+    exactly one batch in it, every step trains on that batch, so the eval
+    loss after step s must be the loss of step s + 1, bit for bit (fp32 and
+    bf16 compute)."""
+    one = eval_file("eval_one.npy", 4 * 16 + 1, 2)  # one batch of FAST's B = 4, L = 16
+    for dt in ("fp32", "bf16"):
+        f = tpath("eval_one_%s.jsonl" % dt)
+        train_run("--steps", "4", "--data", one, "--eval-data", one, "--eval-every", "1",
+                  "--compute-dtype", dt, "--record", f)
+        rows = records(f)
+        assert all("eval_loss" in r for r in rows), rows
+        for a, b in zip(rows, rows[1:]):
+            assert a["eval_loss"] == b["loss"], (dt, a, b)
+    ev = eval_file("eval_many.npy", 4000, 1)
+    f = tpath("eval_every.jsonl")
+    s = train_run("--steps", "5", "--eval-data", ev, "--eval-every", "2", "--eval-batches", "3",
+                  "--record", f)
+    rows = records(f)
+    assert [("eval_loss" in r) for r in rows] == [False, True, False, True, True], rows
+    assert s["last_eval_loss"] == rows[-1]["eval_loss"], s
+    expect_train_error("--eval-data", ev, needles=("--eval-every",))
+    expect_train_error("--eval-every", "2", needles=("--eval-data",))
+    expect_train_error("--eval-batches", "2", needles=("--eval-batches", "--eval-data"))
+    expect_train_error("--eval-data", ev, "--eval-every", "1", "--eval-batches", "999",
+                       needles=("--eval-batches 999", "batches"))
+    tiny = eval_file("eval_tiny.npy", 200, 3)  # 3 sequences of the default L = 64 < B = 8
+    expect_train_error("--eval-data", tiny, "--eval-every", "1", needles=("fewer than one batch",))
+    expect_train_error("--eval-data", tpath("no_such.npy"), "--eval-every", "1",
+                       needles=("no_such.npy",))
+
+
+@test
+def train_run_eval_loss_layout_invariant():
+    """The eval loss is the same bits on 1 and 2 threads, 2 micro-batches,
+    and (with MPI) 2 ranks, 4 ranks with --ep 2 and --ep 4."""
+    ev = eval_file("eval_inv.npy", 3000, 5)
+    args = ("--steps", "3", "--eval-data", ev, "--eval-every", "2")
+    want = None
+    runs = [("--threads", "1"), ("--threads", "2"), ("--micro-batches", "2")]
+    for extra in runs:
+        f = tpath("eval_inv.jsonl")
+        train_run(*args, *extra, "--record", f)
+        got = [r.get("eval_loss") for r in records(f)]
+        want = want or got
+        assert got == want and got[1] is not None, (extra, got, want)
+    if not Ctx.mpi:
+        return
+    for P, extra in ((2, ()), (4, ("--ep", "2")), (4, ("--ep", "4"))):
+        f = tpath("eval_inv_mpi.jsonl")
+        p = mpirun_train(P, *FAST, *args, *extra, "--record", f)
+        assert p.returncode == 0, p.stderr.decode()[-2000:]
+        assert [r.get("eval_loss") for r in records(f)] == want, (P, extra)

@@ -2,7 +2,9 @@
 # run.sh — `bitexact train` against Hugging Face transformers (issue 14):
 # the reference's own checks (test_reference.py: transformers vs an fp64
 # re-implementation, and the comparison harness against a fake trainer)
-# and the comparison with build/bitexact train (test_vs_transformers.py;
+# the comparison with build/bitexact train (test_vs_transformers.py), and
+# --init-from / --save-max-shard-size against checkpoints transformers and
+# PaddleFormers write and load (test_init_from.py;
 # BITEXACT=PATH for another binary). Installs the pinned Python packages
 # (scripts/py_setup.sh --pins-only; BITEXACT_SKIP_INSTALL=1 skips that).
 # Exits non-zero on any failure; the last line is "N passed, N failed[, N
