@@ -7,7 +7,10 @@
 #     micro-batches, MPI ranks) in --mode invariant and --mode ordinary; the
 #     records are compared with `bitexact diff` and the checkpoints with
 #     `bitexact hash`; then one longer run shows the loss going down toward
-#     the corpus's entropy rate.
+#     the corpus's entropy rate. Two pictures (bitexact plot, SVG) go to
+#     $BX_DEMO_OUT (default build/demo): drift.svg, how far each layout's
+#     loss is from the reference per step (ordinary drifts, invariant stays
+#     at 0 ULP), and loss.svg, the long run's curves.
 # Exits non-zero if bitexact's results ever differ (the norm demo, or any
 # invariant-mode record or checkpoint). Arguments go to `bitexact demo`.
 # BX_DEMO_NO_TRAIN=1 skips part 2; BX_DEMO_LONG_STEPS=0 skips the long run.
@@ -28,6 +31,8 @@ LONG_STEPS=${BX_DEMO_LONG_STEPS:-100}
 LONG_LR=3e-3
 T0=$SECONDS
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/bitexact-demo.XXXXXX")
+OUT=${BX_DEMO_OUT:-build/demo}
+mkdir -p "$OUT"
 trap 'rm -rf "$WORK"' EXIT
 
 # ---- the layouts: "ranks threads micro-batches ep" -------------------------
@@ -64,7 +69,7 @@ ckhash() { "$BX" hash "$1/model.safetensors" "$1/optimizer.safetensors" | tail -
 echo
 echo "== training demo: bitexact train, $STEPS steps of $BATCH x $SEQ tokens, built-in tiny config, synthetic corpus"
 printf '%-28s %-10s %-16s %-18s %s\n' layout mode "final loss" "record identical" "checkpoint hash equal"
-bad=0; ordinary_diverged=0; notes=(); ep_skip=0
+bad=0; ordinary_diverged=0; notes=(); ep_skip=0; plot_args=(); inv_ref=""
 for mode in invariant ordinary; do
   ref_rec=""; ref_hash=""
   for row in "${LAYOUTS[@]}"; do
@@ -89,6 +94,10 @@ for mode in invariant ordinary; do
       echo "demo.sh: $label, $mode: bitexact train failed:" >&2; cat "$WORK/err" >&2; exit 2
     fi
     h=$(ckhash "$ck")
+    # the drift picture: every ordinary layout, and the invariant ones but the reference
+    if [ "$mode" = ordinary ] || [ -n "$ref_rec" ]; then
+      plot_args+=(--label "$mode $name" "$rec")
+    fi
     if [ -z "$ref_rec" ]; then
       ref_rec=$rec; ref_hash=$h; same_rec="(reference)"; same_ck="(reference)"
     else
@@ -113,6 +122,20 @@ if [ "$ordinary_diverged" -eq 1 ]; then
 else
   echo "note: ordinary mode happened to give the same bits on every layout that ran."
 fi
+# the picture: per step, the loss's ULPs from the invariant reference (at most 16 curves)
+inv_ref="$WORK/invariant-np1-t1-mb1-ep1.jsonl"
+n_plot=$(( ${#plot_args[@]} / 3 )); keep=()
+if [ "$n_plot" -gt 16 ]; then  # every ordinary layout, then the invariant ones up to 16
+  for ((i = 0; i < ${#plot_args[@]}; i += 3)); do
+    case "${plot_args[i+1]}" in ordinary*) keep+=("${plot_args[@]:i:3}") ;; esac
+  done
+  for ((i = 0; i < ${#plot_args[@]} && ${#keep[@]} < 48; i += 3)); do
+    case "${plot_args[i+1]}" in invariant*) keep+=("${plot_args[@]:i:3}") ;; esac
+  done
+  plot_args=("${keep[@]}")
+fi
+"$BX" plot --drift "$inv_ref" --title "loss: fp32 ULPs from the invariant 1-process run, per step" \
+    "${plot_args[@]}" -o "$OUT/drift.svg"
 echo "(short runs: $((SECONDS - T0)) s)"
 
 if [ "$LONG_STEPS" -gt 0 ]; then
@@ -131,6 +154,8 @@ if [ "$LONG_STEPS" -gt 0 ]; then
     fi
   done <"$WORK/long.jsonl"
   grep 'entropy rate' "$WORK/out" || true
+  "$BX" plot --label "invariant, lr $LONG_LR" --title "loss, $LONG_STEPS steps (tiny config, synthetic corpus)" \
+      "$WORK/long.jsonl" -o "$OUT/loss.svg"
   echo "(ln 1024 = 6.931 nats at initialisation; $((SECONDS - T1)) s)"
 fi
 echo "(training demo: $((SECONDS - T0)) s)"

@@ -87,6 +87,7 @@ int cmd_hash(int argc, char **argv);
 int cmd_diff(int argc, char **argv);
 int cmd_demo(int argc, char **argv);
 int cmd_train(int argc, char **argv);
+int cmd_plot(int argc, char **argv);
 /* diff of two run-record (JSON Lines) files; called by cmd_diff. */
 int diff_records(const char *a, const char *b, const cli_opts *o);
 

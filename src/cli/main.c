@@ -20,6 +20,7 @@ static const char help[] =
     "  bitexact diff [options] A B\n"
     "  bitexact demo [--json]\n"
     "  bitexact train [--config FILE.json] [--data FILE] [--steps N] [options]\n"
+    "  bitexact plot [--drift REF.jsonl] [--label NAME]... -o FILE.svg RECORD.jsonl...\n"
     "  bitexact --version | --help\n"
     "\n"
     "Options for every command: --json (machine-readable output), --threads N\n"
@@ -138,6 +139,16 @@ static const char help[] =
     "  --dry-run     check everything, print the plan and the data order as JSON\n"
     "  docs/train_cli.md has the data order, the record and the checkpoint format.\n"
     "\n"
+    "plot RECORD.jsonl...\n"
+    "  Curves of run records (bitexact train --record) as a plain SVG file on\n"
+    "  shared step axes: a loss panel (eval_loss dashed with markers), the\n"
+    "  learning rate and the gradient norm (each when present), one colour per\n"
+    "  run (--label names them; default: the file names; at most 16 runs).\n"
+    "  --drift REF.jsonl   instead: per step, the fp32 ULP distance of each\n"
+    "                record's loss from REF's, on a log scale of 1 + ULPs\n"
+    "                (a layout-invariant run is the flat line at 0).\n"
+    "  --title TEXT  the first panel's title. -o FILE.svg is written atomically.\n"
+    "\n"
     "Errors: one line on stderr naming the file (and tensor), exit status 2, and\n"
     "nothing on stdout: results are printed only once complete.\n";
 
@@ -182,7 +193,7 @@ int main(int argc, char **argv) {
     printf("bitexact %u.%u.%u\n", v / 10000, v / 100 % 100, v % 100);
     return fflush(stdout) == 0 ? CLI_OK : CLI_ERROR;
   }
-  static const char *const cmds[] = {"norm", "hash", "diff", "demo", "train"};
+  static const char *const cmds[] = {"norm", "hash", "diff", "demo", "train", "plot"};
   for (size_t k = 0; k < sizeof cmds / sizeof cmds[0]; k++)
     if (strcmp(cmd, cmds[k]) == 0)
       for (int i = 2; i < argc; i++)
@@ -192,8 +203,9 @@ int main(int argc, char **argv) {
   else if (strcmp(cmd, "diff") == 0) rc = cmd_diff(argc - 1, argv + 1);
   else if (strcmp(cmd, "demo") == 0) rc = cmd_demo(argc - 1, argv + 1);
   else if (strcmp(cmd, "train") == 0) rc = cmd_train(argc - 1, argv + 1);
+  else if (strcmp(cmd, "plot") == 0) rc = cmd_plot(argc - 1, argv + 1);
   else {
-    cli_error("unknown command '%s' (norm, hash, diff, demo, train; --help)", cmd);
+    cli_error("unknown command '%s' (norm, hash, diff, demo, train, plot; --help)", cmd);
     return CLI_ERROR;
   }
   if (cli_out_finish(rc != CLI_ERROR) != 0) {

@@ -13,21 +13,12 @@
 #include <string.h>
 
 #include "cli.h"
+#include "records.h"
 
-typedef struct record {
-  json_int_t step;
-  json_t *obj;
-  size_t line;
-} record;
+typedef cli_record record;
+typedef cli_records records;
 
-typedef struct records {
-  const char *path;
-  record *r;
-  size_t n;
-  char *text;
-} records;
-
-static void records_free(records *rs) {
+void cli_records_free(records *rs) {
   for (size_t i = 0; i < rs->n; i++) json_decref(rs->r[i].obj);
   free(rs->r);
   free(rs->text);
@@ -39,7 +30,7 @@ static int cmp_step(const void *a, const void *b) {
   return (x->line > y->line) - (x->line < y->line);
 }
 
-static int load_records(const char *path, records *rs) {
+int cli_records_load(const char *path, records *rs) {
   memset(rs, 0, sizeof *rs);
   rs->path = path;
   FILE *fp = fopen(path, "rb");
@@ -92,9 +83,7 @@ static int load_records(const char *path, records *rs) {
   return 0;
 }
 
-/* A float value: a JSON real, or a string strtod reads whole (hex floats,
- * "nan", "inf"). 1 if v is one (in *d), else 0. */
-static int as_float(const json_t *v, double *d) {
+int cli_record_float(const json_t *v, double *d) {
   if (json_is_real(v)) return *d = json_real_value(v), 1;
   if (!json_is_string(v)) return 0;
   const char *s = json_string_value(v);
@@ -104,7 +93,7 @@ static int as_float(const json_t *v, double *d) {
   return *end == 0;
 }
 
-static uint64_t ulp64(double a, double b) {
+uint64_t cli_ulp64(double a, double b) {
   uint64_t x = cli_bits_f64(a), y = cli_bits_f64(b), m = ~(uint64_t)0 >> 1;
   if ((x >> 63) == (y >> 63)) return (x & m) > (y & m) ? (x & m) - (y & m) : (y & m) - (x & m);
   return (x & m) + (y & m);
@@ -122,9 +111,9 @@ static int compare_value(const json_t *a, const json_t *b, uint64_t *ulp) {
   double x, y;
   *ulp = UINT64_MAX;
   if (!a || !b) return 1;
-  if (as_float(a, &x) && as_float(b, &y)) {
+  if (cli_record_float(a, &x) && cli_record_float(b, &y)) {
     if (cli_bits_f64(x) == cli_bits_f64(y)) return 0;
-    if (!isnan(x) && !isnan(y)) *ulp = ulp64(x, y);
+    if (!isnan(x) && !isnan(y)) *ulp = cli_ulp64(x, y);
     return 1;
   }
   return !json_equal((json_t *)a, (json_t *)b);
@@ -133,7 +122,7 @@ static int compare_value(const json_t *a, const json_t *b, uint64_t *ulp) {
 static void value_text(const json_t *v, char *buf, size_t len) {
   double d;
   if (!v) snprintf(buf, len, "(absent)");
-  else if (as_float(v, &d)) cli_hex(d, buf, len);
+  else if (cli_record_float(v, &d)) cli_hex(d, buf, len);
   else {
     char *s = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
     snprintf(buf, len, "%s", s ? s : "?");
@@ -147,11 +136,11 @@ int diff_records(const char *pa, const char *pb, const cli_opts *o) {
   json_t *root = NULL, *first = NULL;
   field_stat fs[256];
   size_t nfs = 0;
-  if (load_records(pa, &A) != 0) {
-    records_free(&A);
+  if (cli_records_load(pa, &A) != 0) {
+    cli_records_free(&A);
     return CLI_ERROR;
   }
-  if (load_records(pb, &B) != 0) goto done;
+  if (cli_records_load(pb, &B) != 0) goto done;
   size_t common = 0, only_a = 0, only_b = 0, differ_steps = 0, ia = 0, ib = 0;
   json_int_t first_only_a = 0, first_only_b = 0;
   const record *fa = NULL, *fb = NULL;
@@ -274,7 +263,7 @@ int diff_records(const char *pa, const char *pb, const cli_opts *o) {
 done:
   json_decref(first);
   json_decref(root);
-  records_free(&A);
-  records_free(&B);
+  cli_records_free(&A);
+  cli_records_free(&B);
   return rc;
 }

@@ -763,7 +763,7 @@ def train_run_bf16_bad_and_resume():
 
 @test
 def subcommand_help():
-    for cmd in ("norm", "hash", "diff", "demo", "train"):
+    for cmd in ("norm", "hash", "diff", "demo", "train", "plot"):
         rc, out, err = run(cmd, "--help")
         assert rc == 0 and err == "", (cmd, rc, err)
         assert out.startswith("usage:\n  bitexact %s" % cmd), (cmd, out[:80])
@@ -989,3 +989,84 @@ def train_run_eval_loss_layout_invariant():
         p = mpirun_train(P, *FAST, *args, *extra, "--record", f)
         assert p.returncode == 0, p.stderr.decode()[-2000:]
         assert [r.get("eval_loss") for r in records(f)] == want, (P, extra)
+
+
+# ---- bitexact plot ---------------------------------------------------------
+
+def svg_of(path):
+    import xml.etree.ElementTree as ET
+    root = ET.parse(path).getroot()  # well-formed XML, or this raises
+    ns = "{http://www.w3.org/2000/svg}"
+    assert root.tag == ns + "svg", root.tag
+    w, h = float(root.get("width")), float(root.get("height"))
+    lines = []
+    for pl in root.iter(ns + "polyline"):
+        pts = [tuple(map(float, p.split(","))) for p in pl.get("points").split()]
+        for x, y in pts:
+            assert 0 <= x <= w and 0 <= y <= h, (x, y, w, h)
+        lines.append((pl.get("stroke"), pl.get("stroke-dasharray"), pts))
+    texts = [t.text or "" for t in root.iter(ns + "text")]
+    return lines, texts
+
+
+@test
+def plot_records_and_drift():
+    """bitexact plot: a well-formed SVG with one curve per run and panel
+    (loss with eval_loss dashed, lr, grad_norm), points inside the canvas,
+    the labels in the legend; --drift draws an identical record as the flat
+    line at 0 ULP and a different one above it."""
+    ev = eval_file("plot_eval.npy", 3000, 4)
+    a, b = tpath("plot_a.jsonl"), tpath("plot_b.jsonl")
+    train_run("--steps", "6", "--lr-scheduler", "cosine", "--warmup-steps", "2", "--eval-data", ev,
+              "--eval-every", "3", "--record", a)
+    train_run("--steps", "6", "--lr", "3e-3", "--record", b)
+    svg = tpath("plot.svg")
+    rc, out, err = run("plot", "--label", "cosine", "--label", "constant", "-o", svg, a, b)
+    assert rc == 0 and "3 panels, 2 runs" in out, (rc, out, err)
+    lines, texts = svg_of(svg)
+    solid = [l for l in lines if l[1] is None]
+    dashed = [l for l in lines if l[1] is not None]
+    assert len(solid) == 6 and len(dashed) == 1, (len(solid), len(dashed))  # 3 panels x 2; eval of a
+    assert all(len(p) == 6 for _, _, p in solid) and len(dashed[0][2]) == 2
+    assert "cosine" in texts and "constant" in texts and "lr" in texts, texts
+    # drift: b against itself is 0 ULP everywhere (the bottom of the frame); a is not
+    d = tpath("drift.svg")
+    rc, out, err = run("plot", "--drift", b, "-o", d, b, a)
+    assert rc == 0, err
+    lines, texts = svg_of(d)
+    same, other = lines[0][2], lines[1][2]
+    assert len({y for _, y in same}) == 1, same
+    assert max(y for _, y in other) == same[0][1] and min(y for _, y in other) < same[0][1], other
+    assert any("max 0 ULP" in t for t in texts) and any("ULP" in t and "max 0" not in t for t in texts)
+
+
+@test
+def plot_bad_input():
+    a = tpath("plot_bad_a.jsonl")
+    train_run("--steps", "2", "--record", a)
+    svg = tpath("plot_bad.svg")
+    with open(svg, "w") as f:
+        f.write("keep")
+    cases = [
+        ((a,), ("-o",)),
+        (("-o", svg), ("no RECORD",)),
+        (("-o", svg, tpath("none.jsonl")), ("none.jsonl",)),
+        (("-o", svg, "--label", "x", "--label", "y", a), ("--label",)),
+        (("-o", svg, "--bogus", a), ("--bogus",)),
+        (("-o", tpath("nodir/x.svg"), a), ("nodir",)),
+    ]
+    bad = tpath("plot_bad.jsonl")
+    with open(bad, "w") as f:
+        f.write('{"step": 0, "loss": "0x1p+0"}\n{"step": 1, "loss": \n')
+    cases.append((("-o", svg, bad), ("line 2",)))
+    other = tpath("plot_other.jsonl")
+    with open(other, "w") as f:
+        f.write('{"step": 50, "loss": "0x1p+0"}\n')
+    cases.append((("-o", svg, "--drift", other, a), ("no step in common",)))
+    for args, needles in cases:
+        rc, out, err = run("plot", *args)
+        assert rc == 2 and out == "" and err.count("\n") == 1, (args, rc, out, err)
+        assert all(n in err for n in needles), (args, err)
+        with open(svg) as f:
+            assert f.read() == "keep", args  # nothing written on error
+    assert not [n for n in os.listdir(os.path.dirname(svg)) if ".svg.tmp-" in n]
