@@ -140,9 +140,11 @@ static int exchange(glm_nctx *c, const glm_ep *ep, glm_ep_scratch *e, const void
  * y [rows, H]. */
 static int expert_fwd(glm_nctx *c, const glm_lin *l3, const float *x, int64_t rows, float *g,
                       float *u, float *h, float *y) {
-  return glm_linear_fwd(c, &l3[0], x, rows, g, "expert gate_proj") ||
-         glm_linear_fwd(c, &l3[1], x, rows, u, "expert up_proj") ||
-         glm_swiglu_fwd(c, g, u, h, rows, l3[0].n, "expert swiglu") ||
+  glm_bfws_hold(c->ws, x); /* one rounding of the rows for gate and up */
+  int rc = glm_linear_fwd(c, &l3[0], x, rows, g, "expert gate_proj") ||
+           glm_linear_fwd(c, &l3[1], x, rows, u, "expert up_proj");
+  glm_bfws_release(c->ws);
+  return rc || glm_swiglu_fwd(c, g, u, h, rows, l3[0].n, "expert swiglu") ||
          glm_linear_fwd(c, &l3[2], h, rows, y, "expert down_proj") ? -1 : 0;
 }
 

@@ -175,6 +175,30 @@ void glm_bfws_free(glm_bfws *ws) {
     ws->p[i] = NULL;
     ws->cap[i] = 0;
   }
+  glm_bfws_release(ws);
+}
+
+void glm_bfws_hold(glm_bfws *ws, const float *x) {
+  if (!ws) return;
+  glm_bfws_release(ws);
+  ws->held = x;
+}
+
+void glm_bfws_release(glm_bfws *ws) {
+  if (!ws) return;
+  ws->held = NULL;
+  ws->src[0] = ws->src[1] = NULL;
+  ws->srcn[0] = ws->srcn[1] = 0;
+}
+
+uint16_t *glm_bfws_convert(glm_bfws *ws, int slot, const float *x, int64_t n, int threads) {
+  uint16_t *p = ws ? glm_bfws_get(ws, slot, n) : NULL;
+  if (!p) return NULL;
+  if (ws->held && x == ws->held && ws->src[slot] == x && ws->srcn[slot] == n) return p;
+  glm_bf16_convert(x, p, n, threads);
+  ws->src[slot] = ws->held && x == ws->held ? x : NULL;
+  ws->srcn[slot] = n;
+  return p;
 }
 
 /* ---- the GEMM entry ---------------------------------------------------------------------- */
@@ -188,15 +212,11 @@ int glm_gemm(glm_nctx *c, int bf, bx_gemm_layout layout, const float *a, int64_t
   go.accumulate = accumulate;
   const DLTensor *ta, *tb;
   if (bf) {
-    uint16_t *wa = c->ws ? glm_bfws_get(c->ws, 0, ar * ac) : NULL;
-    uint16_t *wb = bf == 2 && c->ws ? glm_bfws_get(c->ws, 1, br * bc) : NULL;
+    uint16_t *wa = glm_bfws_convert(c->ws, 0, a, ar * ac, c->threads);
+    uint16_t *wb = bf == 2 && wa ? glm_bfws_convert(c->ws, 1, b, br * bc, c->threads) : NULL;
     if (!wa || (bf == 2 && !wb)) return glm_fail(c, BX_ENOMEM, "%s: out of memory (bf16 operand)", what);
-    glm_bf16_convert(a, wa, ar * ac, c->threads);
     ta = glm_bf16(&va, wa, 2, ar, ac);
-    if (bf == 2) {
-      glm_bf16_convert(b, wb, br * bc, c->threads);
-      bbf = wb;
-    }
+    if (bf == 2) bbf = wb;
     tb = glm_bf16(&vb, bbf, 2, br, bc);
   } else {
     ta = glm_f32(&va, a, 2, ar, ac, 0);
@@ -248,11 +268,9 @@ int glm_wg_linear(glm_nctx *c, int64_t w_idx, int bf, int64_t b_idx, const float
   if (wi == BX_WGRAD_NONE && bi == BX_WGRAD_NONE) return 0;
   bx_tokred *st0 = hw ? sw : sb; /* both of s: neither is local */
   if (wi != BX_WGRAD_NONE && x && bf) {
-    uint16_t *bd = c->ws ? glm_bfws_get(c->ws, 0, rows * n) : NULL;
-    uint16_t *bx = c->ws ? glm_bfws_get(c->ws, 1, rows * k) : NULL;
+    uint16_t *bd = glm_bfws_convert(c->ws, 0, dy, rows * n, c->threads);
+    uint16_t *bx = bd ? glm_bfws_convert(c->ws, 1, x, rows * k, c->threads) : NULL;
     if (!bd || !bx) return glm_fail(c, BX_ENOMEM, "%s: out of memory (bf16 operand)", what);
-    glm_bf16_convert(dy, bd, rows * n, c->threads);
-    glm_bf16_convert(x, bx, rows * k, c->threads);
     const DLTensor *td = glm_bf16(&vd, bd, 2, rows, n), *tx = glm_bf16(&vx, bx, 2, rows, k);
     bx_status st = c->pass == 0 ? bx_linear_wgrad_bound(st0, wi, BX_WGRAD_NONE, td, tx, c->tok0, &wo)
                                 : bx_linear_wgrad(st0, wi, BX_WGRAD_NONE, td, tx, c->tok0, &wo);

@@ -51,14 +51,27 @@ float glm_bf16_widen(uint16_t h);
 void glm_bf16_convert(const float *x, uint16_t *y, int64_t n, int threads);
 
 /* Two growable bf16 workspaces (slot 0: the A operand, 1: the B operand
- * of a TN product). Zero-initialise; glm_bfws_free releases. */
+ * of a TN product). Zero-initialise; glm_bfws_free releases.
+ * Held operand (glm_bfws_hold): while held is x, a conversion of x (n
+ * elements) into a slot that already holds that conversion is skipped:
+ * one rounding for the q/k/v products' shared input and the MLP's gate
+ * and up input, forward and weight gradient (the same bits: the copy is
+ * the same conversion of the same values; the node that holds x does not
+ * write it before glm_bfws_release). */
 typedef struct glm_bfws {
   uint16_t *p[2];
   int64_t cap[2];
+  const float *held;      /* the held operand, or NULL */
+  const float *src[2];    /* what each slot converted while held is set */
+  int64_t srcn[2];
 } glm_bfws;
 
 uint16_t *glm_bfws_get(glm_bfws *ws, int slot, int64_t n); /* NULL: out of memory */
 void glm_bfws_free(glm_bfws *ws);
+void glm_bfws_hold(glm_bfws *ws, const float *x); /* ws may be NULL */
+void glm_bfws_release(glm_bfws *ws);
+/* x (n elements) as bf16 in slot `slot`: converted, or the held copy. */
+uint16_t *glm_bfws_convert(glm_bfws *ws, int slot, const float *x, int64_t n, int threads);
 
 /* ---- the node context ------------------------------------------------------------------- */
 

@@ -35,9 +35,11 @@ int glm_linear_bwd(glm_nctx *c, const glm_lin *l, const float *dy, const float *
 static const char *const QKV[3] = {"q_proj", "k_proj", "v_proj"};
 
 int glm_qkv_fwd(glm_nctx *c, const glm_lin l[3], const float *x, int64_t T, float *const y[3]) {
-  for (int i = 0; i < 3; i++)
-    if (glm_linear_fwd(c, &l[i], x, T, y[i], QKV[i])) return -1;
-  return 0;
+  glm_bfws_hold(c->ws, x); /* x rounded to bf16 once for the three products */
+  int rc = 0;
+  for (int i = 0; i < 3 && !rc; i++) rc = glm_linear_fwd(c, &l[i], x, T, y[i], QKV[i]);
+  glm_bfws_release(c->ws);
+  return rc ? -1 : 0;
 }
 
 int glm_qkv_bwd(glm_nctx *c, const glm_lin l[3], const float *const dy[3], const float *x,
@@ -46,10 +48,12 @@ int glm_qkv_bwd(glm_nctx *c, const glm_lin l[3], const float *const dy[3], const
   static const char *const wg[3] = {"q_proj wgrad", "k_proj wgrad", "v_proj wgrad"};
   for (int i = 0; dx && i < 3; i++)
     if (glm_linear_dx(c, &l[i], dy[i], T, dx, i > 0, back[i])) return -1;
-  for (int i = 0; i < 3; i++)
-    if (glm_wg_linear(c, l[i].gi, bf_of(&l[i]), l[i].bi, dy[i], T, l[i].n, x, l[i].k, wg[i]))
-      return -1;
-  return 0;
+  glm_bfws_hold(c->ws, x);
+  int rc = 0;
+  for (int i = 0; i < 3 && !rc; i++)
+    rc = glm_wg_linear(c, l[i].gi, bf_of(&l[i]), l[i].bi, dy[i], T, l[i].n, x, l[i].k, wg[i]);
+  glm_bfws_release(c->ws);
+  return rc ? -1 : 0;
 }
 
 int glm_rmsnorm_fwd(glm_nctx *c, const float *x, int64_t rows, int64_t h, const float *w,
@@ -100,9 +104,11 @@ int glm_swiglu_bwd(glm_nctx *c, const float *g, const float *u, const float *dh,
 
 int glm_mlp_fwd(glm_nctx *c, const glm_lin l[3], const float *x, int64_t T, float *g, float *u,
                 float *a, float *y) {
-  return glm_linear_fwd(c, &l[0], x, T, g, "mlp.gate_proj") ||
-         glm_linear_fwd(c, &l[1], x, T, u, "mlp.up_proj") ||
-         glm_swiglu_fwd(c, g, u, a, T, l[0].n, "mlp swiglu") ||
+  glm_bfws_hold(c->ws, x); /* one rounding of x for gate and up */
+  int rc = glm_linear_fwd(c, &l[0], x, T, g, "mlp.gate_proj") ||
+           glm_linear_fwd(c, &l[1], x, T, u, "mlp.up_proj");
+  glm_bfws_release(c->ws);
+  return rc || glm_swiglu_fwd(c, g, u, a, T, l[0].n, "mlp swiglu") ||
          glm_linear_fwd(c, &l[2], a, T, y, "mlp.down_proj") ? -1 : 0;
 }
 
@@ -116,10 +122,11 @@ int glm_mlp_bwd(glm_nctx *c, const glm_lin l[3], const float *dy, const float *x
   if (dx && (glm_linear_dx(c, &l[0], dg, T, dx, accumulate, "mlp.gate_proj backward") ||
              glm_linear_dx(c, &l[1], du, T, dx, 1, "mlp.up_proj backward")))
     return -1;
-  if (glm_wg_linear(c, l[0].gi, bf_of(&l[0]), l[0].bi, dg, T, I, x, l[0].k, "mlp.gate_proj wgrad") ||
-      glm_wg_linear(c, l[1].gi, bf_of(&l[1]), l[1].bi, du, T, I, x, l[1].k, "mlp.up_proj wgrad"))
-    return -1;
-  return 0;
+  glm_bfws_hold(c->ws, x);
+  int rc = glm_wg_linear(c, l[0].gi, bf_of(&l[0]), l[0].bi, dg, T, I, x, l[0].k, "mlp.gate_proj wgrad") ||
+           glm_wg_linear(c, l[1].gi, bf_of(&l[1]), l[1].bi, du, T, I, x, l[1].k, "mlp.up_proj wgrad");
+  glm_bfws_release(c->ws);
+  return rc ? -1 : 0;
 }
 
 int glm_embedding_bwd(glm_nctx *c, const DLTensor *ids, const float *dy, int64_t T, int64_t H,
