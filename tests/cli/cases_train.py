@@ -452,12 +452,12 @@ def train_run_checkpoint_deterministic_and_loadable():
     c1, c2 = tpath("det1"), tpath("det2")
     train_run("--steps", "1", "--save", c1)
     train_run("--steps", "1", "--save", c2, "--threads", "2", "--micro-batches", "2")
-    for name in ("model.safetensors", "optimizer.safetensors", "config.json", "trainer_state.json"):
+    for name in ("model.safetensors", "optimizer/optimizer.safetensors", "config.json", "trainer_state.json"):
         with open(os.path.join(c1, name), "rb") as a, open(os.path.join(c2, name), "rb") as b:
             assert a.read() == b.read(), name
     from safetensors.numpy import load_file
     m = load_file(os.path.join(c1, "model.safetensors"))
-    o = load_file(os.path.join(c1, "optimizer.safetensors"))
+    o = load_file(os.path.join(c1, "optimizer", "optimizer.safetensors"))
     assert "lm_head.weight" in m and "model.embed_tokens.weight" in m
     assert all(v.dtype == np.float32 for v in m.values())
     trained = [k for k in m if not k.endswith("e_score_correction_bias")]
@@ -524,7 +524,7 @@ def train_run_resume_mismatch():
         ("shape", model_edit(reshape), ("lm_head.weight", "shape")),
         ("dtype", model_edit(retype), ("lm_head.weight", "F64")),
         ("extra", model_edit(extra), ("model.extra.weight",)),
-        ("nooptim", lambda d: os.remove(os.path.join(d, "optimizer.safetensors")), ("optimizer.safetensors",)),
+        ("nooptim", lambda d: os.remove(os.path.join(d, "optimizer", "optimizer.safetensors")), ("optimizer.safetensors",)),
         ("corrupt", lambda d: open(os.path.join(d, "model.safetensors"), "r+b").write(b"\xff" * 8),
          ("model.safetensors",)),
         ("state", lambda d: open(os.path.join(d, "trainer_state.json"), "w").write("{}"), ("trainer_state.json",)),
@@ -563,7 +563,7 @@ def train_run_under_mpi_identical():
     p = mpirun_train(2, *FAST, "--steps", "2", "--record", two, "--save", ck2, "--micro-batches", "2")
     assert p.returncode == 0, p.stderr.decode()[-2000:]
     assert records(one) == records(two), (records(one), records(two))
-    for name in ("model.safetensors", "optimizer.safetensors"):
+    for name in ("model.safetensors", "optimizer/optimizer.safetensors"):
         with open(os.path.join(ck1, name), "rb") as a, open(os.path.join(ck2, name), "rb") as b:
             assert a.read() == b.read(), name
     p = mpirun_train(2, "--global-batch", "3", "--record", tpath("mpi_bad.jsonl"))
@@ -609,7 +609,7 @@ def train_run_isas_identical():
 
 
 def same_checkpoints(a, b):
-    for name in ("model.safetensors", "optimizer.safetensors"):
+    for name in ("model.safetensors", "optimizer/optimizer.safetensors"):
         with open(os.path.join(a, name), "rb") as x, open(os.path.join(b, name), "rb") as y:
             assert x.read() == y.read(), (a, b, name)
 
@@ -715,7 +715,7 @@ def train_run_bf16_layouts_identical():
         if base is None:
             base, ck0 = rows, ck
         assert rows == base, (args, rows, base)
-        for name in ("model.safetensors", "optimizer.safetensors", "trainer_state.json"):
+        for name in ("model.safetensors", "optimizer/optimizer.safetensors", "trainer_state.json"):
             same_files(os.path.join(ck0, name), os.path.join(ck, name))
     with open(os.path.join(ck0, "trainer_state.json")) as fh:
         assert json.load(fh)["compute_dtype"] == "bf16"

@@ -100,7 +100,7 @@ def _same_run(ref, rec, ck):
     with open(rec, "rb") as f, open(ref["rec"], "rb") as g:
         a, b = f.read(), g.read()
     assert a.count(b"\n") == STEPS and a == b, (a.decode()[:600], b.decode()[:600])
-    for f in ("model.safetensors", "optimizer.safetensors"):
+    for f in ("model.safetensors", "optimizer/optimizer.safetensors"):
         assert _hash(os.path.join(ck, f)) == _hash(os.path.join(ref["ck"], f)), f
     for f in ("trainer_state.json", "config.json"):
         with open(os.path.join(ck, f), "rb") as x, open(os.path.join(ref["ck"], f), "rb") as y:
@@ -186,7 +186,7 @@ def test_bad_flags_exit_2_with_one_line(ref, tmp_path, flags, needle):
 def test_missing_checkpoint_file(ref, tmp_path):
     d = str(tmp_path / "ck")
     shutil.copytree(ref["ck0"], d)
-    os.remove(os.path.join(d, "optimizer.safetensors"))
+    os.remove(os.path.join(d, "optimizer", "optimizer.safetensors"))
     p = _run([sys.executable, "-m", "bitexact.train", "--framework", "torch", "--resume", d])
     assert p.returncode == 2 and "optimizer.safetensors is missing" in p.stderr, p.stderr
 
@@ -390,7 +390,7 @@ def test_other_config_data_file_and_shuffle(tmp_path, fw):
                      steps=4)
     with open(r, "rb") as f, open(rec, "rb") as g:
         assert f.read() == g.read()
-    for f in ("model.safetensors", "optimizer.safetensors"):
+    for f in ("model.safetensors", "optimizer/optimizer.safetensors"):
         assert _hash(os.path.join(c, f)) == _hash(os.path.join(ck, f))
 
 
