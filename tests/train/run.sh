@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # run.sh — `bitexact train` against Hugging Face transformers (issue 14):
 # the reference's own checks (test_reference.py: transformers vs an fp64
-# re-implementation, and the comparison harness against a fake trainer)
+# re-implementation, and the comparison harness against a fake trainer),
 # and the comparison with build/bitexact train (test_vs_transformers.py;
 # BITEXACT=PATH for another binary). Installs the pinned Python packages
 # (scripts/py_setup.sh --pins-only; BITEXACT_SKIP_INSTALL=1 skips that).
