@@ -441,3 +441,44 @@ def test_model_bad_input_changes_nothing(ref, fw):
         red.run_two_pass(run, [(0, 16)])
         grads.append([np.array(p.grad.numpy()) for _, p in m.named_parameters()])
     assert all(np.array_equal(a.view(np.uint32), b.view(np.uint32)) for a, b in zip(*grads))
+
+
+def test_sharded_checkpoint_and_old_layout(ref, tmp_path):
+    """--save-max-shard-size: python -m bitexact.train writes the C trainer's
+    shards (each with its `bitexact hash`) and the same index bytes, and
+    resumes a sharded C checkpoint and one of the old layout
+    (optimizer.safetensors beside the model) into the C trainer's run."""
+    cdir = str(tmp_path / "c")
+    p = _run([CLI, "train", "--steps", "3", "--save", cdir, "--save-max-shard-size", "300KB",
+              "--threads", "1", "-q"])
+    assert p.returncode == 0, p.stderr
+    os.makedirs(tmp_path / "py")
+    rec, ck = _py_train("torch", 1, str(tmp_path / "py"), ref["ck0"], "--save-max-shard-size",
+                        "300KB", steps=3)
+    files = sorted(os.listdir(cdir))
+    assert files == sorted(os.listdir(ck)) and "model.safetensors.index.json" in files
+    for f in files:
+        if f.startswith("model-"):
+            assert _hash(os.path.join(ck, f)) == _hash(os.path.join(cdir, f)), f
+    for f in ("model.safetensors.index.json", "trainer_state.json", "config.json"):
+        with open(os.path.join(ck, f), "rb") as x, open(os.path.join(cdir, f), "rb") as y:
+            assert x.read() == y.read(), f
+    assert _hash(os.path.join(ck, "optimizer", "optimizer.safetensors")) == \
+        _hash(os.path.join(cdir, "optimizer", "optimizer.safetensors"))
+    # resume the sharded C checkpoint, and the old layout, to the C run's end
+    old = str(tmp_path / "old")
+    p = _run([CLI, "train", "--steps", "3", "--save", old, "--threads", "1", "-q"])
+    assert p.returncode == 0, p.stderr
+    os.rename(os.path.join(old, "optimizer", "optimizer.safetensors"),
+              os.path.join(old, "optimizer.safetensors"))
+    os.rmdir(os.path.join(old, "optimizer"))
+    with open(ref["rec"]) as f:
+        want = f.read().splitlines()[3:]
+    for src in (cdir, old):
+        out = tmp_path / ("r_" + os.path.basename(src))
+        os.makedirs(out)
+        rec2, ck2 = _py_train("torch", 1, str(out), src)
+        with open(rec2) as f:
+            assert f.read().splitlines() == want, src
+        assert _hash(os.path.join(ck2, "model.safetensors")) == \
+            _hash(os.path.join(ref["ck"], "model.safetensors"))
