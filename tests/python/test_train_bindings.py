@@ -482,3 +482,55 @@ def test_sharded_checkpoint_and_old_layout(ref, tmp_path):
             assert f.read().splitlines() == want, src
         assert _hash(os.path.join(ck2, "model.safetensors")) == \
             _hash(os.path.join(ref["ck"], "model.safetensors"))
+
+
+def test_init_from_as_the_c_trainer(ref, tmp_path):
+    """--init-from a BF16 sharded folder with a PaddleFormers-style
+    config.json (extra keys): python -m bitexact.train gives the C
+    trainer's records, checkpoint tensors (bitexact hash), trainer_state.json
+    and config.json bytes; bad folders are one line, exit 2."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    src = tmp_path / "bf16"
+    os.makedirs(src)
+    t = {n: v.to(torch.bfloat16) for n, v in load_file(os.path.join(ref["ck0"], "model.safetensors")).items()}
+    names = sorted(t)
+    wm = {}
+    for k, part in enumerate((names[:25], names[25:])):
+        f = f"model-{k + 1:05d}-of-00002.safetensors"
+        save_file({n: t[n] for n in part}, str(src / f))
+        wm.update({n: f for n in part})
+    (src / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": wm}))
+    with open(os.path.join(ref["ck0"], "config.json")) as f:
+        cfg = json.load(f)
+    cfg.update(fuse_rms_norm=False, paddleformers_version="1.2.0", scoring_func="sigmoid",
+               topk_method="noaux_tc")
+    del cfg["head_dim"]
+    (src / "config.json").write_text(json.dumps(cfg))
+    cdir, crec = str(tmp_path / "c"), str(tmp_path / "c.jsonl")
+    flags = ["--steps", "3", "--seq-len", "16", "--global-batch", "4", "--seed", "5", "--lr", "0.002"]
+    p = _run([CLI, "train", "--init-from", str(src), "--record", crec, "--save", cdir, "--threads",
+              "1", "-q", *flags])
+    assert p.returncode == 0, p.stderr
+    out = tmp_path / "py"
+    os.makedirs(out)
+    rec, ck = os.path.join(out, "r.jsonl"), os.path.join(out, "ck")
+    p = _run([sys.executable, "-m", "bitexact.train", "--framework", "torch", "--init-from",
+              str(src), "--record", rec, "--save", ck, "--threads", "1", "-q", *flags])
+    assert p.returncode == 0, p.stderr
+    with open(rec) as f, open(crec) as g:
+        assert f.read() == g.read()
+    for f in ("model.safetensors", "optimizer/optimizer.safetensors"):
+        assert _hash(os.path.join(ck, f)) == _hash(os.path.join(cdir, f)), f
+    for f in ("trainer_state.json", "config.json"):
+        with open(os.path.join(ck, f), "rb") as x, open(os.path.join(cdir, f), "rb") as y:
+            assert x.read() == y.read(), f
+    # bad input: one line, exit 2
+    bad = tmp_path / "bad"
+    shutil.copytree(src, bad)
+    os.remove(bad / "model-00002-of-00002.safetensors")
+    for args, needle in ((["--init-from", str(bad)], "model-00002-of-00002.safetensors"),
+                         (["--init-from", str(src), "--resume", ref["ck0"]], "--init-from"),
+                         (["--init-from", str(tmp_path / "none")], "config.json")):
+        p = _run([sys.executable, "-m", "bitexact.train", "--framework", "torch", "--steps", "1", *args])
+        assert p.returncode == 2 and needle in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr

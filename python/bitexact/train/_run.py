@@ -361,8 +361,13 @@ def parse_args(argv):
         "bitexact train's loop on the PyTorch or Paddle binding: resume a `bitexact train` "
         "checkpoint, train, write the same run record and checkpoint."))
     p.add_argument("--framework", choices=("torch", "paddle"), required=True)
-    p.add_argument("--resume", required=True, metavar="DIR",
+    p.add_argument("--resume", default=None, metavar="DIR",
                    help="a `bitexact train --save` checkpoint (e.g. --steps 0: the initial model)")
+    p.add_argument("--init-from", default=None, metavar="DIR",
+                   help="start at step 0 from a transformers-style checkpoint (config.json and "
+                   "model.safetensors or shards with model.safetensors.index.json; F32, BF16 "
+                   "or F16), as `bitexact train --init-from`; the run's flags take `bitexact "
+                   "train`'s defaults")
     p.add_argument("--steps", type=int, default=10, help="the step the run ends at")
     p.add_argument("--data", default=None, help="token file (.npy or .bin); default synthetic")
     p.add_argument("--micro-batches", type=int, default=1)
@@ -406,7 +411,13 @@ class Run:
         self.max_shard = parse_size(a.save_max_shard_size) if a.save_max_shard_size else None
         if self.max_shard and not a.save:
             raise InvalidArgumentError("--save-max-shard-size needs --save")
-        cfg_text, st, marrays, oarrays = read_checkpoint(a.resume)
+        if (a.resume is None) == (a.init_from is None):
+            raise InvalidArgumentError("one of --resume DIR (continue a run) or --init-from DIR "
+                                       "(start one at step 0) is needed, not both")
+        if a.init_from is not None:
+            cfg_text, st, marrays, oarrays = _start_from(a)
+        else:
+            cfg_text, st, marrays, oarrays = read_checkpoint(a.resume)
         self.cfg_text, self.state = cfg_text, st
         self.cfg = _gm.config(json.loads(cfg_text))
         ds = st["data"]
@@ -594,6 +605,47 @@ class Run:
                         at += n
                     for j, (k, _) in enumerate(keys[:nh]):
                         hist[k] = int(words[at + j])
+
+
+def _start_from(a):
+    """--init-from: (config text, trainer state, model tensors, optimizer
+    tensors) of step 0, as `bitexact train --init-from` starts (_init.py);
+    the flags not given take `bitexact train`'s defaults."""
+    from . import _init
+    d = a.init_from
+    path = os.path.join(d, "config.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = json.load(f)
+    except ValueError as e:
+        raise InvalidArgumentError(f"--init-from {path}: invalid JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise InvalidArgumentError(f"--init-from {path}: not a JSON object")
+    _init.check_config(d, raw)
+    cfg = _gm.config(raw)
+    df = _init.DEFAULTS
+    for k in ("seed", "global_batch", "lr", "weight_decay", "clip"):
+        if getattr(a, k) is None:
+            setattr(a, k, df[k])
+    if a.seq_len is None:
+        a.seq_len = min(df["seq_len"], cfg.max_position_embeddings)
+    if a.seq_len < 1 or a.seq_len > cfg.max_position_embeddings:
+        raise InvalidArgumentError(f"--seq-len {a.seq_len}: not in [1, max_position_embeddings "
+                                   f"{cfg.max_position_embeddings}]")
+    for k in ("lr", "weight_decay", "clip"):
+        _init.check_finite_flag("--" + k.replace("_", "-"), getattr(a, k))
+    a.shuffle = True if a.shuffle else None  # store_true: None when not given
+    data = _gd.Data(cfg.vocab_size, a.seq_len, a.seed, a.data, bool(a.shuffle))
+    names = hub_order(cfg)
+    shapes = _init.hub_shapes(cfg, names)
+    marr = _init.read_model(d, names, shapes)
+    oarr = {}
+    for n in names:
+        if not n.endswith("e_score_correction_bias"):
+            oarr[n + ".exp_avg"] = np.zeros(shapes[n], dtype=np.float32)
+            oarr[n + ".exp_avg_sq"] = np.zeros(shapes[n], dtype=np.float32)
+    st = _init.initial_state(a, data, a.compute_dtype or "fp32")
+    return _init.config_text(cfg, raw), st, marr, oarr
 
 
 def hub_order(cfg):
