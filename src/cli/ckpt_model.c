@@ -192,6 +192,7 @@ void ck_model_close(ck_model *m) {
   for (size_t i = 0; m->paths && i < m->nfiles; i++) free(m->paths[i]);
   free(m->files);
   free(m->paths);
+  free(m->index_path);
   ck_index_free(&m->ix);
   memset(m, 0, sizeof *m);
 }
@@ -280,6 +281,8 @@ int ck_model_open(const char *dir, ck_model *m, char *err, size_t errlen) {
     goto done;
   }
   m->sharded = 1;
+  m->index_path = index;
+  index = NULL;
   m->files = calloc(m->ix.nfiles, sizeof *m->files);
   m->paths = calloc(m->ix.nfiles, sizeof *m->paths);
   if (!m->files || !m->paths) {

@@ -63,6 +63,7 @@ typedef struct ck_model {
   size_t nfiles;
   st_file *files;    /* nfiles */
   char **paths;      /* nfiles, for messages */
+  char *index_path;  /* sharded: DIR/model.safetensors.index.json (messages) */
 } ck_model;
 
 /* Opens DIR's model.safetensors, or its index and every shard the index

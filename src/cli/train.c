@@ -72,7 +72,8 @@ static const char usage[] =
     "[--weight-decay X] [--clip X] [--mode invariant|ordinary] [--compute-dtype fp32|bf16] "
     "[--grid-history on|off] "
     "[--record FILE.jsonl] "
-    "[--save DIR] [--save-max-shard-size SIZE] [--resume DIR] [--init-from DIR] [--shuffle] [--dump-grads FILE] [--dry-run] [--json]";
+    "[--save DIR] [--save-max-shard-size SIZE] [--resume DIR] [--init-from DIR] "
+    "[--shuffle] [--dump-grads FILE] [--dry-run] [--json]";
 
 static int parse_i64(const char *flag, const char *s, int64_t lo, int64_t *out) {
   char *end;

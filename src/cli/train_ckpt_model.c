@@ -43,7 +43,7 @@ static int64_t first_nonfinite(const st_tensor *t) {
 
 int tcm_check(const ck_model *m, const tr_param *params, size_t n, tcm_mode mode, char *err,
               size_t errlen) {
-  const char *where = m->sharded ? CK_INDEX_NAME : m->paths[0];
+  const char *where = m->sharded ? m->index_path : m->paths[0];
   for (size_t i = 0; i < n; i++) {
     const char *path = where;
     const st_tensor *t = ck_model_find(m, params[i].name, &path);
