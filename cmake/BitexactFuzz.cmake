@@ -28,6 +28,13 @@ foreach(_src ${_harnesses})
     target_include_directories(${_name} PRIVATE "${PROJECT_SOURCE_DIR}/src/cli"
                                "${PROJECT_SOURCE_DIR}/src/glm")
     target_link_libraries(${_name} PRIVATE ${BX_JANSSON_LIBRARY})
+  elseif(_name STREQUAL "fuzz_ckpt_index")
+    # the sharded checkpoint reader of `bitexact train` (index + shards)
+    add_executable(${_name} "${_src}" "${PROJECT_SOURCE_DIR}/src/cli/ckpt_model.c"
+                   "${PROJECT_SOURCE_DIR}/src/cli/safetensors.c")
+    target_include_directories(${_name} PRIVATE "${PROJECT_SOURCE_DIR}/src/cli"
+                               "${PROJECT_SOURCE_DIR}/src/glm")
+    target_link_libraries(${_name} PRIVATE ${BX_JANSSON_LIBRARY})
   elseif(_name STREQUAL "fuzz_npy")
     # the .npy reader of `bitexact train --data`
     add_executable(${_name} "${_src}" "${PROJECT_SOURCE_DIR}/src/cli/train_data.c"

@@ -60,6 +60,17 @@ make_seeds() {
   fuzz_safetensors)
     sh fuzz/fuzz_safetensors_seeds.sh "$work/$name"
     ;;
+  fuzz_ckpt_index)
+    # INDEX "\0" SHARD-HEADER ... (the harness adds lengths and data)
+    s1='{"a.w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b.w":{"dtype":"BF16","shape":[2],"data_offsets":[8,12]}}'
+    s2='{"__metadata__":{"format":"pt"},"c":{"dtype":"F16","shape":[1],"data_offsets":[0,2]}}'
+    seed "$name" two_shards '{"metadata":{"total_size":14},"weight_map":{"a.w":"model-00001-of-00002.safetensors","b.w":"model-00001-of-00002.safetensors","c":"model-00002-of-00002.safetensors"}}\000'"$s1"'\000'"$s2" 0
+    seed "$name" wrong_shard '{"weight_map":{"a.w":"model-00002-of-00002.safetensors","b.w":"model-00001-of-00002.safetensors","c":"model-00002-of-00002.safetensors"}}\000'"$s1"'\000'"$s2" 0
+    seed "$name" unlisted '{"weight_map":{"a.w":"x.safetensors"}}\000'"$s1" 0
+    seed "$name" missing_file '{"weight_map":{"a.w":"a.safetensors","c":"b.safetensors"}}\000'"$s1" 0
+    seed "$name" path '{"weight_map":{"a.w":"../a.safetensors"}}' 0
+    seed "$name" size '2GiB' 0
+    ;;
   fuzz_npy)
     # bit 0 of byte 0: header text only (a v1 prefix and element bytes added)
     seed "$name" i4_whole '\000\223NUMPY\001\000\106\000{'"'"'descr'"'"': '"'"'<i4'"'"', '"'"'fortran_order'"'"': False, '"'"'shape'"'"': (2,), }          \n\001\000\000\000\002\000\000\000' 0

@@ -64,7 +64,7 @@ if grep -qx 'mpi=ON' build/bitexact-features.txt 2>/dev/null && command -v mpiru
 fi
 
 hexloss() { sed -n 's/.*"loss": "\([^"]*\)".*/\1/p' "$1" | tail -n 1; }
-ckhash() { "$BX" hash "$1/model.safetensors" "$1/optimizer.safetensors" | tail -n 1 | cut -d' ' -f1; }
+ckhash() { "$BX" hash "$1/model.safetensors" "$1/optimizer/optimizer.safetensors" | tail -n 1 | cut -d' ' -f1; }
 
 echo
 echo "== training demo: bitexact train, $STEPS steps of $BATCH x $SEQ tokens, built-in tiny config, synthetic corpus"
@@ -112,7 +112,7 @@ for mode in invariant ordinary; do
 done
 for n in "${notes[@]}"; do echo "note: $n"; done
 [ "$MPI" -eq 0 ] && echo "note: without MPI only the 1-process layouts ran"
-echo "checkpoint hash: bitexact hash of model.safetensors + optimizer.safetensors"
+echo "checkpoint hash: bitexact hash of model.safetensors + optimizer/optimizer.safetensors"
 if [ "$bad" -ne 0 ]; then
   echo "FAIL: invariant mode gave different bits on different layouts" >&2; exit 1
 fi

@@ -46,6 +46,15 @@ PADDLE_PIN="3.3.1"
 # own reader and writer; transformers needs it too).
 XXHASH_PIN="4.1.0"
 SAFETENSORS_PIN="0.8.0"
+# tests/train/test_init_from.py: PaddleFormers' GLM-4.5 (Glm4MoeForCausalLMDeprecated)
+# writes the checkpoint `bitexact train --init-from` reads and loads what --save writes.
+# Installed with --no-deps: its declared dependencies would replace the pins above
+# (transformers<5.4.0 -> 5.3.0, numpy -> 1.26.4) and add ~40 packages (librosa, modelscope,
+# datasets, ...) that the model's import does not use. What the import needs on CPU
+# (tests/train/paddleformers_io.py stubs paddlefleet, a GPU-only package):
+PADDLEFORMERS_PIN="1.2.0"
+PADDLEFORMERS_DEPS=("colorlog==6.12.0" "aistudio-sdk==0.3.9" "ml_dtypes==0.7.0" "omegaconf==2.4.0"
+                    "antlr4-python3-runtime==4.13.2" "PyYAML==6.0.3")
 PINS_ONLY=0
 [ "${1:-}" = "--pins-only" ] && PINS_ONLY=1
 
@@ -76,8 +85,20 @@ have safetensors "$SAFETENSORS_PIN" || missing+=("safetensors==$SAFETENSORS_PIN"
 if [ ${#missing[@]} -gt 0 ]; then
   echo "py_setup.sh: installing ${missing[*]}"
   "$PY" -m pip install "${missing[@]}"
-else
-  echo "py_setup.sh: torch $TORCH_PIN, numpy $NUMPY_PIN, pytest $PYTEST_PIN, scikit-build-core $SKBUILD_PIN, transformers $TRANSFORMERS_PIN, megatron-core $MEGATRON_CORE_PIN, paddlepaddle $PADDLE_PIN, xxhash $XXHASH_PIN, safetensors $SAFETENSORS_PIN present"
+fi
+if ! "$PY" - "$PADDLEFORMERS_PIN" <<'PYEOF' >/dev/null 2>&1
+import importlib.metadata as md, sys
+for m in ("colorlog", "aistudio_sdk", "ml_dtypes", "omegaconf", "antlr4", "yaml"):
+    __import__(m)
+sys.exit(0 if md.version("paddleformers") == sys.argv[1] else 1)
+PYEOF
+then
+  echo "py_setup.sh: installing paddleformers==$PADDLEFORMERS_PIN ${PADDLEFORMERS_DEPS[*]} (--no-deps)"
+  "$PY" -m pip install --no-deps "paddleformers==$PADDLEFORMERS_PIN" "${PADDLEFORMERS_DEPS[@]}"
+  missing+=("paddleformers")
+fi
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "py_setup.sh: torch $TORCH_PIN, numpy $NUMPY_PIN, pytest $PYTEST_PIN, scikit-build-core $SKBUILD_PIN, transformers $TRANSFORMERS_PIN, megatron-core $MEGATRON_CORE_PIN, paddlepaddle $PADDLE_PIN, xxhash $XXHASH_PIN, safetensors $SAFETENSORS_PIN, paddleformers $PADDLEFORMERS_PIN present"
 fi
 [ "$PINS_ONLY" = 1 ] && exit 0
 

@@ -38,7 +38,9 @@
 #include <bitexact_train.h>
 
 #include "cli.h"
+#include "ckpt_model.h"
 #include "train_ckpt.h"
+#include "train_ckpt_model.h"
 #include "train_config.h"
 #include "train_data.h"
 #include "train_model.h"
@@ -47,6 +49,8 @@
 
 typedef struct tr_args {
   const char *config, *data, *record, *save, *resume, *dump_grads, *eval_data;
+  const char *init_from;     /* --init-from DIR */
+  uint64_t save_max_shard;   /* --save-max-shard-size (bytes; 0: one model.safetensors) */
   int64_t steps, seq_len, global_batch, micro_batches, ep;
   uint64_t seed;
   double lr, weight_decay, clip, min_lr, beta1, beta2, eps;
@@ -73,7 +77,8 @@ static const char usage[] =
     "[--weight-decay X] [--clip X] [--mode invariant|ordinary] [--compute-dtype fp32|bf16] "
     "[--grid-history on|off] "
     "[--record FILE.jsonl] "
-    "[--save DIR] [--save-every K] [--resume DIR] [--shuffle] [--dump-grads FILE] "
+    "[--save DIR] [--save-max-shard-size SIZE] [--save-every K] [--resume DIR] [--init-from DIR] "
+    "[--shuffle] [--dump-grads FILE] "
     "[--eval-data FILE --eval-every K [--eval-batches N]] [--dry-run] "
     "[--json] [-q]";
 
@@ -137,7 +142,7 @@ static int parse_args(int argc, char **argv, tr_args *a) {
         "--grid-history", "--record",
         "--save", "--resume", "--dump-grads", "--lr-scheduler", "--warmup-steps", "--min-lr",
         "--adam-beta1", "--adam-beta2", "--adam-epsilon", "--save-every", "--eval-data",
-        "--eval-every", "--eval-batches"};
+        "--eval-every", "--eval-batches", "--init-from", "--save-max-shard-size"};
     int known = 0;
     for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++) known |= strcmp(f, valued[k]) == 0;
     if (!known) {
@@ -160,6 +165,14 @@ static int parse_args(int argc, char **argv, tr_args *a) {
       if (parse_i64(f, v, 1, &a->eval_every)) return -1;
     } else if (strcmp(f, "--eval-batches") == 0) {
       if (parse_i64(f, v, 1, &a->eval_batches)) return -1;
+    }
+    else if (strcmp(f, "--init-from") == 0) a->init_from = v;
+    else if (strcmp(f, "--save-max-shard-size") == 0) {
+      if (ck_parse_size(v, &a->save_max_shard)) {
+        TERR("train: --save-max-shard-size: '%s' is not a size > 0 (bytes, or digits and a unit: "
+             "KB, MB, GB, KiB, MiB, GiB)", v);
+        return -1;
+      }
     }
     else if (strcmp(f, "--steps") == 0) {
       if (parse_i64(f, v, 0, &a->steps)) return -1;
@@ -252,6 +265,15 @@ static int parse_args(int argc, char **argv, tr_args *a) {
   }
   if (a->eval_batches && !a->eval_data) {
     TERR("train: --eval-batches needs --eval-data FILE --eval-every K");
+    return -1;
+  }
+  if (a->init_from && a->resume) {
+    TERR("train: --init-from and --resume exclude each other (--resume continues a run, "
+         "--init-from starts one at step 0)");
+    return -1;
+  }
+  if (a->save_max_shard && !a->save) {
+    TERR("train: --save-max-shard-size needs --save");
     return -1;
   }
   return 0;
@@ -348,13 +370,14 @@ static int load_config(const tr_args *a, tr_config *cfg) {
     TERR("train: %s: %s", a->config, err);
     return -1;
   }
-  if (a->resume) {
-    if (tc_load_config(a->resume, cfg, err, sizeof err)) {
-      TERR("train: --resume: %s", err);
+  if (a->resume || a->init_from) {
+    const char *flag = a->resume ? "--resume" : "--init-from", *dir = a->resume ? a->resume : a->init_from;
+    if (tc_load_config(dir, cfg, err, sizeof err)) {
+      TERR("train: %s: %s", flag, err);
       return -1;
     }
     if (a->config && !same_config(&given, cfg)) {
-      TERR("train: %s differs from the config.json of the checkpoint %s", a->config, a->resume);
+      TERR("train: %s differs from the config.json of the checkpoint %s", a->config, dir);
       return -1;
     }
     return 0;
@@ -737,7 +760,8 @@ static int save_checkpoint(tr_run *r, int64_t end) {
     snprintf(st.compute_dtype, sizeof st.compute_dtype, "%s", a->bf16 ? "bf16" : "fp32");
     st.history = (int *)(uintptr_t)tr_model_history(r->model, &st.nhistory);
     if (!st.history) st.nhistory = 0;
-    bad = tc_save(a->save, &r->cfg, r->params, r->nparams, &st, err, sizeof err) != 0;
+    bad = tc_save_shards(a->save, &r->cfg, r->params, r->nparams, &st, a->save_max_shard, err,
+                         sizeof err) != 0;
     if (bad) cli_error("train: --save %s", err);
   }
   if (any_rank(r->comm, bad)) return -1;
@@ -880,7 +904,7 @@ static int train_main(tr_run *r, int argc, char **argv) {
   }
   if (a->record && check_out_file("--record", a->record)) return CLI_ERROR;
   if (a->dump_grads && check_out_file("--dump-grads", a->dump_grads)) return CLI_ERROR;
-  if (a->dry_run && !a->resume) {
+  if (a->dry_run && !a->resume && !a->init_from) {
     dry_run(r);
     return CLI_OK;
   }
@@ -908,6 +932,10 @@ static int train_main(tr_run *r, int argc, char **argv) {
     free(st.history);
     if (bh) return CLI_ERROR;
     r->start = st.step;
+  }
+  if (a->init_from && tcm_init_from(a->init_from, r->params, r->nparams, err, sizeof err)) {
+    TERR("train: --init-from: %s", err);
+    return CLI_ERROR;
   }
   if (a->dump_grads && a->steps <= r->start) {
     TERR("train: --dump-grads needs a step to run (--steps %lld, first step %lld)",

@@ -23,10 +23,13 @@
 
 #include "errbuf.h"
 #include "safetensors.h"
+#include "train_ckpt_model.h"
 
-static const char *const ckpt_files[] = {"config.json", "model.safetensors",
-                                         "optimizer.safetensors", "trainer_state.json"};
+/* The files of a checkpoint besides the model's (tcm_is_model_file):
+ * optimizer.safetensors is the layout before the optimizer/ directory. */
+static const char *const ckpt_files[] = {"config.json", "optimizer.safetensors", "trainer_state.json"};
 #define NFILES (sizeof ckpt_files / sizeof ckpt_files[0])
+#define OPT_DIR "optimizer" /* DIR/optimizer/optimizer.safetensors: from_pretrained does not look there */
 
 /* ---- safetensors writer --------------------------------------------------- */
 
@@ -108,7 +111,25 @@ done:
 static int is_ckpt_file(const char *name) {
   for (size_t i = 0; i < NFILES; i++)
     if (strcmp(name, ckpt_files[i]) == 0) return 1;
-  return 0;
+  return tcm_is_model_file(name);
+}
+
+/* dir/name is a checkpoint's file, or its optimizer/ directory holding
+ * nothing but optimizer.safetensors. */
+static int is_ckpt_entry(const char *dir, const char *name) {
+  if (strcmp(name, OPT_DIR) != 0) return is_ckpt_file(name);
+  char p[PATH_MAX];
+  snprintf(p, sizeof p, "%s/%s", dir, OPT_DIR);
+  DIR *d = opendir(p);
+  if (!d) return 0;
+  struct dirent *e;
+  int ok = 1;
+  while ((e = readdir(d)) != NULL)
+    if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0 &&
+        strcmp(e->d_name, "optimizer.safetensors") != 0)
+      ok = 0;
+  closedir(d);
+  return ok;
 }
 
 int tc_check_save_dir(const char *dir, char *err, size_t errlen) {
@@ -123,7 +144,7 @@ int tc_check_save_dir(const char *dir, char *err, size_t errlen) {
     char name[64] = "";
     while ((e = readdir(d)) != NULL) {
       if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
-      if (!is_ckpt_file(e->d_name) && !other) {
+      if (!is_ckpt_entry(dir, e->d_name) && !other) {
         other = 1;
         snprintf(name, sizeof name, "%.60s", e->d_name);
       }
@@ -153,11 +174,23 @@ int tc_check_save_dir(const char *dir, char *err, size_t errlen) {
   return 0;
 }
 
+/* Removes a checkpoint directory: its checkpoint files only (so rmdir
+ * fails on anything else). */
 static void remove_dir(const char *dir) {
   char p[PATH_MAX];
-  for (size_t i = 0; i < NFILES; i++) {
-    snprintf(p, sizeof p, "%s/%s", dir, ckpt_files[i]);
-    unlink(p);
+  snprintf(p, sizeof p, "%s/%s/optimizer.safetensors", dir, OPT_DIR);
+  unlink(p);
+  snprintf(p, sizeof p, "%s/%s", dir, OPT_DIR);
+  rmdir(p);
+  DIR *d = opendir(dir);
+  if (d) {
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+      if (!is_ckpt_file(e->d_name)) continue;
+      snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+      unlink(p);
+    }
+    closedir(d);
   }
   rmdir(dir);
 }
@@ -216,6 +249,11 @@ static int write_state(const char *path, const tc_state *s, const tr_param *para
 
 int tc_save(const char *dir, const tr_config *c, const tr_param *params, size_t n,
             const tc_state *st, char *err, size_t errlen) {
+  return tc_save_shards(dir, c, params, n, st, 0, err, errlen);
+}
+
+int tc_save_shards(const char *dir, const tr_config *c, const tr_param *params, size_t n,
+                   const tc_state *st, uint64_t max_shard_size, char *err, size_t errlen) {
   char tmp[PATH_MAX], p[PATH_MAX];
   snprintf(tmp, sizeof tmp, "%s", dir);
   size_t l = strlen(tmp);
@@ -236,11 +274,7 @@ int tc_save(const char *dir, const tr_config *c, const tr_param *params, size_t 
   }
   snprintf(p, sizeof p, "%s/config.json", tmp);
   if (tr_config_save(c, p, err, errlen)) goto done;
-  for (size_t i = 0; i < n; i++)
-    t[i] = (tc_tensor){params[i].name, params[i].ndim, params[i].shape, params[i].numel,
-                       params[i].data};
-  snprintf(p, sizeof p, "%s/model.safetensors", tmp);
-  if (tc_write_safetensors(p, t, n, err, errlen)) goto done;
+  if (tcm_write(tmp, params, n, max_shard_size, err, errlen)) goto done;
   size_t m = 0;
   for (size_t i = 0; i < n; i++) {
     if (params[i].group < 0) continue;
@@ -253,7 +287,12 @@ int tc_save(const char *dir, const tr_config *c, const tr_param *params, size_t 
                        params[i].exp_avg_sq};
     m++;
   }
-  snprintf(p, sizeof p, "%s/optimizer.safetensors", tmp);
+  snprintf(p, sizeof p, "%s/%s", tmp, OPT_DIR);
+  if (mkdir(p, 0777) != 0) {
+    cli_errf(err, errlen, "%s: cannot create: %s", p, strerror(errno));
+    goto done;
+  }
+  snprintf(p, sizeof p, "%s/%s/optimizer.safetensors", tmp, OPT_DIR);
   if (tc_write_safetensors(p, t, m, err, errlen)) goto done;
   snprintf(p, sizeof p, "%s/trainer_state.json", tmp);
   if (write_state(p, st, params, n)) {
@@ -436,11 +475,20 @@ done:
 }
 
 int tc_load(const char *dir, tr_param *params, size_t n, tc_state *st, char *err, size_t errlen) {
-  char pm[PATH_MAX], po[PATH_MAX], ps[PATH_MAX], e[512];
-  snprintf(pm, sizeof pm, "%s/model.safetensors", dir);
-  snprintf(po, sizeof po, "%s/optimizer.safetensors", dir);
+  char po[PATH_MAX], po_old[PATH_MAX], ps[PATH_MAX], e[512];
+  /* the optimizer state: optimizer/optimizer.safetensors, or beside the
+   * model (the layout before it) */
+  snprintf(po, sizeof po, "%s/%s/optimizer.safetensors", dir, OPT_DIR);
+  snprintf(po_old, sizeof po_old, "%s/optimizer.safetensors", dir);
   snprintf(ps, sizeof ps, "%s/trainer_state.json", dir);
-  st_file fm, fo;
+  struct stat sb;
+  int has_new = stat(po, &sb) == 0, has_old = stat(po_old, &sb) == 0;
+  if (has_new && has_old)
+    return cli_errf(err, errlen, "%s: holds both %s and %s (which is the optimizer state?)", dir,
+                    OPT_DIR "/optimizer.safetensors", "optimizer.safetensors");
+  if (!has_new && has_old) snprintf(po, sizeof po, "%s", po_old);
+  ck_model fm;
+  st_file fo;
   memset(&fm, 0, sizeof fm);
   memset(&fo, 0, sizeof fo);
   char (*names)[112] = calloc(2 * n + 1, sizeof *names);
@@ -450,19 +498,12 @@ int tc_load(const char *dir, tr_param *params, size_t n, tc_state *st, char *err
     cli_errf(err, errlen, "out of memory");
     goto done;
   }
-  if (st_open(pm, &fm, e, sizeof e)) {
-    cli_errf(err, errlen, "%s: %s", pm, e);
-    goto done;
-  }
+  if (ck_model_open(dir, &fm, err, errlen)) goto done;
   if (st_open(po, &fo, e, sizeof e)) {
     cli_errf(err, errlen, "%s: %s", po, e);
     goto done;
   }
-  for (size_t i = 0; i < n; i++) {
-    snprintf(names[i], sizeof names[i], "%s", params[i].name);
-    of[i] = &params[i];
-  }
-  if (check_file(&fm, pm, names, of, n, err, errlen)) goto done;
+  if (tcm_check(&fm, params, n, TCM_RESUME, err, errlen)) goto done;
   size_t m = 0;
   for (size_t i = 0; i < n; i++) {
     if (params[i].group < 0) continue;
@@ -474,9 +515,8 @@ int tc_load(const char *dir, tr_param *params, size_t n, tc_state *st, char *err
   if (check_file(&fo, po, names, of, m, err, errlen)) goto done;
   if (read_state(ps, st, params, n, err, errlen)) goto done;
   /* every check passed: copy */
+  tcm_copy(&fm, params, n);
   for (size_t i = 0; i < n; i++) {
-    const st_tensor *t = st_find(&fm, params[i].name, strlen(params[i].name));
-    memcpy(params[i].data, t->data, (size_t)params[i].numel * 4);
     if (params[i].group < 0) continue;
     char nm[112];
     snprintf(nm, sizeof nm, "%s.exp_avg", params[i].name);
@@ -486,7 +526,7 @@ int tc_load(const char *dir, tr_param *params, size_t n, tc_state *st, char *err
   }
   rc = 0;
 done:
-  st_close(&fm);
+  ck_model_close(&fm);
   st_close(&fo);
   free(names);
   free(of);

@@ -5,8 +5,15 @@
  *   DIR/model.safetensors    every parameter under its transformers name,
  *                            F32, and the e_score_correction_bias buffers:
  *                            what Glm4MoeForCausalLM.from_pretrained loads
- *   DIR/optimizer.safetensors  AdamW state: "NAME.exp_avg",
+ *                            (or, with --save-max-shard-size, shards
+ *                            model-NNNNN-of-NNNNN.safetensors and
+ *                            model.safetensors.index.json)
+ *   DIR/optimizer/optimizer.safetensors  AdamW state: "NAME.exp_avg",
  *                            "NAME.exp_avg_sq" for every parameter NAME, F32
+ *                            (in a subdirectory, where from_pretrained of
+ *                            transformers and PaddleFormers does not look;
+ *                            --resume reads DIR/optimizer.safetensors, the
+ *                            layout before, too)
  *   DIR/trainer_state.json   the run's position and hyperparameters
  * Safetensors files are written deterministically: tensors in bytewise
  * order of their names, each right after the previous one, the header
@@ -16,7 +23,7 @@
  *
  * Atomic: the files are written into a fresh DIR.tmp-XXXXXX beside DIR,
  * synced, and the directory renamed into place (an existing DIR holding
- * only these four files is swapped out and removed); on any error the
+ * only checkpoint files is swapped out and removed); on any error the
  * temporary directory is removed and DIR is as it was.
  */
 #ifndef BX_CLI_TRAIN_CKPT_H
@@ -80,6 +87,13 @@ int tc_check_save_dir(const char *dir, char *err, size_t errlen);
 /* Writes the checkpoint of the model (params: tr_model_params' list). */
 int tc_save(const char *dir, const tr_config *c, const tr_param *params, size_t n,
             const tc_state *st, char *err, size_t errlen);
+
+/* tc_save with the model in shards of at most max_shard_size bytes (a
+ * tensor larger than that alone in one) and model.safetensors.index.json,
+ * as save_pretrained(max_shard_size=) writes it (train_ckpt_model.h);
+ * 0: one model.safetensors. */
+int tc_save_shards(const char *dir, const tr_config *c, const tr_param *params, size_t n,
+                   const tc_state *st, uint64_t max_shard_size, char *err, size_t errlen);
 
 /* DIR/config.json (read before the model is built). */
 int tc_load_config(const char *dir, tr_config *c, char *err, size_t errlen);

@@ -91,8 +91,22 @@ static int check_rope_type(json_t *obj, const char *what, char *err, size_t errl
 static int parse_root(json_t *root, tr_config *c, char *err, size_t errlen) {
   if (!json_is_object(root)) return cli_errf(err, errlen, "config.json is not a JSON object");
   json_t *mt = json_object_get(root, "model_type");
-  if (mt && !(json_is_string(mt) && strcmp(json_string_value(mt), "glm4_moe") == 0))
-    return cli_errf(err, errlen, "model_type: expected \"glm4_moe\" (the GLM-4.5 MoE model)");
+  if (mt && !(json_is_string(mt) && strcmp(json_string_value(mt), "glm4_moe") == 0)) {
+    if (!json_is_string(mt))
+      return cli_errf(err, errlen, "model_type: expected \"glm4_moe\" (the GLM-4.5 MoE model)");
+    return cli_errf(err, errlen, "model_type \"%.64s\" is not supported (only \"glm4_moe\", the "
+                    "GLM-4.5 MoE model)", json_string_value(mt));
+  }
+  /* PaddleFormers' Glm4MoeConfig states the router's rule: only GLM-4.5's */
+  static const struct {
+    const char *key, *value;
+  } fixed[] = {{"scoring_func", "sigmoid"}, {"topk_method", "noaux_tc"}};
+  for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) {
+    json_t *v = json_object_get(root, fixed[i].key);
+    if (v && !json_is_null(v) && !(json_is_string(v) && strcmp(json_string_value(v), fixed[i].value) == 0))
+      return cli_errf(err, errlen, "%s: only \"%s\" is supported (GLM-4.5's router)", fixed[i].key,
+                      fixed[i].value);
+  }
   static const struct {
     const char *key;
     size_t off;

@@ -98,7 +98,7 @@ def _one_run(case, flags, ranks, layout):
         assert p.returncode == 0, (case, ranks, layout, p.stderr.decode()[-2000:])
     return {"records": records(rec),
             "model": _checkpoint_hash(os.path.join(ck, "model.safetensors")),
-            "optimizer": _checkpoint_hash(os.path.join(ck, "optimizer.safetensors"))}
+            "optimizer": _checkpoint_hash(os.path.join(ck, "optimizer", "optimizer.safetensors"))}
 
 
 @test

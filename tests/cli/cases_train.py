@@ -452,12 +452,12 @@ def train_run_checkpoint_deterministic_and_loadable():
     c1, c2 = tpath("det1"), tpath("det2")
     train_run("--steps", "1", "--save", c1)
     train_run("--steps", "1", "--save", c2, "--threads", "2", "--micro-batches", "2")
-    for name in ("model.safetensors", "optimizer.safetensors", "config.json", "trainer_state.json"):
+    for name in ("model.safetensors", "optimizer/optimizer.safetensors", "config.json", "trainer_state.json"):
         with open(os.path.join(c1, name), "rb") as a, open(os.path.join(c2, name), "rb") as b:
             assert a.read() == b.read(), name
     from safetensors.numpy import load_file
     m = load_file(os.path.join(c1, "model.safetensors"))
-    o = load_file(os.path.join(c1, "optimizer.safetensors"))
+    o = load_file(os.path.join(c1, "optimizer", "optimizer.safetensors"))
     assert "lm_head.weight" in m and "model.embed_tokens.weight" in m
     assert all(v.dtype == np.float32 for v in m.values())
     trained = [k for k in m if not k.endswith("e_score_correction_bias")]
@@ -524,7 +524,7 @@ def train_run_resume_mismatch():
         ("shape", model_edit(reshape), ("lm_head.weight", "shape")),
         ("dtype", model_edit(retype), ("lm_head.weight", "F64")),
         ("extra", model_edit(extra), ("model.extra.weight",)),
-        ("nooptim", lambda d: os.remove(os.path.join(d, "optimizer.safetensors")), ("optimizer.safetensors",)),
+        ("nooptim", lambda d: os.remove(os.path.join(d, "optimizer", "optimizer.safetensors")), ("optimizer.safetensors",)),
         ("corrupt", lambda d: open(os.path.join(d, "model.safetensors"), "r+b").write(b"\xff" * 8),
          ("model.safetensors",)),
         ("state", lambda d: open(os.path.join(d, "trainer_state.json"), "w").write("{}"), ("trainer_state.json",)),
@@ -563,7 +563,7 @@ def train_run_under_mpi_identical():
     p = mpirun_train(2, *FAST, "--steps", "2", "--record", two, "--save", ck2, "--micro-batches", "2")
     assert p.returncode == 0, p.stderr.decode()[-2000:]
     assert records(one) == records(two), (records(one), records(two))
-    for name in ("model.safetensors", "optimizer.safetensors"):
+    for name in ("model.safetensors", "optimizer/optimizer.safetensors"):
         with open(os.path.join(ck1, name), "rb") as a, open(os.path.join(ck2, name), "rb") as b:
             assert a.read() == b.read(), name
     p = mpirun_train(2, "--global-batch", "3", "--record", tpath("mpi_bad.jsonl"))
@@ -609,7 +609,7 @@ def train_run_isas_identical():
 
 
 def same_checkpoints(a, b):
-    for name in ("model.safetensors", "optimizer.safetensors"):
+    for name in ("model.safetensors", "optimizer/optimizer.safetensors"):
         with open(os.path.join(a, name), "rb") as x, open(os.path.join(b, name), "rb") as y:
             assert x.read() == y.read(), (a, b, name)
 
@@ -715,7 +715,7 @@ def train_run_bf16_layouts_identical():
         if base is None:
             base, ck0 = rows, ck
         assert rows == base, (args, rows, base)
-        for name in ("model.safetensors", "optimizer.safetensors", "trainer_state.json"):
+        for name in ("model.safetensors", "optimizer/optimizer.safetensors", "trainer_state.json"):
             same_files(os.path.join(ck0, name), os.path.join(ck, name))
     with open(os.path.join(ck0, "trainer_state.json")) as fh:
         assert json.load(fh)["compute_dtype"] == "bf16"
@@ -1070,3 +1070,332 @@ def plot_bad_input():
         with open(svg) as f:
             assert f.read() == "keep", args  # nothing written on error
     assert not [n for n in os.listdir(os.path.dirname(svg)) if ".svg.tmp-" in n]
+
+# ------------------------------------------- --init-from, sharded checkpoints
+
+def st_write(path, tensors, metadata=None):
+    """A safetensors file written here (any dtype, raw bytes): tensors is
+    {name: (dtype, shape, bytes)}, in that order in the file."""
+    header, off, blobs = {}, 0, []
+    if metadata is not None:
+        header["__metadata__"] = metadata
+    for n, (dt, shape, data) in tensors.items():
+        header[n] = {"dtype": dt, "shape": list(shape), "data_offsets": [off, off + len(data)]}
+        off += len(data)
+        blobs.append(data)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def st_read(path):
+    """{name: (dtype, shape, bytes)} of a safetensors file."""
+    with open(path, "rb") as f:
+        b = f.read()
+    n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n])
+    h.pop("__metadata__", None)
+    return {k: (v["dtype"], v["shape"], b[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]])
+            for k, v in h.items()}
+
+
+def init_source():
+    """A `--steps 0` checkpoint of the built-in config (F32), made once."""
+    d = tpath("init_src")
+    if not os.path.isdir(d):
+        train_run("--steps", "0", "--save", d)
+    return d
+
+
+def init_variant(name, tensors, index=None, shards=None, config=None):
+    """DIR with config.json (the source's, or config) and the model as
+    model.safetensors (tensors) or, with shards ({file: [names]}), shards
+    and an index (index: the index object to write instead)."""
+    import shutil
+    d = tpath("init_" + name)
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    src = init_source()
+    if config is None:
+        shutil.copy(os.path.join(src, "config.json"), d)
+    else:
+        with open(os.path.join(d, "config.json"), "w") as f:
+            f.write(config)
+    if shards is None:
+        st_write(os.path.join(d, "model.safetensors"), tensors)
+        return d
+    wm = {}
+    for f, names in shards.items():
+        st_write(os.path.join(d, f), {n: tensors[n] for n in names})
+        wm.update({n: f for n in names})
+    with open(os.path.join(d, "model.safetensors.index.json"), "w") as fh:
+        json.dump(index if index is not None else {"metadata": {"total_size": 0}, "weight_map": wm}, fh)
+    return d
+
+
+def to_bf16_bits(a):
+    """fp32 -> bf16 bit patterns, round to nearest even (finite inputs)."""
+    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+@test
+def train_init_from_widens_exactly():
+    """--init-from of BF16 and F16 tensors (every finite F16 pattern, a
+    spread of BF16 patterns with subnormals and extremes), sharded with an
+    index, mixed with F32: `--steps 0 --save` writes each widened exactly
+    (compared bit for bit with numpy's float16 -> float32 and bf16 << 16)."""
+    src = st_read(os.path.join(init_source(), "model.safetensors"))
+    names = sorted(src)
+    t = {}
+    f16_all = np.arange(0, 1 << 16, dtype=np.uint32).astype(np.uint16)
+    f16_all = f16_all[(f16_all & 0x7C00) != 0x7C00]  # the finite ones (63488)
+    rng = np.random.default_rng(5)
+    bf_spread = rng.integers(0, 1 << 16, 131072, dtype=np.uint32).astype(np.uint16)
+    bf_spread = np.where((bf_spread & 0x7F80) == 0x7F80, bf_spread & 0x807F, bf_spread)  # finite
+    expect = {}
+    for i, n in enumerate(names):
+        dt, shape, data = src[n]
+        a = np.frombuffer(data, dtype="<f4")
+        if n == "model.embed_tokens.weight":  # every finite F16 pattern, then zeros
+            h = np.zeros(a.size, dtype=np.uint16)
+            h[:f16_all.size] = f16_all
+            t[n] = ("F16", shape, h.tobytes())
+            expect[n] = h.view(np.float16).astype(np.float32)
+        elif n == "lm_head.weight":  # BF16 patterns
+            t[n] = ("BF16", shape, bf_spread[:a.size].tobytes())
+            expect[n] = (bf_spread[:a.size].astype(np.uint32) << 16).view(np.float32)
+        elif i % 3 == 0:
+            b = to_bf16_bits(a)
+            t[n] = ("BF16", shape, b.tobytes())
+            expect[n] = (b.astype(np.uint32) << 16).view(np.float32)
+        elif i % 3 == 1:
+            h = a.astype(np.float16)
+            t[n] = ("F16", shape, h.tobytes())
+            expect[n] = h.astype(np.float32)
+        else:
+            t[n] = (dt, shape, data)
+            expect[n] = a
+    shards = {"model-00001-of-00003.safetensors": names[0::3], "model-00002-of-00003.safetensors": names[1::3],
+              "model-00003-of-00003.safetensors": names[2::3]}
+    d = init_variant("widen", t, shards=shards)
+    out = tpath("init_widen_out")
+    train_run("--steps", "0", "--init-from", d, "--save", out)
+    got = st_read(os.path.join(out, "model.safetensors"))
+    assert sorted(got) == names
+    for n in names:
+        assert got[n][0] == "F32" and got[n][1] == t[n][1], n
+        assert got[n][2] == expect[n].astype("<f4").tobytes(), n
+    # a fresh optimizer and step 0
+    o = st_read(os.path.join(out, "optimizer", "optimizer.safetensors"))
+    assert all(v[2] == bytes(len(v[2])) for v in o.values())
+    with open(os.path.join(out, "trainer_state.json")) as f:
+        st = json.load(f)
+    assert st["step"] == 0 and "grid_history" not in st
+
+
+@test
+def train_init_from_runs_as_the_f32_model():
+    """--init-from of the run's own initial checkpoint (F32, one file) gives
+    the run's records; absent e_score_correction_bias buffers are zeros
+    (the initial value); --config must equal the checkpoint's."""
+    src = init_source()
+    ra, rb = tpath("init_a.jsonl"), tpath("init_b.jsonl")
+    data = tpath("init_data.npy")
+    np.save(data, np.random.default_rng(3).integers(0, 1024, 4000).astype(np.int32))
+    train_run("--steps", "2", "--record", ra, "--data", data)
+    # another seed: only the initial model would differ, and --init-from replaces it
+    train_run("--steps", "2", "--record", rb, "--init-from", src, "--seed", "9", "--data", data)
+    A, B = records(ra), records(rb)
+    assert [r["loss"] for r in A] == [r["loss"] for r in B]
+    t = st_read(os.path.join(src, "model.safetensors"))
+    ecb = [n for n in t if n.endswith("e_score_correction_bias")]
+    assert ecb and all(t[n][2] == bytes(len(t[n][2])) for n in ecb)
+    d = init_variant("noecb", {n: v for n, v in t.items() if n not in ecb})
+    rc = tpath("init_c.jsonl")
+    train_run("--steps", "1", "--record", rc, "--init-from", d, "--data", data)
+    assert records(rc)[0]["loss"] == A[0]["loss"]
+    cfg = os.path.join(src, "config.json")
+    train_run("--steps", "0", "--init-from", src, "--config", cfg)
+
+
+@test
+def train_init_from_errors():
+    src = init_source()
+    t = st_read(os.path.join(src, "model.safetensors"))
+    names = sorted(t)
+    half = {"model-00001-of-00002.safetensors": names[:20], "model-00002-of-00002.safetensors": names[20:]}
+
+    def without(n):
+        return {k: v for k, v in t.items() if k != n}
+
+    with open(os.path.join(src, "config.json")) as f:
+        cfg = json.load(f)
+    i32 = dict(t)
+    dt, shape, data = t["lm_head.weight"]
+    i32["lm_head.weight"] = ("I32", shape, data)
+    nan = dict(t)
+    a = np.frombuffer(data, dtype="<f4").copy()
+    a[7] = np.nan
+    nan["lm_head.weight"] = ("F32", shape, a.tobytes())
+    short = dict(t)
+    short["lm_head.weight"] = ("F32", [shape[0] - 1, shape[1]], data[:-4 * shape[1]])
+    wm = {n: f for f, ns in half.items() for n in ns}
+    cases = [
+        ("missing", init_variant("e_missing", without("model.norm.weight")),
+         ("model.norm.weight", "missing")),
+        ("missing_sharded", init_variant("e_missing_sh", without("model.norm.weight"),
+                                         shards={f: [n for n in ns if n != "model.norm.weight"]
+                                                 for f, ns in half.items()}),
+         ("model.norm.weight", "missing")),
+        ("extra", init_variant("e_extra", dict(t, **{"model.mtp.weight": ("F32", [2], bytes(8))})),
+         ("model.mtp.weight", "not a tensor of this model")),
+        ("i32", init_variant("e_i32", i32), ("lm_head.weight", "I32")),
+        ("shape", init_variant("e_shape", short), ("lm_head.weight", "shape")),
+        ("nan", init_variant("e_nan", nan), ("lm_head.weight", "NaN")),
+        ("corrupt_index", init_variant("e_cindex", t, shards=half), ("model.safetensors.index.json",)),
+        ("index_missing_shard", init_variant("e_nosh", t, shards=half,
+                                             index={"weight_map": dict(wm, **{"lm_head.weight": "model-00003-of-00003.safetensors"})}),
+         ("model-00003-of-00003.safetensors",)),
+        ("index_wrong_shard", init_variant("e_wrongsh", t, shards=half,
+                                           index={"weight_map": dict(wm, **{names[0]: "model-00002-of-00002.safetensors"})}),
+         (names[0], "model-00002-of-00002.safetensors")),
+        ("index_unlisted", init_variant("e_unlisted", t, shards=half,
+                                        index={"weight_map": {n: f for n, f in wm.items() if n != names[-1]}}),
+         (names[-1], "does not list")),
+        ("index_path", init_variant("e_path", t, shards=half,
+                                    index={"weight_map": dict(wm, **{names[0]: "../x.safetensors"})}),
+         ("../x.safetensors",)),
+        ("index_no_map", init_variant("e_nomap", t, shards=half, index={"metadata": {}}), ("weight_map",)),
+        ("model_type", init_variant("e_mtype", t, config=json.dumps(dict(cfg, model_type="llama"))),
+         ("model_type", "llama")),
+        ("scoring", init_variant("e_scoring", t, config=json.dumps(dict(cfg, scoring_func="softmax"))),
+         ("scoring_func",)),
+    ]
+    with open(os.path.join(tpath("init_e_cindex"), "model.safetensors.index.json"), "w") as f:
+        f.write('{"weight_map": {"a": ')
+    both = init_variant("e_both", t, shards=half)
+    st_write(os.path.join(both, "model.safetensors"), t)
+    cases.append(("both", both, ("model.safetensors.index.json", "both")))
+    truncated = init_variant("e_trunc", t, shards=half)
+    p = os.path.join(truncated, "model-00002-of-00002.safetensors")
+    with open(p, "r+b") as f:
+        f.truncate(os.path.getsize(p) - 4)
+    cases.append(("truncated_shard", truncated, ("model-00002-of-00002.safetensors",)))
+    for name, d, needles in cases:
+        expect_train_error("--steps", "1", *FAST, "--init-from", d, needles=needles)
+    expect_train_error("--steps", "1", *FAST, "--init-from", tpath("init_nothing"), needles=("init-from",))
+    expect_train_error("--steps", "1", *FAST, "--init-from", src, "--resume", src,
+                       needles=("--init-from", "--resume"))
+    expect_train_error("--steps", "1", *FAST, "--init-from", src, "--config", config_file("other"),
+                       needles=("differs",))
+    for bad in ("5XB", "0", "1.5GB", "GB", "-3MB", "99999999999999999999"):
+        expect_train_error("--steps", "1", *FAST, "--save-max-shard-size", bad,
+                           needles=("--save-max-shard-size",))
+    expect_train_error("--steps", "1", *FAST, "--save-max-shard-size", "1MB", needles=("--save",),
+                       outputs=False)
+
+
+def hf_size(s):
+    """transformers' convert_file_size_to_int (5.24), for the comparison."""
+    if s.upper().endswith("GIB"):
+        return int(s[:-3]) * 2**30
+    if s.upper().endswith("MIB"):
+        return int(s[:-3]) * 2**20
+    if s.upper().endswith("KIB"):
+        return int(s[:-3]) * 2**10
+    for u, m in (("GB", 10**9), ("MB", 10**6), ("KB", 10**3)):
+        if s.upper().endswith(u):
+            v = int(s[:-2]) * m
+            return v // 8 if s.endswith("b") else v
+    raise ValueError(s)
+
+
+@test
+def train_run_sharded_checkpoint():
+    """--save-max-shard-size: shards of at most SIZE (a larger tensor alone)
+    and an index in transformers' format; the same bytes for every layout;
+    --resume of it, of the one-file checkpoint and of the old layout
+    (optimizer.safetensors beside the model) continues bit for bit."""
+    ra, rb, rc = tpath("sh_a.jsonl"), tpath("sh_b.jsonl"), tpath("sh_c.jsonl")
+    c1, c2, c3 = tpath("sh1"), tpath("sh2"), tpath("sh3")
+    train_run("--steps", "4", "--record", ra)
+    train_run("--steps", "2", "--save", c1, "--save-max-shard-size", "200KB")
+    train_run("--steps", "2", "--save", c2, "--save-max-shard-size", "200000", "--threads", "2",
+              "--micro-batches", "2")
+    files = sorted(os.listdir(c1))
+    assert files == sorted(os.listdir(c2))
+    shards = [f for f in files if f.startswith("model-")]
+    assert "model.safetensors" not in files and "optimizer.safetensors" not in files
+    assert len(shards) > 2 and all(f.endswith(f"-of-{len(shards):05d}.safetensors") for f in shards)
+    for f in files + ["optimizer/optimizer.safetensors"]:
+        if f != "optimizer":
+            same_files(os.path.join(c1, f), os.path.join(c2, f))
+    with open(os.path.join(c1, "model.safetensors.index.json")) as fh:
+        text = fh.read()
+    ix = json.loads(text)
+    assert text == json.dumps(ix, indent=2, sort_keys=True) + "\n"
+    sizes, params = 0, 0
+    for f in shards:
+        t = st_read(os.path.join(c1, f))
+        b = sum(len(v[2]) for v in t.values())
+        assert b <= 200000 or len(t) == 1, (f, b)
+        assert all(ix["weight_map"][n] == f for n in t)
+        sizes += b
+        params += sum(len(v[2]) // 4 for n, v in t.items() if not n.endswith("e_score_correction_bias"))
+    assert ix["metadata"] == {"total_size": sizes, "total_parameters": params}
+    assert len(ix["weight_map"]) == sum(len(st_read(os.path.join(c1, f))) for f in shards)
+    train_run("--steps", "4", "--resume", c1, "--record", rb)
+    assert records(rb) == records(ra)[2:]
+    # the old layout: optimizer.safetensors beside a one-file model
+    train_run("--steps", "2", "--save", c3)
+    os.rename(os.path.join(c3, "optimizer", "optimizer.safetensors"), os.path.join(c3, "optimizer.safetensors"))
+    os.rmdir(os.path.join(c3, "optimizer"))
+    train_run("--steps", "4", "--resume", c3, "--record", rc)
+    assert records(rc) == records(ra)[2:]
+    # both layouts at once: refused by name
+    os.makedirs(os.path.join(c3, "optimizer"))
+    with open(os.path.join(c3, "optimizer", "optimizer.safetensors"), "wb") as fh:
+        fh.write(open(os.path.join(c3, "optimizer.safetensors"), "rb").read())
+    expect_train_error("--steps", "4", *FAST, "--resume", c3, needles=("optimizer.safetensors", "both"))
+    # a sharded checkpoint replaced by a one-file one (and back): nothing left over
+    train_run("--steps", "3", "--resume", c1, "--save", c1)
+    assert sorted(os.listdir(c1)) == ["config.json", "model.safetensors", "optimizer", "trainer_state.json"]
+    train_run("--steps", "4", "--resume", c1, "--save", c1, "--save-max-shard-size", "1MiB")
+    assert "model.safetensors" not in os.listdir(c1)
+    assert not [f for f in os.listdir(Ctx.tmp) if f.startswith("train_sh1.tmp")]
+    # every size form transformers reads
+    for s in ("300KB", "300kB", "2400Kb", "1MiB", "256KiB", "1GB", "8Gb", "1GiB", "123456"):
+        d = tpath("sh_size")
+        train_run("--steps", "0", "--save", d, "--save-max-shard-size", s)
+        want = int(s) if s.isdigit() else hf_size(s)
+        if os.path.exists(os.path.join(d, "model.safetensors.index.json")):
+            for f in os.listdir(d):
+                if f.startswith("model-"):
+                    t = st_read(os.path.join(d, f))
+                    assert sum(len(v[2]) for v in t.values()) <= want or len(t) == 1, (s, f)
+        else:
+            total = sum(len(v[2]) for v in st_read(os.path.join(d, "model.safetensors")).values())
+            assert total <= want, (s, total)
+
+
+@test
+def train_run_sharded_under_mpi_ep():
+    """--init-from a sharded BF16 checkpoint and --save-max-shard-size under
+    mpirun -np 2 --ep 2: the records and the shards of one process."""
+    src = st_read(os.path.join(init_source(), "model.safetensors"))
+    names = sorted(src)
+    t = {n: ("BF16", v[1], to_bf16_bits(np.frombuffer(v[2], dtype="<f4")).tobytes()) for n, v in src.items()}
+    d = init_variant("mpi_bf16", t, shards={"model-00001-of-00002.safetensors": names[:30],
+                                            "model-00002-of-00002.safetensors": names[30:]})
+    one, two, ck1, ck2 = tpath("shmpi1.jsonl"), tpath("shmpi2.jsonl"), tpath("shmpi_ck1"), tpath("shmpi_ck2")
+    train_run("--steps", "2", "--init-from", d, "--record", one, "--save", ck1, "--save-max-shard-size", "300KB")
+    p = mpirun_train(2, *FAST, "--steps", "2", "--init-from", d, "--record", two, "--save", ck2,
+                     "--save-max-shard-size", "300KB", "--ep", "2")
+    assert p.returncode == 0, p.stderr.decode()[-2000:]
+    assert records(one) == records(two)
+    assert sorted(os.listdir(ck1)) == sorted(os.listdir(ck2))
+    for f in os.listdir(ck1) + ["optimizer/optimizer.safetensors"]:
+        if f != "optimizer":
+            same_files(os.path.join(ck1, f), os.path.join(ck2, f))

@@ -100,7 +100,7 @@ def _same_run(ref, rec, ck):
     with open(rec, "rb") as f, open(ref["rec"], "rb") as g:
         a, b = f.read(), g.read()
     assert a.count(b"\n") == STEPS and a == b, (a.decode()[:600], b.decode()[:600])
-    for f in ("model.safetensors", "optimizer.safetensors"):
+    for f in ("model.safetensors", "optimizer/optimizer.safetensors"):
         assert _hash(os.path.join(ck, f)) == _hash(os.path.join(ref["ck"], f)), f
     for f in ("trainer_state.json", "config.json"):
         with open(os.path.join(ck, f), "rb") as x, open(os.path.join(ref["ck"], f), "rb") as y:
@@ -186,7 +186,7 @@ def test_bad_flags_exit_2_with_one_line(ref, tmp_path, flags, needle):
 def test_missing_checkpoint_file(ref, tmp_path):
     d = str(tmp_path / "ck")
     shutil.copytree(ref["ck0"], d)
-    os.remove(os.path.join(d, "optimizer.safetensors"))
+    os.remove(os.path.join(d, "optimizer", "optimizer.safetensors"))
     p = _run([sys.executable, "-m", "bitexact.train", "--framework", "torch", "--resume", d])
     assert p.returncode == 2 and "optimizer.safetensors is missing" in p.stderr, p.stderr
 
@@ -390,7 +390,7 @@ def test_other_config_data_file_and_shuffle(tmp_path, fw):
                      steps=4)
     with open(r, "rb") as f, open(rec, "rb") as g:
         assert f.read() == g.read()
-    for f in ("model.safetensors", "optimizer.safetensors"):
+    for f in ("model.safetensors", "optimizer/optimizer.safetensors"):
         assert _hash(os.path.join(c, f)) == _hash(os.path.join(ck, f))
 
 
@@ -467,3 +467,95 @@ def test_schedule_and_adam_flags_equal_bitexact_train(ref, tmp_path, fw):
     assert lrs[0] == 0.0 and lrs[3] == 1e-3 and lrs[-1] > 1e-4, lrs
     with open(rec, "rb") as f, open(ref["rec"], "rb") as g:
         assert f.read() != g.read()
+
+def test_sharded_checkpoint_and_old_layout(ref, tmp_path):
+    """--save-max-shard-size: python -m bitexact.train writes the C trainer's
+    shards (each with its `bitexact hash`) and the same index bytes, and
+    resumes a sharded C checkpoint and one of the old layout
+    (optimizer.safetensors beside the model) into the C trainer's run."""
+    cdir = str(tmp_path / "c")
+    p = _run([CLI, "train", "--steps", "3", "--save", cdir, "--save-max-shard-size", "300KB",
+              "--threads", "1", "-q"])
+    assert p.returncode == 0, p.stderr
+    os.makedirs(tmp_path / "py")
+    rec, ck = _py_train("torch", 1, str(tmp_path / "py"), ref["ck0"], "--save-max-shard-size",
+                        "300KB", steps=3)
+    files = sorted(os.listdir(cdir))
+    assert files == sorted(os.listdir(ck)) and "model.safetensors.index.json" in files
+    for f in files:
+        if f.startswith("model-"):
+            assert _hash(os.path.join(ck, f)) == _hash(os.path.join(cdir, f)), f
+    for f in ("model.safetensors.index.json", "trainer_state.json", "config.json"):
+        with open(os.path.join(ck, f), "rb") as x, open(os.path.join(cdir, f), "rb") as y:
+            assert x.read() == y.read(), f
+    assert _hash(os.path.join(ck, "optimizer", "optimizer.safetensors")) == \
+        _hash(os.path.join(cdir, "optimizer", "optimizer.safetensors"))
+    # resume the sharded C checkpoint, and the old layout, to the C run's end
+    old = str(tmp_path / "old")
+    p = _run([CLI, "train", "--steps", "3", "--save", old, "--threads", "1", "-q"])
+    assert p.returncode == 0, p.stderr
+    os.rename(os.path.join(old, "optimizer", "optimizer.safetensors"),
+              os.path.join(old, "optimizer.safetensors"))
+    os.rmdir(os.path.join(old, "optimizer"))
+    with open(ref["rec"]) as f:
+        want = f.read().splitlines()[3:]
+    for src in (cdir, old):
+        out = tmp_path / ("r_" + os.path.basename(src))
+        os.makedirs(out)
+        rec2, ck2 = _py_train("torch", 1, str(out), src)
+        with open(rec2) as f:
+            assert f.read().splitlines() == want, src
+        assert _hash(os.path.join(ck2, "model.safetensors")) == \
+            _hash(os.path.join(ref["ck"], "model.safetensors"))
+
+
+def test_init_from_as_the_c_trainer(ref, tmp_path):
+    """--init-from a BF16 sharded folder with a PaddleFormers-style
+    config.json (extra keys): python -m bitexact.train gives the C
+    trainer's records, checkpoint tensors (bitexact hash), trainer_state.json
+    and config.json bytes; bad folders are one line, exit 2."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    src = tmp_path / "bf16"
+    os.makedirs(src)
+    t = {n: v.to(torch.bfloat16) for n, v in load_file(os.path.join(ref["ck0"], "model.safetensors")).items()}
+    names = sorted(t)
+    wm = {}
+    for k, part in enumerate((names[:25], names[25:])):
+        f = f"model-{k + 1:05d}-of-00002.safetensors"
+        save_file({n: t[n] for n in part}, str(src / f))
+        wm.update({n: f for n in part})
+    (src / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": wm}))
+    with open(os.path.join(ref["ck0"], "config.json")) as f:
+        cfg = json.load(f)
+    cfg.update(fuse_rms_norm=False, paddleformers_version="1.2.0", scoring_func="sigmoid",
+               topk_method="noaux_tc")
+    del cfg["head_dim"]
+    (src / "config.json").write_text(json.dumps(cfg))
+    cdir, crec = str(tmp_path / "c"), str(tmp_path / "c.jsonl")
+    flags = ["--steps", "3", "--seq-len", "16", "--global-batch", "4", "--seed", "5", "--lr", "0.002"]
+    p = _run([CLI, "train", "--init-from", str(src), "--record", crec, "--save", cdir, "--threads",
+              "1", "-q", *flags])
+    assert p.returncode == 0, p.stderr
+    out = tmp_path / "py"
+    os.makedirs(out)
+    rec, ck = os.path.join(out, "r.jsonl"), os.path.join(out, "ck")
+    p = _run([sys.executable, "-m", "bitexact.train", "--framework", "torch", "--init-from",
+              str(src), "--record", rec, "--save", ck, "--threads", "1", "-q", *flags])
+    assert p.returncode == 0, p.stderr
+    with open(rec) as f, open(crec) as g:
+        assert f.read() == g.read()
+    for f in ("model.safetensors", "optimizer/optimizer.safetensors"):
+        assert _hash(os.path.join(ck, f)) == _hash(os.path.join(cdir, f)), f
+    for f in ("trainer_state.json", "config.json"):
+        with open(os.path.join(ck, f), "rb") as x, open(os.path.join(cdir, f), "rb") as y:
+            assert x.read() == y.read(), f
+    # bad input: one line, exit 2
+    bad = tmp_path / "bad"
+    shutil.copytree(src, bad)
+    os.remove(bad / "model-00002-of-00002.safetensors")
+    for args, needle in ((["--init-from", str(bad)], "model-00002-of-00002.safetensors"),
+                         (["--init-from", str(src), "--resume", ref["ck0"]], "--init-from"),
+                         (["--init-from", str(tmp_path / "none")], "config.json")):
+        p = _run([sys.executable, "-m", "bitexact.train", "--framework", "torch", "--steps", "1", *args])
+        assert p.returncode == 2 and needle in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # run.sh — `bitexact train` against Hugging Face transformers (issue 14):
 # the reference's own checks (test_reference.py: transformers vs an fp64
-# re-implementation, and the comparison harness against a fake trainer)
+# re-implementation, and the comparison harness against a fake trainer),
 # the comparison with build/bitexact train (test_vs_transformers.py), and
 # --init-from / --save-max-shard-size against checkpoints transformers and
 # PaddleFormers write and load (test_init_from.py;

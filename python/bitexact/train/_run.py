@@ -41,6 +41,113 @@ from .. import kernels as _k
 from ..nn._ep import ExpertParallel
 
 CKPT_FILES = ("config.json", "model.safetensors", "optimizer.safetensors", "trainer_state.json")
+# the layout of src/cli/train_ckpt.c: the optimizer state in a subdirectory, where
+# from_pretrained (transformers, PaddleFormers) does not look; the model as one file or as
+# shards with an index (--save-max-shard-size); optimizer.safetensors beside the model is the
+# layout before, still read
+OPT_DIR = "optimizer"
+INDEX_NAME = "model.safetensors.index.json"
+_SHARD_RE = __import__("re").compile(r"model-[0-9]{5,}-of-[0-9]{5,}\.safetensors")
+
+
+def is_ckpt_file(name):
+    return name in CKPT_FILES or name == INDEX_NAME or _SHARD_RE.fullmatch(name) is not None
+
+
+def parse_size(s):
+    """--save-max-shard-size as transformers' convert_file_size_to_int
+    reads it (ckpt_model.c ck_parse_size): digits and KB/MB/GB (10^3k; a
+    lower-case final "b" means bits) or KiB/MiB/GiB, or plain bytes; > 0."""
+    units = (("GIB", 2**30, False), ("MIB", 2**20, False), ("KIB", 2**10, False),
+             ("GB", 10**9, True), ("MB", 10**6, True), ("KB", 10**3, True), ("", 1, False))
+    for unit, mult, bits in units:
+        if s.upper().endswith(unit):
+            digits = s[:len(s) - len(unit)]
+            if not digits or not digits.isascii() or not digits.isdigit() or len(digits) > 19:
+                break
+            v = int(digits) * mult
+            if bits and s.endswith("b"):
+                v //= 8
+            if 0 < v < 2**64:
+                return v
+            break
+    raise InvalidArgumentError(f"--save-max-shard-size: '{s}' is not a size > 0 (bytes, or "
+                               "digits and a unit: KB, MB, GB, KiB, MiB, GiB)")
+
+
+def shard_plan(sizes, max_size):
+    """The shard of each tensor, as huggingface_hub's
+    split_torch_state_dict_into_shards (ckpt_model.c ck_shard_plan)."""
+    out, n, cur, cur_size = [], 0, None, 0
+    for b in sizes:
+        if b > max_size:
+            out.append(n)
+            n += 1
+            continue
+        if cur is None or cur_size + b > max_size:
+            cur, cur_size = n, 0
+            n += 1
+        out.append(cur)
+        cur_size += b
+    return out, n
+
+
+class _ShardedTensors:
+    """The model of a sharded checkpoint (the index and its shards) as one
+    mapping; the index and the shards must agree (ckpt_model.c)."""
+
+    def __init__(self, d):
+        with open(os.path.join(d, INDEX_NAME), encoding="utf-8") as f:
+            ix = json.load(f)
+        wm = ix.get("weight_map") if isinstance(ix, dict) else None
+        if not isinstance(wm, dict) or not wm or not all(
+                isinstance(v, str) and "/" not in v and v.endswith(".safetensors") for v in wm.values()):
+            raise InvalidArgumentError(f"{d}: {INDEX_NAME}: \"weight_map\" is not an object of "
+                                       "tensor names and shard file names")
+        self._files = {f: _Tensors(os.path.join(d, f)) for f in sorted(set(wm.values()))}
+        for n, f in wm.items():
+            if n not in self._files[f]:
+                raise InvalidArgumentError(f"{d}: {INDEX_NAME} puts tensor '{n}' in {f}, which "
+                                           "does not hold it")
+        for f, t in self._files.items():
+            for n in t:
+                if wm.get(n) != f:
+                    raise InvalidArgumentError(f"{d}: {f} holds tensor '{n}', which {INDEX_NAME} "
+                                               + ("does not list" if n not in wm else f"puts in {wm[n]}"))
+        self._map = wm
+        self._names = sorted(wm)
+
+    def __contains__(self, n):
+        return n in self._map
+
+    def __iter__(self):
+        return iter(self._names)
+
+    def __len__(self):
+        return len(self._names)
+
+    def __getitem__(self, n):
+        return self._files[self._map[n]][n]
+
+
+def model_tensors(d):
+    """The model of checkpoint d: model.safetensors or the index's shards."""
+    single, index = os.path.join(d, "model.safetensors"), os.path.join(d, INDEX_NAME)
+    if os.path.isfile(single) and os.path.isfile(index):
+        raise InvalidArgumentError(f"{d}: holds both model.safetensors and {INDEX_NAME} "
+                                   "(which is the model?)")
+    if os.path.isfile(index):
+        return _ShardedTensors(d)
+    return _Tensors(single)
+
+
+def optimizer_path(d):
+    """optimizer/optimizer.safetensors, or the old layout's file beside the model."""
+    new, old = os.path.join(d, OPT_DIR, "optimizer.safetensors"), os.path.join(d, "optimizer.safetensors")
+    if os.path.isfile(new) and os.path.isfile(old):
+        raise InvalidArgumentError(f"{d}: holds both {OPT_DIR}/optimizer.safetensors and "
+                                   "optimizer.safetensors (which is the optimizer state?)")
+    return new if os.path.isfile(new) or not os.path.isfile(old) else old
 FORMAT_VERSION = 2  # trainer_state.json (train_ckpt.h TC_FORMAT_VERSION); 1 is still read
 RECORD_FORMAT = 2  # a record's "record_format" (train_record.h TREC_FORMAT)
 
@@ -144,10 +251,17 @@ def read_checkpoint(d):
     on demand). trainer_state.json format_version 1 or 2; a "grid_history"
     (format 2) is checked (check_grid_history; format 1 has none and any
     such key is ignored, as the C trainer does)."""
-    for f in CKPT_FILES:
-        if not os.path.isfile(os.path.join(d, f)):
+    need = [("config.json", os.path.join(d, "config.json")),
+            ("trainer_state.json", os.path.join(d, "trainer_state.json")),
+            ("optimizer/optimizer.safetensors", optimizer_path(d))]
+    if not os.path.isfile(os.path.join(d, INDEX_NAME)):
+        need.append(("model.safetensors", os.path.join(d, "model.safetensors")))
+    for f, path in need:
+        if not os.path.isfile(path):
             raise InvalidArgumentError(f"--resume {d}: {f} is missing (a `bitexact train --save` "
-                                       "directory holds " + ", ".join(CKPT_FILES) + ")")
+                                       "directory holds config.json, model.safetensors (or "
+                                       f"shards and {INDEX_NAME}), optimizer/optimizer.safetensors "
+                                       "and trainer_state.json)")
     with open(os.path.join(d, "config.json"), encoding="utf-8") as f:
         cfg = f.read()
     with open(os.path.join(d, "trainer_state.json"), encoding="utf-8") as f:
@@ -156,8 +270,8 @@ def read_checkpoint(d):
     if fv not in (1, FORMAT_VERSION) or isinstance(fv, bool):
         raise InvalidArgumentError(f"--resume {d}: trainer_state.json format_version {fv!r} "
                                    f"(1 or {FORMAT_VERSION} expected)")
-    marrays = _Tensors(os.path.join(d, "model.safetensors"))
-    oarrays = _Tensors(os.path.join(d, "optimizer.safetensors"))
+    marrays = model_tensors(d)
+    oarrays = _Tensors(optimizer_path(d))
     if fv == 1:
         st.pop("grid_history", None)
     elif "grid_history" in st:
@@ -174,17 +288,48 @@ def check_save_dir(d):
     checkpoint's files (checked before a run, and again at the save)."""
     d = os.path.abspath(d)
     if os.path.exists(d):
-        if not os.path.isdir(d) or set(os.listdir(d)) - set(CKPT_FILES):
+        def ok(name):
+            if name == OPT_DIR:
+                p = os.path.join(d, name)
+                return os.path.isdir(p) and set(os.listdir(p)) <= {"optimizer.safetensors"}
+            return is_ckpt_file(name)
+        if not os.path.isdir(d) or not all(ok(n) for n in os.listdir(d)):
             raise InvalidArgumentError(f"--save {d}: exists and holds other files than a "
                                        "checkpoint's; refusing to replace it")
     if not os.path.isdir(os.path.dirname(d)):
         raise InvalidArgumentError(f"--save {d}: the parent directory does not exist")
 
 
-def write_checkpoint(d, config_text, state, model_arrays, opt_arrays):
-    """The four files into a fresh ``d.tmp-XXXXXX`` beside d, then renamed
-    into place (an existing d holding only these files is replaced; one
-    with other files is refused, before anything is written)."""
+def write_model(tmp, model_arrays, max_shard_size=None, order=None):
+    """model.safetensors, or (max_shard_size, more than one shard) the
+    shards and the index as save_pretrained(max_shard_size=) writes them,
+    planned in the order ``order`` (transformers' state_dict order)."""
+    from safetensors.numpy import save_file
+    names = list(order) if order is not None else list(model_arrays)
+    sizes = [int(model_arrays[n].nbytes) for n in names]
+    shard, n = shard_plan(sizes, max_shard_size) if max_shard_size else ([0] * len(names), 1)
+    if n <= 1:
+        save_file(model_arrays, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+        return
+    files = [f"model-{k + 1:05d}-of-{n:05d}.safetensors" for k in range(n)]
+    for k in range(n):
+        save_file({nm: model_arrays[nm] for nm, s in zip(names, shard) if s == k},
+                  os.path.join(tmp, files[k]), metadata={"format": "pt"})
+    total_params = sum(int(model_arrays[nm].size) for nm in names
+                       if not nm.endswith("e_score_correction_bias"))
+    index = {"metadata": {"total_parameters": total_params, "total_size": sum(sizes)},
+             "weight_map": {nm: files[s] for nm, s in zip(names, shard)}}
+    with open(os.path.join(tmp, INDEX_NAME), "w", encoding="utf-8") as f:
+        f.write(json.dumps(index, indent=2, sort_keys=True) + "\n")
+
+
+def write_checkpoint(d, config_text, state, model_arrays, opt_arrays, max_shard_size=None,
+                     order=None):
+    """The files into a fresh ``d.tmp-XXXXXX`` beside d, then renamed
+    into place (an existing d holding only a checkpoint's files is
+    replaced; one with other files is refused, before anything is
+    written): config.json, the model (write_model),
+    optimizer/optimizer.safetensors, trainer_state.json."""
     from safetensors.numpy import save_file
     d = os.path.abspath(d)
     check_save_dir(d)
@@ -192,8 +337,10 @@ def write_checkpoint(d, config_text, state, model_arrays, opt_arrays):
     try:
         with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
             f.write(config_text)
-        save_file(model_arrays, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
-        save_file(opt_arrays, os.path.join(tmp, "optimizer.safetensors"), metadata={"format": "pt"})
+        write_model(tmp, model_arrays, max_shard_size, order)
+        os.mkdir(os.path.join(tmp, OPT_DIR))
+        save_file(opt_arrays, os.path.join(tmp, OPT_DIR, "optimizer.safetensors"),
+                  metadata={"format": "pt"})
         with open(os.path.join(tmp, "trainer_state.json"), "w", encoding="utf-8") as f:
             f.write(_state_json(state))
         old = None
@@ -215,8 +362,13 @@ def parse_args(argv):
         "bitexact train's loop on the PyTorch or Paddle binding: resume a `bitexact train` "
         "checkpoint, train, write the same run record and checkpoint."))
     p.add_argument("--framework", choices=("torch", "paddle"), required=True)
-    p.add_argument("--resume", required=True, metavar="DIR",
+    p.add_argument("--resume", default=None, metavar="DIR",
                    help="a `bitexact train --save` checkpoint (e.g. --steps 0: the initial model)")
+    p.add_argument("--init-from", default=None, metavar="DIR",
+                   help="start at step 0 from a transformers-style checkpoint (config.json and "
+                   "model.safetensors or shards with model.safetensors.index.json; F32, BF16 "
+                   "or F16), as `bitexact train --init-from`; the run's flags take `bitexact "
+                   "train`'s defaults")
     p.add_argument("--steps", type=int, default=10, help="the step the run ends at")
     p.add_argument("--data", default=None, help="token file (.npy or .bin); default synthetic")
     p.add_argument("--micro-batches", type=int, default=1)
@@ -236,6 +388,9 @@ def parse_args(argv):
     p.add_argument("--adam-epsilon", type=float, default=None)
     p.add_argument("--record", default=None, metavar="FILE.jsonl")
     p.add_argument("--save", default=None, metavar="DIR")
+    p.add_argument("--save-max-shard-size", default=None, metavar="SIZE", type=str,
+                   help="the model in shards of at most SIZE (e.g. 2GB) with "
+                   "model.safetensors.index.json, as save_pretrained(max_shard_size=)")
     for f in ("--seed", "--seq-len", "--global-batch"):
         p.add_argument(f, type=int, default=None, help="must equal the checkpoint's")
     p.add_argument("--shuffle", action="store_true", default=None)
@@ -263,7 +418,16 @@ class Run:
         self.rank, self.world, self.comm, self.group = fw.init_distributed()
         if a.save:
             check_save_dir(a.save)
-        cfg_text, st, marrays, oarrays = read_checkpoint(a.resume)
+        self.max_shard = parse_size(a.save_max_shard_size) if a.save_max_shard_size else None
+        if self.max_shard and not a.save:
+            raise InvalidArgumentError("--save-max-shard-size needs --save")
+        if (a.resume is None) == (a.init_from is None):
+            raise InvalidArgumentError("one of --resume DIR (continue a run) or --init-from DIR "
+                                       "(start one at step 0) is needed, not both")
+        if a.init_from is not None:
+            cfg_text, st, marrays, oarrays = _start_from(a)
+        else:
+            cfg_text, st, marrays, oarrays = read_checkpoint(a.resume)
         self.cfg_text, self.state = cfg_text, st
         self.cfg = _gm.config(json.loads(cfg_text))
         ds = st["data"]
@@ -431,7 +595,8 @@ class Run:
                              "total_steps": a.steps, "warmup_steps": self.warmup}
         st["adamw"].update(weight_decay=chex(self.wd), beta1=chex(self.betas[0]),
                            beta2=chex(self.betas[1]), eps=chex(self.eps))
-        write_checkpoint(d, self.cfg_text, st, marr, oarr)
+        write_checkpoint(d, self.cfg_text, st, marr, oarr, self.max_shard,
+                         _ordered(hub_order(self.cfg), marr))
 
 
     def _gather_experts(self, marr, oarr, hist=None):
@@ -474,6 +639,78 @@ class Run:
                         at += n
                     for j, (k, _) in enumerate(keys[:nh]):
                         hist[k] = int(words[at + j])
+
+
+def _start_from(a):
+    """--init-from: (config text, trainer state, model tensors, optimizer
+    tensors) of step 0, as `bitexact train --init-from` starts (_init.py);
+    the flags not given take `bitexact train`'s defaults."""
+    from . import _init
+    d = a.init_from
+    path = os.path.join(d, "config.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = json.load(f)
+    except ValueError as e:
+        raise InvalidArgumentError(f"--init-from {path}: invalid JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise InvalidArgumentError(f"--init-from {path}: not a JSON object")
+    _init.check_config(d, raw)
+    cfg = _gm.config(raw)
+    df = _init.DEFAULTS
+    for k in ("seed", "global_batch", "lr", "weight_decay", "clip"):
+        if getattr(a, k) is None:
+            setattr(a, k, df[k])
+    if a.seq_len is None:
+        a.seq_len = min(df["seq_len"], cfg.max_position_embeddings)
+    if a.seq_len < 1 or a.seq_len > cfg.max_position_embeddings:
+        raise InvalidArgumentError(f"--seq-len {a.seq_len}: not in [1, max_position_embeddings "
+                                   f"{cfg.max_position_embeddings}]")
+    for k in ("lr", "weight_decay", "clip"):
+        _init.check_finite_flag("--" + k.replace("_", "-"), getattr(a, k))
+    a.shuffle = True if a.shuffle else None  # store_true: None when not given
+    data = _gd.Data(cfg.vocab_size, a.seq_len, a.seed, a.data, bool(a.shuffle))
+    names = hub_order(cfg)
+    shapes = _init.hub_shapes(cfg, names)
+    marr = _init.read_model(d, names, shapes)
+    oarr = {}
+    for n in names:
+        if not n.endswith("e_score_correction_bias"):
+            oarr[n + ".exp_avg"] = np.zeros(shapes[n], dtype=np.float32)
+            oarr[n + ".exp_avg_sq"] = np.zeros(shapes[n], dtype=np.float32)
+    st = _init.initial_state(a, data, a.compute_dtype or "fp32")
+    return _init.config_text(cfg, raw), st, marr, oarr
+
+
+def hub_order(cfg):
+    """The model's tensor names in transformers' state_dict order, the
+    order the C trainer plans its shards in (train_model.c's parameter
+    list, each e_score_correction_bias right after its router's weight)."""
+    out = ["model.embed_tokens.weight"]
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}."
+        for x in ("q", "k", "v"):
+            out.append(p + f"self_attn.{x}_proj.weight")
+            if cfg.attention_bias:
+                out.append(p + f"self_attn.{x}_proj.bias")
+        out.append(p + "self_attn.o_proj.weight")
+        if cfg.use_qk_norm:
+            out += [p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"]
+        if i < cfg.first_k_dense_replace:
+            out += [p + f"mlp.{x}_proj.weight" for x in ("gate", "up", "down")]
+        else:
+            for e in range(cfg.n_routed_experts):
+                out += [p + f"mlp.experts.{e}.{x}_proj.weight" for x in ("gate", "up", "down")]
+            out += [p + "mlp.gate.weight", p + "mlp.gate.e_score_correction_bias"]
+            out += [p + f"mlp.shared_experts.{x}_proj.weight" for x in ("gate", "up", "down")]
+        out += [p + "input_layernorm.weight", p + "post_attention_layernorm.weight"]
+    return out + ["model.norm.weight", "lm_head.weight"]
+
+
+def _ordered(order, marr):
+    known = [n for n in order if n in marr]
+    seen = set(known)
+    return known + [n for n in marr if n not in seen]
 
 
 def main(argv=None):
