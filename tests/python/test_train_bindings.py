@@ -559,3 +559,47 @@ def test_init_from_as_the_c_trainer(ref, tmp_path):
                          (["--init-from", str(tmp_path / "none")], "config.json")):
         p = _run([sys.executable, "-m", "bitexact.train", "--framework", "torch", "--steps", "1", *args])
         assert p.returncode == 2 and needle in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+def test_sigterm_and_save_every_resume_bit_for_bit(ref, tmp_path):
+    """python -m bitexact.train: SIGTERM mid-run finishes the step, saves,
+    exits 0; --save-every K keeps the last complete multiple of K; resuming
+    either gives the records of `bitexact train` run straight through."""
+    import signal
+    import time
+    steps = 30
+    d = tmp_path / "c"
+    d.mkdir()
+    crec = str(d / "c.jsonl")
+    p = _run([CLI, "train", "--resume", ref["ck0"], "--steps", str(steps), "--record", crec,
+              "--threads", "1", "-q", *SCHEDULE])
+    assert p.returncode == 0, p.stderr
+    want = open(crec).read().splitlines()
+    for how in ("sigterm", "save-every"):
+        rec, ck, rest = (str(tmp_path / f"{how}.jsonl"), str(tmp_path / f"{how}_ck"),
+                         str(tmp_path / f"{how}_rest.jsonl"))
+        extra = ["--save-every", "4"] if how == "save-every" else []
+        q = subprocess.Popen([sys.executable, "-m", "bitexact.train", "--framework", "torch",
+                              "--resume", ref["ck0"], "--steps", str(steps), "--record", rec,
+                              "--save", ck, "--threads", "1", "-q", *SCHEDULE, *extra],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        t0 = time.time()
+        while time.time() - t0 < 300 and q.poll() is None:
+            if os.path.exists(rec) and open(rec).read().count("\n") >= 9:
+                break
+            time.sleep(0.05)
+        q.send_signal(signal.SIGTERM if how == "sigterm" else signal.SIGKILL)
+        out, err = q.communicate(timeout=300)
+        if how == "sigterm":
+            assert q.returncode == 0, (q.returncode, err)
+        with open(os.path.join(ck, "trainer_state.json")) as f:
+            k = json.load(f)["step"]
+        got = open(rec).read().splitlines()
+        if how == "sigterm":
+            assert k == len(got) and 9 <= k < steps, (k, len(got))
+        else:
+            assert k % 4 == 0 and 8 <= k <= len(got), (k, len(got))
+        assert got[:k] == want[:k]
+        (tmp_path / f"{how}_r").mkdir()
+        rec2, _ = _py_train("torch", 1, str(tmp_path / f"{how}_r"), ck, *SCHEDULE, steps=steps)
+        assert open(rec2).read().splitlines() == want[k:], how

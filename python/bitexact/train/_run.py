@@ -388,6 +388,8 @@ def parse_args(argv):
     p.add_argument("--adam-epsilon", type=float, default=None)
     p.add_argument("--record", default=None, metavar="FILE.jsonl")
     p.add_argument("--save", default=None, metavar="DIR")
+    p.add_argument("--save-every", type=int, default=None, metavar="K",
+                   help="also save after every K-th step (atomic: DIR holds the last complete one)")
     p.add_argument("--save-max-shard-size", default=None, metavar="SIZE", type=str,
                    help="the model in shards of at most SIZE (e.g. 2GB) with "
                    "model.safetensors.index.json, as save_pretrained(max_shard_size=)")
@@ -512,6 +514,15 @@ class Run:
             [(p, "expert") for i, (n, p) in enumerate(mine) if i % R == self.rank // E]
         self.first_loss = self.last_loss = self.last_norm = float("nan")
 
+    def any_rank(self, flag):
+        """The MAX of an int flag over the ranks (this process alone: itself)."""
+        if self.world == 1:
+            return int(flag)
+        fn, _ = _comm_args(self.comm)
+        buf = bytearray(np.array([int(flag)], dtype=np.int64).tobytes())
+        r = fn(buf, "max")
+        return int(np.frombuffer(bytes(r if r is not None else buf), dtype=np.int64)[0])
+
     def lr_of(self, s):
         """The rate of step s: bx_lr_at, as `bitexact train` records it."""
         return _k.lr_at(self.sched, self.lr, s, total_steps=self.a.steps,
@@ -563,7 +574,7 @@ class Run:
         return record_line(s, loss, total, gn["dense"], gn["expert"], coef, lr, B * L,
                            loss_hash(all_loss), self.data.entropy_nats, self.dtype, red.passes)
 
-    def save(self, d):
+    def save(self, d, end=None):
         """Rank 0 writes the checkpoint: its own tensors, and under expert
         parallelism the experts it does not hold, gathered from EP group
         0's holders (every rank takes part); trainer_state.json of format 2
@@ -582,7 +593,8 @@ class Run:
         if self.rank != 0:
             return
         st = copy.deepcopy(self.state)
-        st.update(format_version=FORMAT_VERSION, step=a.steps, clip=chex(self.clip),
+        end = a.steps if end is None else end
+        st.update(format_version=FORMAT_VERSION, step=end, clip=chex(self.clip),
                   mode="invariant", compute_dtype=self.dtype)
         st.pop("grid_history", None)
         if hist is not None:
@@ -590,7 +602,7 @@ class Run:
             if missing:  # not reached: the gather fills every expert
                 raise InvalidArgumentError(f"--save {d}: no grid history for {missing[:3]}")
             st["grid_history"] = {n: int(hist[n]) for n in self.trainable + ["loss"]}
-        st["data"]["position"] = a.steps * self.B
+        st["data"]["position"] = end * self.B
         st["lr_schedule"] = {"kind": self.sched, "lr": chex(self.lr), "min_lr": chex(self.min_lr),
                              "total_steps": a.steps, "warmup_steps": self.warmup}
         st["adamw"].update(weight_decay=chex(self.wd), beta1=chex(self.betas[0]),
@@ -713,6 +725,40 @@ def _ordered(order, marr):
     return known + [n for n in marr if n not in seen]
 
 
+class _StopSignal:
+    """SIGTERM / SIGINT set a flag (once: the handlers are then restored,
+    so a second signal ends the process at once); the loop ends after the
+    step in progress, on every rank."""
+
+    def __init__(self):
+        import signal
+        self.flag = 0
+        self._old = {}
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._old[sig] = signal.signal(sig, self._on)
+            except ValueError:  # not the main thread: no handler
+                pass
+
+    def _on(self, sig, frame):
+        self.flag = 1
+        self.restore()
+
+    def restore(self):
+        import signal
+        for sig, h in self._old.items():
+            signal.signal(sig, h)
+        self._old = {}
+
+
+def _progress(a, run, s):
+    """The progress line of `bitexact train` (stderr, a terminal, not -q)."""
+    if a.q or not sys.stderr.isatty():
+        return
+    print(f"bitexact.train: step {s}/{a.steps} loss {run.last_loss:.6f} grad_norm "
+          f"{run.last_norm:.4g} lr {run.lr_of(s):.3g}", file=sys.stderr)
+
+
 def main(argv=None):
     a = parse_args(sys.argv[1:] if argv is None else argv)
     if a.framework == "torch":
@@ -720,9 +766,13 @@ def main(argv=None):
     else:
         from ..paddle._glm import RUNNER as fw
     try:
+        if a.save_every is not None and (a.save_every < 1 or not a.save):
+            raise InvalidArgumentError("--save-every needs K >= 1 and --save DIR")
         run = Run(a, fw)
         rec = open(a.record, "w", encoding="utf-8") if a.record and run.rank == 0 else None
         lines = 0
+        stop = _StopSignal()
+        end = a.steps
         try:
             for s in range(run.start, a.steps):
                 line = run.step(s)
@@ -730,19 +780,32 @@ def main(argv=None):
                     rec.write(line + "\n")
                     rec.flush()
                     lines += 1
+                if run.rank == 0:
+                    _progress(a, run, s)
+                # a SIGTERM / SIGINT on any rank stops every rank after this step (MAX)
+                if run.any_rank(stop.flag):
+                    end = s + 1
+                    break
+                if a.save_every and (s + 1) % a.save_every == 0 and s + 1 < a.steps:
+                    run.save(a.save, s + 1)
         finally:
+            stop.restore()
             if rec:
                 rec.close()
                 if lines == 0 and a.steps > run.start:  # failed before its first step
                     os.remove(a.record)
         if a.save:
-            run.save(a.save)
+            run.save(a.save, end)
+        run.stopped = end < a.steps
+        run.end = end
         fw.finalize_distributed()
     except (Error, OSError) as e:
         print(f"bitexact.train: {e}", file=sys.stderr)
         return 2
     if run.rank == 0 and not a.q:
-        print(f"train ({a.framework}): {a.steps - run.start} steps ({run.start}..{a.steps - 1}), "
+        if run.stopped:
+            print(f"stopped by a signal after step {run.end - 1} (of --steps {a.steps})")
+        print(f"train ({a.framework}): {run.end - run.start} steps ({run.start}..{run.end - 1}), "
               f"{run.world} rank{'s' if run.world > 1 else ''}, --ep {a.ep}; loss first "
               f"{run.first_loss:.6f} ({chex(run.first_loss)}), last {run.last_loss:.6f} "
               f"({chex(run.last_loss)}); grad_norm {run.last_norm:.6g}")
