@@ -90,5 +90,7 @@ int cmd_train(int argc, char **argv);
 int cmd_plot(int argc, char **argv);
 /* diff of two run-record (JSON Lines) files; called by cmd_diff. */
 int diff_records(const char *a, const char *b, const cli_opts *o);
+/* trace_diff.c: two bitexact traces (docs/trace.md); 0 identical, 1 differ, CLI_ERROR. */
+int diff_trace(const char *a, const char *b, const cli_opts *o);
 
 #endif /* BX_CLI_H */

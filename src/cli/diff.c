@@ -271,15 +271,29 @@ static int sniff_records(const char *path) {
   return n == 0 ? 0 : 1; /* blank so far: text */
 }
 
+/* 1 if path's first line is a bitexact trace header. */
+static int sniff_trace(const char *path) {
+  char b[256];
+  FILE *fp = fopen(path, "rb");
+  if (!fp) return 0;
+  size_t n = fread(b, 1, sizeof b - 1, fp);
+  fclose(fp);
+  b[n] = 0;
+  char *nl = strchr(b, '\n');
+  if (nl) *nl = 0;
+  return b[0] == '{' && strstr(b, "\"bitexact_trace\"") != NULL;
+}
+
 int cmd_diff(int argc, char **argv) {
   cli_opts o = {0, 0, -1, 0};
   const char *files[2];
-  int nfiles = 0, kind = -1; /* -1 sniff, 0 safetensors, 1 records */
+  int nfiles = 0, kind = -1; /* -1 sniff, 0 safetensors, 1 records, 2 traces */
   for (int i = 1; i < argc; i++) {
     int c = cli_common_opt(argc, argv, &i, &o);
     if (c < 0) return CLI_ERROR;
     if (c) continue;
     if (strcmp(argv[i], "--records") == 0) kind = 1;
+    else if (strcmp(argv[i], "--trace") == 0) kind = 2;
     else if (strcmp(argv[i], "--safetensors") == 0) kind = 0;
     else if (argv[i][0] == '-' && argv[i][1]) {
       cli_error("diff: unknown option '%s'", argv[i]);
@@ -292,9 +306,10 @@ int cmd_diff(int argc, char **argv) {
     }
   }
   if (nfiles != 2) {
-    cli_error("diff: needs two files (usage: bitexact diff [--json] [--records] A B)");
+    cli_error("diff: needs two files (usage: bitexact diff [--json] [--records|--trace] A B)");
     return CLI_ERROR;
   }
-  if (kind < 0) kind = sniff_records(files[0]);
+  if (kind < 0) kind = sniff_trace(files[0]) ? 2 : sniff_records(files[0]);
+  if (kind == 2) return diff_trace(files[0], files[1], &o);
   return kind ? diff_records(files[0], files[1], &o) : diff_safetensors(files[0], files[1], &o);
 }

@@ -352,3 +352,8 @@ from ._glm import (  # noqa: E402,F401
 from ._glm import __all__ as _glm_all  # noqa: E402
 
 __all__ += _glm_all
+
+# First-divergence traces of any nn.Module (docs/trace.md; bitexact diff --trace).
+from ._trace import Tracer, trace  # noqa: E402,F401
+
+__all__ += ["trace", "Tracer"]
