@@ -245,9 +245,11 @@ static int f32_set_apart(const float *x, uint32_t k, float *spikes, int *ns) {
   return 1;
 }
 
-/* micro.h: verified_split. The verified loop, each 8 elements compared
- * with thr in 256-bit integer lanes (one slot each on Zen 4) and converted
- * with the elements at or above it masked to zero. */
+/* micro.h: verified_split. The verified loop plus, per 32 elements, 3
+ * vrangeps (max |x| lane by lane) and one compare with thr; only a hit
+ * (rare) finds the elements and zeroes them. Per-element compares and
+ * masked conversions cost 1.5x the verified loop on the AMD EPYC of
+ * docs/benchmarks.md; this costs 1.3x. */
 static int f32_verified_split(const float *x, int g, uint32_t thr, float *spikes, int *nspikes, bx_i128 *v,
                               int64_t *hmax) {
   const __m512d ah = anchor_pd(g), al = anchor_pd(g - 45);
