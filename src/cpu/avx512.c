@@ -302,8 +302,12 @@ static void sumsq_bf16(const void *x, size_t n, bx_acc *a) { bx_drive_sumsq_bf16
 static void sumsq_f32(const void *x, size_t n, bx_acc *a) { bx_drive_sumsq_f32(&bx_micro_f32_avx512, x, n, a); }
 static void sumsq_f64(const void *x, size_t n, bx_acc *a) { bx_drive_sumsq_f64(&bx_micro_f64_avx512, x, n, a); }
 
+#ifndef BX_AVX512_NAME /* avx512_pf1.c builds these files again under another name */
+#define BX_AVX512_NAME "avx512"
+#endif
+
 const bx_kernels bx_kernels_avx512 = {
-    "avx512",
+    BX_AVX512_NAME,
     {sumsq_f16, sumsq_bf16, sumsq_f32, sumsq_f64},
     {bx_portable_sumabs_f16, bx_portable_sumabs_bf16, bx_portable_sumabs_f32, bx_portable_sumabs_f64},
 };
