@@ -178,11 +178,11 @@ typedef struct env {
   const char *read_isa;
   int simd; /* naive and RMW loops in AVX-512 */
   int threads;
-  int forced_ok[3];
+  int forced_ok[4];
   int failures;
 } env;
 
-static const char *isa_names[3] = {"portable", "avx2", "avx512"};
+static const char *isa_names[4] = {"portable", "avx2", "avx512", "avx512-pf1"};
 
 typedef struct base_job {
   const void *data;
@@ -361,7 +361,7 @@ static int plan_runs(const env *e, const dataset *d, run *runs) {
     snprintf(runs[k - 1].label, 48, "bitexact (auto: %s)", bx_isa_name());
   }
   if (!d->is_scale)
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 4; i++)
       if (e->forced_ok[i]) {
         runs[k++] = (run){M_BX, 1, isa_names[i], BX_SCALE_TORCH, "", {0}};
         snprintf(runs[k - 1].label, 48, "bitexact forced %s", isa_names[i]);
@@ -676,7 +676,7 @@ int main(int argc, char **argv) {
     bx_total_norm(NULL, 0, NULL, NULL, &norm, NULL);
   }
   const char *auto_isa = bx_isa_name();
-  for (int i = 0; i < 3 && forced; i++) {
+  for (int i = 0; i < 4 && forced; i++) {
     e.forced_ok[i] = bx_force_isa(isa_names[i]) == BX_OK;
     bx_force_isa(NULL);
   }
@@ -690,11 +690,11 @@ int main(int argc, char **argv) {
   printf("bench_norm: bitexact %u, %s, %ld online CPUs\n", bx_version(), cpu,
          sysconf(_SC_NPROCESSORS_ONLN));
   printf("kernel table chosen: %s, because: %s\n", auto_isa, bx_kernels_reason());
-  printf("kernels: automatic choice %s; forced:%s%s%s%s; baselines: read %s, "
+  printf("kernels: automatic choice %s; forced:%s%s%s%s%s; baselines: read %s, "
          "naive and RMW %s\n",
          auto_isa, e.forced_ok[0] ? " portable" : "", e.forced_ok[1] ? " avx2" : "",
-         e.forced_ok[2] ? " avx512" : "",
-         e.forced_ok[0] || e.forced_ok[1] || e.forced_ok[2] ? "" : " none",
+         e.forced_ok[2] ? " avx512" : "", e.forced_ok[3] ? " avx512-pf1" : "",
+         e.forced_ok[0] || e.forced_ok[1] || e.forced_ok[2] || e.forced_ok[3] ? "" : " none",
          e.read_isa, e.simd ? "avx512" : "scalar");
   printf("median of %d interleaved repetitions; ns/elem and GB/s (bytes of the "
          "tensor; a scale pass moves twice that);\nvs read = read ceiling's time / "

@@ -11,6 +11,10 @@
 #    micro-kernels are checked without editing this script;
 #  - the portable scalar kernels and the drivers' own streaming loops
 #    (the integer bins of fp64), listed below.
+# The table "avx512-pf1" (src/cpu/avx512_pf1.c: the avx512 kernel files
+# built again with one prefetch a line) is checked too: each function of
+# the avx512 tables in its object has `prefetcht2 0x2000(reg)` and no
+# prefetcht0.
 # Each must contain at least one `prefetcht2 0x4000(reg)` and one
 # `prefetcht0 0x800(reg)` (16 KiB and 2 KiB ahead), as many of one as of
 # the other, itself or in a function of the same object it calls
@@ -95,6 +99,43 @@ for pair in $(table_functions) $extra; do
     echo "ok       $base.o: $fn: prefetcht2 x$t2, prefetcht0 x$t0$via"
   fi
 done
+# "t2" count of the one-prefetch form (8 KiB ahead) and any prefetcht0
+count_prefetch_one() {
+  awk '/prefetcht2[ \t]+0x2000\(%[a-z0-9]+\)/ { t2++ } /prefetcht0/ { t0++ } END { print t2 + 0, t0 + 0 }'
+}
+pf1=$objdir/src/cpu/avx512_pf1.c.o
+if [ ! -f "$pf1" ]; then
+  echo "check_prefetch: no $pf1 (build first: make lib)" >&2
+  status=1
+else
+  for pair in $(table_functions | grep -E '^avx512(_half|_f64)?:'); do
+    fn=${pair#*:}
+    code=$(disasm "$pf1" "$fn")
+    if [ -z "$code" ]; then
+      echo "MISSING  avx512_pf1.o: $fn not found"
+      status=1
+      continue
+    fi
+    read -r t2 t0 <<<"$(printf '%s\n' "$code" | count_prefetch_one)"
+    via=""
+    if [ "$t2" -eq 0 ]; then
+      for callee in $(printf '%s\n' "$code" | sed -nE 's/.*(call|jmp).*<([A-Za-z0-9_.]+)>.*/\2/p' | sort -u); do
+        read -r c2 c0 <<<"$(disasm "$pf1" "$callee" | count_prefetch_one)"
+        if [ "$c2" -gt 0 ]; then
+          t2=$c2 t0=$((t0 + c0)) via=" (in $callee)"
+          break
+        fi
+      done
+    fi
+    checked=$((checked + 1))
+    if [ "$t2" -eq 0 ] || [ "$t0" -ne 0 ]; then
+      echo "FAIL     avx512_pf1.o: $fn: prefetcht2 (8 KiB) x$t2, prefetcht0 x$t0$via"
+      status=1
+    else
+      echo "ok       avx512_pf1.o: $fn: prefetcht2 (8 KiB) x$t2$via"
+    fi
+  done
+fi
 [ "$checked" -gt 0 ] || { echo "check_prefetch: nothing checked" >&2; status=1; }
 echo "check_prefetch: $checked functions, $([ $status -eq 0 ] && echo "all prefetch" || echo "FAILURES above")"
 exit $status

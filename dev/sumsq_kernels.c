@@ -264,7 +264,7 @@ static int nversions;
 
 /* The tables this CPU runs, as the library's own dispatch decides. */
 static void find_versions(void) {
-  static const char *names[] = {"portable", "avx2", "avx512"};
+  static const char *names[] = {"portable", "avx2", "avx512", "avx512-pf1"};
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
     if (bx_force_isa(names[i]) == BX_OK) versions[nversions++] = (version){names[i], bx_kernels_active()};
   bx_force_isa(NULL);

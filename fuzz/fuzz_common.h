@@ -18,14 +18,14 @@
 
 #include "../tests/mpfr_ref.c" /* the exact reference, independent of src/ */
 
-static const char *fz_isas[3];
+static const char *fz_isas[4];
 static int fz_nisas = -1;
 
 static inline void fz_init_isas(void) {
-  static const char *all[3] = {"portable", "avx2", "avx512"};
+  static const char *all[4] = {"portable", "avx2", "avx512", "avx512-pf1"};
   if (fz_nisas >= 0) return;
   fz_nisas = 0;
-  for (int i = 0; i < 3; i++)
+  for (int i = 0; i < 4; i++)
     if (bx_force_isa(all[i]) == BX_OK) fz_isas[fz_nisas++] = all[i];
   bx_force_isa(NULL);
 }

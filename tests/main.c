@@ -368,7 +368,7 @@ void bxt_shuffle(bxt_rng *r, void *base, size_t n, size_t sz) {
 }
 
 /* ---- ISAs ------------------------------------------------------------ */
-static const char *g_isas[3];
+static const char *g_isas[4];
 static int g_nisas;
 
 int bxt_isa_count(void) { return g_nisas; }
@@ -380,8 +380,8 @@ int bxt_force(int i) {
 }
 
 static void find_isas(void) {
-  static const char *all[3] = {"portable", "avx2", "avx512"};
-  for (int i = 0; i < 3; i++)
+  static const char *all[4] = {"portable", "avx2", "avx512", "avx512-pf1"};
+  for (int i = 0; i < 4; i++)
     if (bx_force_isa(all[i]) == BX_OK) g_isas[g_nisas++] = all[i];
   bx_force_isa(NULL);
 }

@@ -374,8 +374,10 @@ void test_kernels_micro_tables(void) {
   }
   CHECK(bx_micro_f32_avx512.verified != NULL && bx_micro_f64_avx512.verified != NULL,
         "AVX-512 has the verified windows");
-  CHECK(bx_micro_f32_avx2.verified == NULL && bx_micro_f64_avx2.verified == NULL,
+  CHECK(bx_micro_f32_avx2.verified == NULL && bx_micro_f64_avx2.verified == NULL &&
+            bx_micro_f32_avx2.verified_split == NULL,
         "AVX2 cannot (no exception suppression)");
+  CHECK(bx_micro_f32_avx512.verified_split != NULL, "AVX-512 sets fp32 spikes apart in the verified window");
 #else
   /* no vector micro-kernels on this architecture: the portable tables are
    * the only ones, complete, and active */

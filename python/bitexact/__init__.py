@@ -85,7 +85,8 @@ def library_version():
 
 
 def isa():
-    """The CPU kernels in use: 'avx512', 'avx2' or 'portable' (env BX_ISA forces one)."""
+    """The CPU kernels in use: 'avx512', 'avx512-pf1' (the same with one prefetch a
+    line, chosen on AMD EPYC 9005), 'avx2' or 'portable' (env BX_ISA forces one)."""
     return _core.isa()
 
 

@@ -738,7 +738,7 @@ static PyMethodDef module_methods[] = {
     {"register_exporter", bxpy_register_exporter, METH_VARARGS,
      "register_exporter(type, fn): objects of exactly this type export via fn(obj) -> capsule"},
     {"version", mod_version, METH_NOARGS, "bx_version_string(): 'major.minor.patch'"},
-    {"isa", mod_isa, METH_NOARGS, "the CPU kernel table in use: portable, avx2 or avx512"},
+    {"isa", mod_isa, METH_NOARGS, "the CPU kernel table in use: portable, avx2, avx512 or avx512-pf1"},
     {"status_str", mod_status_str, METH_VARARGS, "bx_status_str(status)"},
     {NULL, NULL, 0, NULL}};
 

@@ -94,6 +94,10 @@ static const isa isas[] = {
 #ifdef BX_HAVE_X86
     {"avx512", CPU_AVX512, &bx_kernels_avx512, &bx_scale_avx512, &bx_gemm_avx512, &bx_tokred_avx512,
      &bx_math_avx512},
+    /* the AVX-512 norm kernels with one prefetch a line (avx512_pf1.c):
+     * only a CPU rule chooses it */
+    {"avx512-pf1", CPU_AVX512, &bx_kernels_avx512_pf1, &bx_scale_avx512, &bx_gemm_avx512, &bx_tokred_avx512,
+     &bx_math_avx512},
     {"avx2", CPU_AVX2, &bx_kernels_avx2, &bx_scale_portable, &bx_gemm_avx2, &bx_tokred_avx2,
      &bx_math_avx2},
 #endif
@@ -123,6 +127,14 @@ static const cpu_rule cpu_rules[] = {
      * documentation: it says why. */
     {"GenuineIntel", 6, 0x8F, 0x8F, "avx512", "Sapphire Rapids: measured fastest, bench_norm forced rows"},
     {"GenuineIntel", 6, 0xCF, 0xCF, "avx512", "Emerald Rapids: measured fastest, bench_norm forced rows"},
+    /* AMD EPYC 9005 (family 0x1A, models 0x00-0x1F), measured on a KVM
+     * "AMD EPYC" of family 0x1A model 0x02 (docs/benchmarks.md, issue 26
+     * item 5): the two prefetches a line of prefetch.h cost the fp32
+     * kernels 15% of their streaming speed there (0.124 vs 0.105 ns an
+     * element, 1 thread, 2^26 Gaussian), no prefetch at all is slower
+     * still; one prefetcht2 8 KiB ahead is fastest for fp32 and as fast
+     * for bf16. */
+    {"AuthenticAMD", 0x1A, 0x00, 0x1F, "avx512-pf1", "EPYC 9005: one prefetch a line measured fastest, issue 26"},
 };
 
 /* ---- the choice --------------------------------------------------------- */

@@ -29,7 +29,7 @@ extern "C" {
 typedef void (*bx_reduce_fn)(const void *x, size_t n, bx_acc *acc);
 
 typedef struct bx_kernels {
-  const char *name; /* "portable", "avx2", "avx512" */
+  const char *name; /* "portable", "avx2", "avx512", "avx512-pf1" */
   bx_reduce_fn sumsq[BX_DT_COUNT];
   bx_reduce_fn sumabs[BX_DT_COUNT];
 } bx_kernels;
@@ -39,6 +39,7 @@ extern const bx_kernels bx_kernels_portable;
 #define BX_HAVE_X86 1
 extern const bx_kernels bx_kernels_avx2;
 extern const bx_kernels bx_kernels_avx512;
+extern const bx_kernels bx_kernels_avx512_pf1; /* the same, one prefetch a line (avx512_pf1.c) */
 #endif
 
 /* Scalar exact kernels over a contiguous span: acc += sum x^2 (or |x|),

@@ -183,7 +183,7 @@ static size_t f32_bins_prep(const float *x, size_t m, uint32_t *idx, uint64_t *v
 }
 
 const bx_f32_micro bx_micro_f32_avx2 = {
-    BLOCK, f32_stats, f32_window2, f32_window3, f32_split, f32_bins_prep, NULL,
+    BLOCK, f32_stats, f32_window2, f32_window3, f32_split, f32_bins_prep, NULL, NULL,
 };
 
 /* ---- the table: the drivers with this ISA's micro-kernels -------------- */

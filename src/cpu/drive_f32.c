@@ -22,6 +22,10 @@ typedef struct f32_ctx {
   bx_bins bins;      /* wide blocks; set up at the first */
   int bins_live;
   int wide; /* blocks that go on to the bins without pass 1 */
+  uint32_t split_top; /* the last checked block's bulk max when its spikes were set apart, else 0 */
+  int vsplit;         /* the verified windows set spikes apart (verified_split) */
+  int nspk;           /* elements in spk */
+  float spk[BX_BLOCK_MAX]; /* spikes of verified blocks, summed checked when full */
 } f32_ctx;
 
 #define F32_WIDE_RUN 8 /* wide blocks in a row between two passes 1 */
@@ -65,6 +69,11 @@ static void f32_wide(f32_ctx *c, const float *x, size_t len) {
   else c->wide = fits ? 0 : F32_WIDE_RUN; /* a NaN/Inf alone does not make the next wide */
 }
 
+/* A block the verified window may take: finite, two-level wide. */
+static int f32_plain(uint32_t top, uint32_t minnz) {
+  return top != 0 && top < 0x7F800000u && minnz >= bx_f32_thr(top >> 23 ? (int)(top >> 23) : 1);
+}
+
 /* A finite block with max |x| bits top, min non-zero minnz: into c->pa
  * and c->pb, or the bins when no single window takes it (a cascade of
  * masked windows would cost more: each is a full pass). split: spikes may
@@ -93,6 +102,7 @@ static int f32_finite(f32_ctx *c, const float *x, size_t len, uint32_t top, uint
     int k = mk->split(x, len, bx_f32_thr(ebtop), spikes, bulk, &rest);
     if (k >= 0) {
       bx_pend_add(&c->pa, c->acc, mk->window2(spikes, (size_t)k, g, NULL), g - 45);
+      c->split_top = f32_plain(rest, minnz) ? rest : 0;
       return f32_finite(c, bulk, len, rest, minnz, 0, nx);
     }
   }
@@ -130,11 +140,6 @@ next:
 
 /* ---- the verified windows (verified.h decides when) -------------------- */
 
-/* A block the verified window may take: finite, two-level wide. */
-static int f32_plain(uint32_t top, uint32_t minnz) {
-  return top != 0 && top < 0x7F800000u && minnz >= bx_f32_thr(top >> 23 ? (int)(top >> 23) : 1);
-}
-
 /* The next block's G from this one's largest hi lane: that lane near
  * 2^46 of the 2^51 its binade holds (a guess; the check decides). */
 static int f32_adapt(int g, int64_t hmax) {
@@ -143,17 +148,52 @@ static int f32_adapt(int g, int64_t hmax) {
   return g < -300 ? -300 : g > 212 ? 212 : g;
 }
 
-/* gsz full blocks at x through the verified window of *g, one read of
- * the flags; blocks that fail are redone checked. */
+/* The spikes a verified_split window of G sets apart: |x| >=
+ * 2^floor((G+48)/2), x^2 >= 2^(G+47), NaN/Inf included. From a bulk whose
+ * max has biased exponent e (G = 2e - 296) these are x >= 2^(e-124): 8
+ * times the bulk's binade and more. Only speed depends on it. */
+static uint32_t f32_spike_thr(int g) {
+  int e = (g + 648) / 2 - 300 + 127; /* g + 648 > 0: the division floors */
+  return e >= 255 ? 0x7F800000u : (uint32_t)(e < 1 ? 1 : e) << 23;
+}
+
+/* The spikes gathered from verified blocks, summed as one checked block
+ * (any spread, NaN/Inf counted). The checked windows raise PE: the flags
+ * are cleared after them. The driver's state is kept. */
+static void f32_spikes_flush(f32_ctx *c) {
+  if (!c->nspk) return;
+  int wide = c->wide;
+  uint32_t st = c->split_top;
+  bx_f32_next one = {NULL, 0, 0};
+  c->mk->stats(c->spk, (size_t)c->nspk, &one.amax, &one.aminnz);
+  f32_block(c, c->spk, (size_t)c->nspk, &one);
+  c->wide = wide;
+  c->split_top = st;
+  c->nspk = 0;
+  bx_fpenv_clear_flags();
+}
+
+static void f32_spikes_add(f32_ctx *c, const float *s, int k) {
+  if ((size_t)(c->nspk + k) > c->mk->block) f32_spikes_flush(c);
+  memcpy(c->spk + c->nspk, s, (size_t)k * sizeof *s);
+  c->nspk += k;
+}
+
+/* gsz full blocks at x through the verified window of *g (with the spikes
+ * set apart when c->vsplit), one read of the flags; blocks that fail are
+ * redone checked. */
 static void f32_verified_group(f32_ctx *c, bx_vrun *vr, int *g, const float *x, int gsz) {
   const bx_f32_micro *mk = c->mk;
   bx_i128 v[BX_V_GROUP] = {0}; /* (read into dep even for a failed block) */
-  int gs[BX_V_GROUP], ok[BX_V_GROUP], failed = 0;
+  int gs[BX_V_GROUP], ok[BX_V_GROUP], ns[BX_V_GROUP] = {0}, failed = 0;
+  float sp[BX_V_GROUP][BX_F32_SPIKES];
   uint64_t dep = 0; /* orders the flag read after the windows */
   for (int k = 0; k < gsz; k++) {
     int64_t hmax = 0;
+    const float *b = x + (size_t)k * mk->block;
     gs[k] = *g;
-    ok[k] = mk->verified(x + (size_t)k * mk->block, *g, &v[k], &hmax);
+    ok[k] = c->vsplit ? mk->verified_split(b, *g, f32_spike_thr(*g), sp[k], &ns[k], &v[k], &hmax)
+                      : mk->verified(b, *g, &v[k], &hmax);
     if (ok[k]) *g = f32_adapt(*g, hmax);
     dep += (uint64_t)hmax + (uint64_t)v[k];
   }
@@ -163,6 +203,7 @@ static void f32_verified_group(f32_ctx *c, bx_vrun *vr, int *g, const float *x, 
     const float *b = x + (size_t)k * mk->block;
     if (ok[k]) {
       bx_pend_add(&c->pa, c->acc, v[k], gs[k] - 45);
+      if (ns[k]) f32_spikes_add(c, sp[k], ns[k]);
       bx_vrun_good(vr);
       continue;
     }
@@ -187,6 +228,8 @@ void bx_drive_sumsq_f32(const bx_f32_micro *mk, const float *x, size_t n, bx_acc
   c.acc = acc;
   c.pa = c.pb = (bx_pending){0, 0, 0};
   c.bins_live = c.wide = 0;
+  c.split_top = 0;
+  c.vsplit = c.nspk = 0;
   size_t i = 0, len = bs; /* the first block ends on a 64-byte boundary */
   if (((uintptr_t)x & 3) == 0) len -= ((uintptr_t)x >> 2) & 15;
   if (len > n) len = n;
@@ -212,17 +255,33 @@ void bx_drive_sumsq_f32(const bx_f32_micro *mk, const float *x, size_t n, bx_acc
       len = nlen;
       continue;
     }
-    /* checked block at i, len elements */
+    /* checked block at i, len elements. A plain one may start the verified
+     * windows (decided first: its window then does not fuse the next pass
+     * 1); one whose few spikes were set apart from a plain bulk may start
+     * those that set spikes apart (known only after it). */
     if (!have) mk->stats(x + i, len, &nx.amax, &nx.aminnz);
-    int go = bx_vrun_checked(&vr, f32_plain(nx.amax, nx.aminnz), mk->verified && len == bs);
+    int plain = f32_plain(nx.amax, nx.aminnz), can = mk->verified && len == bs, go = 0;
+    if (plain) go = bx_vrun_checked(&vr, 1, can);
     nx.y = !go && nlen == bs ? x + i + len : NULL; /* fuse the next pass 1 */
-    if (go) g = bx_f32_g(nx.amax >> 23 ? (int)(nx.amax >> 23) : 1);
+    if (go) {
+      g = bx_f32_g(nx.amax >> 23 ? (int)(nx.amax >> 23) : 1);
+      c.vsplit = 0;
+    }
+    c.split_top = 0;
     f32_block(&c, x + i, len, &nx);
+    if (!plain) {
+      go = bx_vrun_checked(&vr, c.split_top != 0 && !c.wide, can && mk->verified_split);
+      if (go) {
+        g = bx_f32_g(c.split_top >> 23 ? (int)(c.split_top >> 23) : 1);
+        c.vsplit = 1;
+      }
+    }
     have = nx.y != NULL && !c.wide;
     if (go) bx_fpenv_clear_flags(); /* the checked windows leave PE set */
     i += len;
     len = nlen;
   }
+  f32_spikes_flush(&c);
   if (c.bins_live) bx_bins_done(&c.bins, acc, 2, -300);
   bx_pend_flush(&c.pa, acc);
   bx_pend_flush(&c.pb, acc);

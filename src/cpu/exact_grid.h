@@ -128,6 +128,12 @@
  * final lanes in their anchors' binades make the bit differences the
  * value differences (fold above). NaN/Inf: t is NaN/Inf (sae suppresses
  * only flags) and stays so, failing the binade test.
+ * fp32 spikes (verified_split): the claim holds for any subset of a
+ * block's elements, the others zeroed (0 adds nothing, exactly), so the
+ * few elements with x^2 >= 2^(G+47) (and NaN/Inf) can be set apart,
+ * copied exactly and summed later as a checked block of their own: runs
+ * of spiky blocks (a two-level bulk plus at most BX_F32_SPIKES huge
+ * elements) need no pass 1 and no copy of the bulk.
  * fp64: x' = x 2^sc (scalef: exact, or it raises PE), p = x' x' rounded
  * {rn-sae}, r = fma(x', x', -p) (x'^2 - p: exact, or PE), and p and r
  * each through the add-form step t = hi + v {rn-sae}; d = hi - t; lo +=

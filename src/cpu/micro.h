@@ -74,6 +74,12 @@ typedef struct bx_f32_micro {
    * (units 2^(G-45)) and *hmax (largest hi lane, units 2^G). The driver
    * reads the inexact flag. NULL: every block is checked. */
   int (*verified)(const float *x, int g, bx_i128 *v, int64_t *hmax);
+  /* optional: the same with the elements whose |x| bits are >= thr
+   * (spikes, NaN/Inf) set apart: copied to spikes[] (*nspikes of them;
+   * more than BX_F32_SPIKES: 0) and zeroed in the window. NULL: spiky
+   * blocks are checked. */
+  int (*verified_split)(const float *x, int g, uint32_t thr, float *spikes, int *nspikes, bx_i128 *v,
+                        int64_t *hmax);
 } bx_f32_micro;
 
 #define BX_F32_SPIKES 32

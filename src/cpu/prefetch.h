@@ -8,6 +8,13 @@
  * half the bandwidth the hardware streamers give a plain loop, and
  * prefetching every other line only loses 3-30%.
  *
+ * BX_PREFETCH_ONE (the kernel table "avx512-pf1", avx512_pf1.c): one
+ * prefetcht2 of p + BX_PREFETCH_ONE bytes a line instead of the two.
+ * Measured on AMD EPYC (family 0x1A, KVM; docs/benchmarks.md): the two
+ * cost the AVX-512 fp32 kernels 15% of their streaming speed there, one
+ * 8 KiB ahead reads at the plain loop's speed; no prefetch at all is
+ * slower still. Which table a CPU gets is dispatch.c's cpu_rules.
+ *
  * Inline asm, not _mm_prefetch or __builtin_prefetch: GCC 12 silently
  * dropped _mm_prefetch from inlined helpers, and a volatile asm cannot be
  * dropped, merged or hoisted. `make dev-check` (dev/check_prefetch.sh)
@@ -25,7 +32,9 @@
 #endif
 
 static inline __attribute__((always_inline)) void bx_prefetch_line(const void *p) {
-#if defined(__x86_64__) || defined(__i386__)
+#if defined(BX_PREFETCH_ONE) && (defined(__x86_64__) || defined(__i386__))
+  __asm__ volatile("prefetcht2 %c1(%0)" : : "r"(p), "i"(BX_PREFETCH_ONE));
+#elif defined(__x86_64__) || defined(__i386__)
   __asm__ volatile("prefetcht2 %c1(%0)\n\tprefetcht0 %c2(%0)"
                    :
                    : "r"(p), "i"(BX_PREFETCH_FAR), "i"(BX_PREFETCH_NEAR));
