@@ -32,6 +32,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "st_write.h"
 #include "train_config.h"
 #include "train_model.h"
 
@@ -66,19 +67,6 @@ typedef struct tc_state {
   int *history;
   size_t nhistory;
 } tc_state;
-
-/* One tensor to write (F32). */
-typedef struct tc_tensor {
-  const char *name;
-  int ndim;
-  const int64_t *shape;
-  int64_t numel;
-  const float *data;
-} tc_tensor;
-
-/* Writes a safetensors file of n F32 tensors (sorted by name; names must
- * be unique). 0 / -1 with err. */
-int tc_write_safetensors(const char *path, const tc_tensor *t, size_t n, char *err, size_t errlen);
 
 /* Before a run: DIR must be absent (its parent an existing directory) or
  * a directory holding nothing but the checkpoint's files. */

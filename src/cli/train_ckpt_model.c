@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "errbuf.h"
-#include "train_ckpt.h"
+#include "st_write.h"
 
 static int is_ecb(const char *name) {
   const char *s = ".mlp.gate.e_score_correction_bias";

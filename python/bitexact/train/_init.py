@@ -15,6 +15,7 @@ import struct
 import numpy as np
 
 from .. import InvalidArgumentError
+from ._format import FORMAT_VERSION, chex
 
 INDEX_NAME = "model.safetensors.index.json"
 _WIDTH = {"F32": 4, "BF16": 2, "F16": 2}
@@ -245,7 +246,6 @@ def check_config(d, raw):
 def initial_state(a, data, dtype):
     """trainer_state.json of step 0 as `bitexact train --steps 0 --save`
     writes it for these flags."""
-    from ._run import chex, FORMAT_VERSION
     return {"format_version": FORMAT_VERSION, "step": 0, "seed": str(a.seed),
             "data": {"seq_len": data.seq_len, "global_batch": a.global_batch,
                      "shuffle": bool(a.shuffle), "kind": data.kind, "tokens": data.ntokens,

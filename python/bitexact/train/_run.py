@@ -38,6 +38,7 @@ from . import _data as _gd
 from . import _model as _gm
 from .. import clip_coef, scale, total_norm
 from .. import kernels as _k
+from ._format import FORMAT_VERSION, RECORD_FORMAT, chex  # noqa: F401 (chex: public to tests)
 from ..nn._ep import ExpertParallel
 
 CKPT_FILES = ("config.json", "model.safetensors", "optimizer.safetensors", "trainer_state.json")
@@ -148,27 +149,6 @@ def optimizer_path(d):
         raise InvalidArgumentError(f"{d}: holds both {OPT_DIR}/optimizer.safetensors and "
                                    "optimizer.safetensors (which is the optimizer state?)")
     return new if os.path.isfile(new) or not os.path.isfile(old) else old
-FORMAT_VERSION = 2  # trainer_state.json (train_ckpt.h TC_FORMAT_VERSION); 1 is still read
-RECORD_FORMAT = 2  # a record's "record_format" (train_record.h TREC_FORMAT)
-
-
-def chex(d):
-    """C's ``%a`` of a double as bitexact's records write it (cli_hex):
-    "nan", "inf", "-inf", else the shortest hex mantissa ("0x1p+0",
-    "-0x1.8p-3", "0x0p+0")."""
-    d = float(d)
-    if math.isnan(d):
-        return "nan"
-    if math.isinf(d):
-        return "inf" if d > 0 else "-inf"
-    h = d.hex()  # [-]0x1.<13 hex>p<e> (or 0x0.0p+0)
-    sign, h = ("-", h[1:]) if h.startswith("-") else ("", h)
-    mant, exp = h[2:].split("p")
-    lead, _, frac = mant.partition(".")
-    frac = frac.rstrip("0")
-    return f"{sign}0x{lead}{'.' + frac if frac else ''}p{exp if exp[0] in '+-' else '+' + exp}"
-
-
 def record_line(step, loss, norm, gd, ge, coef, lr, tokens, loss_hash, entropy, dtype="fp32",
                 passes=1):
     """One run-record line (train_record.c trec_format), without newline;
