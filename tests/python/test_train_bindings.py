@@ -603,3 +603,28 @@ def test_sigterm_and_save_every_resume_bit_for_bit(ref, tmp_path):
         (tmp_path / f"{how}_r").mkdir()
         rec2, _ = _py_train("torch", 1, str(tmp_path / f"{how}_r"), ck, *SCHEDULE, steps=steps)
         assert open(rec2).read().splitlines() == want[k:], how
+
+
+@pytest.mark.parametrize("fw,ranks,extra", [("torch", 1, ("--micro-batches", "2")),
+                                            ("paddle", 1, ()),
+                                            ("torch", 2, ("--ep", "2"))])
+def test_eval_loss_equals_bitexact_train(ref, tmp_path, fw, ranks, extra):
+    """--eval-data/--eval-every/--eval-batches in python -m bitexact.train:
+    the same eval_loss bits in the record as `bitexact train`."""
+    if fw == "paddle":
+        pytest.importorskip("paddle")
+    import numpy as np
+    ev = str(tmp_path / "eval.npy")
+    np.save(ev, np.random.default_rng(9).integers(0, 256, 3000).astype(np.int32))
+    flags = ("--eval-data", ev, "--eval-every", "3", "--eval-batches", "2")
+    d = tmp_path / "c"
+    d.mkdir()
+    crec = str(d / "c.jsonl")
+    p = _run([CLI, "train", "--resume", ref["ck0"], "--steps", str(STEPS), "--record", crec,
+              "--threads", "1", "-q", *flags])
+    assert p.returncode == 0, p.stderr
+    out = tmp_path / "py"
+    out.mkdir()
+    rec, _ = _py_train(fw, ranks, str(out), ref["ck0"], *flags, *extra)
+    a, b = open(rec).read(), open(crec).read()
+    assert a == b and a.count('"eval_loss"') == 4, (a[:800], b[:800])

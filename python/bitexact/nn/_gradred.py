@@ -40,6 +40,28 @@ def _active():
     return getattr(_tls, "red", None)
 
 
+class forward_tokens:
+    """``with forward_tokens(tok0):`` a forward outside any GradReduction
+    micro-batch (evaluation) whose rows are global tokens tok0, tok0 + 1,
+    ...: the ids the expert-parallel MoE exchange orders rows by (inside a
+    micro-batch they come from it). Not reentrant; this thread only."""
+
+    def __init__(self, tok0):
+        self.tok0 = int(tok0)
+
+    def __enter__(self):
+        _tls.forward_tok0 = self.tok0
+        return self
+
+    def __exit__(self, *exc):
+        _tls.forward_tok0 = None
+        return False
+
+
+def _forward_tok0():
+    return getattr(_tls, "forward_tok0", None)
+
+
 def _err(cls, fn, name, text):
     """cls("fn: argument 'name': text") with .argument = name."""
     e = cls(f"{fn}: argument '{name}': {text}")

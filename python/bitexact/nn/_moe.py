@@ -29,7 +29,7 @@ import numpy as _np
 from .. import InvalidArgumentError, _core
 from . import _gradred as _g
 from .. import kernels as _k
-from ._gradred import _active, _err, _threads
+from ._gradred import _active, _err, _forward_tok0, _threads
 from ._layers import _ModuleBase, _rounded
 
 __all__ = ["Binding", "autograd_functions", "plan", "LOCAL_ROWS", "route", "moe", "moe_route",
@@ -260,9 +260,11 @@ def moe(b, x, router_weight, e_score_correction_bias, gate_weights, up_weights, 
     SI, I, K = _shape(sh[0])[0], _shape(flat[0])[0], cfg[1]
     red = _active()
     mb0 = red._mb if red is not None else None
-    if rows is not LOCAL_ROWS and mb0 is None:
+    tok0 = mb0.tok0 if mb0 is not None else _forward_tok0()
+    if rows is not LOCAL_ROWS and tok0 is None:
         raise InvalidArgumentError(f"{fn}: expert parallel: the block must run inside a "
-                                   "GradReduction micro-batch (the rows' global token ids)")
+                                   "GradReduction micro-batch or forward_tokens(tok0) (the rows' "
+                                   "global token ids)")
     C = chunk(max(T, 1))
     pad = [None] * (3 * first), [None] * (3 * (E - first - len(ews)))  # experts not held
     ws = [rw, bb] + pad[0] + flat + pad[1] + sh
@@ -273,7 +275,7 @@ def moe(b, x, router_weight, e_score_correction_bias, gate_weights, up_weights, 
     out = fw.empty([T, H])
     # the whole forward first: any failure leaves the reduction untouched
     state = _core.glm_moe_forward(x2, ws, wbf, cfg, C, acts, out, ep=rows,
-                                  first_token=mb0.tok0 if mb0 is not None else 0, num_threads=nt)
+                                  first_token=tok0 if tok0 is not None else 0, num_threads=nt)
     names = [("router_weight", rw)] + list(zip(_expert_names(len(ews), first), flat)) + \
         [("shared_experts.gate_proj.weight", sh[0]), ("shared_experts.up_proj.weight", sh[1]),
          ("shared_experts.down_proj.weight", sh[2])]

@@ -129,6 +129,8 @@ class _Runner(_gm.RunnerBase):
         from ._gradred import GradReduction
         return GradReduction(*args, **kw)
 
+    no_grad = staticmethod(paddle.no_grad)
+
     @staticmethod
     def ids(a):
         return paddle.to_tensor(_np.ascontiguousarray(a, dtype=_np.int64))

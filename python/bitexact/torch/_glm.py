@@ -178,6 +178,8 @@ class _Runner(_gm.RunnerBase):
         AdamW.step (the custom op bitexact::adamw_): the same bits."""
         return torch.compile(f, fullgraph=True)
 
+    no_grad = staticmethod(torch.no_grad)
+
     @staticmethod
     def ids(a):
         return torch.from_numpy(_np.ascontiguousarray(a, dtype=_np.int64))

@@ -40,6 +40,7 @@ from .. import clip_coef, scale, total_norm
 from .. import kernels as _k
 from ._format import FORMAT_VERSION, RECORD_FORMAT, chex  # noqa: F401 (chex: public to tests)
 from ..nn._ep import ExpertParallel
+from ..nn._gradred import forward_tokens as _forward_tokens
 
 CKPT_FILES = ("config.json", "model.safetensors", "optimizer.safetensors", "trainer_state.json")
 # the layout of src/cli/train_ckpt.c: the optimizer state in a subdirectory, where
@@ -150,7 +151,7 @@ def optimizer_path(d):
                                    "optimizer.safetensors (which is the optimizer state?)")
     return new if os.path.isfile(new) or not os.path.isfile(old) else old
 def record_line(step, loss, norm, gd, ge, coef, lr, tokens, loss_hash, entropy, dtype="fp32",
-                passes=1):
+                passes=1, eval_loss=None):
     """One run-record line (train_record.c trec_format), without newline;
     passes: the forward + backward passes the step ran (1 or 2)."""
     s = (f'{{"step": {step}, "loss": "{chex(loss)}", "grad_norm": "{chex(norm)}", '
@@ -158,6 +159,8 @@ def record_line(step, loss, norm, gd, ge, coef, lr, tokens, loss_hash, entropy, 
          f'"clip_coef": "{chex(coef)}", "lr": "{chex(lr)}", "tokens": {tokens}, '
          f'"loss_hash": "xxh3:{loss_hash:016x}", "compute_dtype": "{dtype}", '
          f'"passes": {int(passes)}, "record_format": {RECORD_FORMAT}')
+    if eval_loss is not None:  # after an --eval-every step (train_record.h)
+        s += f', "eval_loss": "{chex(eval_loss)}"'
     return s + (f', "entropy_rate": "{chex(entropy)}"}}' if not math.isnan(entropy) else "}")
 
 
@@ -368,6 +371,11 @@ def parse_args(argv):
     p.add_argument("--adam-epsilon", type=float, default=None)
     p.add_argument("--record", default=None, metavar="FILE.jsonl")
     p.add_argument("--save", default=None, metavar="DIR")
+    p.add_argument("--eval-data", default=None, metavar="FILE",
+                   help="with --eval-every K: the exact mean loss of --eval-batches batches of "
+                   "FILE after every K-th step and the last, as eval_loss in the record")
+    p.add_argument("--eval-every", type=int, default=None, metavar="K")
+    p.add_argument("--eval-batches", type=int, default=None, metavar="N")
     p.add_argument("--save-every", type=int, default=None, metavar="K",
                    help="also save after every K-th step (atomic: DIR holds the last complete one)")
     p.add_argument("--save-max-shard-size", default=None, metavar="SIZE", type=str,
@@ -453,6 +461,25 @@ class Run:
                       a.adam_beta2 if a.adam_beta2 is not None else float.fromhex(ad["beta2"]))
         self.eps = a.adam_epsilon if a.adam_epsilon is not None else float.fromhex(ad["eps"])
         self.lr_of(self.start)  # bad schedule arguments: named before anything runs
+        self.eval = None
+        if (a.eval_data is None) != (a.eval_every is None):
+            raise InvalidArgumentError("--eval-data and --eval-every go together")
+        if a.eval_batches is not None and a.eval_data is None:
+            raise InvalidArgumentError("--eval-batches needs --eval-data FILE --eval-every K")
+        if a.eval_data is not None:
+            if a.eval_every < 1:
+                raise InvalidArgumentError(f"--eval-every: {a.eval_every} is not an integer >= 1")
+            self.eval = _gd.Data(self.cfg.vocab_size, self.L, self.seed, a.eval_data, False)
+            whole = self.eval.nseq // self.B
+            if whole < 1:
+                raise InvalidArgumentError(
+                    f"--eval-data {a.eval_data}: {self.eval.nseq} sequences of {self.L} + 1 "
+                    f"tokens, fewer than one batch of --global-batch {self.B}")
+            self.eval_batches = a.eval_batches if a.eval_batches is not None else whole
+            if not 1 <= self.eval_batches <= whole:
+                raise InvalidArgumentError(
+                    f"--eval-batches {self.eval_batches}: --eval-data {a.eval_data} holds "
+                    f"{whole} batches of --global-batch {self.B}")
         if a.compile and self.sched != "constant":
             raise InvalidArgumentError(f"--compile with --lr-scheduler {self.sched}: the rate "
                                        "changes every step, which torch.compile would recompile")
@@ -493,6 +520,40 @@ class Run:
         self.owned = [(p, "dense") for j, (n, p) in enumerate(dense) if j % P == self.rank] + \
             [(p, "expert") for i, (n, p) in enumerate(mine) if i % R == self.rank // E]
         self.first_loss = self.last_loss = self.last_norm = float("nan")
+
+    def eval_loss(self):
+        """The exact mean loss over the eval batches (`bitexact train
+        --eval-data`): the model's forward (no gradient) on this rank's
+        slice of each batch, each sequence's loss sum (bx_xent_forward,
+        a chunk of one sequence), a token reduction over all the eval
+        tokens summed over the ranks, divided and rounded once."""
+        fw, a, B, L, P = self.fw, self.a, self.B, self.L, self.world
+        local = B // P
+        first, per, N = self.rank * local, local // a.micro_batches, self.eval_batches
+        parts = np.zeros(N * local, dtype=np.float32)
+        for j in range(N):
+            toks = np.stack([self.eval.tokens(j * B + first + b) for b in range(local)])
+            for i in range(a.micro_batches):
+                r0 = i * per
+                with fw.no_grad(), _forward_tokens((j * B + first + r0) * L):
+                    logits = fw.numpy(self.model(fw.ids(toks[r0:r0 + per, :L])))
+                V = logits.shape[-1]
+                tgt = np.ascontiguousarray(toks[r0:r0 + per, 1:]).reshape(-1)
+                losses = np.empty(per * L, dtype=np.float32)
+                _k.xent_forward(logits.reshape(per * L, V), tgt, L, losses,
+                                parts[j * local + r0:j * local + r0 + per], num_threads=a.threads)
+        tr = _k.TokRed([()], L, N * B * L)
+        chunk = [(k // local) * B + first + k % local for k in range(N * local)]
+        fn, rank = _comm_args(self.comm)
+        for k in range(N * local):
+            tr.bound(0, chunk[k], parts[k:k + 1].reshape(()))
+        tr.agree(fn, rank)
+        for k in range(N * local):
+            tr.add(0, chunk[k], parts[k:k + 1].reshape(()))
+        tr.allreduce(fn, rank)
+        out = np.zeros((), dtype=np.float32)
+        tr.finish([out], divisor=N * B * L)
+        return float(out)
 
     def any_rank(self, flag):
         """The MAX of an int flag over the ranks (this process alone: itself)."""
@@ -551,8 +612,12 @@ class Run:
         if s == self.start:
             self.first_loss = loss
         self.last_loss, self.last_norm = loss, total
+        ev = None
+        if self.eval is not None and ((s + 1) % a.eval_every == 0 or s + 1 == a.steps):
+            ev = self.eval_loss()
         return record_line(s, loss, total, gn["dense"], gn["expert"], coef, lr, B * L,
-                           loss_hash(all_loss), self.data.entropy_nats, self.dtype, red.passes)
+                           loss_hash(all_loss), self.data.entropy_nats, self.dtype, red.passes,
+                           eval_loss=ev)
 
     def save(self, d, end=None):
         """Rank 0 writes the checkpoint: its own tensors, and under expert
