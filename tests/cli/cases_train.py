@@ -959,6 +959,9 @@ def train_run_eval_loss():
     rows = records(f)
     assert [("eval_loss" in r) for r in rows] == [False, True, False, True, True], rows
     assert s["last_eval_loss"] == rows[-1]["eval_loss"], s
+    plain = tpath("eval_none.jsonl")  # evaluating changes nothing of the training
+    train_run("--steps", "5", "--record", plain)
+    assert records(plain) == [{k: v for k, v in r.items() if k != "eval_loss"} for r in rows]
     expect_train_error("--eval-data", ev, needles=("--eval-every",))
     expect_train_error("--eval-every", "2", needles=("--eval-data",))
     expect_train_error("--eval-batches", "2", needles=("--eval-batches", "--eval-data"))
