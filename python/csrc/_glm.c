@@ -903,6 +903,47 @@ static PyObject *py_xent_fwd(PyObject *self, PyObject *args, PyObject *kw) {
   NODE_RUN(nd, glm_xent_fwd(&nd.c, sl, z, T, V, nd.k.p[1], ng, C, ign, losses, parts, dz, mean));
 }
 
+/* The exact mean of sequence loss sums over the ranks (an evaluation's
+ * loss): glm_exact_mean with divisor total. parts: a buffer of n fp32. */
+static PyObject *py_eval_mean(PyObject *self, PyObject *args, PyObject *kw) {
+  (void)self;
+  static char *kwl[] = {"parts", "per", "stride", "first", "chunk_tokens", "total", "comm",
+                        "rank", NULL};
+  Py_buffer b;
+  long long per, stride, first, C, total;
+  PyObject *cfn = Py_None;
+  int rank = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "y*LLLLL|Oi:glm_eval_mean", kwl, &b, &per, &stride,
+                                   &first, &C, &total, &cfn, &rank))
+    return NULL;
+  if (b.len % (Py_ssize_t)sizeof(float) != 0) {
+    PyBuffer_Release(&b);
+    return PyErr_Format(PyExc_ValueError, "glm_eval_mean: parts holds %zd bytes, not fp32 values",
+                        b.len);
+  }
+  int64_t n = (int64_t)(b.len / (Py_ssize_t)sizeof(float));
+  float *parts = malloc((size_t)(n ? n : 1) * sizeof *parts);
+  if (!parts) {
+    PyBuffer_Release(&b);
+    return PyErr_NoMemory();
+  }
+  memcpy(parts, b.buf, (size_t)n * sizeof *parts);
+  PyBuffer_Release(&b);
+  bxpy_pycomm pc;
+  bx_comm comm;
+  const bx_comm *cp = bxpy_pycomm_comm(&pc, &comm, cfn, rank);
+  char err[512];
+  glm_nctx c;
+  gr_ctx(&c, err, sizeof err);
+  float mean = 0;
+  int rc;
+  Py_BEGIN_ALLOW_THREADS rc = glm_exact_mean(&c, parts, n, per, stride, first, C, total, total, cp, &mean);
+  Py_END_ALLOW_THREADS free(parts);
+  if (rc) return gr_raise("glm_eval_mean", &c, pc.error); /* steals the callback's exception */
+  Py_XDECREF(pc.error);
+  return PyFloat_FromDouble((double)mean);
+}
+
 /* ---- the MoE block ------------------------------------------------------------------------
  * Tensors in lists (the experts): a tlist exports a sequence (None items
  * allowed where the node reads nothing). */
@@ -1649,6 +1690,11 @@ PyMethodDef bxpy_glm_methods[] = {
               "glm_embedding_backward(ids, dy, num_embeddings, chunk_tokens, row_ids, rows, "
               "offsets, grads, index, *, padding_idx=-1, num_threads=0): the compact chunk rows "
               "into grads (glm_embedding_bwd)"),
+    {"glm_eval_mean", (PyCFunction)(void (*)(void))py_eval_mean, METH_VARARGS | METH_KEYWORDS,
+     "glm_eval_mean(parts, per, stride, first, chunk_tokens, total, comm=None, rank=0) -> the "
+     "exact mean of the fp32 sequence loss sums parts (part j: global chunk (j // per) * stride "
+     "+ first + j % per) over every rank of comm, divided by total, rounded once "
+     "(glm_exact_mean: `bitexact train --eval-data`'s eval_loss)"},
     NODE_METH("glm_xent_forward", py_xent_fwd,
               "glm_xent_forward(logits, targets, n_global, chunk_tokens, ignore_index, losses, "
               "partials, dlogits, loss_grads, mean, *, num_threads=0): losses, partials (into "

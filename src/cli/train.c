@@ -565,36 +565,9 @@ static int run_eval(tr_run *r, float *mean) {
     }
   }
   if (any_rank(r->comm, bad)) return -1;
-  DLTensor tm, tp;
-  int64_t scalar_shape[1] = {1};
-  memset(&tm, 0, sizeof tm);
-  tm.device.device_type = kDLCPU;
-  tm.dtype.code = kDLFloat;
-  tm.dtype.bits = 32;
-  tm.dtype.lanes = 1;
-  tm.ndim = 0;
-  tm.shape = scalar_shape;
-  tm.data = mean;
-  tp = tm;
-  bx_tokred_opts to = BX_TOKRED_OPTS_DEFAULT;
-  bx_tokred *st = NULL;
-  bx_status e = bx_tokred_create(&tm, 1, L, N * B * L, &to, &st);
-  for (int64_t k = 0; e == BX_OK && k < N * local; k++) {
-    tp.data = &r->eval_parts[k];
-    e = bx_tokred_bound(st, 0, (k / local) * B + first + k % local, &tp);
-  }
-  /* every rank reaches the agreement, which carries a local failure to all */
-  bx_status ag = bx_tokred_agree(st, r->comm);
-  if (e == BX_OK) e = ag;
-  for (int64_t k = 0; e == BX_OK && k < N * local; k++) {
-    tp.data = &r->eval_parts[k];
-    e = bx_tokred_add(st, 0, (k / local) * B + first + k % local, &tp);
-  }
-  if (e == BX_OK) e = bx_tokred_allreduce(st, r->comm);
-  if (e == BX_OK) e = bx_tokred_finish(st, &tm, 1, N * B * L);
-  bx_tokred_destroy(st);
-  if (e != BX_OK) {
-    TERR("train: --eval-data %s: the eval loss: %s: %s", a->eval_data, bx_status_str(e), bx_last_error());
+  if (tr_eval_mean(r->eval_parts, N * local, local, B, first, L, N * B * L, r->comm, mean, err,
+                   sizeof err)) {
+    TERR("train: --eval-data %s: the eval loss: %s", a->eval_data, err);
     return -1;
   }
   return 0;

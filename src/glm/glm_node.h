@@ -326,6 +326,16 @@ int glm_embedding_bwd(glm_nctx *c, const DLTensor *ids, const float *dy, int64_t
                       int64_t V, int64_t C, int64_t padding_idx, int64_t *row_ids, float *rows,
                       int64_t *offsets, int64_t gi);
 
+/* *mean := the exact sum of parts[0 .. n) over every rank of comm (NULL:
+ * this process alone) / divisor, rounded once to fp32: a token reduction
+ * of its own over `total` tokens in chunks of C; part j is global chunk
+ * (j / per) * stride + first + j % per (per >= 1). Every rank of comm
+ * calls it with the same C, total and divisor; a local failure reaches the
+ * others through the agreement. *mean untouched on error. */
+int glm_exact_mean(glm_nctx *c, const float *parts, int64_t n, int64_t per, int64_t stride,
+                   int64_t first, int64_t C, int64_t total, int64_t divisor, const bx_comm *comm,
+                   float *mean);
+
 /* The cross-entropy of the global token mean over logits [T, V] and
  * targets (int32/int64 [T]): bx_xent_forward_backward (per-token losses
  * [T], per-chunk partials parts [ceil(T / C)], dlogits [T, V] for a unit

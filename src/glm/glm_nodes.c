@@ -152,22 +152,31 @@ int glm_embedding_bwd(glm_nctx *c, const DLTensor *ids, const float *dy, int64_t
   return glm_ck(c, st, "embed_tokens wgrad");
 }
 
-/* *mean = the exact sum of parts[0 .. n) / divisor, rounded once (a
- * token reduction of its own over these n chunks of C tokens). */
-static int exact_mean(glm_nctx *c, const float *parts, int64_t n, int64_t C, int64_t total,
-                      int64_t divisor, float *mean) {
+int glm_exact_mean(glm_nctx *c, const float *parts, int64_t n, int64_t per, int64_t stride,
+                   int64_t first, int64_t C, int64_t total, int64_t divisor, const bx_comm *comm,
+                   float *mean) {
   glm_view vm, vp;
   bx_tokred *s = NULL;
   bx_tokred_opts to = BX_TOKRED_OPTS_DEFAULT;
-  DLTensor *tm = glm_f32(&vm, mean, 0, 0, 0, 0);
-  int rc = glm_ck(c, bx_tokred_create(tm, 1, C, total, &to, &s), "cross-entropy mean");
+  float m = 0;
+  DLTensor *tm = glm_f32(&vm, &m, 0, 0, 0, 0);
+  if (per < 1) return glm_fail(c, BX_EINVAL, "exact mean: per %lld < 1", (long long)per);
+  int rc = glm_ck(c, bx_tokred_create(tm, 1, C, total, &to, &s), "exact mean");
   for (int64_t j = 0; !rc && j < n; j++)
-    rc = glm_ck(c, bx_tokred_bound(s, 0, j, glm_f32(&vp, parts + j, 0, 0, 0, 0)), "cross-entropy mean");
-  if (!rc) rc = glm_ck(c, bx_tokred_agree(s, NULL), "cross-entropy mean");
+    rc = glm_ck(c, bx_tokred_bound(s, 0, (j / per) * stride + first + j % per,
+                                   glm_f32(&vp, parts + j, 0, 0, 0, 0)),
+                "exact mean");
+  /* the agreement carries a local failure to every rank (none waits) */
+  bx_status ag = s ? bx_tokred_agree(s, comm) : BX_OK;
+  if (!rc) rc = glm_ck(c, ag, "exact mean");
   for (int64_t j = 0; !rc && j < n; j++)
-    rc = glm_ck(c, bx_tokred_add(s, 0, j, glm_f32(&vp, parts + j, 0, 0, 0, 0)), "cross-entropy mean");
-  if (!rc) rc = glm_ck(c, bx_tokred_finish(s, tm, 1, divisor), "cross-entropy mean");
+    rc = glm_ck(c, bx_tokred_add(s, 0, (j / per) * stride + first + j % per,
+                                 glm_f32(&vp, parts + j, 0, 0, 0, 0)),
+                "exact mean");
+  if (!rc && comm) rc = glm_ck(c, bx_tokred_allreduce(s, comm), "exact mean");
+  if (!rc) rc = glm_ck(c, bx_tokred_finish(s, tm, 1, divisor), "exact mean");
   bx_tokred_destroy(s);
+  if (!rc) *mean = m;
   return rc;
 }
 
@@ -193,5 +202,5 @@ int glm_xent_fwd(glm_nctx *c, bx_tokred *sl, const float *logits, int64_t T, int
       return -1;
     }
   }
-  return mean ? exact_mean(c, parts, nch, C, T, n_global, mean) : 0;
+  return mean ? glm_exact_mean(c, parts, nch, nch > 0 ? nch : 1, 0, 0, C, T, n_global, NULL, mean) : 0;
 }

@@ -106,6 +106,15 @@ int tr_model_eval(tr_model *m, const tr_run_opts *o, const int32_t *tokens, int6
                   int64_t first_seq, int64_t micro_batches, float *seq_losses, char *err,
                   size_t errlen);
 
+/* The exact mean loss of an evaluation: the n sequence loss sums parts
+ * (tr_model_eval's) of this rank, part j being global sequence (j / per) *
+ * stride + first + j % per, summed exactly with every rank's over comm,
+ * divided by total (the eval tokens) and rounded once to fp32. Every rank
+ * calls it. 0 / -1 with err. */
+int tr_eval_mean(const float *parts, int64_t n, int64_t per, int64_t stride, int64_t first,
+                 int64_t chunk_tokens, int64_t total, const bx_comm *comm, float *mean, char *err,
+                 size_t errlen);
+
 /* Expert parallelism (docs/train_cli.md "Expert parallelism"): the ranks
  * form EP groups of `size` consecutive ranks; this rank is EP rank `rank`
  * of its group and holds the routed experts [rank * n/size, (rank+1) *

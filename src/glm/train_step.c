@@ -301,3 +301,13 @@ int tr_model_eval(tr_model *m, const tr_run_opts *o, const int32_t *tokens, int6
   }
   return 0;
 }
+
+int tr_eval_mean(const float *parts, int64_t n, int64_t per, int64_t stride, int64_t first,
+                 int64_t chunk_tokens, int64_t total, const bx_comm *comm, float *mean, char *err,
+                 size_t errlen) {
+  glm_nctx c;
+  memset(&c, 0, sizeof c);
+  c.err = err;
+  c.errlen = errlen;
+  return glm_exact_mean(&c, parts, n, per, stride, first, chunk_tokens, total, total, comm, mean);
+}

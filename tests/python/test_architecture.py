@@ -25,7 +25,10 @@ OUTSIDE = {"kernels.py", "__init__.py", "_frameworks.py", "deepspeed.py", "megat
            "torch/_groups.py", "paddle/__init__.py"}
 SINGLE_NODES = {"rmsnorm_forward", "swiglu_forward", "swiglu_backward", "rope_forward",
                 "rope_backward", "attention_forward", "attention_backward", "embedding_forward",
-                "xent_count", "xent_backward", "moe_dispatch_plan", "adamw_step"}
+                "xent_count", "xent_backward", "moe_dispatch_plan", "adamw_step",
+                # the trainer's evaluation: each sequence's loss sum (one C call; the mean
+                # over the ranks is the node glm_eval_mean), and the schedule's rate (a scalar)
+                "xent_forward", "lr_at"}
 SEQUENCE = re.compile(r"\b_k\.\w+\(|\bgemm\(|\b(s|sl|state)\.(bound|add|bound_exp)\(|"
                       r"linear_wgrad|embedding_grad_|moe_expert_chunks|wgrad_bound_exp|"
                       r"\.to\(torch\.bfloat16\)|astype\(\"bfloat16\"\)|_exchange\(")

@@ -75,7 +75,7 @@ def test_every_kernel_has_a_case_and_a_docstring():
     tested = {spec_name.split("@")[0] for spec_name in CASES}
     special = {"TokRed", "linear_wgrad", "linear_wgrad_bound", "embedding_grad_bound",
                "embedding_grad_add", "wgrad_bound_exp", "use_fast_frameworks", "words",
-               "GEMM_NN", "GEMM_NT", "GEMM_TN"} | {n for n in K.__all__ if n.endswith("_f32")}
+               "GEMM_NN", "GEMM_NT", "GEMM_TN", "lr_at"} | {n for n in K.__all__ if n.endswith("_f32")}
     for name in K.__all__:
         assert name in tested or name in special, f"{name} has no bits test"
         obj = getattr(K, name)
@@ -515,3 +515,24 @@ def test_paddle_tensors_same_bits():
     with pytest.raises(bitexact.DTypeError) as e:
         K.rmsnorm_forward(px.astype("float64"), pw, 1e-5, py)
     assert e.value.argument == "x" and same(py.numpy(), yn)
+
+
+def test_lr_at_equals_the_c_call(lib):
+    """lr_at (a scalar: no tensor case above) against bx_lr_at through
+    ctypes, bit for bit, over the schedules, warmups, min_lr and steps."""
+    f = lib.bx_lr_at
+    f.restype = C.c_int
+    f.argtypes = [C.c_int, C.c_double, C.c_double, C.c_int64, C.c_int64, C.c_int64,
+                  C.POINTER(C.c_double)]
+    names = ["constant", "linear", "cosine", "constant_with_warmup"]
+    n = 0
+    for k, name in enumerate(names):
+        for W, N, m in ((0, 10, 0.0), (3, 17, 0.0), (5, 40, 1e-4 if k in (1, 2) else 0.0)):
+            for s in range(N + 3):
+                out = C.c_double(-1)
+                assert f(k, 3e-4 if m == 0 else 1e-3, m, W, N, s, C.byref(out)) == 0
+                got = K.lr_at(name, 3e-4 if m == 0 else 1e-3, s, total_steps=N, warmup_steps=W,
+                              min_lr=m)
+                assert got.hex() == out.value.hex(), (name, W, N, m, s)
+                n += 1
+    assert n > 200

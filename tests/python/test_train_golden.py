@@ -58,5 +58,5 @@ def test_binding_equals_golden(golden, step0, tmp_path, fw, dtype, ranks, extra)
     assert len(got) == len(want["records"])
     for k, (a, b) in enumerate(zip(got, want["records"])):
         assert a == b, f"record line {k} moved:\n got  {a}\n want {b}"
-    for name in ("model", "optimizer"):
-        assert _hash(os.path.join(ck, name + ".safetensors")) == want[name], name
+    for name, f in (("model", "model.safetensors"), ("optimizer", "optimizer/optimizer.safetensors")):
+        assert _hash(os.path.join(ck, f)) == want[name], name

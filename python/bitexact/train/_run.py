@@ -33,7 +33,7 @@ import tempfile
 
 import numpy as np
 
-from .. import Error, InvalidArgumentError, _comm_args
+from .. import Error, InvalidArgumentError, _comm_args, _core
 from . import _data as _gd
 from . import _model as _gm
 from .. import clip_coef, scale, total_norm
@@ -525,8 +525,8 @@ class Run:
         """The exact mean loss over the eval batches (`bitexact train
         --eval-data`): the model's forward (no gradient) on this rank's
         slice of each batch, each sequence's loss sum (bx_xent_forward,
-        a chunk of one sequence), a token reduction over all the eval
-        tokens summed over the ranks, divided and rounded once."""
+        a chunk of one sequence), then their exact mean over all the
+        ranks (glm_eval_mean: the C trainer's tr_eval_mean)."""
         fw, a, B, L, P = self.fw, self.a, self.B, self.L, self.world
         local = B // P
         first, per, N = self.rank * local, local // a.micro_batches, self.eval_batches
@@ -542,18 +542,8 @@ class Run:
                 losses = np.empty(per * L, dtype=np.float32)
                 _k.xent_forward(logits.reshape(per * L, V), tgt, L, losses,
                                 parts[j * local + r0:j * local + r0 + per], num_threads=a.threads)
-        tr = _k.TokRed([()], L, N * B * L)
-        chunk = [(k // local) * B + first + k % local for k in range(N * local)]
         fn, rank = _comm_args(self.comm)
-        for k in range(N * local):
-            tr.bound(0, chunk[k], parts[k:k + 1].reshape(()))
-        tr.agree(fn, rank)
-        for k in range(N * local):
-            tr.add(0, chunk[k], parts[k:k + 1].reshape(()))
-        tr.allreduce(fn, rank)
-        out = np.zeros((), dtype=np.float32)
-        tr.finish([out], divisor=N * B * L)
-        return float(out)
+        return _core.glm_eval_mean(parts, local, B, first, L, N * B * L, fn, rank)
 
     def any_rank(self, flag):
         """The MAX of an int flag over the ranks (this process alone: itself)."""
