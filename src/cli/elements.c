@@ -75,6 +75,37 @@ static uint64_t ulp_distance(const ffmt *f, uint64_t a, uint64_t b) {
   return ma + mb;
 }
 
+/* The bits of v in IEEE-like format f, when v is exactly representable
+ * there (not NaN): 1, else 0. */
+static int encode(const ffmt *f, double v, uint64_t *bits) {
+  if (f->sp != SP_IEEE || isnan(v)) return 0;
+  uint64_t emax = ((uint64_t)1 << f->ebits) - 1, sign = (uint64_t)(signbit(v) != 0)
+                                                          << (f->ebits + f->mbits);
+  double a = fabs(v);
+  uint64_t b;
+  if (isinf(a)) b = emax << f->mbits;
+  else if (a < ldexp(1.0, 1 - f->bias)) /* zero or subnormal: multiples of 2^(1-bias-mbits) */
+    b = (uint64_t)ldexp(a, f->bias - 1 + f->mbits);
+  else {
+    int e;
+    double fr = frexp(a, &e); /* a = fr 2^e, fr in [0.5, 1) */
+    uint64_t be = (uint64_t)(e - 1 + f->bias);
+    if (be >= emax) return 0;
+    b = be << f->mbits | ((uint64_t)ldexp(fr, f->mbits + 1) & (((uint64_t)1 << f->mbits) - 1));
+  }
+  if (decode(f, sign | b) != v) return 0; /* not exact in f */
+  *bits = sign | b;
+  return 1;
+}
+
+int elem_ulp_values(st_dtype dt, double a, double b, uint64_t *ulp) {
+  ffmt f;
+  uint64_t x, y;
+  if (!float_format(dt, &f) || !encode(&f, a, &x) || !encode(&f, b, &y)) return 0;
+  *ulp = ulp_distance(&f, x, y);
+  return 1;
+}
+
 static void note_first(elem_stats *s, uint64_t i, double va, double vb, uint64_t ba, uint64_t bb) {
   if (s->differ++ == 0) {
     s->first = i;

@@ -29,4 +29,9 @@ typedef struct elem_stats {
 void elem_compare(st_dtype dt, const uint8_t *a, const uint8_t *b, uint64_t nbytes,
                   elem_stats *s);
 
+/* The ULP distance of two values of the IEEE float dtype dt (F16, BF16,
+ * F32, F64), as elem_compare counts it: 1 with *ulp set when both are
+ * exactly representable in dt and not NaN, else 0. */
+int elem_ulp_values(st_dtype dt, double a, double b, uint64_t *ulp);
+
 #endif /* BX_CLI_ELEMENTS_H */

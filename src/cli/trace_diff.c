@@ -19,6 +19,7 @@
 #include <xxhash.h>
 
 #include "cli.h"
+#include "elements.h"
 
 #define TRACE_VERSION 1
 
@@ -48,18 +49,14 @@ static void trace_free(trace *t) {
   memset(t, 0, sizeof *t);
 }
 
+/* The hash of an entry's key (a long key is hashed by its first 1 KiB:
+ * same_key decides). */
 static uint64_t key_hash(const tentry *e) {
-  char buf[64];
-  XXH3_state_t *s = XXH3_createState();
-  if (!s) return 0;
-  XXH3_64bits_reset(s);
-  snprintf(buf, sizeof buf, "%lld|%lld|", (long long)e->step, (long long)e->slice);
-  XXH3_64bits_update(s, buf, strlen(buf));
-  const char *parts[3] = {e->phase, e->module, e->what};
-  for (int i = 0; i < 3; i++) XXH3_64bits_update(s, parts[i], strlen(parts[i]) + 1);
-  uint64_t h = XXH3_64bits_digest(s);
-  XXH3_freeState(s);
-  return h;
+  char buf[1024];
+  int n = snprintf(buf, sizeof buf, "%lld|%lld|%s|%s|%s", (long long)e->step, (long long)e->slice,
+                   e->phase, e->module, e->what);
+  size_t len = n < 0 ? 0 : (size_t)n < sizeof buf ? (size_t)n : sizeof buf - 1;
+  return (uint64_t)XXH3_64bits(buf, len);
 }
 
 static int same_key(const tentry *a, const tentry *b) {
@@ -233,32 +230,6 @@ static tentry *find(trace *t, const tentry *k) {
   return NULL;
 }
 
-/* A value's ordinal in its format (monotone in the value, +-0 both 0). */
-static int64_t ordinal(double v, const char *dtype) {
-  uint64_t mag;
-  int neg = signbit(v) != 0;
-  if (!strcmp(dtype, "F64")) {
-    uint64_t b = cli_bits_f64(v);
-    mag = b & ~(uint64_t)0 >> 1;
-  } else if (!strcmp(dtype, "F16")) { /* the half's bits from its exact value */
-    double a = fabs(v);
-    if (isinf(a)) mag = 0x7c00;
-    else if (a < 0x1p-14) mag = (uint64_t)(a * 0x1p24); /* subnormal: multiples of 2^-24 */
-    else {
-      int e;
-      double f = frexp(a, &e); /* a = f 2^e, f in [0.5, 1) */
-      mag = ((uint64_t)(e + 14) << 10) | ((uint64_t)(f * 2048) & 0x3ff);
-    }
-  } else {
-    float f = (float)v;
-    uint32_t b;
-    memcpy(&b, &f, 4);
-    mag = b & 0x7fffffffu;
-    if (!strcmp(dtype, "BF16")) mag >>= 16;
-  }
-  return neg ? -(int64_t)mag : (int64_t)mag;
-}
-
 static void key_text(const tentry *e, char *buf, size_t n) {
   if (e->slice >= 0)
     snprintf(buf, n, "step %lld, %s, %s, %s, sequence %lld", (long long)e->step, e->phase, e->module,
@@ -334,11 +305,13 @@ int diff_trace(const char *pa, const char *pb, const cli_opts *o) {
         elem = i;
         snprintf(va, sizeof va, "%s", x);
         snprintf(vb, sizeof vb, "%s", y);
-        double dx = strtod(x, NULL), dy = strtod(y, NULL);
-        if (!isnan(dx) && !isnan(dy)) {
-          int64_t ox = ordinal(dx, fa->dtype), oy = ordinal(dy, fa->dtype);
-          ulp = ox > oy ? ox - oy : oy - ox;
-        }
+        st_dtype dt = !strcmp(fa->dtype, "F64")   ? ST_F64
+                      : !strcmp(fa->dtype, "F16") ? ST_F16
+                      : !strcmp(fa->dtype, "BF16") ? ST_BF16
+                                                   : ST_F32;
+        uint64_t u;
+        if (elem_ulp_values(dt, strtod(x, NULL), strtod(y, NULL), &u) && u <= INT64_MAX)
+          ulp = (int64_t)u;
         break;
       }
     }

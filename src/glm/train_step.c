@@ -119,6 +119,41 @@ static int check_args(const tr_model *m, const tr_run_opts *o, const int32_t *to
   return 0;
 }
 
+/* The work buffers of micro-batches of T tokens in chunks of C, and the
+ * node context of a pass over local_tokens of n_global (bf16 weight copies
+ * refreshed). fn names the caller in errors. 0 / -1 with err. */
+static int pass_ctx(tr_ctx *c, tr_model *m, const tr_run_opts *o, int64_t T, int64_t C,
+                    int64_t n_global, int64_t local_tokens, const char *fn, char *err,
+                    size_t errlen) {
+  if (!m->work || m->work->T != T || m->work->C != C) {
+    tr_work *nw = tr_work_make(m, T, C);
+    if (!nw) {
+      snprintf(err, errlen, "%s: out of memory (micro-batch of %lld tokens)", fn, (long long)T);
+      return -1;
+    }
+    tr_model_set_work(m, nw);
+  }
+  memset(c, 0, sizeof *c);
+  c->n.threads = o->threads;
+  c->n.ws = &m->ws;
+  c->n.grads = m->grad_t;
+  c->n.ngrads = m->nparams;
+  c->n.err = err;
+  c->n.errlen = errlen;
+  c->m = m;
+  c->w = m->work;
+  c->mode = o->mode;
+  c->L = o->seq_len;
+  c->n_global = n_global;
+  c->local_tokens = local_tokens;
+  c->bf16 = o->bf16;
+  if (o->bf16 && tr_bf16_weights(m, o->threads)) {
+    snprintf(err, errlen, "%s: out of memory (bf16 weight copies)", fn);
+    return -1;
+  }
+  return 0;
+}
+
 int tr_model_grad(tr_model *m, const tr_run_opts *o, const int32_t *tokens, int64_t local_seqs,
                   int64_t first_seq, int64_t global_seqs, int64_t micro_batches,
                   const bx_comm *comm, float *loss, float *token_losses, char *err,
@@ -132,33 +167,9 @@ int tr_model_grad(tr_model *m, const tr_run_opts *o, const int32_t *tokens, int6
              "tile the global batch", (long long)mb);
     return -1;
   }
-  if (!m->work || m->work->T != T || m->work->C != C) {
-    tr_work *nw = tr_work_make(m, T, C);
-    if (!nw) {
-      snprintf(err, errlen, "tr_model_grad: out of memory (micro-batch of %lld tokens)", (long long)T);
-      return -1;
-    }
-    tr_model_set_work(m, nw);
-  }
   tr_ctx c;
-  memset(&c, 0, sizeof c);
-  c.n.threads = o->threads;
-  c.n.ws = &m->ws;
-  c.n.grads = m->grad_t;
-  c.n.ngrads = m->nparams;
-  c.n.err = err;
-  c.n.errlen = errlen;
-  c.m = m;
-  c.w = m->work;
-  c.mode = o->mode;
-  c.L = L;
-  c.n_global = global_seqs * L;
-  c.local_tokens = local_seqs * L;
-  c.bf16 = o->bf16;
-  if (o->bf16 && tr_bf16_weights(m, o->threads)) {
-    snprintf(err, errlen, "tr_model_grad: out of memory (bf16 weight copies)");
+  if (pass_ctx(&c, m, o, T, C, global_seqs * L, local_seqs * L, "tr_model_grad", err, errlen))
     return -1;
-  }
   if (m->ep) m->ep->a2a_bytes = m->ep->ar_world_words = m->ep->ar_replica_words = 0;
   glm_gr *g = NULL; /* the step's gradient reduction: the protocol */
   int rc = -1, has_loss = 0;
@@ -258,31 +269,9 @@ int tr_model_eval(tr_model *m, const tr_run_opts *o, const int32_t *tokens, int6
   int64_t L = o->seq_len, mb = local_seqs / micro_batches, T = mb * L;
   /* the training step's work buffers where their micro-batch is this one's */
   int64_t C = m->work && m->work->T == T ? m->work->C : L;
-  if (!m->work || m->work->T != T) {
-    tr_work *nw = tr_work_make(m, T, C);
-    if (!nw) {
-      snprintf(err, errlen, "tr_model_eval: out of memory (micro-batch of %lld tokens)", (long long)T);
-      return -1;
-    }
-    tr_model_set_work(m, nw);
-  }
   tr_ctx c;
-  memset(&c, 0, sizeof c);
-  c.n.threads = o->threads;
-  c.n.ws = &m->ws;
-  c.n.err = err;
-  c.n.errlen = errlen;
-  c.m = m;
-  c.w = m->work;
-  c.mode = o->mode;
-  c.L = L;
-  c.n_global = local_seqs * L;
-  c.local_tokens = local_seqs * L;
-  c.bf16 = o->bf16;
-  if (o->bf16 && tr_bf16_weights(m, o->threads)) {
-    snprintf(err, errlen, "tr_model_eval: out of memory (bf16 weight copies)");
+  if (pass_ctx(&c, m, o, T, C, local_seqs * L, local_seqs * L, "tr_model_eval", err, errlen))
     return -1;
-  }
   bx_xent_opts xo = BX_XENT_OPTS_DEFAULT;
   xo.num_threads = o->threads;
   for (int64_t b = 0; b < micro_batches; b++) {

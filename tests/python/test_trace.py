@@ -125,3 +125,33 @@ def test_bad_traces_refused(tmp_path):
         assert rc == 2 and out == "" and err.count("\n") == 1, (name, rc, out, err)
     rc, out, err = diff(a, other)
     assert rc == 2 and "different models" in err, err
+
+
+@pytest.mark.parametrize("dtype", ["BF16", "F16"])
+def test_ulp_in_the_entry_dtype(tmp_path, dtype):
+    """The ULP distance is counted in the entry's dtype (as `bitexact diff`
+    counts it for safetensors): values two bf16 / fp16 steps apart, 2 ULP."""
+    import numpy as np
+    from bitexact import _trace
+    if dtype == "BF16":
+        bits = np.array([0x3F80, 0x4000, 0x0001, 0x8002], dtype=np.uint16)  # 1, 2, subnormals
+        vals = (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+        moved = bits.copy()
+        moved[2] += 2
+        mvals = (moved.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+        arrs = [(bits, "BF16", vals), (moved, "BF16", mvals)]
+    else:
+        h = np.array([1.0, 2.0, 6e-8, -3.0], dtype=np.float16)
+        m = h.copy()
+        m[2] = np.nextafter(np.nextafter(m[2], np.float16(1)), np.float16(1))
+        arrs = [(h, None, None), (m, None, None)]
+    paths = []
+    for i, (a, dt, v) in enumerate(arrs):
+        w = _trace.TraceWriter(str(tmp_path / f"{i}.trace"), "test:model", "test")
+        w.add("forward", "m", "output", 0, a, dt, v)
+        w.end_step()
+        w.close()
+        paths.append(str(tmp_path / f"{i}.trace"))
+    rc, out, err = diff(*paths, "--json")
+    f = json.loads(out)["first"]
+    assert rc == 1 and f["dtype"] == dtype and f["element"] == 2 and f["ulp"] == 2, out
