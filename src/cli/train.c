@@ -46,9 +46,11 @@
 #include "train_model.h"
 #include "train_mpi.h"
 #include "train_record.h"
+#include "train_trace.h"
 
 typedef struct tr_args {
   const char *config, *data, *record, *save, *resume, *dump_grads, *eval_data;
+  const char *trace, *dump; /* --trace FILE, --dump KEY */
   const char *init_from;     /* --init-from DIR */
   uint64_t save_max_shard;   /* --save-max-shard-size (bytes; 0: one model.safetensors) */
   int64_t steps, seq_len, global_batch, micro_batches, ep;
@@ -78,7 +80,7 @@ static const char usage[] =
     "[--grid-history on|off] "
     "[--record FILE.jsonl] "
     "[--save DIR] [--save-max-shard-size SIZE] [--save-every K] [--resume DIR] [--init-from DIR] "
-    "[--shuffle] [--dump-grads FILE] "
+    "[--shuffle] [--dump-grads FILE] [--trace FILE [--dump KEY]] "
     "[--eval-data FILE --eval-every K [--eval-batches N]] [--dry-run] "
     "[--json] [-q]";
 
@@ -142,7 +144,8 @@ static int parse_args(int argc, char **argv, tr_args *a) {
         "--grid-history", "--record",
         "--save", "--resume", "--dump-grads", "--lr-scheduler", "--warmup-steps", "--min-lr",
         "--adam-beta1", "--adam-beta2", "--adam-epsilon", "--save-every", "--eval-data",
-        "--eval-every", "--eval-batches", "--init-from", "--save-max-shard-size"};
+        "--eval-every", "--eval-batches", "--init-from", "--save-max-shard-size", "--trace",
+        "--dump"};
     int known = 0;
     for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++) known |= strcmp(f, valued[k]) == 0;
     if (!known) {
@@ -160,6 +163,8 @@ static int parse_args(int argc, char **argv, tr_args *a) {
     else if (strcmp(f, "--save") == 0) a->save = v;
     else if (strcmp(f, "--resume") == 0) a->resume = v;
     else if (strcmp(f, "--dump-grads") == 0) a->dump_grads = v;
+    else if (strcmp(f, "--trace") == 0) a->trace = v;
+    else if (strcmp(f, "--dump") == 0) a->dump = v;
     else if (strcmp(f, "--eval-data") == 0) a->eval_data = v;
     else if (strcmp(f, "--eval-every") == 0) {
       if (parse_i64(f, v, 1, &a->eval_every)) return -1;
@@ -494,6 +499,7 @@ typedef struct tr_run {
   td_data eval;                   /* --eval-data (opened when given) */
   int32_t *eval_tokens;           /* one eval batch's local sequences */
   float *eval_parts;              /* every local eval sequence's loss sum */
+  tt_trace *trace;                /* --trace (NULL: none) */
 } tr_run;
 
 /* Whether this rank holds parameter q (every dense one; its experts). */
@@ -518,6 +524,32 @@ static int gather_experts(tr_run *r, int what) {
              trm_to_root(q->exp_avg_sq, b, src) != 0;
   }
   return any_rank(r->comm, bad);
+}
+
+/* Whether this rank writes parameter q's trace entries: rank 0 the dense
+ * ones, the EP rank of EP group 0 that holds an expert its own (the ranks
+ * gather_experts reads from). */
+static int traces(const tr_run *r, const tr_param *q) {
+  if (q->group != TR_GROUP_EXPERT || r->ep.size <= 1) return r->rank == 0;
+  return r->rank == (int)(q->expert / (r->cfg.n_routed_experts / r->ep.size));
+}
+
+/* The trace entries of every trainable parameter's gradient (phase 1) or
+ * value (phase 2) this rank writes. 0 / -1 (printed). */
+static int trace_params(tr_run *r, int phase, int64_t s) {
+  for (size_t i = 0; i < r->nparams; i++) {
+    const tr_param *q = &r->params[i];
+    if (q->group < 0 || !traces(r, q)) continue;
+    /* the gradients in the reverse of the parameters' order (roughly the order the backward
+     * produces them: the LM head's first), the updated values in their order */
+    int64_t order = phase == 1 ? (int64_t)(r->nparams - 1 - i) : (int64_t)i;
+    if (tt_tensor(r->trace, phase, q->name, phase == 1 ? "grad" : "param", order,
+                  phase == 1 ? q->grad : q->data, q->ndim, q->shape)) {
+      cli_error("train: step %lld: --trace: out of memory", (long long)s);
+      return -1;
+    }
+  }
+  return 0;
 }
 
 static int write_grads(tr_run *r, char *err, size_t errlen) {
@@ -553,7 +585,7 @@ static int run_eval(tr_run *r, float *mean) {
   int64_t N = a->eval_batches;
   char err[512];
   tr_run_opts ro = {cli_threads(&a->common), a->ordinary ? BX_TOKRED_ORDINARY : BX_TOKRED_GRID, L,
-                    a->bf16, a->no_history};
+                    a->bf16, a->no_history, NULL};
   int bad = 0;
   for (int64_t j = 0; j < N && !bad; j++) {
     for (int64_t b = 0; b < local; b++)
@@ -583,13 +615,18 @@ static int run_step(tr_run *r, int64_t s) {
     td_tokens(&r->data, i, r->tokens + b * (L + 1));
   }
   tr_run_opts ro = {cli_threads(&a->common), a->ordinary ? BX_TOKRED_ORDINARY : BX_TOKRED_GRID, L, a->bf16,
-                    a->no_history};
+                    a->no_history, NULL};
+  if (r->trace) {
+    tt_begin_step(r->trace, s);
+    ro.trace = tt_hook(r->trace);
+  }
   float loss = NAN;
   if (tr_model_grad(r->model, &ro, r->tokens, local, first, B, a->micro_batches, r->comm, &loss,
                     r->tok_loss, err, sizeof err)) {
     cli_error("train: step %lld%s: %s", (long long)s, r->P > 1 ? " (a rank)" : "", err);
     return -1;
   }
+  if (r->trace && trace_params(r, 1, s)) return -1; /* the gradients before clipping */
   /* the per-token losses of the global batch, in global token order */
   const float *all = r->tok_loss;
   if (r->P > 1) {
@@ -654,6 +691,10 @@ static int run_step(tr_run *r, int64_t s) {
                 bx_last_error());
       return -1;
     }
+  }
+  if (r->trace && (trace_params(r, 2, s) || tt_end_step(r->trace, r->P, r->comm, err, sizeof err))) {
+    if (err[0]) cli_error("train: step %lld: --trace %s: %s", (long long)s, a->trace, err);
+    return -1;
   }
   if (s == r->start) r->first_loss = loss;
   r->last_loss = loss;
@@ -877,6 +918,11 @@ static int train_main(tr_run *r, int argc, char **argv) {
   }
   if (a->record && check_out_file("--record", a->record)) return CLI_ERROR;
   if (a->dump_grads && check_out_file("--dump-grads", a->dump_grads)) return CLI_ERROR;
+  if (a->dump && !a->trace) {
+    TERR("train: --dump KEY needs --trace FILE (the dump is FILE.dump.safetensors)");
+    return CLI_ERROR;
+  }
+  if (a->trace && check_out_file("--trace", a->trace)) return CLI_ERROR;
   if (a->dry_run && !a->resume && !a->init_from) {
     dry_run(r);
     return CLI_OK;
@@ -958,6 +1004,28 @@ static int train_main(tr_run *r, int argc, char **argv) {
       bad = 1;
     }
   }
+  if (!bad && a->trace) {
+    const char **names = calloc(r->nparams + 1, sizeof *names);
+    int *nd = calloc(r->nparams + 1, sizeof *nd);
+    const int64_t **sh = calloc(r->nparams + 1, sizeof *sh);
+    size_t m = 0;
+    char id[64];
+    for (size_t i = 0; names && nd && sh && i < r->nparams; i++)
+      if (r->params[i].group >= 0) {
+        names[m] = r->params[i].name;
+        nd[m] = r->params[i].ndim;
+        sh[m++] = r->params[i].shape;
+      }
+    if (names && nd && sh) {
+      tt_model_id(names, nd, sh, m, id, sizeof id);
+      r->trace = tt_open(a->trace, id, a->dump, L, r->rank, err, sizeof err);
+    } else snprintf(err, sizeof err, "out of memory");
+    if (!r->trace) {
+      cli_error("train: --trace %s", err);
+      bad = 1;
+    }
+    free(names), free(nd), free(sh);
+  }
   if (any_rank(r->comm, bad)) return CLI_ERROR;
   r->first_loss = r->last_loss = r->last_eval = NAN;
   r->last_norm = NAN;
@@ -984,6 +1052,14 @@ static int train_main(tr_run *r, int argc, char **argv) {
         save_checkpoint(r, s + 1) != 0)
       return CLI_ERROR;
   }
+  if (r->trace) {
+    int e = tt_close(r->trace);
+    r->trace = NULL;
+    if (e != 0) {
+      cli_error("train: --trace %s: cannot write", a->trace);
+      return CLI_ERROR;
+    }
+  }
   if (r->record) {
     int e = fclose(r->record);
     r->record = NULL;
@@ -1008,6 +1084,7 @@ int cmd_train(int argc, char **argv) {
     fclose(r.record);
     if (r.lines == 0) unlink(r.a.record);
   }
+  tt_close(r.trace); /* a failed run: the steps traced so far stay */
   if (r.model) tr_model_destroy(r.model);
   td_close(&r.data);
   td_close(&r.eval);

@@ -11,6 +11,22 @@
 
 int tr_ck(tr_ctx *c, bx_status st, const char *what) { return glm_ck(&c->n, st, what); }
 
+int tr_trace_rows(tr_ctx *c, int phase, int64_t layer, const char *name, float *x, int64_t cols) {
+  const tr_trace *t = c->trace;
+  if (!t) return 0;
+  char path[96];
+  if (layer >= 0) {
+    snprintf(path, sizeof path, "model.layers.%lld%s%s", (long long)layer, name ? "." : "",
+             name ? name : "");
+    name = path;
+  }
+  if (t->rows(t->ctx, phase, name, phase ? "grad_input.0" : "output", x, c->w->T, cols, c->n.tok0) == 0)
+    return 0;
+  snprintf(c->n.err, c->n.errlen, "trace: %s: out of memory", name);
+  c->n.st = BX_ENOMEM;
+  return -1;
+}
+
 void tr_add_inplace(float *y, const float *x, int64_t n) {
   for (int64_t i = 0; i < n; i++) y[i] = y[i] + x[i];
 }

@@ -59,7 +59,9 @@ int tr_attention_forward(tr_ctx *c, int64_t layer) {
   int64_t Hq = m->c.num_attention_heads, Hkv = m->c.num_key_value_heads;
   int qkn = m->c.use_qk_norm;
   float *qd = qkn ? a->q_raw : a->q, *kd = qkn ? a->k_raw : a->k;
-  if (norm_fwd(c, a->x_in, T, H, x->in_norm, a->xn1, a->rstd1, "input_layernorm")) return -1;
+  if (norm_fwd(c, a->x_in, T, H, x->in_norm, a->xn1, a->rstd1, "input_layernorm") ||
+      tr_trace_rows(c, 0, layer, "input_layernorm", a->xn1, H))
+    return -1;
   glm_lin qkv[3] = {tr_lin(c, x->q_w, x->q_b), tr_lin(c, x->k_w, x->k_b), tr_lin(c, x->v_w, x->v_b)};
   float *const y[3] = {qd, kd, a->v};
   if (glm_qkv_fwd(&c->n, qkv, a->xn1, T, y)) return -1;
@@ -76,9 +78,13 @@ int tr_attention_forward(tr_ctx *c, int64_t layer) {
                                       glm_f32(&vs, a->stats, 3, T, Hq, 2), &ao);
   if (tr_ck(c, st, "attention")) return -1;
   glm_lin o = tr_lin(c, x->o_w, -1);
-  if (glm_linear_fwd(&c->n, &o, a->o, T, a->h1, "o_proj")) return -1;
+  if (glm_linear_fwd(&c->n, &o, a->o, T, a->h1, "o_proj") ||
+      tr_trace_rows(c, 0, layer, "self_attn.o_proj", a->h1, H) ||
+      tr_trace_rows(c, 0, layer, "self_attn", a->h1, H))
+    return -1;
   for (int64_t i = 0; i < T * H; i++) a->h1[i] = a->x_in[i] + a->h1[i];
-  return norm_fwd(c, a->h1, T, H, x->post_norm, a->xn2, a->rstd2, "post_attention_layernorm");
+  if (norm_fwd(c, a->h1, T, H, x->post_norm, a->xn2, a->rstd2, "post_attention_layernorm")) return -1;
+  return tr_trace_rows(c, 0, layer, "post_attention_layernorm", a->xn2, H);
 }
 
 /* In: s.dx = dh1 (the gradient of h1, both paths summed). Out: s.dx = the
@@ -91,7 +97,9 @@ int tr_attention_backward(tr_ctx *c, int64_t layer) {
   int64_t T = c->w->T, H = m->c.hidden_size, Q = m->qdim, KV = m->kvdim, D = m->c.head_dim;
   int64_t Hq = m->c.num_attention_heads, Hkv = m->c.num_key_value_heads, C = c->w->C;
   glm_lin o = tr_lin(c, x->o_w, -1);
-  if (glm_linear_bwd(&c->n, &o, s->dx, a->o, T, s->dattn, 0, "o_proj backward")) return -1;
+  if (glm_linear_bwd(&c->n, &o, s->dx, a->o, T, s->dattn, 0, "o_proj backward") ||
+      tr_trace_rows(c, 1, layer, "self_attn.o_proj", s->dattn, Q))
+    return -1;
   glm_view v[8];
   bx_attention_opts ao = BX_ATTENTION_OPTS_DEFAULT;
   ao.num_threads = c->n.threads;
@@ -108,11 +116,14 @@ int tr_attention_backward(tr_ctx *c, int64_t layer) {
     return -1;
   glm_lin qkv[3] = {tr_lin(c, x->q_w, x->q_b), tr_lin(c, x->k_w, x->k_b), tr_lin(c, x->v_w, x->v_b)};
   const float *const dy[3] = {s->dq, s->dk, s->dv};
-  if (glm_qkv_bwd(&c->n, qkv, dy, a->xn1, T, s->dtmp)) return -1;
-  if (norm_bwd(c, a->x_in, T, H, x->in_norm, s->dtmp, a->rstd1, C, s->dtmp, "input_layernorm backward"))
+  if (glm_qkv_bwd(&c->n, qkv, dy, a->xn1, T, s->dtmp) ||
+      tr_trace_rows(c, 1, layer, "self_attn", s->dtmp, H))
+    return -1;
+  if (norm_bwd(c, a->x_in, T, H, x->in_norm, s->dtmp, a->rstd1, C, s->dtmp, "input_layernorm backward") ||
+      tr_trace_rows(c, 1, layer, "input_layernorm", s->dtmp, H))
     return -1;
   tr_add_inplace(s->dx, s->dtmp, T * H);
-  return 0;
+  return tr_trace_rows(c, 1, layer, NULL, s->dx, H);
 }
 
 /* The post-attention norm's backward: s.dtmp (dxn2 in) -> dh1 added to s.dx. */
@@ -121,7 +132,8 @@ int tr_post_norm_backward(tr_ctx *c, int64_t layer) {
   tr_layer_act *a = &c->w->act[layer];
   int64_t T = c->w->T, H = m->c.hidden_size;
   if (norm_bwd(c, a->h1, T, H, m->lx[layer].post_norm, c->w->s.dtmp, a->rstd2, c->w->C,
-               c->w->s.dtmp, "post_attention_layernorm backward"))
+               c->w->s.dtmp, "post_attention_layernorm backward") ||
+      tr_trace_rows(c, 1, layer, "post_attention_layernorm", c->w->s.dtmp, H))
     return -1;
   tr_add_inplace(c->w->s.dx, c->w->s.dtmp, T * H);
   return 0;
@@ -134,9 +146,12 @@ int tr_head_forward(tr_ctx *c) {
   const tr_model *m = c->m;
   tr_work *w = c->w;
   int64_t T = w->T, H = m->c.hidden_size;
-  if (norm_fwd(c, w->x_final, w->T, H, m->final_norm, w->xf, w->rstdf, "model.norm")) return -1;
+  if (norm_fwd(c, w->x_final, w->T, H, m->final_norm, w->xf, w->rstdf, "model.norm") ||
+      tr_trace_rows(c, 0, -1, "model.norm", w->xf, H) || tr_trace_rows(c, 0, -1, "model", w->xf, H))
+    return -1;
   glm_lin head = tr_lin(c, m->lm_head, -1);
-  return glm_linear_fwd(&c->n, &head, w->xf, T, w->logits, "lm_head");
+  if (glm_linear_fwd(&c->n, &head, w->xf, T, w->logits, "lm_head")) return -1;
+  return tr_trace_rows(c, 0, -1, "lm_head", w->logits, m->c.vocab_size);
 }
 
 int tr_head_backward(tr_ctx *c) {
@@ -144,9 +159,13 @@ int tr_head_backward(tr_ctx *c) {
   tr_work *w = c->w;
   int64_t T = w->T, H = m->c.hidden_size;
   glm_lin head = tr_lin(c, m->lm_head, -1);
-  if (glm_linear_bwd(&c->n, &head, w->logits, w->xf, T, w->s.dtmp, 0, "lm_head backward")) return -1;
-  return norm_bwd(c, w->x_final, w->T, H, m->final_norm, w->s.dtmp, w->rstdf, w->C, w->s.dx,
-                  "model.norm backward");
+  if (glm_linear_bwd(&c->n, &head, w->logits, w->xf, T, w->s.dtmp, 0, "lm_head backward") ||
+      tr_trace_rows(c, 1, -1, "lm_head", w->s.dtmp, H))
+    return -1;
+  if (norm_bwd(c, w->x_final, w->T, H, m->final_norm, w->s.dtmp, w->rstdf, w->C, w->s.dx,
+               "model.norm backward"))
+    return -1;
+  return tr_trace_rows(c, 1, -1, "model.norm", w->s.dx, H);
 }
 
 /* ---- dense MLP: down(silu(gate(x)) * up(x)) ------------------------------------- */

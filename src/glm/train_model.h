@@ -41,6 +41,23 @@ typedef struct tr_model tr_model;
 
 /* Mode of the token reductions: BX_TOKRED_GRID (invariant) or
  * BX_TOKRED_ORDINARY (negative control: float sums in layout order). */
+/* A trace of the step (`bitexact train --trace`, docs/trace.md): the
+ * model calls rows() with every module output (phase 0) and module input
+ * gradient (phase 1) of every micro-batch, in execution order, named by
+ * the transformers module path (module, what: "output" or
+ * "grad_input.0"): x [T, cols] fp32, row t is global token tok0 + t
+ * (x is the live buffer: a test may plant a change in it before the model
+ * goes on). pass() is called before each pass over the micro-batches (a
+ * step that falls back runs them again: drop what the last pass traced).
+ * rows() returns 0, or -1 to fail the step (err: "trace: ..."). Called
+ * in the calling thread; tr_model_eval never traces. */
+typedef struct tr_trace {
+  int (*rows)(void *ctx, int phase, const char *module, const char *what, float *x, int64_t T,
+              int64_t cols, int64_t tok0);
+  void (*pass)(void *ctx);
+  void *ctx;
+} tr_trace;
+
 typedef struct tr_run_opts {
   int threads;          /* kernels' num_threads */
   bx_tokred_mode mode;
@@ -49,6 +66,7 @@ typedef struct tr_run_opts {
   int two_pass;         /* 1: no step uses the grid history (grid mode: every step runs
                          * the fallback's two passes, observe then add: --grid-history
                          * off; ordinary mode: two passes, the same bits as one) */
+  const tr_trace *trace; /* NULL: no trace (tr_model_grad only; costs one test per module) */
 } tr_run_opts;
 
 /* The grid history (docs/train_model.md, "The one-pass invariant step"):

@@ -131,10 +131,17 @@ typedef struct tr_ctx {
   int64_t n_global;                 /* global token count */
   int64_t local_tokens;             /* tokens of each rank (the same on every rank) */
   int bf16;                         /* tr_run_opts.bf16 */
+  const tr_trace *trace;            /* tr_run_opts.trace (NULL: none) */
 } tr_ctx;
 
 /* 0 on BX_OK; else -1 with "what: status: detail" in c->n.err. */
 int tr_ck(tr_ctx *c, bx_status st, const char *what);
+
+/* The trace of a module's rows (tr_run_opts.trace; nothing when none):
+ * layer < 0: the module `name`; else model.layers.<layer>.<name> (name
+ * NULL: the layer itself). phase 0 output, 1 grad_input.0; x
+ * [c->w->T, cols]. 0 / -1 (err). */
+int tr_trace_rows(tr_ctx *c, int phase, int64_t layer, const char *name, float *x, int64_t cols);
 
 /* y[i] = fl(y[i] + x[i]) */
 void tr_add_inplace(float *y, const float *x, int64_t n);

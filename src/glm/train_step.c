@@ -23,14 +23,18 @@ static int forward_logits(tr_ctx *c) {
   eo.num_threads = c->n.threads;
   if (tr_ck(c, bx_embedding_forward(glm_f32(&v[0], m->p[m->embed].data, 2, m->c.vocab_size, H, 0),
                                     glm_i32(&v[1], w->ids, T), glm_f32(&v[2], w->act[0].x_in, 2, T, H, 0), &eo),
-            "embed_tokens"))
+            "embed_tokens") ||
+      tr_trace_rows(c, 0, -1, "model.embed_tokens", w->act[0].x_in, H))
     return -1;
   for (int64_t l = 0; l < NL; l++) {
     float *out = l + 1 < NL ? w->act[l + 1].x_in : w->x_final;
     if (tr_attention_forward(c, l)) return -1;
-    if (m->lx[l].moe ? tr_moe_forward(c, l, out) : tr_dense_mlp_forward(c, l, out)) return -1;
+    if ((m->lx[l].moe ? tr_moe_forward(c, l, out) : tr_dense_mlp_forward(c, l, out)) ||
+        tr_trace_rows(c, 0, l, "mlp", out, H))
+      return -1;
     const float *h1 = w->act[l].h1;
     for (int64_t i = 0; i < T * H; i++) out[i] = h1[i] + out[i];
+    if (tr_trace_rows(c, 0, l, NULL, out, H)) return -1;
   }
   return tr_head_forward(c);
 }
@@ -51,8 +55,9 @@ static int micro_batch(tr_ctx *c, bx_tokred *sl, float *token_losses) {
   /* backward */
   if (tr_head_backward(c)) return -1;
   for (int64_t l = NL - 1; l >= 0; l--) {
-    if (m->lx[l].moe ? tr_moe_backward(c, l, w->s.dx, w->s.dtmp)
-                     : tr_dense_mlp_backward(c, l, w->s.dx, w->s.dtmp))
+    if ((m->lx[l].moe ? tr_moe_backward(c, l, w->s.dx, w->s.dtmp)
+                      : tr_dense_mlp_backward(c, l, w->s.dx, w->s.dtmp)) ||
+        tr_trace_rows(c, 1, l, "mlp", w->s.dtmp, H))
       return -1;
     if (tr_post_norm_backward(c, l) || tr_attention_backward(c, l)) return -1;
   }
@@ -78,6 +83,7 @@ static int run_micro_batches(tr_ctx *c, glm_gr *g, const int32_t *tokens, int64_
                              int64_t micro_batches, int64_t mb, float *token_losses) {
   tr_work *w = c->w;
   int64_t L = c->L, T = mb * L;
+  if (c->trace && c->trace->pass) c->trace->pass(c->trace->ctx); /* only the last pass is traced */
   for (int64_t b = 0; b < micro_batches; b++) {
     int64_t s0 = b * mb;
     if (glm_gr_micro_batch(g, (first_seq + s0) * L, T, &c->n)) return -1;
@@ -170,6 +176,7 @@ int tr_model_grad(tr_model *m, const tr_run_opts *o, const int32_t *tokens, int6
   tr_ctx c;
   if (pass_ctx(&c, m, o, T, C, global_seqs * L, local_seqs * L, "tr_model_grad", err, errlen))
     return -1;
+  c.trace = o->trace;
   if (m->ep) m->ep->a2a_bytes = m->ep->ar_world_words = m->ep->ar_replica_words = 0;
   glm_gr *g = NULL; /* the step's gradient reduction: the protocol */
   int rc = -1, has_loss = 0;
