@@ -132,6 +132,12 @@ class _Runner(_gm.RunnerBase):
     no_grad = staticmethod(paddle.no_grad)
 
     @staticmethod
+    def tracer(module, path, **kw):
+        """bitexact.paddle.trace's Tracer (python -m bitexact.train --trace)."""
+        from ._trace import Tracer
+        return Tracer(module, path, **kw)
+
+    @staticmethod
     def ids(a):
         return paddle.to_tensor(_np.ascontiguousarray(a, dtype=_np.int64))
 

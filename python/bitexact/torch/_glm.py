@@ -181,6 +181,12 @@ class _Runner(_gm.RunnerBase):
     no_grad = staticmethod(torch.no_grad)
 
     @staticmethod
+    def tracer(module, path, **kw):
+        """bitexact.torch.trace's Tracer (python -m bitexact.train --trace)."""
+        from ._trace import Tracer
+        return Tracer(module, path, **kw)
+
+    @staticmethod
     def ids(a):
         return torch.from_numpy(_np.ascontiguousarray(a, dtype=_np.int64))
 

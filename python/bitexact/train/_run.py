@@ -393,6 +393,11 @@ def parse_args(argv):
     p.add_argument("--compile", action="store_true",
                    help="torch: run the model and AdamW.step under "
                    "torch.compile(fullgraph=True)")
+    p.add_argument("--trace", default=None, metavar="FILE",
+                   help="the first-divergence trace of `bitexact train --trace` (docs/trace.md): "
+                   "the same bytes")
+    p.add_argument("--dump", default=None, metavar="KEY",
+                   help="with --trace: that entry's values to FILE.dump.safetensors")
     p.add_argument("-q", action="store_true", help="no summary line")
     return p.parse_args(argv)
 
@@ -520,6 +525,13 @@ class Run:
         self.owned = [(p, "dense") for j, (n, p) in enumerate(dense) if j % P == self.rank] + \
             [(p, "expert") for i, (n, p) in enumerate(mine) if i % R == self.rank // E]
         self.first_loss = self.last_loss = self.last_norm = float("nan")
+        if a.dump is not None and a.trace is None:
+            raise InvalidArgumentError("--dump KEY needs --trace FILE (the dump is "
+                                       "FILE.dump.safetensors)")
+        self.trace = None
+        if a.trace is not None:
+            from ._tracing import RunTrace
+            self.trace = RunTrace(self, fw, a.trace, a.dump, hub_order(self.cfg))
 
     def eval_loss(self):
         """The exact mean loss over the eval batches (`bitexact train
@@ -570,6 +582,8 @@ class Run:
 
         def micro_batch(i):  # forward + backward; the per-token losses
             r0 = i * per
+            if self.trace is not None:
+                self.trace.micro_batch(i, first + r0)
             loss = self.forward(fw.ids(toks[r0:r0 + per, :L]), fw.ids(toks[r0:r0 + per, 1:]))
             fw.backward(loss)
             return fw.numpy(red.current_micro_batch.token_losses)
@@ -586,6 +600,8 @@ class Run:
             r = fn(buf, "sum")
             all_loss = np.frombuffer(bytes(r if r is not None else buf), dtype=np.int64) \
                 .astype(np.uint32).view(np.float32)
+        if self.trace is not None:
+            self.trace.grads()  # before clipping
         total, gn = total_norm([fw.grad(p) for p, _ in self.owned],
                                groups=[g for _, g in self.owned], group_names=["dense", "expert"],
                                comm=self.comm, num_threads=a.threads)
@@ -599,6 +615,8 @@ class Run:
         else:  # Paddle
             self.opt.lr = lr
         self.opt_step()
+        if self.trace is not None:
+            self.trace.end_step()
         if s == self.start:
             self.first_loss = loss
         self.last_loss, self.last_norm = loss, total
@@ -825,6 +843,8 @@ def main(argv=None):
                     run.save(a.save, s + 1)
         finally:
             stop.restore()
+            if run.trace is not None:
+                run.trace.close()
             if rec:
                 rec.close()
                 if lines == 0 and a.steps > run.start:  # failed before its first step
