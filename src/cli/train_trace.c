@@ -123,13 +123,21 @@ static char *entry_line(int64_t step, int phase, const char *module, const char 
   else sb_put(&s, "%lld", (long long)slice);
   sb_put(&s, ", \"dtype\": \"F32\", \"shape\": [");
   for (int d = 0; d < ndim; d++) sb_put(&s, "%s%lld", d ? ", " : "", (long long)shape[d]);
-  sb_put(&s, "], \"hash\": \"%016llx\", \"blocks\": \"",
-         (unsigned long long)XXH3_64bits(x, (size_t)n * sizeof(float)));
+  /* each part's hash, and the whole's as a stream over the parts (each part read from memory
+   * once, then from the cache) */
   int64_t nb = n < TT_BLOCKS ? n : TT_BLOCKS;
-  for (int64_t j = 0; j < nb; j++) {
+  unsigned long long bh[TT_BLOCKS] = {0}, whole;
+  XXH3_state_t *st = XXH3_createState();
+  if (!st || XXH3_64bits_reset(st) != XXH_OK) s.oom = 1;
+  for (int64_t j = 0; j < nb && !s.oom; j++) {
     int64_t a = j * n / nb, b = (j + 1) * n / nb;
-    sb_put(&s, "%016llx", (unsigned long long)XXH3_64bits(x + a, (size_t)(b - a) * sizeof(float)));
+    bh[j] = XXH3_64bits(x + a, (size_t)(b - a) * sizeof(float));
+    if (XXH3_64bits_update(st, x + a, (size_t)(b - a) * sizeof(float)) != XXH_OK) s.oom = 1;
   }
+  whole = s.oom ? 0 : XXH3_64bits_digest(st);
+  XXH3_freeState(st);
+  sb_put(&s, "], \"hash\": \"%016llx\", \"blocks\": \"", whole);
+  for (int64_t j = 0; j < nb; j++) sb_put(&s, "%016llx", bh[j]);
   sb_put(&s, "\", \"head\": [");
   for (int64_t i = 0; i < n && i < TT_HEAD; i++) {
     char h[40];
