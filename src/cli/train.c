@@ -1017,7 +1017,7 @@ static int train_main(tr_run *r, int argc, char **argv) {
         sh[m++] = r->params[i].shape;
       }
     if (names && nd && sh) {
-      tt_model_id(names, nd, sh, m, id, sizeof id);
+      tt_model_id(names, nd, sh, m, &r->cfg, id, sizeof id);
       r->trace = tt_open(a->trace, id, a->dump, L, r->rank, err, sizeof err);
     } else snprintf(err, sizeof err, "out of memory");
     if (!r->trace) {

@@ -153,8 +153,21 @@ static char *entry_line(int64_t step, int phase, const char *module, const char 
   return s.p;
 }
 
+void tt_config_text(const tr_config *c, char *out, size_t outlen) {
+  char a[40], b[40], e[40], r[40];
+  py_hex(c->partial_rotary_factor, a, sizeof a);
+  py_hex(c->rope_theta, b, sizeof b);
+  py_hex(c->rms_norm_eps, e, sizeof e);
+  py_hex(c->routed_scaling_factor, r, sizeof r);
+  snprintf(out, outlen,
+           "partial_rotary_factor=%s;rope_theta=%s;rms_norm_eps=%s;num_experts_per_tok=%lld;"
+           "n_group=%lld;topk_group=%lld;norm_topk_prob=%d;routed_scaling_factor=%s;",
+           a, b, e, (long long)c->num_experts_per_tok, (long long)c->n_group, (long long)c->topk_group,
+           c->norm_topk_prob ? 1 : 0, r);
+}
+
 void tt_model_id(const char *const *names, const int *ndims, const int64_t *const *shapes, size_t n,
-                 char *out, size_t outlen) {
+                 const tr_config *cfg, char *out, size_t outlen) {
   XXH3_state_t *st = XXH3_createState();
   unsigned long long h = 0;
   if (st && XXH3_64bits_reset(st) == XXH_OK) {
@@ -171,7 +184,10 @@ void tt_model_id(const char *const *names, const int *ndims, const int64_t *cons
     h = XXH3_64bits_digest(st);
   }
   XXH3_freeState(st);
-  snprintf(out, outlen, "Glm4MoeForCausalLM:%016llx", h);
+  char ct[512];
+  tt_config_text(cfg, ct, sizeof ct);
+  snprintf(out, outlen, "Glm4MoeForCausalLM:%016llx:%016llx", h,
+           (unsigned long long)XXH3_64bits(ct, strlen(ct)));
 }
 
 /* ---- entries --------------------------------------------------------------------------- */

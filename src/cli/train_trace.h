@@ -23,6 +23,7 @@
 #include <stdint.h>
 
 #include "bitexact.h"
+#include "glm_config.h"
 #include "train_model.h"
 
 typedef struct tt_trace tt_trace;
@@ -51,9 +52,15 @@ int tt_close(tt_trace *t);
 
 /* The model id of the header: "Glm4MoeForCausalLM:" and the XXH3-64 of
  * "name:d0,d1;" over the parameters in order (what
- * bitexact.torch.trace's default id gives the same model). out holds 64
+ * bitexact.torch.trace's default id gives the same model), then ":" and
+ * the XXH3-64 of the config fields no shape shows (tt_config_text), so
+ * `bitexact diff --trace` refuses traces of other configs. out holds 64
  * bytes. */
 void tt_model_id(const char *const *names, const int *ndims, const int64_t *const *shapes, size_t n,
-                 char *out, size_t outlen);
+                 const tr_config *cfg, char *out, size_t outlen);
+/* "partial_rotary_factor=X;rope_theta=X;rms_norm_eps=X;num_experts_per_tok=N;
+ * n_group=N;topk_group=N;norm_topk_prob=B;routed_scaling_factor=X;" (X: float.hex,
+ * B: 0 or 1): what python -m bitexact.train hashes alike. */
+void tt_config_text(const tr_config *cfg, char *out, size_t outlen);
 
 #endif /* BX_CLI_TRAIN_TRACE_H */

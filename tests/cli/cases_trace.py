@@ -111,7 +111,23 @@ def train_trace_entries_are_the_values():
         meta = json.loads(fh.read(n))
     order = [e["module"] for e in es if e["step"] == 1 and e["phase"] == "optimizer"]
     s = "".join(f"{k}:{','.join(str(d) for d in meta[k]['shape'])};" for k in order)
-    assert head["model"] == "Glm4MoeForCausalLM:" + xxhash.xxh3_64_hexdigest(s.encode()), head
+    with open(ck + "/config.json") as fh:
+        cfg = json.load(fh)
+    c = (f"partial_rotary_factor={float(cfg['partial_rotary_factor']).hex()};"
+         f"rope_theta={float(cfg['rope_theta']).hex()};rms_norm_eps={float(cfg['rms_norm_eps']).hex()};"
+         f"num_experts_per_tok={cfg['num_experts_per_tok']};n_group={cfg['n_group']};"
+         f"topk_group={cfg['topk_group']};norm_topk_prob={int(cfg['norm_topk_prob'])};"
+         f"routed_scaling_factor={float(cfg['routed_scaling_factor']).hex()};")
+    assert head["model"] == "Glm4MoeForCausalLM:" + xxhash.xxh3_64_hexdigest(s.encode()) + ":" + \
+        xxhash.xxh3_64_hexdigest(c.encode()), head
+    # another config (rope_theta only: no shape changes) is refused by diff, by name
+    from cases_train import config_file
+    other = tpath("tr_other.trace")
+    train_run("--steps", "1", "--trace", other, "--config", config_file("tr_theta", rope_theta=5e5))
+    mine = tpath("tr_mine.trace")
+    train_run("--steps", "1", "--trace", mine, "--config", config_file("tr_theta0"))
+    rc, out, err = run("diff", "--trace", mine, other)
+    assert rc == 2 and "model" in err and len(err.strip().splitlines()) == 1, (rc, out, err)
 
 
 @test

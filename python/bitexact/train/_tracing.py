@@ -7,7 +7,8 @@ token-major ``[B*L, H]`` activations), with what the C trainer's writer
 
 - the root (its output is the micro-batch's loss) is not hooked;
 - the header's model id is the XXH3-64 of the whole model's parameter
-  names and shapes in the hub order (train_model.c's, ``hub_order``), the
+  names and shapes in the hub order (train_model.c's, ``hub_order``) and
+  that of the config fields no shape shows (:func:`config_text`), the
   producer ``bitexact train VERSION``;
 - only the pass that stands is traced (a step that falls back to two
   passes drops the first's entries);
@@ -30,6 +31,16 @@ from . import _model as _gm
 _TENSOR_ORDER = 1 << 40  # tensors sort after every module of their phase (train_trace.c)
 
 
+def config_text(c):
+    """The config fields no parameter shape shows, as train_trace.c's
+    tt_config_text writes them (the model id's last part)."""
+    return (f"partial_rotary_factor={float(c.partial_rotary_factor).hex()};"
+            f"rope_theta={float(c.rope_theta).hex()};rms_norm_eps={float(c.rms_norm_eps).hex()};"
+            f"num_experts_per_tok={int(c.num_experts_per_tok)};n_group={int(c.n_group)};"
+            f"topk_group={int(c.topk_group)};norm_topk_prob={int(bool(c.norm_topk_prob))};"
+            f"routed_scaling_factor={float(c.routed_scaling_factor).hex()};")
+
+
 class RunTrace:
     def __init__(self, run, fw, path, dump, hub_names):
         if run.a.compile:
@@ -42,6 +53,7 @@ class RunTrace:
         self.index = {n: i for i, n in enumerate(self.order)}
         local = {n: tuple(int(d) for d in p.shape) for n, p in run.params}
         mid = _trace.model_id("Glm4MoeForCausalLM", [(n, self._shape(n, local)) for n in self.order])
+        mid += ":" + _trace._xxh(config_text(run.cfg).encode())
         # rank 0 writes the file; the others compute their entries (their header to nowhere)
         self.t = fw.tracer(run.model, path if run.rank == 0 else os.devnull, seq_len=run.L,
                            include_root=False, model=mid, producer=f"bitexact train {__version__}",
