@@ -12,6 +12,7 @@ worst case). Prints one JSON object per config.
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import tempfile
@@ -40,6 +41,8 @@ def main():
     ap.add_argument("--configs", default="tiny,34m")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
+        shutil.copy(a.bin, os.path.join(tmp, "bitexact"))  # a rebuild meanwhile changes nothing
+        a.bin = os.path.join(tmp, "bitexact")
         for name in a.configs.split(","):
             base = [*CONFIGS[name], "--steps", str(a.steps), "--threads", str(a.threads)]
             tr = os.path.join(tmp, name + ".trace")
