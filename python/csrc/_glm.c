@@ -329,6 +329,56 @@ static PyObject *GradRed_stated_bounds(GradRed *t, PyObject *args, PyObject *kw)
   return lst;
 }
 
+/* peer_bounds(bounds, peers, gmax) -> ([n + 1 ints], [G ints]): glm_gr_peer_bounds:
+ * peers [n] the bound group of each gradient tensor (-1: none, else < G =
+ * len(gmax)), gmax [G] the other ranks' largest bounds per group (-149:
+ * none); the loss's bound unchanged. */
+static PyObject *GradRed_peer_bounds(GradRed *t, PyObject *args, PyObject *kw) {
+  static char *kwl[] = {"bounds", "peers", "gmax", NULL};
+  PyObject *bobj, *pobj, *gobj;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO:peer_bounds", kwl, &bobj, &pobj, &gobj)) return NULL;
+  size_t n1 = gr_ntensors(t) + 1;
+  Py_ssize_t G = PySequence_Size(gobj), np = PySequence_Size(pobj);
+  if (G < 0 || np < 0) return NULL;
+  if ((size_t)np != n1 - 1)
+    return bxpy_raise_fmt(BX_EINVAL, NULL, "GradRed.peer_bounds: argument 'peers': %zd values, %zu "
+                          "expected (one per gradient tensor)", np, n1 - 1);
+  int *b = PyMem_Malloc((n1 + (size_t)G + 1) * sizeof *b), *gm = b + n1;
+  int32_t *peer = PyMem_Malloc(n1 * sizeof *peer);
+  PyObject *res = NULL;
+  if (!b || !peer) {
+    PyMem_Free(b);
+    PyMem_Free(peer);
+    return PyErr_NoMemory();
+  }
+  int bad = gr_exponents(bobj, n1, "GradRed.peer_bounds", "bounds", b) ||
+            (G && gr_exponents(gobj, (size_t)G, "GradRed.peer_bounds", "gmax", gm));
+  for (Py_ssize_t i = 0; !bad && i < np; i++) {
+    PyObject *o = PySequence_GetItem(pobj, i);
+    long v = o && PyLong_Check(o) && !PyBool_Check(o) ? PyLong_AsLong(o) : -2;
+    Py_XDECREF(o);
+    if (PyErr_Occurred()) bad = 1;
+    else if (v < -1 || v >= (long)G) {
+      bxpy_raise_fmt(BX_EINVAL, NULL, "GradRed.peer_bounds: argument 'peers[%zd]' must be an int "
+                     "in [-1, %zd)", i, G);
+      bad = 1;
+    } else
+      peer[i] = (int32_t)v;
+  }
+  if (!bad) {
+    glm_gr_peer_bounds(peer, n1 - 1, gm, (size_t)G, b);
+    PyObject *lb = int_list(b, n1), *lg = lb ? int_list(gm, (size_t)G) : NULL;
+    if (lb && lg) res = Py_BuildValue("(NN)", lb, lg);
+    else {
+      Py_XDECREF(lb);
+      Py_XDECREF(lg);
+    }
+  }
+  PyMem_Free(b);
+  PyMem_Free(peer);
+  return res;
+}
+
 /* next_history(prev, observed) -> [n + 1 ints]: glm_gr_next_history (prev
  * None: none, the observed exponents). */
 static PyObject *GradRed_next_history(GradRed *t, PyObject *args, PyObject *kw) {
@@ -427,6 +477,10 @@ static PyMethodDef GradRed_methods[] = {
      "from a history (glm_gr_stated_bounds: min(h + GRID_MARGIN, 128), a gradient never seen "
      "(-149) taking the largest gradient history, over this GradRed's tensors and top when "
      "given; None: every bound -149, the step only observes)"},
+    {"peer_bounds", (PyCFunction)(void (*)(void))GradRed_peer_bounds, METH_VARARGS | METH_KEYWORDS,
+     "peer_bounds(bounds, peers, gmax) -> (list, list): glm_gr_peer_bounds: every tensor of a "
+     "bound group (peers[i] >= 0) takes the group's largest bound, gmax the other ranks' "
+     "largest per group (in) and the group's largest (out)"},
     {"next_history", (PyCFunction)(void (*)(void))GradRed_next_history,
      METH_VARARGS | METH_KEYWORDS,
      "next_history(prev, observed) -> list: the history after a step (glm_gr_next_history: "

@@ -298,6 +298,13 @@ void glm_gr_stated_bounds(const int *hist, size_t n1, int *bounds) {
   }
 }
 
+void glm_gr_peer_bounds(const int32_t *peer, size_t n, int *gmax, size_t npeer, int *bounds) {
+  for (size_t i = 0; i < n; i++)
+    if (peer[i] >= 0 && (size_t)peer[i] < npeer && bounds[i] > gmax[peer[i]]) gmax[peer[i]] = bounds[i];
+  for (size_t i = 0; i < n; i++)
+    if (peer[i] >= 0 && (size_t)peer[i] < npeer) bounds[i] = gmax[peer[i]];
+}
+
 void glm_gr_next_history(const int *prev, const int *observed, size_t n1, int *next) {
   for (size_t i = 0; i < n1; i++) {
     int d = prev ? prev[i] - GLM_GR_DECAY : -149;

@@ -187,6 +187,15 @@ int glm_gr_history(const glm_gr *g, int *hist, int *overflowed);
  * state their grids through it. */
 #define GLM_GR_MARGIN 3
 void glm_gr_stated_bounds(const int *hist, size_t n1, int *bounds);
+/* Tensors that share one bound (the routed experts of one layer and one
+ * projection: an expert's partials follow its layer's, but its own
+ * history lags while few tokens choose it, docs/train_model.md): peer[i]
+ * the group of bounds[i] (0 .. npeer-1; -1: none), i < n. gmax[npeer] in:
+ * the largest bound of each group's members not in bounds (other ranks'
+ * experts; -149: none), out: the group's largest; every member's bound
+ * := its group's largest. Both trainers state their grids through it
+ * after glm_gr_stated_bounds. */
+void glm_gr_peer_bounds(const int32_t *peer, size_t n, int *gmax, size_t npeer, int *bounds);
 /* The history after a step: next[i] = max(observed[i], prev[i] -
  * GLM_GR_DECAY) (prev NULL: observed), so a tensor that saw no addend
  * this step (an expert no token chose: observed -149) or a smaller one

@@ -194,7 +194,14 @@ int tr_model_create(const tr_config *c, uint64_t seed, tr_model **out, char *err
   l.p = NULL;
   m->grad_t = calloc(m->nparams, sizeof *m->grad_t);
   m->hist = calloc(m->nparams + 1, sizeof *m->hist);
-  if (!m->grad_t || !m->hist) goto oom;
+  m->peer = malloc((m->nparams + 1) * sizeof *m->peer);
+  m->npeer = (size_t)c->num_hidden_layers * 3;
+  m->peer_max = malloc((m->npeer + 1) * sizeof *m->peer_max);
+  if (!m->grad_t || !m->hist || !m->peer || !m->peer_max) goto oom;
+  for (size_t i = 0; i < m->nparams; i++) m->peer[i] = -1;
+  for (int64_t i = 0; i < c->num_hidden_layers; i++)
+    for (int64_t e = 0; m->lx[i].moe && e < c->n_routed_experts; e++)
+      for (int k = 0; k < 3; k++) m->peer[m->lx[i].expert0 + 3 * e + k] = (int32_t)(3 * i + k);
   float std = (float)c->initializer_range;
   for (size_t i = 0; i < m->nall; i++) {
     tr_param *p = &m->p[i];
@@ -239,6 +246,8 @@ void tr_model_destroy(tr_model *m) {
   free(m->p);
   free(m->grad_t);
   free(m->hist);
+  free(m->peer);
+  free(m->peer_max);
   glm_gr_destroy(m->gr);
   free(m->lx);
   tr_work_free(m->work);

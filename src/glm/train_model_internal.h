@@ -104,6 +104,10 @@ struct tr_model {
   tr_work *work;                    /* cached for the last micro-batch size */
   tr_ep *ep;                        /* expert parallelism (NULL: none) */
   int *hist;                        /* [nparams + 1] the grid history (tr_model_history) */
+  int32_t *peer;                    /* [nparams] the bound group of a routed expert's weight
+                                       (layer, projection), -1 others (glm_gr_peer_bounds) */
+  int *peer_max;                    /* [npeer] its scratch */
+  size_t npeer;
   int hist_ok;                      /* hist holds a step's observation */
   int last_passes;                  /* passes of the last tr_model_grad (1 or 2) */
   struct glm_gr *gr;                /* the last step's gradient reduction, reused while the */

@@ -225,6 +225,10 @@ int tr_model_grad(tr_model *m, const tr_run_opts *o, const int32_t *tokens, int6
      * partial flags and the attempt only observes); attempt 2, when an add broke it: the
      * observed exponents, which hold (the partials are recomputed bit for bit) */
     glm_gr_stated_bounds(m->hist_ok && !o->two_pass ? m->hist : NULL, nh, bounds);
+    if (m->hist_ok && !o->two_pass) { /* the history holds every rank's experts: no extra */
+      for (size_t k = 0; k < m->npeer; k++) m->peer_max[k] = -149;
+      glm_gr_peer_bounds(m->peer, m->nparams, m->peer_max, m->npeer, bounds);
+    }
     for (int attempt = 0; attempt < 2; attempt++) {
       int over = 0;
       if (glm_gr_begin_stated(g, bounds, attempt == 0, &c.n) || glm_gr_agree(g, comm, xcomm, &c.n) ||

@@ -30,6 +30,8 @@ import sys as _sys
 import threading as _threading
 import weakref as _weakref
 
+_PEER_RE = _re.compile(r"^(.*\.experts)\.[0-9]+\.(.*)$")
+
 from .. import Error, InvalidArgumentError, _comm_args, _core
 from .. import kernels as _k
 
@@ -182,6 +184,20 @@ class GradReductionBase:
         self._gr = _core.GradRed(params, self.seq_len, self.total_tokens,
                                  where if any(where) else None)
         self._mb = None
+        # the bound groups of the one-pass step (glm_gr_peer_bounds): the routed experts'
+        # tensors "PREFIX.experts.E.REST" of one PREFIX and REST, numbered in the sorted
+        # order of (PREFIX, REST), so every rank numbers them alike under expert parallelism
+        keys = {}
+        for n in names:
+            m = _PEER_RE.match(n)
+            if m:
+                keys.setdefault((m.group(1), m.group(2)), None)
+        num = {k: i for i, k in enumerate(sorted(keys))}
+        self._peers = []
+        for n in names:
+            m = _PEER_RE.match(n)
+            self._peers.append(num[(m.group(1), m.group(2))] if m else -1)
+        self._npeer = len(num)
 
     def _names_for(self, e):
         """The names a state error's 'tensor i' indexes (the state it names)."""
@@ -272,13 +288,35 @@ class GradReductionBase:
         takes the largest gradient exponent of the history and of ``top``
         (an int: the largest of the model's tensors this reduction does not
         hold, i.e. the other ranks' experts under expert parallelism;
-        :meth:`run_step` all-reduces it)."""
+        :meth:`run_step` all-reduces it); then, with a history, the routed
+        experts' tensors named ``PREFIX.experts.E.REST`` take the largest
+        bound of their (PREFIX, REST) group (glm_gr_peer_bounds; under
+        expert parallelism :meth:`run_step` adds the other ranks' experts)."""
         h = None if history is None else self._exponents("GradReduction.stated_bounds",
                                                          "history", history)
         try:
-            return self._as_dict(self._gr.stated_bounds(h, top))
+            b = self._gr.stated_bounds(h, top)
+            if h is not None and self._npeer:
+                b, _ = self._gr.peer_bounds(b, self._peers, [-149] * self._npeer)
+            return self._as_dict(b)
         except Error as e:
             raise _renamed(e, self.names, "GradReduction.stated_bounds") from e
+
+    def _peer_bounds(self, bounds, comm):
+        """The routed experts' bound rule (glm_gr_peer_bounds): each
+        group's tensors take the group's largest bound, under expert
+        parallelism over every rank's experts (one small MAX all-reduce of
+        the groups' largest over comm)."""
+        b, gmax = self._gr.peer_bounds(bounds, self._peers, [-149] * self._npeer)
+        fn, _ = self._fw_comm(comm) if self._ep is not None else (None, 0)
+        if fn is None:
+            return b
+        buf = bytearray(b"".join(int(g).to_bytes(8, _sys.byteorder, signed=True) for g in gmax))
+        r = fn(buf, "max")
+        raw = bytes(buf if r is None else r)
+        gmax = [int.from_bytes(raw[8 * i:8 * i + 8], _sys.byteorder, signed=True)
+                for i in range(self._npeer)]
+        return self._gr.peer_bounds(bounds, self._peers, gmax)[0]
 
     # -- the passes --
     def begin(self, n_targets=None, bounds=None, flag_overflow=True):
@@ -428,6 +466,8 @@ class GradReductionBase:
         the pass that stood."""
         hist = self._history if use_history else None
         bounds = self._gr.stated_bounds(hist, self._top(hist, comm))
+        if hist is not None and self._npeer:
+            bounds = self._peer_bounds(bounds, comm)
         for attempt in (0, 1):
             self.begin(n_targets, bounds=bounds, flag_overflow=attempt == 0)
             self.agree(comm)
