@@ -68,7 +68,7 @@ def test_same_run_identical_and_layout_free_order(tmp_path):
     rc, out, err = diff(a, b)
     assert rc == 0 and out.startswith("identical:"), (rc, out, err)
     head = json.loads(open(a).readline())
-    assert head["bitexact_trace"] == 1 and head["model"].startswith("torch:Sequential:")
+    assert head["bitexact_trace"] == 1 and head["model"].startswith("Sequential:")
     lines = [json.loads(l) for l in open(a).readlines()[1:]]
     phases = [e["phase"] for e in lines if e["step"] == 0]
     assert phases == sorted(phases, key=["forward", "backward", "optimizer"].index)
