@@ -125,7 +125,11 @@ static void print_text(FILE *out, const char *pa, const char *pb, const trace_fi
       free(jb);
       fprintf(out, "  dtype or shape differ: %s vs %s\n", sa, sb);
     } else if (r->elem >= 0) {
-      fprintf(out, "  element %lld: %s vs %s (%lld ULP)\n", (long long)r->elem, r->va, r->vb, (long long)r->ulp);
+      if (r->ulp >= 0)
+        fprintf(out, "  element %lld: %s vs %s (%lld ULP)\n", (long long)r->elem, r->va, r->vb, (long long)r->ulp);
+      else
+        fprintf(out, "  element %lld: %s vs %s (no ULP distance: a NaN, or a value not in %s)\n",
+                (long long)r->elem, r->va, r->vb, r->fa->dtype);
     } else if (r->lo >= 0) {
       trace_dump_key(r->fa, dk, sizeof dk);
       fprintf(out, "  first differing element in [%lld, %lld) (beyond the first values kept)\n",
