@@ -282,15 +282,16 @@ class TracerCore:
         grads() stay."""
         self.w.discard(lambda e: e["what"].split("@")[0] in ("grad", "param"))
 
-    def step(self):
+    def step(self, merge=None):
         """The parameters' gradients (backward phase; unless grads() was
         called in this step) and values (optimizer phase), then this step's
-        lines; call it after the optimizer's step."""
+        lines (merge: see TraceWriter.end_step); call it after the
+        optimizer's step."""
         if not self._grads_done:
             self.grads()
         for n, v, vdt, _, _ in self._parameters(grads=False):
             self.w.add("optimizer", n, "param", None, v, vdt)
-        self.end_step()
+        self.end_step(merge)
 
     def end_step(self, merge=None):
         self.w.end_step(merge)
