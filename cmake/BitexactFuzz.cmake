@@ -51,6 +51,14 @@ foreach(_src ${_harnesses})
                                "${PROJECT_SOURCE_DIR}/src/glm")
     target_link_libraries(${_name} PRIVATE m)
     target_link_libraries(${_name} PRIVATE ${BX_JANSSON_LIBRARY})
+  elseif(_name STREQUAL "fuzz_trace")
+    # the trace reader and comparison of `bitexact diff --trace`
+    find_library(BX_FUZZ_XXHASH_LIBRARY xxhash REQUIRED)
+    add_executable(${_name} "${_src}" "${PROJECT_SOURCE_DIR}/src/cli/trace_read.c"
+                   "${PROJECT_SOURCE_DIR}/src/cli/elements.c" "${PROJECT_SOURCE_DIR}/src/cli/safetensors.c")
+    target_include_directories(${_name} PRIVATE "${PROJECT_SOURCE_DIR}/src/cli"
+                               "${PROJECT_SOURCE_DIR}/src/glm")
+    target_link_libraries(${_name} PRIVATE ${BX_JANSSON_LIBRARY} ${BX_FUZZ_XXHASH_LIBRARY} m)
   else()
     add_executable(${_name} "${_src}" $<TARGET_OBJECTS:bx_fuzz_objects>)
     target_link_libraries(${_name} PRIVATE ${BX_MPFR_LIBRARY} ${BX_GMP_LIBRARY})

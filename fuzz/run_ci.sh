@@ -71,6 +71,18 @@ make_seeds() {
     seed "$name" path '{"weight_map":{"a.w":"../a.safetensors"}}' 0
     seed "$name" size '2GiB' 0
     ;;
+  fuzz_trace)
+    # byte 0 even: one trace; odd: A "\0" B
+    h='{"bitexact_trace": 1, "blocks": 16, "hash": "xxh3-64", "head": 8, "model": "M:0123", "producer": "p"}\n'
+    e1='{"step": 0, "phase": "forward", "module": "a", "what": "output", "slice": 0, "dtype": "F32", "shape": [2], "hash": "0123456789abcdef", "blocks": "00000000000000011111111111111111", "head": ["0x1p+0", "-0x1.8p-1"]}\n'
+    e1b='{"step": 0, "phase": "forward", "module": "a", "what": "output", "slice": 0, "dtype": "F32", "shape": [2], "hash": "0123456789abcdee", "blocks": "00000000000000011111111111111112", "head": ["0x1p+0", "-0x1.800002p-1"]}\n'
+    e2='{"step": 0, "phase": "backward", "module": "a.weight", "what": "grad", "slice": null, "dtype": "BF16", "shape": [], "hash": "fedcba9876543210", "blocks": "fedcba9876543210", "head": ["nan"]}\n'
+    e3='{"step": 1, "phase": "optimizer", "module": "b", "what": "param", "slice": null, "dtype": "F16", "shape": [3, 0], "hash": "2d06800538d394c2", "blocks": "", "head": []}\n'
+    seed "$name" one '\000'"$h$e1$e2$e3" 0
+    seed "$name" two_differ '\001'"$h$e1$e2"'\000'"$h$e1b$e3" 0
+    seed "$name" two_same '\001'"$h$e1$e2"'\000'"$h$e2$e1" 0
+    seed "$name" truncated '\000'"$h"'{"step": 0' 0
+    ;;
   fuzz_npy)
     # bit 0 of byte 0: header text only (a v1 prefix and element bytes added)
     seed "$name" i4_whole '\000\223NUMPY\001\000\106\000{'"'"'descr'"'"': '"'"'<i4'"'"', '"'"'fortran_order'"'"': False, '"'"'shape'"'"': (2,), }          \n\001\000\000\000\002\000\000\000' 0

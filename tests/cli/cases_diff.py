@@ -166,3 +166,94 @@ def diff_run_records():
     open(fb, "w").write(a[0] + "\n" + a[0] + "\n")
     rc, out, err = run("diff", fa, fb)
     assert rc == 2 and "twice" in err, err
+
+
+# ------------------------------------------------------------- diff --trace
+# Traces written here by hand from the format of docs/trace.md (json and
+# the xxhash package), not by bitexact's own writer.
+
+
+def trace_entry(step, phase, module, what, slc, vals):
+    a = np.ascontiguousarray(vals, dtype=np.float32).reshape(-1)
+    n, raw = a.size, a.tobytes()
+    nb = min(16, n)
+    blocks = "".join(xxhash.xxh3_64_hexdigest(raw[(j * n // nb) * 4:((j + 1) * n // nb) * 4]) for j in range(nb))
+    return json.dumps({"step": step, "phase": phase, "module": module, "what": what, "slice": slc,
+                       "dtype": "F32", "shape": [n], "hash": xxhash.xxh3_64_hexdigest(raw),
+                       "blocks": blocks, "head": [float(v).hex() for v in a[:8]]})
+
+
+def write_trace(name, lines, model="m:1"):
+    p = path(name)
+    with open(p, "w") as f:
+        f.write(json.dumps({"bitexact_trace": 1, "blocks": 16, "hash": "xxh3-64", "head": 8,
+                            "model": model, "producer": "cases_diff"}, sort_keys=True) + "\n")
+        for line in lines:
+            f.write(line + "\n")
+    return p
+
+
+@test
+def diff_trace_first_common_difference_and_one_side():
+    """A has an entry B lacks before the differing one; the first difference
+    is the common one (element 40 of 64: its part and the --dump key), the
+    entries only on one side are counted and named, exit 1."""
+    need_xxhash()
+    x = np.arange(64, dtype=np.float32) / 7
+    y = x.copy()
+    y[40] = np.nextafter(y[40], np.float32(np.inf))
+    emb = trace_entry(0, "forward", "model.embed", "output", 0, x[:4])
+    a = write_trace("ta.trace", [emb, trace_entry(0, "forward", "model.rotary_emb", "output", None, x[:3]),
+                                 trace_entry(0, "forward", "model.norm", "output", 0, x),
+                                 trace_entry(0, "backward", "w", "grad", None, x[:2])])
+    b = write_trace("tb.trace", [emb, trace_entry(0, "forward", "model.norm", "output", 0, y),
+                                 trace_entry(0, "forward", "model.qkv", "output", 1, x[:5]),
+                                 trace_entry(0, "forward", "model.qkv", "output", 2, x[:5]),
+                                 trace_entry(0, "backward", "w", "grad", None, x[:2])])
+    rc, out, err = run("diff", "--trace", a, b)
+    lines = out.splitlines()
+    assert rc == 1 and err == "", (rc, out, err)
+    assert lines[0] == "first difference: step 0, forward, model.norm, output, sequence 0 (F32, 1-d)", out
+    assert lines[1] == "  first differing element in [40, 44) (beyond the first values kept)", out
+    assert lines[2] == ("  rerun both with --dump '0/forward/model.norm/output/0' and bitexact diff "
+                        "the two .dump.safetensors files"), out
+    assert lines[3] == "1 of 3 common entries differ; in model.norm (1)", out
+    assert lines[4] == f"1 entries only in {a} (first: step 0, forward, model.rotary_emb, output, whole)", out
+    assert lines[5] == f"2 entries only in {b} (first: step 0, forward, model.qkv, output, sequence 1)", out
+    j = run_json("diff", "--trace", a, b, check=1)
+    f = j["first"]
+    assert (j["differ"], j["only_in_a"], j["only_in_b"]) == (1, 1, 2), j
+    assert (f["module"], f["slice"], f["elements"], f["element"], f["dump_key"]) == \
+        ("model.norm", 0, [40, 44], None, "0/forward/model.norm/output/0"), f
+    assert j["first_only_in_a"] == {"step": 0, "phase": "forward", "module": "model.rotary_emb",
+                                    "what": "output", "slice": None}, j
+    assert j["first_only_in_b"]["module"] == "model.qkv" and j["first_only_in_b"]["slice"] == 1, j
+    # the same entries, only B's extra ones: no common difference, still exit 1
+    c = write_trace("tc.trace", [emb])
+    rc, out, err = run("diff", "--trace", c, b)
+    assert rc == 1 and out.startswith("first difference: none among the 1 common entries; "), out
+    j = run_json("diff", "--trace", c, b, check=1)
+    assert j["first"] is None and j["differ"] == 0 and j["only_in_b"] == 4, j
+    rc, out, err = run("diff", "--trace", c, c)
+    assert rc == 0 and out == "identical: 1 entries, model m:1\n", out
+
+
+@test
+def diff_trace_bad_files():
+    """Truncated, duplicate keys, other models, another version: one line, exit 2."""
+    need_xxhash()
+    e = trace_entry(0, "forward", "m", "output", 0, [1.0, 2.0])
+    good = write_trace("good.trace", [e])
+    cases = {
+        "trunc.trace": open(good).read()[:-1],
+        "dup.trace": open(write_trace("dup0.trace", [e, e])).read(),
+        "other.trace": open(write_trace("other0.trace", [e], model="m:2")).read(),
+        "v2.trace": open(good).read().replace('"bitexact_trace": 1', '"bitexact_trace": 2'),
+        "badhead.trace": open(good).read().replace('"0x1.0000000000000p+0"', '"one"'),
+    }
+    for name, text in cases.items():
+        p = path(name)
+        with open(p, "w") as f:
+            f.write(text)
+        rc, out, err = run("diff", "--trace", good, p)
+        assert rc == 2 and out == "" and err.count("\n") == 1 and err.startswith("bitexact: "), (name, rc, out, err)

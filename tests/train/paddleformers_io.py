@@ -7,6 +7,14 @@ imports it):
       a model of CONFIG (its own initialisation, e_score_correction_bias
       set to random values) written by save_pretrained(OUT_DIR,
       max_shard_size=...): shards with an index, the router in BF16
+  python3 paddleformers_io.py trace DIR BATCH.npy OUT.trace MODEL_ID [DUMP_KEY]
+      Glm4MoeForCausalLMDeprecated.from_pretrained(DIR) in fp32, train
+      mode: one forward (input_ids = BATCH[:, :-1], a [B, L+1] int64
+      batch) and backward of the token-mean cross-entropy against
+      BATCH[:, 1:] (the loss of ref_transformers.loss_and_grads), traced
+      by bitexact.paddle.trace (seq_len L, include_root=False, model=
+      MODEL_ID, dump= DUMP_KEY) and one Tracer.step() with no update;
+      prints "TRACED <loss as a hex float>"
   python3 paddleformers_io.py load DIR
       Glm4MoeForCausalLMDeprecated.from_pretrained(DIR); prints one line
       "LOADED <json>" with the messages of PaddleFormers' logger, Python's
@@ -75,6 +83,26 @@ def main(argv):
                 b.set_value(0.2 * (paddle.rand(b.shape, dtype=b.dtype) - 0.5))
         m.save_pretrained(out, max_shard_size=size)
         print("SAVED " + json.dumps(sorted(os.listdir(out))))
+        return 0
+    if argv[0] == "trace":
+        import numpy as np
+        import bitexact.paddle as bp
+        d, batch_path, out, model_id = argv[1:5]
+        dump = argv[5] if len(argv) > 5 else None
+        c = Glm4MoeConfig.from_pretrained(d)
+        c.fuse_rms_norm = False
+        m = Glm4MoeForCausalLMDeprecated.from_pretrained(d, config=c, dtype="float32")
+        m.train()
+        batch = paddle.to_tensor(np.load(batch_path).astype(np.int64))
+        L = batch.shape[1] - 1
+        with bp.trace(m, out, seq_len=L, include_root=False, model=model_id, dump=dump) as t:
+            logits = m(input_ids=batch[:, :-1], use_cache=False, return_dict=True).logits
+            loss = paddle.nn.functional.cross_entropy(
+                logits.astype("float32").reshape([-1, logits.shape[-1]]), batch[:, 1:].reshape([-1]),
+                reduction="mean")
+            loss.backward()
+            t.step()
+        print("TRACED " + float(loss).hex())
         return 0
     if argv[0] == "load":
         h = Collect()

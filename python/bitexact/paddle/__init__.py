@@ -348,3 +348,9 @@ from ._glm import (  # noqa: E402,F401
 from ._glm import __all__ as _glm_all  # noqa: E402
 
 __all__ += _glm_all
+
+# First-divergence traces of any nn.Layer, in bitexact.torch.trace's
+# format (docs/trace.md; bitexact diff --trace).
+from ._trace import Tracer, trace  # noqa: E402,F401
+
+__all__ += ["trace", "Tracer"]

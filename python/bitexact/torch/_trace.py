@@ -13,10 +13,14 @@ backward hooks (every submodule's input gradients) and, at
 Activations are cut along ``batch_dim`` (default 0) into one entry per
 sequence, numbered ``t.seq_offset + i`` (set ``t.seq_offset`` before each
 micro-batch to its first global sequence, so that two micro-batchings of
-one batch write the same entries); a tensor whose size along ``batch_dim``
-is not the batch size of the traced module's first input is traced whole
-(``"slice": null``). Then ``bitexact diff --trace a.trace b.trace`` names
-the first difference.
+one batch write the same entries); with ``seq_len`` a tensor of ``B *
+seq_len`` rows (token-major ``[B*L, H]``) is cut into B entries of
+``seq_len`` rows; a tensor of any other size along ``batch_dim`` is traced
+whole (``"slice": null``). The keyword arguments (``seq_len``,
+``include_root``, ``model``, ``producer``, ``dump``) and ``grads()``,
+``discard()`` are documented in docs/trace.md; the shared logic is
+bitexact._trace.TracerCore. Then ``bitexact diff --trace a.trace b.trace``
+names the first difference.
 """
 import contextlib
 
@@ -26,88 +30,76 @@ import torch
 from .. import _trace
 
 
-def _model_id(module):
-    import xxhash
-    h = xxhash.xxh3_64()
-    h.update(type(module).__name__.encode())
-    for n, p in module.named_parameters():
-        h.update(f"{n}:{tuple(p.shape)};".encode())
-    return f"torch:{type(module).__name__}:{h.hexdigest()}"
-
-
-def _arrays(t):
-    """(array, dtype name or None, float64 values or None) of a tensor."""
+def _float_array(t):
+    """(numpy array, dtype name or None) of a floating-point tensor (bf16
+    as its uint16 bit patterns), else None."""
+    if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+        return None
     t = t.detach()
     if t.dtype == torch.bfloat16:
-        c = t.cpu().contiguous()
-        return c.view(torch.int16).numpy().view(np.uint16), "BF16", c.double().numpy()
-    return t.cpu().contiguous().numpy(), None, None
+        return t.cpu().contiguous().view(torch.int16).numpy().view(np.uint16), "BF16"
+    return t.cpu().contiguous().numpy(), None
 
 
-class Tracer:
-    def __init__(self, module, path, batch_dim=0):
-        self.module, self.batch_dim, self.seq_offset = module, batch_dim, 0
-        self.w = _trace.TraceWriter(path, _model_id(module), f"bitexact.torch {torch.__version__}")
-        self._batch = None
+class Tracer(_trace.TracerCore):
+    def __init__(self, module, path, batch_dim=0, *, seq_len=None, include_root=True, model=None,
+                 producer=None, dump=None):
+        self.module = module
+        root = type(module).__name__
+        if model is None:
+            model = _trace.model_id(root, ((n, tuple(p.shape)) for n, p in module.named_parameters()))
+        super().__init__(path, model, producer or f"bitexact.torch {torch.__version__}",
+                         batch_dim, seq_len, dump)
         self._hooks = []
         for name, m in module.named_modules():
-            self._hooks.append(m.register_forward_hook(self._fwd(name or type(module).__name__)))
-            self._hooks.append(m.register_full_backward_hook(self._bwd(name or type(module).__name__)))
-        self._hooks.append(module.register_forward_pre_hook(self._pre))
+            if m is module and not include_root:
+                continue
+            self._hooks.append(m.register_forward_hook(self._fwd(name or root)))
+            self._hooks.append(m.register_full_backward_hook(self._bwd(name or root)))
+        self._hooks.append(module.register_forward_pre_hook(self._pre, with_kwargs=True))
 
-    def _pre(self, m, args):
-        first = next((a for a in args if isinstance(a, torch.Tensor)), None)
-        self._batch = first.shape[self.batch_dim] if first is not None and first.dim() > self.batch_dim else None
+    _float_array = staticmethod(_float_array)
 
-    def _add(self, phase, name, what, t):
-        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
-            return
-        d = self.batch_dim
-        if self._batch is not None and t.dim() > d and t.shape[d] == self._batch:
-            for i in range(t.shape[d]):
-                a, dt, vals = _arrays(t.select(d, i))
-                self.w.add(phase, name, what, self.seq_offset + i, a, dt, vals)
-        else:
-            a, dt, vals = _arrays(t)
-            self.w.add(phase, name, what, None, a, dt, vals)
+    def _pre(self, m, args, kwargs):
+        first = next((a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)), None)
+        self.set_batch(None if first is None else tuple(first.shape))
 
     def _fwd(self, name):
         def hook(m, args, out):
-            outs = out if isinstance(out, (tuple, list)) else (out,)
-            for k, o in enumerate(outs):
-                self._add("forward", name, "output" if len(outs) == 1 else f"output.{k}", o)
+            for what, o in _trace.flatten_outputs(out, lambda x: isinstance(x, torch.Tensor)):
+                self.activation("forward", name, what, o)
         return hook
 
     def _bwd(self, name):
         def hook(m, grad_input, grad_output):
             for k, g in enumerate(grad_input):
-                self._add("backward", name, f"grad_input.{k}", g)
+                self.activation("backward", name, f"grad_input.{k}", g)
         return hook
 
-    def step(self):
-        """The parameters' gradients (backward phase) and values (optimizer
-        phase), then this step's lines; call it after optimizer.step()."""
+    def _parameters(self, grads):
         for n, p in self.module.named_parameters():
-            if p.grad is not None:
-                a, dt, vals = _arrays(p.grad)
-                self.w.add("backward", n, "grad", None, a, dt, vals)
-        for n, p in self.module.named_parameters():
-            a, dt, vals = _arrays(p)
-            self.w.add("optimizer", n, "param", None, a, dt, vals)
-        self.w.end_step()
+            if grads:
+                g = _float_array(p.grad) if p.grad is not None else None
+                yield n, None, None, g[0] if g else None, g[1] if g else None
+            else:
+                v = _float_array(p)
+                if v is not None:
+                    yield n, v[0], v[1], None, None
 
     def close(self):
         for h in self._hooks:
             h.remove()
         self._hooks = []
-        self.w.close()
+        self._close_writer()
 
 
 @contextlib.contextmanager
-def trace(module, path, batch_dim=0):
+def trace(module, path, batch_dim=0, *, seq_len=None, include_root=True, model=None, producer=None,
+          dump=None):
     """Trace `module` into `path` for the duration of the block (yields the
     :class:`Tracer`; call its ``step()`` once per training step)."""
-    t = Tracer(module, path, batch_dim)
+    t = Tracer(module, path, batch_dim, seq_len=seq_len, include_root=include_root, model=model,
+               producer=producer, dump=dump)
     try:
         yield t
     finally:
