@@ -27,6 +27,7 @@ bitexact.paddle.trace share (slicing per sequence, the default model id,
 gradients and parameters at the step's end, discard, dump); the framework
 modules add only their hooks and the tensor -> numpy conversion.
 """
+import contextlib
 import json
 import os
 import warnings
@@ -297,5 +298,20 @@ class TracerCore:
         self.w.end_step(merge)
         self._grads_done = False
 
-    def _close_writer(self):
+    def close(self):
+        """Removes the hooks (the subclass keeps them in ``self._hooks``)
+        and closes the file (the last step's entries are written)."""
+        for h in getattr(self, "_hooks", ()):
+            h.remove()
+        self._hooks = []
         self.w.close()
+
+
+@contextlib.contextmanager
+def traced(tracer):
+    """The context of bitexact.torch.trace / bitexact.paddle.trace: yields
+    the tracer, closes it at the end of the block."""
+    try:
+        yield tracer
+    finally:
+        tracer.close()

@@ -75,8 +75,14 @@ def ref_bf16(tmp_path_factory):
 def _py_train(fw, ranks, out, ck0, *extra, steps=STEPS):
     """python -m bitexact.train on `ranks` processes; returns (record, ckpt)."""
     rec, ck = os.path.join(out, "r.jsonl"), os.path.join(out, "ck")
-    args = ["--framework", fw, "--resume", ck0, "--steps", str(steps), "--record", rec,
-            "--save", ck, "--threads", "1", "-q", *extra]
+    launch(fw, ranks, out, ["--framework", fw, "--resume", ck0, "--steps", str(steps), "--record",
+                            rec, "--save", ck, "--threads", "1", "-q", *extra])
+    return rec, ck
+
+
+def launch(fw, ranks, out, args):
+    """python -m bitexact.train ARGS on `ranks` processes (torch.distributed.run
+    or paddle.distributed.launch over gloo; logs under out/log); asserts exit 0."""
     if ranks == 1:
         cmd = [sys.executable, "-m", "bitexact.train", *args]
     elif fw == "torch":
@@ -93,7 +99,6 @@ def _py_train(fw, ranks, out, ck0, *extra, steps=STEPS):
         logs = "".join(open(os.path.join(out, "log", f)).read()[-2000:]
                        for f in sorted(os.listdir(os.path.join(out, "log"))))
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:] + logs
-    return rec, ck
 
 
 def _same_run(ref, rec, ck):

@@ -13,7 +13,7 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from test_train_bindings import CLI, _port, _train_script  # noqa: E402
+from test_train_bindings import CLI, launch  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not os.access(CLI, os.X_OK), reason=f"{CLI} is not built")
 STEPS = 3
@@ -47,19 +47,8 @@ def cref(tmp_path_factory):
 
 def _py(fw, ranks, out, ck0, *extra):
     tr = os.path.join(out, "py.trace")
-    args = ["--framework", fw, "--resume", ck0, "--steps", str(STEPS), "--trace", tr,
-            "--threads", "1", "-q", *extra]
-    if ranks == 1:
-        cmd = [sys.executable, "-m", "bitexact.train", *args]
-    elif fw == "torch":
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
-               "--master-addr", "127.0.0.1", "--master-port", str(_port()), "-m",
-               "bitexact.train", *args]
-    else:
-        cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node",
-               str(ranks), "--log_dir", os.path.join(out, "log"), _train_script(), *args]
-    p = _run(cmd)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    launch(fw, ranks, out, ["--framework", fw, "--resume", ck0, "--steps", str(STEPS), "--trace",
+                            tr, "--threads", "1", "-q", *extra])
     return tr
 
 

@@ -32,8 +32,6 @@ The keyword arguments (``seq_len``, ``include_root``, ``model``,
 ``producer``, ``dump``), ``grads()``, ``discard()`` and ``step()`` are those
 of bitexact.torch.trace (the shared logic is bitexact._trace.TracerCore).
 """
-import contextlib
-
 import paddle
 
 from .. import _trace
@@ -119,21 +117,10 @@ class Tracer(_trace.TracerCore):
             elif v is not None:
                 yield n, v[0], v[1], None, None
 
-    def close(self):
-        for h in self._hooks:
-            h.remove()
-        self._hooks = []
-        self._close_writer()
 
-
-@contextlib.contextmanager
 def trace(layer, path, batch_dim=0, *, seq_len=None, include_root=True, model=None, producer=None,
           dump=None):
     """Trace `layer` into `path` for the duration of the block (yields the
     :class:`Tracer`; call its ``step()`` once per training step)."""
-    t = Tracer(layer, path, batch_dim, seq_len=seq_len, include_root=include_root, model=model,
-               producer=producer, dump=dump)
-    try:
-        yield t
-    finally:
-        t.close()
+    return _trace.traced(Tracer(layer, path, batch_dim, seq_len=seq_len, include_root=include_root,
+                                model=model, producer=producer, dump=dump))

@@ -22,8 +22,6 @@ whole (``"slice": null``). The keyword arguments (``seq_len``,
 bitexact._trace.TracerCore. Then ``bitexact diff --trace a.trace b.trace``
 names the first difference.
 """
-import contextlib
-
 import numpy as np
 import torch
 
@@ -86,21 +84,10 @@ class Tracer(_trace.TracerCore):
                 if v is not None:
                     yield n, v[0], v[1], None, None
 
-    def close(self):
-        for h in self._hooks:
-            h.remove()
-        self._hooks = []
-        self._close_writer()
 
-
-@contextlib.contextmanager
 def trace(module, path, batch_dim=0, *, seq_len=None, include_root=True, model=None, producer=None,
           dump=None):
     """Trace `module` into `path` for the duration of the block (yields the
     :class:`Tracer`; call its ``step()`` once per training step)."""
-    t = Tracer(module, path, batch_dim, seq_len=seq_len, include_root=include_root, model=model,
-               producer=producer, dump=dump)
-    try:
-        yield t
-    finally:
-        t.close()
+    return _trace.traced(Tracer(module, path, batch_dim, seq_len=seq_len, include_root=include_root,
+                                model=model, producer=producer, dump=dump))
