@@ -1237,8 +1237,8 @@ static int startup_agree(tr_run *r, int failed, int with_settings) {
     const int64_t top = (int64_t)1 << 40;
     int who = (int)(top - 1 - (v & (top - 1)));
     const char *m = g_defer_msg[0] ? g_defer_msg : "train: failed (no message)";
-    if (who == r->rank) {
-      if (all || r->P == 1) cli_error("%s", m);
+    if (who == r->rank && g_defer) { /* one process: printed already */
+      if (all) cli_error("%s", m);
       else cli_error("train: rank %d: %s", who, strncmp(m, "train: ", 7) == 0 ? m + 7 : m);
     }
     reported = 1;
@@ -1254,7 +1254,7 @@ static int startup_agree(tr_run *r, int failed, int with_settings) {
 static int train_main(tr_run *r, int argc, char **argv) {
   tr_args *a = &r->a;
   int bad = startup_local(r, argc, argv) != 0;
-  if (startup_agree(r, bad, !bad)) return CLI_ERROR;
+  if (startup_agree(r, bad, 1)) return CLI_ERROR; /* the same words on every rank */
   if (a->dry_run && !a->resume && !a->init_from) {
     g_defer = 0;
     dry_run(r);
