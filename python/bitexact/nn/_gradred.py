@@ -462,21 +462,25 @@ class GradReductionBase:
         return out
 
     def _agree_status(self, comm, err, before):
-        """One MAX all-reduce of one int64 over comm: nonzero where a rank
-        failed (2^40 - its rank). Raises err on a rank that failed,
-        PeerFailedError naming the lowest failed rank on the others."""
+        """One MAX all-reduce of one int64 over comm, this rank's status
+        (docs/faults.md): level << 40 | (2^40 - 1 - rank), level 2 for this
+        rank's own failure, 1 for one learned from a peer (PeerFailedError),
+        0 fine; the MAX names the rank that reports. Raises err on that rank,
+        PeerFailedError on the others."""
         fn, rank = self._fw_comm(comm)
+        top = 1 << 40
+        level = 0 if err is None else 1 if isinstance(err, PeerFailedError) else 2
+        v = (level << 40) | (top - 1 - rank) if level else 0
         if fn is not None:
-            top = 1 << 40
-            buf = bytearray(int(top - rank if err is not None else 0).to_bytes(8, _sys.byteorder, signed=True))
+            buf = bytearray(int(v).to_bytes(8, _sys.byteorder, signed=True))
             r = fn(buf, "max")
             v = int.from_bytes(bytes(buf if r is None else r), _sys.byteorder, signed=True)
-        else:
-            v = 0
-        if err is not None:
+        if not v:
+            return
+        who = top - 1 - (v & (top - 1))
+        if err is not None and who == rank:
             raise err
-        if v:
-            raise PeerFailedError(f"rank {(1 << 40) - v} failed before {before}")
+        raise PeerFailedError(f"rank {who} failed before {before}")
 
     def _ep_pass_end(self, err):
         """Under expert parallelism, the EP group's status step after the
@@ -489,7 +493,8 @@ class GradReductionBase:
         if ep is None or getattr(ep, "E", 1) <= 1:
             return err
         if err is not None and "expert parallelism: EP rank " in str(err):
-            return err  # learned from a peer's status word: the group knows
+            # learned from a peer's status word (glm_ep_status): the group knows, no drain
+            return err if isinstance(err, PeerFailedError) else PeerFailedError(str(err))
         send = bytearray((-1 if err is not None else 0).to_bytes(8, _sys.byteorder, signed=True) * ep.E)
         recv = bytearray(8 * ep.E)
         ep.alltoall_i64(send, recv)
