@@ -27,6 +27,7 @@
  * one line on stderr and exit status 2.
  */
 #include <errno.h>
+#include <stdarg.h>
 #include <math.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -43,6 +44,7 @@
 #include "train_ckpt_model.h"
 #include "train_config.h"
 #include "train_data.h"
+#include "train_agree.h"
 #include "train_model.h"
 #include "train_mpi.h"
 #include "train_record.h"
@@ -65,11 +67,28 @@ typedef struct tr_args {
 
 static int g_rank;
 
-/* Errors every rank detects alike: printed once, by rank 0. */
-#define TERR(...)                         \
-  do {                                    \
-    if (g_rank == 0) cli_error(__VA_ARGS__); \
-  } while (0)
+/* Start-up with several ranks: a message waits for the start-up agreement (its first one
+ * kept), which names the rank that prints it (docs/faults.md). */
+static int g_defer;
+static char g_defer_msg[900];
+
+static void terr(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void terr(const char *fmt, ...) {
+  char m[900];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(m, sizeof m, fmt, ap);
+  va_end(ap);
+  if (g_defer) {
+    if (!g_defer_msg[0]) snprintf(g_defer_msg, sizeof g_defer_msg, "%s", m);
+  } else if (g_rank == 0) {
+    cli_error("%s", m);
+  }
+}
+
+/* Errors every rank detects alike: printed once, by rank 0 (at start-up with several
+ * ranks: by the rank the start-up agreement names). */
+#define TERR(...) terr(__VA_ARGS__)
 
 static const char usage[] =
     "usage: bitexact train [--config FILE.json] [--data FILE] [--steps N] [--seed S] "
@@ -313,15 +332,8 @@ static int check_out_file(const char *flag, const char *path) {
 
 /* The layout: B sequences over P ranks, each rank's over M micro-batches;
  * the experts over EP groups of E ranks. Every rank decides alike (the
- * same arguments and config; --ep itself is compared over the ranks). */
-static int check_layout(const tr_args *a, const tr_config *cfg, int P, const bx_comm *comm) {
-  if (comm) {
-    int64_t v[2] = {a->ep, -a->ep};
-    if (comm->allreduce_i64(v, 2, BX_OP_MAX, comm->ctx) != 0 || v[0] != -v[1]) {
-      TERR("train: --ep differs between the ranks (%lld .. %lld)", (long long)-v[1], (long long)v[0]);
-      return -1;
-    }
-  }
+ * same arguments and config, compared over the ranks at start-up). */
+static int check_layout(const tr_args *a, const tr_config *cfg, int P) {
   if (a->ep > 1 && P % a->ep != 0) {
     TERR("train: --ep %lld does not divide the %d rank%s (expert-parallel groups of %lld "
          "consecutive ranks)", (long long)a->ep, P, P > 1 ? "s" : "", (long long)a->ep);
@@ -500,7 +512,67 @@ typedef struct tr_run {
   int32_t *eval_tokens;           /* one eval batch's local sequences */
   float *eval_parts;              /* every local eval sequence's loss sum */
   tt_trace *trace;                /* --trace (NULL: none) */
+  /* the step's failure on this rank so far (docs/faults.md): lvl 0 none, 1 another rank's
+   * (learned from an agreement), 2 this rank's own, 3 this rank's tokens gave a non-finite
+   * loss; msg the first message of the highest level, printed by the rank the agreement
+   * names (the highest level, then the lowest rank) */
+  int lvl;
+  char msg[900];
+  int64_t cur_step;               /* the step run (the fault injection's clock) */
+  int line_written;               /* run_step wrote the step's record line */
+  tf_fault fault;                 /* BITEXACT_FAULT (test-only) */
 } tr_run;
+
+/* Records this rank's failure (kept: the first message of the highest level). */
+static void step_fail(tr_run *r, int lvl, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void step_fail(tr_run *r, int lvl, const char *fmt, ...) {
+  if (lvl <= r->lvl) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(r->msg, sizeof r->msg, fmt, ap);
+  va_end(ap);
+  r->lvl = lvl;
+}
+
+/* This rank's status as one word whose MAX over the ranks names the failure to report: the
+ * highest level, then the lowest rank (0: no failure). */
+static int64_t status_word(const tr_run *r) {
+  const int64_t top = (int64_t)1 << 40;
+  return r->lvl ? ((int64_t)r->lvl << 40) | (top - 1 - r->rank) : 0;
+}
+
+/* The agreed word v: 0 when no rank failed; else 1, the named rank prints its one line
+ * ("train: rank R: ..." with several ranks) and every rank gives up the step. */
+static int decide(tr_run *r, int64_t v) {
+  if (v == 0) return 0;
+  const int64_t top = (int64_t)1 << 40;
+  int who = (int)(top - 1 - (v & (top - 1)));
+  if (who == r->rank) {
+    if (r->P > 1) cli_error("train: rank %d: %s", who, r->msg);
+    else cli_error("train: %s", r->msg);
+  }
+  r->lvl = 0;
+  return 1;
+}
+
+/* An agreement of its own (one MAX all-reduce of one word) where no collective of the
+ * step carries the status: 1 when some rank failed (reported), 0 otherwise. */
+static int agree_now(tr_run *r) {
+  int64_t v = status_word(r);
+  if (r->comm && r->comm->allreduce_i64(&v, 1, BX_OP_MAX, r->comm->ctx) != 0) {
+    cli_error("train: rank %d: the ranks' agreement (an all-reduce) failed", r->rank);
+    return 1;
+  }
+  return decide(r, v);
+}
+
+/* The test-only fault of this rank at this step and point (fires once). */
+static int fault_at(tr_run *r, const char *point) {
+  return tf_hit(&r->fault, r->rank, r->cur_step, point);
+}
+
+/* The model's fault hook (tr_run_opts.fault). */
+static int fault_hook(void *ctx, const char *point) { return fault_at((tr_run *)ctx, point); }
 
 /* Whether this rank holds parameter q (every dense one; its experts). */
 static int holds(const tr_run *r, const tr_param *q) {
@@ -545,8 +617,8 @@ static int trace_params(tr_run *r, int phase, int64_t s) {
     int64_t order = phase == 1 ? (int64_t)(r->nparams - 1 - i) : (int64_t)i;
     if (tt_tensor(r->trace, phase, q->name, phase == 1 ? "grad" : "param", order,
                   phase == 1 ? q->grad : q->data, q->ndim, q->shape)) {
-      cli_error("train: step %lld: --trace: out of memory", (long long)s);
-      return -1;
+      (void)s;
+      return -1; /* out of memory: the caller reports it */
     }
   }
   return 0;
@@ -585,18 +657,15 @@ static int run_eval(tr_run *r, float *mean) {
   int64_t N = a->eval_batches;
   char err[512];
   tr_run_opts ro = {cli_threads(&a->common), a->ordinary ? BX_TOKRED_ORDINARY : BX_TOKRED_GRID, L,
-                    a->bf16, a->no_history, NULL};
-  int bad = 0;
-  for (int64_t j = 0; j < N && !bad; j++) {
+                    a->bf16, a->no_history, NULL, NULL, NULL};
+  for (int64_t j = 0; j < N && !r->lvl; j++) {
     for (int64_t b = 0; b < local; b++)
       td_tokens(&r->eval, j * B + first + b, r->eval_tokens + b * (L + 1));
-    if (tr_model_eval(r->model, &ro, r->eval_tokens, local, j * B + first, a->micro_batches,
-                      r->eval_parts + j * local, err, sizeof err)) {
-      cli_error("train: --eval-data %s%s: %s", a->eval_data, r->P > 1 ? " (a rank)" : "", err);
-      bad = 1;
-    }
+    int e = tr_model_eval(r->model, &ro, r->eval_tokens, local, j * B + first, a->micro_batches,
+                          r->eval_parts + j * local, err, sizeof err);
+    if (e) step_fail(r, e == -2 ? 1 : 2, "--eval-data %s: %s", a->eval_data, err);
   }
-  if (any_rank(r->comm, bad)) return -1;
+  if (agree_now(r)) return -1;
   if (tr_eval_mean(r->eval_parts, N * local, local, B, first, L, N * B * L, r->comm, mean, err,
                    sizeof err)) {
     TERR("train: --eval-data %s: the eval loss: %s", a->eval_data, err);
@@ -605,53 +674,81 @@ static int run_eval(tr_run *r, float *mean) {
   return 0;
 }
 
-static int run_step(tr_run *r, int64_t s) {
+/* One step on this rank. A rank that fails locally goes on to the step's next agreement
+ * (docs/faults.md): inside tr_model_grad, the token losses' all-reduce (its status words),
+ * one of its own before the trace's gather, the eval and after a gradient dump, or the
+ * loop's after the step. 1: a failure was agreed here (every rank returns 1 alike); 0:
+ * the step ran, or failed with r->lvl set for the loop's agreement. The record line
+ * (rank 0) is written last; *rec_pos: the record's length before it. */
+static int run_step(tr_run *r, int64_t s, long *rec_pos) {
   const tr_args *a = &r->a;
   int64_t B = a->global_batch, L = a->seq_len, local = B / r->P, first = r->rank * local;
   char err[512];
-  for (int64_t b = 0; b < local; b++) {
+  r->lvl = 0;
+  r->cur_step = s;
+  for (int64_t b = 0; b < local && !r->lvl; b++) {
     int64_t i = td_sequence(&r->data, s * B + first + b);
-    if (i < 0) return cli_error("train: out of memory for the data permutation"), -1;
-    td_tokens(&r->data, i, r->tokens + b * (L + 1));
+    if (i < 0) step_fail(r, 2, "step %lld: out of memory for the data permutation", (long long)s);
+    else td_tokens(&r->data, i, r->tokens + b * (L + 1));
   }
+  if (!r->lvl && fault_at(r, "data")) r->tokens[1] = (int32_t)r->cfg.vocab_size; /* a bad id read */
   tr_run_opts ro = {cli_threads(&a->common), a->ordinary ? BX_TOKRED_ORDINARY : BX_TOKRED_GRID, L, a->bf16,
-                    a->no_history, NULL};
+                    a->no_history, NULL, r->fault.on ? fault_hook : NULL, r};
   if (r->trace) {
     tt_begin_step(r->trace, s);
     ro.trace = tt_hook(r->trace);
   }
   float loss = NAN;
-  if (tr_model_grad(r->model, &ro, r->tokens, local, first, B, a->micro_batches, r->comm, &loss,
-                    r->tok_loss, err, sizeof err)) {
-    cli_error("train: step %lld%s: %s", (long long)s, r->P > 1 ? " (a rank)" : "", err);
-    return -1;
-  }
-  if (r->trace && trace_params(r, 1, s)) return -1; /* the gradients before clipping */
-  /* the per-token losses of the global batch, in global token order */
+  memset(r->tok_loss, 0, (size_t)(local * L) * sizeof *r->tok_loss);
+  /* a rank that failed already takes part with no tokens: tr_model_grad fails it before its
+   * first collective, agreed there */
+  int g = tr_model_grad(r->model, &ro, r->lvl ? NULL : r->tokens, local, first, B, a->micro_batches,
+                        r->comm, &loss, r->tok_loss, err, sizeof err);
+  if (g) step_fail(r, g == -2 ? 1 : 2, "step %lld: %s", (long long)s, err);
+  for (int64_t k = 0; k < local * L; k++) /* the cause, when this rank's tokens gave it */
+    if (!isfinite(r->tok_loss[k])) {
+      step_fail(r, 3, "step %lld: non-finite loss (%g) at token %lld of global sequence %lld "
+                "(this rank's local sequence %lld)", (long long)s, (double)r->tok_loss[k],
+                (long long)(k % L), (long long)(first + k / L), (long long)(k / L));
+      break;
+    }
+  if (!r->lvl && r->trace && trace_params(r, 1, s)) /* the gradients before clipping */
+    step_fail(r, 2, "step %lld: --trace: out of memory", (long long)s);
+  /* the per-token losses of the global batch, in global token order; the words carry every
+   * rank's status (one word each, in its slot) */
   const float *all = r->tok_loss;
   if (r->P > 1) {
-    memset(r->words, 0, (size_t)(B * L) * sizeof *r->words);
-    for (int64_t k = 0; k < local * L; k++) {
+    size_t nw = (size_t)(B * L) + (size_t)r->P;
+    memset(r->words, 0, nw * sizeof *r->words);
+    for (int64_t k = 0; !r->lvl && k < local * L; k++) {
       uint32_t u;
       memcpy(&u, &r->tok_loss[k], 4);
       r->words[first * L + k] = u;
     }
-    if (r->comm->allreduce_i64(r->words, (size_t)(B * L), BX_OP_SUM, r->comm->ctx) != 0)
-      return cli_error("train: step %lld: the all-reduce of the token losses failed", (long long)s), -1;
+    r->words[B * L + r->rank] = status_word(r);
+    if (r->comm->allreduce_i64(r->words, nw, BX_OP_SUM, r->comm->ctx) != 0) {
+      cli_error("train: rank %d: step %lld: the all-reduce of the token losses failed", r->rank,
+                (long long)s);
+      return 1;
+    }
+    int64_t v = 0;
+    for (int k = 0; k < r->P; k++) v = r->words[B * L + k] > v ? r->words[B * L + k] : v;
+    if (decide(r, v)) return 1;
     for (int64_t k = 0; k < B * L; k++) {
       uint32_t u = (uint32_t)r->words[k];
       memcpy(&r->all_loss[k], &u, 4);
     }
     all = r->all_loss;
+  } else if (decide(r, status_word(r))) {
+    return 1;
   }
   if (a->dump_grads && s == a->steps - 1) {
-    if (gather_experts(r, 0)) return cli_error("train: --dump-grads: gathering the experts failed"), -1;
-    if (r->rank == 0 && write_grads(r, err, sizeof err)) {
-      cli_error("train: --dump-grads %s", err);
-      return -1;
-    }
+    if (gather_experts(r, 0)) step_fail(r, 2, "--dump-grads: gathering the experts failed");
+    else if (r->rank == 0 && write_grads(r, err, sizeof err))
+      step_fail(r, 2, "--dump-grads %s", err);
+    if (agree_now(r)) return 1;
   }
-  /* clipping (as bx_clip_grad_norm, with the group norms) */
+  /* clipping (as bx_clip_grad_norm, with the group norms): the norm agrees its own failures */
   bx_group groups[2] = {{r->owned[0], r->nowned[0]}, {r->owned[1], r->nowned[1]}};
   bx_norm_opts no = BX_NORM_OPTS_DEFAULT;
   no.num_threads = ro.threads;
@@ -668,10 +765,8 @@ static int run_step(tr_run *r, int64_t s) {
         r->grads[ng++] = view(r->params[i].grad, &r->params[i]);
     st = bx_scale(r->grads, ng, coef, &so);
   }
-  if (st != BX_OK) {
-    cli_error("train: step %lld: clipping: %s: %s", (long long)s, bx_status_str(st), bx_last_error());
-    return -1;
-  }
+  if (st != BX_OK)
+    step_fail(r, 2, "step %lld: clipping: %s: %s", (long long)s, bx_status_str(st), bx_last_error());
   /* AdamW */
   bx_adamw_opts ao = BX_ADAMW_OPTS_DEFAULT;
   ao.lr = lr_of(a, s);
@@ -680,21 +775,27 @@ static int run_step(tr_run *r, int64_t s) {
   ao.eps = a->eps;
   ao.weight_decay = a->weight_decay;
   ao.num_threads = ro.threads;
-  for (size_t i = 0; i < r->nparams; i++) {
+  for (size_t i = 0; i < r->nparams && !r->lvl; i++) {
     tr_param *q = &r->params[i];
     if (q->group < 0 || !holds(r, q)) continue; /* another rank's expert */
-    DLTensor p = view(q->data, q), g = view(q->grad, q), m = view(q->exp_avg, q),
+    DLTensor p = view(q->data, q), gt = view(q->grad, q), m = view(q->exp_avg, q),
              v = view(q->exp_avg_sq, q);
-    st = bx_adamw_step(&p, &g, &m, &v, s + 1, &ao);
-    if (st != BX_OK) {
-      cli_error("train: step %lld: AdamW on %s: %s: %s", (long long)s, q->name, bx_status_str(st),
+    st = bx_adamw_step(&p, &gt, &m, &v, s + 1, &ao);
+    if (st != BX_OK)
+      step_fail(r, 2, "step %lld: AdamW on %s: %s: %s", (long long)s, q->name, bx_status_str(st),
                 bx_last_error());
-      return -1;
-    }
   }
-  if (r->trace && (trace_params(r, 2, s) || tt_end_step(r->trace, r->P, r->comm, err, sizeof err))) {
-    if (err[0]) cli_error("train: step %lld: --trace %s: %s", (long long)s, a->trace, err);
-    return -1;
+  /* after every --eval-every K-th step and after the run's last */
+  int eval_now = a->eval_data && ((s + 1) % a->eval_every == 0 || s + 1 == a->steps);
+  if (!r->lvl && r->trace && trace_params(r, 2, s))
+    step_fail(r, 2, "step %lld: --trace: out of memory", (long long)s);
+  if ((r->trace || eval_now) && agree_now(r)) return 1; /* before their collectives */
+  if (r->trace) {
+    err[0] = 0;
+    if (tt_end_step(r->trace, r->P, r->comm, err, sizeof err)) {
+      step_fail(r, 2, "step %lld: --trace %s: %s", (long long)s, a->trace, err[0] ? err : "cannot write");
+      if (agree_now(r)) return 1;
+    }
   }
   if (s == r->start) r->first_loss = loss;
   r->last_loss = loss;
@@ -702,17 +803,16 @@ static int run_step(tr_run *r, int64_t s) {
   trec_step rec = {s, loss, total, gn[0], gn[1], coef, ao.lr, B * L,
                    trec_loss_hash(all, (size_t)(B * L)), r->data.entropy_nats, a->bf16 ? "bf16" : "fp32",
                    tr_model_last_passes(r->model), 0, NAN};
-  /* after every --eval-every K-th step and after the run's last */
-  if (a->eval_data && ((s + 1) % a->eval_every == 0 || s + 1 == a->steps)) {
-    if (run_eval(r, &rec.eval_loss)) return -1;
+  if (eval_now) {
+    if (run_eval(r, &rec.eval_loss)) return 1;
     rec.has_eval = 1;
     r->last_eval = rec.eval_loss;
   }
-  if (r->record && trec_write(r->record, &rec) != 0) {
-    cli_error("train: --record %s: cannot write", a->record);
-    return -1;
-  }
-  if (r->record) r->lines++;
+  *rec_pos = r->record ? ftell(r->record) : -1;
+  if (!r->lvl && r->record && trec_write(r->record, &rec) != 0)
+    step_fail(r, 2, "--record %s: cannot write", a->record);
+  r->line_written = !r->lvl && r->record;
+  if (r->line_written) r->lines++;
   r->last_lr = ao.lr;
   return 0;
 }
@@ -738,12 +838,13 @@ static void progress_line(tr_run *r, int64_t s, double elapsed) {
 static int save_checkpoint(tr_run *r, int64_t end) {
   const tr_args *a = &r->a;
   char err[512];
-  int bad = 0;
-  if (r->record && fflush(r->record) != 0) {
-    cli_error("train: --record %s: cannot write", a->record);
-    bad = 1;
-  }
-  if (any_rank(r->comm, bad)) return -1;
+  r->lvl = 0;
+  r->cur_step = end - 1; /* the fault clock: the save after step end - 1 */
+  if (r->record && fflush(r->record) != 0) step_fail(r, 2, "--record %s: cannot write", a->record);
+  if (r->rank != 0 && fault_at(r, "save"))
+    step_fail(r, 2, "--save %s: this rank's part of the checkpoint of step %lld failed: injected "
+              "fault (BITEXACT_FAULT)", a->save, (long long)end);
+  if (agree_now(r)) return -1;
   if (gather_experts(r, 1)) {
     TERR("train: --save: gathering the experts failed");
     return -1;
@@ -774,11 +875,14 @@ static int save_checkpoint(tr_run *r, int64_t end) {
     snprintf(st.compute_dtype, sizeof st.compute_dtype, "%s", a->bf16 ? "bf16" : "fp32");
     st.history = (int *)(uintptr_t)tr_model_history(r->model, &st.nhistory);
     if (!st.history) st.nhistory = 0;
-    bad = tc_save_shards(a->save, &r->cfg, r->params, r->nparams, &st, a->save_max_shard, err,
-                         sizeof err) != 0;
-    if (bad) cli_error("train: --save %s", err);
+    if (fault_at(r, "save"))
+      step_fail(r, 2, "--save %s: writing the checkpoint of step %lld failed: injected fault "
+                "(BITEXACT_FAULT)", a->save, (long long)end);
+    else if (tc_save_shards(a->save, &r->cfg, r->params, r->nparams, &st, a->save_max_shard, err,
+                            sizeof err) != 0)
+      step_fail(r, 2, "--save %s", err);
   }
-  if (any_rank(r->comm, bad)) return -1;
+  if (agree_now(r)) return -1;
   r->saved_step = end;
   return 0;
 }
@@ -876,72 +980,79 @@ static void summary(tr_run *r) {
     fprintf(out, "gradients of step %lld: %s\n", (long long)(a->steps - 1), a->dump_grads);
 }
 
-static int train_main(tr_run *r, int argc, char **argv) {
+/* Start-up, this rank alone: the flags, the config, the data and the outputs checked.
+ * 0 / -1 (the message given to TERR). */
+static int startup_local(tr_run *r, int argc, char **argv) {
   tr_args *a = &r->a;
   char err[512];
-  if (parse_args(argc, argv, a)) return CLI_ERROR;
-  if (load_config(a, &r->cfg)) return CLI_ERROR;
+  if (parse_args(argc, argv, a)) return -1;
+  if (load_config(a, &r->cfg)) return -1;
   if (!a->have_seq_len && a->seq_len > r->cfg.max_position_embeddings)
     a->seq_len = r->cfg.max_position_embeddings;
   if (a->seq_len > r->cfg.max_position_embeddings) {
     TERR("train: --seq-len %lld exceeds max_position_embeddings (%lld)", (long long)a->seq_len,
          (long long)r->cfg.max_position_embeddings);
-    return CLI_ERROR;
+    return -1;
   }
-  if (check_layout(a, &r->cfg, r->P, r->comm)) return CLI_ERROR;
+  if (check_layout(a, &r->cfg, r->P)) return -1;
   if (td_open(&r->data, a->data, r->cfg.vocab_size, a->seq_len, a->seed, a->shuffle, err, sizeof err)) {
     TERR("train: %s: %s", a->data ? a->data : "the synthetic corpus", err);
-    return CLI_ERROR;
+    return -1;
   }
   if (a->eval_data) {
     if (td_open(&r->eval, a->eval_data, r->cfg.vocab_size, a->seq_len, a->seed, 0, err, sizeof err)) {
       TERR("train: --eval-data %s: %s", a->eval_data, err);
-      return CLI_ERROR;
+      return -1;
     }
     int64_t whole = r->eval.nseq / a->global_batch;
     if (whole < 1) {
       TERR("train: --eval-data %s: %lld sequences of %lld + 1 tokens, fewer than one batch of "
            "--global-batch %lld", a->eval_data, (long long)r->eval.nseq, (long long)a->seq_len,
            (long long)a->global_batch);
-      return CLI_ERROR;
+      return -1;
     }
     if (!a->eval_batches) a->eval_batches = whole;
     if (a->eval_batches > whole) {
       TERR("train: --eval-batches %lld: --eval-data %s holds %lld batches of --global-batch %lld",
            (long long)a->eval_batches, a->eval_data, (long long)whole, (long long)a->global_batch);
-      return CLI_ERROR;
+      return -1;
     }
   }
   if (a->save && tc_check_save_dir(a->save, err, sizeof err)) {
     TERR("train: --save %s", err);
-    return CLI_ERROR;
+    return -1;
   }
-  if (a->record && check_out_file("--record", a->record)) return CLI_ERROR;
-  if (a->dump_grads && check_out_file("--dump-grads", a->dump_grads)) return CLI_ERROR;
+  if (a->record && check_out_file("--record", a->record)) return -1;
+  if (a->dump_grads && check_out_file("--dump-grads", a->dump_grads)) return -1;
   if (a->dump && !a->trace) {
     TERR("train: --dump KEY needs --trace FILE (the dump is FILE.dump.safetensors)");
-    return CLI_ERROR;
+    return -1;
   }
-  if (a->trace && check_out_file("--trace", a->trace)) return CLI_ERROR;
-  if (a->dry_run && !a->resume && !a->init_from) {
-    dry_run(r);
-    return CLI_OK;
+  if (a->trace && check_out_file("--trace", a->trace)) return -1;
+  if (tf_parse(getenv("BITEXACT_FAULT"), &r->fault, err, sizeof err)) {
+    TERR("train: %s", err);
+    return -1;
   }
+  return 0;
+}
+
+/* Start-up after the settings are agreed: the model, the checkpoint to resume or start
+ * from, the buffers, the record and trace files (no collective: a failure waits for the
+ * next agreement). 0 / -1 (the message given to TERR). */
+static int startup_build(tr_run *r) {
+  tr_args *a = &r->a;
+  char err[512];
   if (tr_model_create(&r->cfg, a->seed, &r->model, err, sizeof err)) {
     TERR("train: building the model: %s", err);
-    return CLI_ERROR;
+    return -1;
   }
   r->nparams = tr_model_params(r->model, &r->params);
-  if (any_rank(r->comm, trm_ep_init((int)a->ep, &r->ep) != 0)) {
-    TERR("train: --ep %lld: cannot build the expert-parallel communicators", (long long)a->ep);
-    return CLI_ERROR;
-  }
   tr_model_set_ep(r->model, &r->ep);
   if (a->resume) {
     tc_state st;
     if (tc_load(a->resume, r->params, r->nparams, &st, err, sizeof err)) {
       TERR("train: --resume: %s", err);
-      return CLI_ERROR;
+      return -1;
     }
     int bh = check_resume(a, &st, &r->data);
     if (!bh && st.history && tr_model_set_history(r->model, st.history, st.nhistory, err, sizeof err)) {
@@ -949,43 +1060,40 @@ static int train_main(tr_run *r, int argc, char **argv) {
       bh = 1;
     }
     free(st.history);
-    if (bh) return CLI_ERROR;
+    if (bh) return -1;
     r->start = st.step;
   }
   if (a->init_from && tcm_init_from(a->init_from, r->params, r->nparams, err, sizeof err)) {
     TERR("train: --init-from: %s", err);
-    return CLI_ERROR;
+    return -1;
   }
   if (a->dump_grads && a->steps <= r->start) {
     TERR("train: --dump-grads needs a step to run (--steps %lld, first step %lld)",
          (long long)a->steps, (long long)r->start);
-    return CLI_ERROR;
+    return -1;
   }
-  if (a->dry_run) {
-    dry_run(r);
-    return CLI_OK;
-  }
+  if (a->dry_run) return 0; /* writes nothing: dry_run() after the agreement */
   /* buffers, owned tensors */
   int64_t B = a->global_batch, L = a->seq_len, local = B / r->P;
   r->tokens = malloc((size_t)(local * (L + 1)) * sizeof *r->tokens);
   r->tok_loss = malloc((size_t)(local * L) * sizeof *r->tok_loss);
   r->all_loss = malloc((size_t)(B * L) * sizeof *r->all_loss);
-  r->words = r->P > 1 ? malloc((size_t)(B * L) * sizeof *r->words) : NULL;
+  r->words = r->P > 1 ? malloc((size_t)(B * L + r->P) * sizeof *r->words) : NULL; /* + status words */
   r->grads = calloc(r->nparams + 1, sizeof *r->grads);
   if (a->eval_data) {
     r->eval_tokens = malloc((size_t)(local * (L + 1)) * sizeof *r->eval_tokens);
     r->eval_parts = malloc((size_t)(a->eval_batches * local) * sizeof *r->eval_parts);
     if (!r->eval_tokens || !r->eval_parts) {
-      cli_error("train: out of memory (--eval-data)");
-      return CLI_ERROR;
+      TERR("train: out of memory (--eval-data)");
+      return -1;
     }
   }
   r->owned[0] = calloc(r->nparams + 1, sizeof(DLTensor));
   r->owned[1] = calloc(r->nparams + 1, sizeof(DLTensor));
   if (!r->tokens || !r->tok_loss || !r->all_loss || (r->P > 1 && !r->words) || !r->grads ||
       !r->owned[0] || !r->owned[1]) {
-    cli_error("train: out of memory");
-    return CLI_ERROR;
+    TERR("train: out of memory");
+    return -1;
   }
   for (size_t i = 0; i < r->nparams; i++) {
     tr_param *q = &r->params[i];
@@ -1000,7 +1108,7 @@ static int train_main(tr_run *r, int argc, char **argv) {
   if (a->record && r->rank == 0) {
     r->record = fopen(a->record, "w");
     if (!r->record) {
-      cli_error("train: --record %s: cannot create: %s", a->record, strerror(errno));
+      TERR("train: --record %s: cannot create: %s", a->record, strerror(errno));
       bad = 1;
     }
   }
@@ -1021,12 +1129,149 @@ static int train_main(tr_run *r, int argc, char **argv) {
       r->trace = tt_open(a->trace, id, a->dump, L, r->rank, err, sizeof err);
     } else snprintf(err, sizeof err, "out of memory");
     if (!r->trace) {
-      cli_error("train: --trace %s", err);
+      TERR("train: --trace %s", err);
       bad = 1;
     }
     free(names), free(nd), free(sh);
   }
-  if (any_rank(r->comm, bad)) return CLI_ERROR;
+  return bad ? -1 : 0;
+}
+
+static const char *const NAMES_KIND[] = {"npy", "bin", "synthetic"};
+static const char *const NAMES_DTYPE[] = {"fp32", "bf16"};
+static const char *const NAMES_MODE[] = {"invariant", "ordinary"};
+static const char *const NAMES_ONOFF[] = {"on", "off"};
+static const char *const NAMES_OFFON[] = {"off", "on"};
+static const char *const NAMES_GIVEN[] = {"not given", "given"};
+
+static int64_t f64_bits(double d) {
+  int64_t v;
+  memcpy(&v, &d, 8);
+  return v;
+}
+
+/* The config's fingerprint: XXH3-64 of its fields (same_config's) in a fixed text. */
+static int64_t config_hash(const tr_config *x) {
+  char b[2048];
+  int n = snprintf(b, sizeof b, "%lld %lld %lld %lld %lld %lld %lld %lld %lld %d %d %a %a %a %lld %lld "
+                   "%lld %lld %lld %lld %d %a %a %d %s",
+                   (long long)x->vocab_size, (long long)x->hidden_size, (long long)x->intermediate_size,
+                   (long long)x->moe_intermediate_size, (long long)x->num_hidden_layers,
+                   (long long)x->num_attention_heads, (long long)x->num_key_value_heads,
+                   (long long)x->head_dim, (long long)x->max_position_embeddings,
+                   (int)x->attention_bias, (int)x->use_qk_norm, x->partial_rotary_factor, x->rope_theta,
+                   x->rms_norm_eps, (long long)x->first_k_dense_replace, (long long)x->n_routed_experts,
+                   (long long)x->num_experts_per_tok, (long long)x->n_shared_experts,
+                   (long long)x->n_group, (long long)x->topk_group, (int)x->norm_topk_prob,
+                   x->routed_scaling_factor, x->initializer_range, (int)x->tie_word_embeddings,
+                   x->hidden_act);
+  return (int64_t)ta_file_hash(b, (size_t)(n > 0 && n < (int)sizeof b ? n : 0));
+}
+
+static int64_t data_kind(const td_data *d) { return d->kind == TD_NPY ? 0 : d->kind == TD_BIN ? 1 : 2; }
+
+/* Every run-wide setting as this rank sees it (docs/faults.md lists them); *n of them. */
+static size_t run_settings(const tr_run *r, ta_setting *s) {
+  const tr_args *a = &r->a;
+  size_t n = 0;
+#define SET(nm, k, v, names) (s[n++] = (ta_setting){nm, k, (int64_t)(v), names})
+  SET("config", TA_HASH, config_hash(&r->cfg), NULL);
+  SET("--data (kind)", TA_ENUM, data_kind(&r->data), NAMES_KIND);
+  SET("--data (tokens)", TA_INT, r->data.ntokens, NULL);
+  SET("--data (the file's size, first and last MiB)", TA_HASH,
+      r->data.map ? ta_file_hash(r->data.map, r->data.map_len) : 0, NULL);
+  SET("--seed", TA_UINT, a->seed, NULL);
+  SET("--seq-len", TA_INT, a->seq_len, NULL);
+  SET("--global-batch", TA_INT, a->global_batch, NULL);
+  SET("--micro-batches", TA_INT, a->micro_batches, NULL);
+  SET("--ep", TA_INT, a->ep, NULL);
+  SET("--steps", TA_INT, a->steps, NULL);
+  SET("--compute-dtype", TA_ENUM, a->bf16, NAMES_DTYPE);
+  SET("--mode", TA_ENUM, a->ordinary, NAMES_MODE);
+  SET("--grid-history", TA_ENUM, a->no_history, NAMES_ONOFF);
+  SET("--shuffle", TA_ENUM, a->shuffle, NAMES_OFFON);
+  SET("--lr", TA_F64, f64_bits(a->lr), NULL);
+  SET("--lr-scheduler", TA_ENUM, a->sched, sched_names);
+  SET("--warmup-steps", TA_INT, a->warmup_steps, NULL);
+  SET("--min-lr", TA_F64, f64_bits(a->min_lr), NULL);
+  SET("--adam-beta1", TA_F64, f64_bits(a->beta1), NULL);
+  SET("--adam-beta2", TA_F64, f64_bits(a->beta2), NULL);
+  SET("--adam-epsilon", TA_F64, f64_bits(a->eps), NULL);
+  SET("--weight-decay", TA_F64, f64_bits(a->weight_decay), NULL);
+  SET("--clip", TA_F64, f64_bits(a->clip), NULL);
+  SET("--resume", TA_ENUM, a->resume != NULL, NAMES_GIVEN);
+  SET("--init-from", TA_ENUM, a->init_from != NULL, NAMES_GIVEN);
+  SET("--save", TA_ENUM, a->save != NULL, NAMES_GIVEN);
+  SET("--save-every", TA_INT, a->save_every, NULL);
+  SET("--save-max-shard-size", TA_INT, a->save_max_shard, NULL);
+  SET("--eval-data", TA_ENUM, a->eval_data != NULL, NAMES_GIVEN);
+  SET("--eval-data (tokens)", TA_INT, a->eval_data ? r->eval.ntokens : 0, NULL);
+  SET("--eval-every", TA_INT, a->eval_every, NULL);
+  SET("--eval-batches", TA_INT, a->eval_batches, NULL);
+  SET("--dump-grads", TA_ENUM, a->dump_grads != NULL, NAMES_GIVEN);
+  SET("--trace", TA_ENUM, a->trace != NULL, NAMES_GIVEN);
+  SET("--dry-run", TA_ENUM, a->dry_run, NAMES_OFFON);
+  SET("the library version", TA_INT, bx_version(), NULL);
+  SET("the accumulator format", TA_INT, BX_ACC_FORMAT, NULL);
+  SET("the record format", TA_INT, TREC_FORMAT, NULL);
+  SET("the checkpoint format", TA_INT, TC_FORMAT_VERSION, NULL);
+#undef SET
+  return n;
+}
+#define TA_MAX_SETTINGS 48
+
+/* The start-up agreement (every rank, failed or not): a failure on any rank is printed by
+ * the lowest failed rank (plainly when every rank failed alike, else naming it), a
+ * setting that differs by rank 0; 0 when the ranks go on. */
+static int startup_agree(tr_run *r, int failed, int with_settings) {
+  ta_setting s[TA_MAX_SETTINGS];
+  size_t n = with_settings ? run_settings(r, s) : 0;
+  r->lvl = failed ? 2 : 0;
+  int64_t v = 0;
+  int all = 0;
+  char err[900];
+  err[0] = 0;
+  int rc = ta_agree(r->comm, r->rank, r->P, status_word(r), s, n, &v, &all, err, sizeof err);
+  int reported = 0;
+  if (v) {
+    const int64_t top = (int64_t)1 << 40;
+    int who = (int)(top - 1 - (v & (top - 1)));
+    const char *m = g_defer_msg[0] ? g_defer_msg : "train: failed (no message)";
+    if (who == r->rank && g_defer) { /* one process: printed already */
+      if (all) cli_error("%s", m);
+      else cli_error("train: rank %d: %s", who, strncmp(m, "train: ", 7) == 0 ? m + 7 : m);
+    }
+    reported = 1;
+  } else if (rc) {
+    if (r->rank == 0) cli_error("train: %s", err);
+    reported = 1;
+  }
+  r->lvl = 0;
+  g_defer_msg[0] = 0;
+  return reported ? -1 : 0;
+}
+
+static int train_main(tr_run *r, int argc, char **argv) {
+  tr_args *a = &r->a;
+  int bad = startup_local(r, argc, argv) != 0;
+  if (startup_agree(r, bad, 1)) return CLI_ERROR; /* the same words on every rank */
+  if (a->dry_run && !a->resume && !a->init_from) {
+    g_defer = 0;
+    dry_run(r);
+    return CLI_OK;
+  }
+  /* the EP communicators first: MPI_Comm_split is collective, every rank calls it */
+  bad = trm_ep_init((int)a->ep, &r->ep) != 0;
+  if (bad) TERR("train: --ep %lld: cannot build the expert-parallel communicators", (long long)a->ep);
+  if (!bad) bad = startup_build(r) != 0;
+  if (startup_agree(r, bad, 0)) return CLI_ERROR;
+  g_defer = 0;
+  if (a->dry_run) {
+    dry_run(r);
+    return CLI_OK;
+  }
+  int64_t L = a->seq_len;
+  (void)L;
   r->first_loss = r->last_loss = r->last_eval = NAN;
   r->last_norm = NAN;
   r->end = a->steps;
@@ -1035,11 +1280,27 @@ static int train_main(tr_run *r, int argc, char **argv) {
   double t_run = cli_now();
   for (int64_t s = r->start; s < a->steps; s++) {
     double t0 = cli_now();
-    bad = run_step(r, s) != 0;
+    long rec_pos = -1;
+    if (run_step(r, s, &rec_pos)) return CLI_ERROR; /* agreed inside the step */
     /* one agreement: a failure anywhere, a stop signal anywhere */
-    int64_t flags[2] = {bad, g_stop != 0};
-    if (r->comm && r->comm->allreduce_i64(flags, 2, BX_OP_MAX, r->comm->ctx) != 0) flags[0] = 1;
-    if (flags[0]) return CLI_ERROR;
+    int64_t flags[2] = {status_word(r), g_stop != 0};
+    if (r->comm && r->comm->allreduce_i64(flags, 2, BX_OP_MAX, r->comm->ctx) != 0) {
+      cli_error("train: rank %d: step %lld: the ranks' agreement (an all-reduce) failed", r->rank,
+                (long long)s);
+      flags[0] = 1;
+    }
+    if (flags[0]) {
+      decide(r, flags[0]);
+      /* the step failed on some rank: its record line (rank 0 wrote it) goes */
+      if (r->record && rec_pos >= 0 && r->line_written) {
+        r->lines--;
+        if (fflush(r->record) != 0 || ftruncate(fileno(r->record), rec_pos) != 0 ||
+            fseek(r->record, rec_pos, SEEK_SET) != 0)
+          cli_error("train: --record %s: cannot remove the line of the failed step %lld", a->record,
+                    (long long)s);
+      }
+      return CLI_ERROR;
+    }
     if (s == r->start) r->t_first = cli_now() - t0;
     else r->t_rest += cli_now() - t0;
     progress_line(r, s, cli_now() - t_run);
@@ -1079,6 +1340,7 @@ int cmd_train(int argc, char **argv) {
   memset(&r, 0, sizeof r);
   trm_init(&r.rank, &r.P, &r.comm);
   g_rank = r.rank;
+  g_defer = r.P > 1;
   int rc = train_main(&r, argc, argv);
   if (r.record) { /* a failed run: keep the steps it recorded, if any */
     fclose(r.record);

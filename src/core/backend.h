@@ -62,6 +62,11 @@ typedef struct bx_device_backend {
 /* The CUDA backend, or NULL in a build without one. */
 const bx_device_backend *bx_backend_cuda(void);
 
+/* Tests only (tests/test_device_agree.c): be (NULL: the real one again) in place of the
+ * CUDA backend, so the device communicator's paths run on the CPU. Not thread-safe: set it
+ * before the calls. Not exported. */
+void bx_backend_cuda_override(const bx_device_backend *be);
+
 #ifdef __cplusplus
 }
 #endif

@@ -13,7 +13,12 @@ extern const bx_device_backend bx_cuda_backend; /* src/cuda/backend.cu */
 #define CUDA_BACKEND NULL
 #endif
 
-const bx_device_backend *bx_backend_cuda(void) { return CUDA_BACKEND; }
+/* tests only (bx_backend_cuda_override): a simulated backend in its place */
+static const bx_device_backend *g_override;
+
+const bx_device_backend *bx_backend_cuda(void) { return g_override ? g_override : CUDA_BACKEND; }
+
+void bx_backend_cuda_override(const bx_device_backend *be) { g_override = be; }
 
 /* bitexact_cuda.h's (and bitexact.h's) availability check: callable in
  * every build, without CUDA headers. */

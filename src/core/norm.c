@@ -460,6 +460,23 @@ bx_status bx_norm_run(const char *fn, const bx_group *groups, size_t ngroups, co
   if (st == BX_OK && o.error_if_nonfinite && bad > 0 && where == BX_ON_HOST)
     offender = first_nonfinite(groups, ngroups, rank < 0 ? 0 : rank, nan_only);
   if (st != BX_OK && rank >= 0) bx_error_set_rank(rank);
+  /* A device communicator (NCCL) stages the agreement's words in device memory that prepare
+   * reserves. A rank that failed before its prepare (or in it) reserves that staging alone
+   * (host tensors' staging-only prepare), so it still takes part in the agreement's
+   * collective instead of leaving the others waiting there; its own error stays. Only a
+   * rank that cannot get even those few words (no usable device) cannot take part. */
+  if (st != BX_OK && !dev && comm && comm->on_device && comm->allreduce_i64) {
+    const bx_device_backend *sb = be ? be : bx_backend_cuda();
+    if (sb) {
+      bx_error_saved mine;
+      bx_error_save(&mine);
+      bx_device_prep sp = {NULL, ngroups, NULL, 0, 0, (int)m, o.norm_type, 0,
+                           BX_AGREE_WORDS + ng * ww, rank};
+      if (sb->prepare(fn, &sp, &dev) == BX_OK) be = sb;
+      else dev = NULL;
+      bx_error_restore(&mine);
+    }
+  }
 
   /* ---- the agreement step (every rank, failed or not, so none hangs) */
   if (comm && comm->allreduce_i64) {

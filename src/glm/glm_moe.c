@@ -120,6 +120,31 @@ static int a2a_fail(glm_nctx *c, const char *what) {
   return glm_fail(c, BX_ECOMM, "expert parallelism: the all-to-all of %s failed", what);
 }
 
+/* The first negative word of recv[0..n) (a failed EP rank), -1 when none. */
+static int64_t failed_peer(const int64_t *recv, int64_t n) {
+  for (int64_t i = 0; i < n; i++)
+    if (recv[i] < 0) return i;
+  return -1;
+}
+
+static int learned(glm_nctx *c, int64_t peer, const char *where) {
+  c->learned = 1;
+  return glm_fail(c, BX_ECOMM, "expert parallelism: EP rank %lld failed (%s)", (long long)peer, where);
+}
+
+int glm_ep_status(glm_nctx *c, const glm_ep *ep, int failed) {
+  if (!ep_on(ep)) return failed ? -1 : 0;
+  int64_t stk[2 * 256], *b = ep->size <= 256 ? stk : malloc(2 * (size_t)ep->size * sizeof *b);
+  if (!b) return failed ? -1 : oom(c); /* not reached below 256 EP ranks */
+  for (int64_t i = 0; i < ep->size; i++) b[i] = failed ? -1 : 0;
+  int rc = ep->alltoall_i64(b, b + ep->size, ep->ctx);
+  int64_t peer = failed_peer(b + ep->size, ep->size);
+  if (b != stk) free(b);
+  if (failed) return -1;
+  if (rc) return a2a_fail(c, "the status");
+  return peer >= 0 ? learned(c, peer, "before an exchange") : 0;
+}
+
 /* rows of `width` floats (or 2 int64 when width < 0): sc rows out, rc rows in */
 static int exchange(glm_nctx *c, const glm_ep *ep, glm_ep_scratch *e, const void *send,
                     const int64_t *sc, void *recv, const int64_t *rc, int64_t width,
@@ -229,6 +254,8 @@ static int ep_forward(glm_nctx *c, const glm_moe_w *m, const glm_ep *ep, int64_t
   /* 1. counts and (expert, global token) of the local rows */
   for (int64_t d = 0; d < ep->size; d++) l->sc[d] = r->offsets[(d + 1) * nl] - r->offsets[d * nl];
   if (ep->alltoall_i64(l->sc, l->rc, ep->ctx)) return a2a_fail(c, "row counts");
+  int64_t bad = failed_peer(l->rc, ep->size); /* a failed rank's count is negative */
+  if (bad >= 0) return learned(c, bad, "its row counts");
   int64_t n = 0;
   for (int64_t d = 0; d < ep->size; d++) n += l->rc[d];
   if (ensure(m, e, l, n)) return oom(c);
@@ -242,7 +269,7 @@ static int ep_forward(glm_nctx *c, const glm_moe_w *m, const glm_ep *ep, int64_t
       e->smeta[2 * q + 1] = c->tok0 + r->row_map[2 * q];
     }
   /* 2. the exchange */
-  if (exchange(c, ep, e, e->smeta, l->sc, e->rmeta, l->rc, -1, "token ids") ||
+  if (glm_ep_status(c, ep, 0) || exchange(c, ep, e, e->smeta, l->sc, e->rmeta, l->rc, -1, "token ids") ||
       exchange(c, ep, e, r->xp, l->sc, e->rbuf, l->rc, H, "expert inputs"))
     return -1;
   /* 3. the dispatch order over the group */
@@ -267,6 +294,8 @@ static int ep_forward(glm_nctx *c, const glm_moe_w *m, const glm_ep *ep, int64_t
   }
   /* 4. the held experts */
   int64_t I = m->I;
+  if (c->fault && c->fault(c->fault_ctx, "kernel"))
+    return glm_fail(c, BX_EINVAL, "the routed experts: injected fault (BITEXACT_FAULT)");
   for (int64_t le = 0; le < nl; le++) {
     int64_t r0 = l->off[le], k = l->off[le + 1] - r0;
     if (k > 0 && expert_fwd(c, &m->experts[3 * (first + le)], l->xr + r0 * H, k, l->gr + r0 * I,
@@ -274,6 +303,7 @@ static int ep_forward(glm_nctx *c, const glm_moe_w *m, const glm_ep *ep, int64_t
       return -1;
   }
   for (int64_t i = 0; i < n; i++) memcpy(e->sbuf + l->order[i] * H, e->dr + i * H, (size_t)H * 4);
+  if (glm_ep_status(c, ep, 0)) return -1;
   return exchange(c, ep, e, e->sbuf, l->rc, r->yp, l->sc, H, "expert outputs");
 }
 
@@ -287,7 +317,8 @@ static int ep_backward(glm_nctx *c, const glm_moe_w *m, const glm_ep *ep, int64_
     return glm_fail(c, BX_EINVAL, "expert parallelism: backward without its forward");
   if (ep_state(ep, nl, r->epl, &e) || ensure(m, e, l, l->n)) return oom(c); /* the staging */
   int64_t n = l->n;
-  if (exchange(c, ep, e, s->dyp, l->sc, e->rbuf, l->rc, H, "output gradients")) return -1;
+  if (glm_ep_status(c, ep, 0) || exchange(c, ep, e, s->dyp, l->sc, e->rbuf, l->rc, H, "output gradients"))
+    return -1;
   for (int64_t i = 0; i < n; i++) memcpy(e->dyr + i * H, e->rbuf + l->order[i] * H, (size_t)H * 4);
   for (int64_t le = 0; le < nl; le++) {
     int64_t r0 = l->off[le], k = l->off[le + 1] - r0;
@@ -297,7 +328,8 @@ static int ep_backward(glm_nctx *c, const glm_moe_w *m, const glm_ep *ep, int64_
       return -1;
   }
   for (int64_t i = 0; i < n; i++) memcpy(e->sbuf + l->order[i] * H, e->dr + i * H, (size_t)H * 4);
-  if (exchange(c, ep, e, e->sbuf, l->rc, s->dxp, l->sc, H, "input gradients")) return -1;
+  if (glm_ep_status(c, ep, 0) || exchange(c, ep, e, e->sbuf, l->rc, s->dxp, l->sc, H, "input gradients"))
+    return -1;
   /* the held experts' gradients over every peer's current micro-batch */
   int64_t nch = (T + C - 1) / C, lc = ep->local_tokens / C, span = (ep->size - 1) * lc + nch;
   int64_t cb0 = c->chunk0 - (int64_t)ep->rank * lc;
@@ -327,6 +359,8 @@ int glm_moe_experts_fwd(glm_nctx *c, const glm_moe_w *m, const glm_ep *ep, const
   if (ep_on(ep)) {
     if (ep_forward(c, m, ep, T, r)) return -1; /* the experts on their ranks */
   } else {
+    if (c->fault && c->fault(c->fault_ctx, "kernel"))
+      return glm_fail(c, BX_EINVAL, "the routed experts: injected fault (BITEXACT_FAULT)");
     for (int64_t e = 0; e < m->E; e++) {
       int64_t r0 = r->offsets[e], n = r->offsets[e + 1] - r0;
       if (n > 0 && expert_fwd(c, &m->experts[3 * e], r->xp + r0 * H, n, r->gp + r0 * I,

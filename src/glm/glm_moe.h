@@ -82,6 +82,18 @@ typedef struct glm_ep {
   glm_ep_scratch **scr;
 } glm_ep;
 
+/* The EP group's status step (docs/faults.md, "Agreement inside the step"): one
+ * alltoall_i64 in which every EP rank sends its status (0: fine, -1: failed here) to every
+ * other, so a local failure reaches the group at its next exchange instead of leaving the
+ * others waiting in it. Every exchange of the block is preceded by one (the row counts carry
+ * it: a negative count is a failed rank), so a rank that failed anywhere between two
+ * exchanges (an allocation, a kernel) calls this once with failed = 1 ("the drain") and meets
+ * the others at whatever exchange they wait in; the driver calls it with failed = 0 after
+ * its last micro-batch of a pass ("the pass end"), so the drain always has a partner. 0 when
+ * every EP rank is fine; -1 when failed (c->err untouched) or on a transport error; -1 with
+ * c->learned = 1 and c->err naming the EP rank when another rank failed. */
+int glm_ep_status(glm_nctx *c, const glm_ep *ep, int failed);
+
 /* Whether EP rank `rank` of `size` holds expert e of E. */
 int glm_ep_holds(int size, int rank, int64_t E, int64_t e);
 

@@ -98,6 +98,14 @@ typedef struct glm_nctx {
   bx_status st;          /* the failing call's status */
   char *err;
   size_t errlen;
+  /* Test-only fault injection (docs/faults.md): NULL in every real run. When set, a node
+   * calls fault(fault_ctx, point) at its fault points ("kernel": the routed experts' stage)
+   * and fails there, as that kernel's error would, when it returns nonzero. */
+  int (*fault)(void *ctx, const char *point);
+  void *fault_ctx;
+  /* 1: the failure in err is another rank's, learned from an agreement (an expert-parallel
+   * peer's status word, glm_ep_status), not this rank's own */
+  int learned;
 } glm_nctx;
 
 /* The state and tensor of node gradient index gi: 1 with *s and *t set; 0

@@ -67,6 +67,13 @@ typedef struct tr_run_opts {
                          * the fallback's two passes, observe then add: --grid-history
                          * off; ordinary mode: two passes, the same bits as one) */
   const tr_trace *trace; /* NULL: no trace (tr_model_grad only; costs one test per module) */
+  /* Test-only fault injection (docs/faults.md; `bitexact train` reads BITEXACT_FAULT): NULL
+   * in every real run. The model calls fault(fault_ctx, point) at its fault points and fails
+   * there as the real failure would when it returns nonzero: "alloc" (the step's work
+   * buffers), "kernel" (the routed experts' stage of a MoE layer), "loss" (the logits of a
+   * micro-batch get a NaN: a non-finite loss on this rank). */
+  int (*fault)(void *ctx, const char *point);
+  void *fault_ctx;
 } tr_run_opts;
 
 /* The grid history (docs/train_model.md, "The one-pass invariant step"):
@@ -95,6 +102,15 @@ void tr_model_destroy(tr_model *m);
  * (e_score_correction_bias: group -1 in the list, grad NULL). */
 size_t tr_model_params(tr_model *m, tr_param **params);
 
+/* Failures (docs/faults.md, "Agreement inside the step"): a rank that fails between two
+ * collectives still meets the other ranks at the next one, so a failure anywhere ends the
+ * call on every rank of comm, none left waiting: tr_model_grad agrees the ranks' status in one
+ * small MAX all-reduce before the grid's agreement and one before the words' all-reduce, and
+ * under expert parallelism the EP group exchanges a status word before every row exchange
+ * and at the end of every pass (glm_ep_status). tr_model_grad and tr_model_eval return 0;
+ * -1 with err when this rank failed; -2 with err ("rank R failed ...") when another rank did
+ * and this one learned it from an agreement. */
+
 /* One step's gradient pass over the local sequences: for every micro-batch
  * of whole sequences, forward + backward; the weight gradients' chunk
  * partials (one chunk per sequence) go into a token reduction over the
@@ -105,7 +121,7 @@ size_t tr_model_params(tr_model *m, tr_param **params);
  * local_seqs) of the step; micro_batches divides local_seqs. The loss is
  * the mean over all global_seqs * L predictions (exact sum / count,
  * rounded once). Outputs: *loss, per-token losses [local_seqs * L] in
- * global token order (for the run record's hash). 0 / -1 with err. */
+ * global token order (for the run record's hash). 0 / -1 / -2 with err (above). */
 int tr_model_grad(tr_model *m, const tr_run_opts *o, const int32_t *tokens, int64_t local_seqs,
                   int64_t first_seq, int64_t global_seqs, int64_t micro_batches,
                   const bx_comm *comm, float *loss, float *token_losses, char *err,

@@ -179,6 +179,9 @@ int tr_moe_backward(tr_ctx *c, int64_t layer, const float *dout, float *dxn2);
 
 /* Whether the model's MoE layers run expert-parallel (m->ep, size > 1). */
 int tr_ep_active(const tr_model *m);
+/* The EP group's status step (glm_ep_status) over the model's tr_ep: the pass end (failed
+ * 0) or this rank's drain (failed 1). 0 without expert parallelism. */
+int tr_ep_status(tr_ctx *c, int failed);
 
 /* ---- init ------------------------------------------------------------------ */
 

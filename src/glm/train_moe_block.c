@@ -6,6 +6,8 @@
  * activations and scratch in the workspace, and the model's EP group.
  * bench/bench_moe.c times this block.
  */
+#include <string.h>
+
 #include "train_model_internal.h"
 
 /* The block's weights of layer `layer` (the experts' glm_lin in w->elin). */
@@ -45,6 +47,19 @@ static const glm_ep *moe_ep(tr_ctx *c, glm_ep *ep) {
   ep->a2a_bytes = &c->m->ep->a2a_bytes;
   ep->scr = &c->w->eps;
   return ep;
+}
+
+int tr_ep_status(tr_ctx *c, int failed) {
+  if (!c->m || !tr_ep_active(c->m)) return failed ? -1 : 0;
+  const tr_ep *t = c->m->ep;
+  glm_ep ep; /* the status step needs the group alone (no work buffers: a drain may come first) */
+  memset(&ep, 0, sizeof ep);
+  ep.size = t->size;
+  ep.rank = t->rank;
+  ep.alltoall_i64 = t->alltoall_i64;
+  ep.alltoallv = t->alltoallv;
+  ep.ctx = t->ctx;
+  return glm_ep_status(&c->n, &ep, failed);
 }
 
 static glm_moe_act moe_act(tr_ctx *c, int64_t layer) {

@@ -693,7 +693,7 @@ def train_run_expert_parallel_bad():
     cmd += ["-np", "1"] + base + ["--ep", "1", ":", "-np", "1"] + base + ["--ep", "2"]
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120)
     err = p.stderr.decode()
-    assert p.returncode != 0 and "--ep differs between the ranks (1 .. 2)" in err, err
+    assert p.returncode != 0 and "ranks disagree on --ep: rank 0 1, rank 1 2" in err, err
 
 
 # ------------------------------------------------------------- --compute-dtype bf16

@@ -96,7 +96,7 @@ static void test_grad(void) {
       for (int64_t e = 0; e < p[i].numel; e++) p[i].data[e] = (float)((double)(lcg(&rs) % 1000) * 1e-4 - 0.05);
   int64_t L = 12, nseq = 3;
   int32_t *tok = make_tokens(nseq, L, c.vocab_size, 5);
-  tr_run_opts o = {1, BX_TOKRED_GRID, L, 0, 0, NULL};
+  tr_run_opts o = {1, BX_TOKRED_GRID, L, 0, 0, NULL, NULL, NULL};
   float loss;
   float *tl = malloc((size_t)(nseq * L) * sizeof *tl);
   if (tr_model_grad(m, &o, tok, nseq, 0, nseq, 1, NULL, &loss, tl, err, sizeof err)) {
@@ -195,7 +195,7 @@ static int dump(const char *dir) {
       for (int64_t e = 0; e < p[i].numel; e++) p[i].data[e] = (float)((double)(lcg(&rs) % 1000) * 1e-4 - 0.05);
   int64_t L = 12, nseq = 3;
   int32_t *tok = make_tokens(nseq, L, c.vocab_size, 5);
-  tr_run_opts o = {1, BX_TOKRED_GRID, L, 0, 0, NULL};
+  tr_run_opts o = {1, BX_TOKRED_GRID, L, 0, 0, NULL, NULL, NULL};
   float loss;
   if (tr_model_grad(m, &o, tok, nseq, 0, nseq, 1, NULL, &loss, NULL, err, sizeof err)) {
     fprintf(stderr, "%s\n", err);
@@ -351,7 +351,7 @@ static void test_layout(void) {
   result ref = {0}, cur = {0};
   int threads[] = {1, 2, 1, 2, 1}, mbs[] = {1, 1, 2, 4, 8};
   for (int k = 0; k < 5; k++) {
-    tr_run_opts o = {threads[k], BX_TOKRED_GRID, L, 0, 0, NULL};
+    tr_run_opts o = {threads[k], BX_TOKRED_GRID, L, 0, 0, NULL, NULL, NULL};
     if (tr_model_grad(m, &o, tok, nseq, 0, nseq, mbs[k], NULL, &loss, tl, err, sizeof err)) {
       check(0, err);
       break;
@@ -371,7 +371,7 @@ static void test_layout(void) {
   /* 2 data-parallel ranks (4 sequences each, 2 micro-batches), a thread each */
   shared_comm sc;
   pthread_barrier_init(&sc.bar, NULL, 2);
-  tr_run_opts o2 = {1, BX_TOKRED_GRID, L, 0, 0, NULL};
+  tr_run_opts o2 = {1, BX_TOKRED_GRID, L, 0, 0, NULL, NULL, NULL};
   rank_ctx rk[2];
   pthread_t th[2];
   tr_model *ms[2] = {m, m2};
@@ -395,7 +395,7 @@ static void test_layout(void) {
   }
   /* the ordinary mode: a framework's float sums per micro-batch, in layout order */
   result o1 = {0}, o4 = {0};
-  tr_run_opts oo = {1, BX_TOKRED_ORDINARY, L, 0, 0, NULL};
+  tr_run_opts oo = {1, BX_TOKRED_ORDINARY, L, 0, 0, NULL, NULL, NULL};
   if (!tr_model_grad(m, &oo, tok, nseq, 0, nseq, 1, NULL, &loss, tl, err, sizeof err)) {
     result_take(&o1, m, loss, tl, ntok);
     if (!tr_model_grad(m, &oo, tok, nseq, 0, nseq, 4, NULL, &loss, tl, err, sizeof err)) {
@@ -434,7 +434,7 @@ static void test_layout(void) {
   result_free(&o1);
   result_free(&o4);
   /* a layout that does not divide is refused with a reason */
-  tr_run_opts o = {1, BX_TOKRED_GRID, L, 0, 0, NULL};
+  tr_run_opts o = {1, BX_TOKRED_GRID, L, 0, 0, NULL, NULL, NULL};
   check(tr_model_grad(m, &o, tok, nseq, 0, nseq, 3, NULL, &loss, tl, err, sizeof err) == -1 &&
             strstr(err, "micro-batches") != NULL,
         "layout: 8 sequences in 3 micro-batches refused");
@@ -489,7 +489,7 @@ static void test_one_pass(void) {
   check(tr_model_history(m, &nh) == NULL, "one pass: a new model has no history");
   int *hist = malloc(nh * sizeof *hist), *low = malloc(nh * sizeof *low);
   result obs = {0}, stated = {0}, cur = {0};
-  tr_run_opts o = {1, BX_TOKRED_GRID, L, 0, 0, NULL};
+  tr_run_opts o = {1, BX_TOKRED_GRID, L, 0, 0, NULL, NULL, NULL};
   int passes = 0;
   /* no history: the first attempt only observes, the second adds on the observed grid */
   if (grad_with(m, NULL, &o, tok, nseq, 1, &loss, tl, &passes)) goto out;
@@ -554,7 +554,7 @@ static void test_one_pass(void) {
         "one pass: an exponent above 128 refused");
   /* the ordinary mode neither uses nor leaves a history */
   tr_model_set_history(m, NULL, 0, err, sizeof err);
-  tr_run_opts oo = {1, BX_TOKRED_ORDINARY, L, 0, 0, NULL};
+  tr_run_opts oo = {1, BX_TOKRED_ORDINARY, L, 0, 0, NULL, NULL, NULL};
   if (grad_with(m, NULL, &oo, tok, nseq, 2, &loss, tl, &passes)) goto out;
   check(passes == 1 && tr_model_history(m, &nh) == NULL, "one pass: ordinary mode: one pass, no history");
 out:
@@ -645,7 +645,7 @@ static void test_time(void) {
     return;
   }
   float loss, *tl = malloc((size_t)(nseq * L) * sizeof *tl);
-  tr_run_opts o = {1, BX_TOKRED_GRID, L, 0, 0, NULL};
+  tr_run_opts o = {1, BX_TOKRED_GRID, L, 0, 0, NULL, NULL, NULL};
   double best = 1e9;
   int ok = 1;
   for (int r = 0; r < 3 && ok; r++) {

@@ -448,7 +448,8 @@ class GradReductionBase:
         self.passes = 2
         return out
 
-    def run_step(self, closure, micro_batches, comm=None, n_targets=None, use_history=True):
+    def run_step(self, closure, micro_batches, comm=None, n_targets=None, use_history=True,
+                 failed=None):
         """One step as `bitexact train` runs it (docs/train_model.md, "The
         one-pass invariant step"): ``micro_batches`` and ``closure(i)`` as
         :meth:`run_two_pass`. Attempt 1 states the grid from
@@ -460,7 +461,13 @@ class GradReductionBase:
         runs the micro-batches again. Then :meth:`finish` (:attr:`history`
         updated), ``self.passes`` := 1 or 2. The gradients are a function of
         the data and the history (itself a function of the data): the same
-        bits on every layout. Under expert parallelism the largest gradient
+        bits on every layout. Failures (docs/faults.md): an exception of this
+        rank (``failed``: one it had before the step; ``begin``; the
+        closure) is agreed over comm before the grid's agreement and before
+        the words' all-reduce (one small MAX all-reduce each; under expert
+        parallelism the EP group's status step ends each pass), then raised
+        on this rank; the other ranks raise :class:`PeerFailedError`. So no
+        rank is left waiting in a collective. Under expert parallelism the largest gradient
         exponent of the other ranks' experts joins the bounds' rule (one
         small MAX all-reduce over comm). Returns the closure's results of
         the pass that stood."""
@@ -469,9 +476,22 @@ class GradReductionBase:
         if hist is not None and self._npeer:
             bounds = self._peer_bounds(bounds, comm)
         for attempt in (0, 1):
-            self.begin(n_targets, bounds=bounds, flag_overflow=attempt == 0)
+            err = failed
+            if err is None:
+                try:
+                    self.begin(n_targets, bounds=bounds, flag_overflow=attempt == 0)
+                except Exception as e:  # noqa: BLE001 - agreed, then raised again
+                    err = e
+            # a rank that failed meets the others before each collective (docs/faults.md)
+            self._agree_status(comm, err, "the grid's agreement")
             self.agree(comm)
-            out = self._run_all(closure, micro_batches)
+            out = None
+            try:
+                out = self._run_all(closure, micro_batches)
+            except Exception as e:  # noqa: BLE001
+                err = e
+            err = self._ep_pass_end(err)
+            self._agree_status(comm, err, "the gradients' all-reduce")
             if not self.allreduce(comm):
                 break
             if attempt == 1:  # not reached: the flag is off in attempt 2 (an add would raise)
@@ -480,6 +500,50 @@ class GradReductionBase:
         self.finish(comm)
         self.passes = attempt + 1
         return out
+
+    def _agree_status(self, comm, err, before):
+        """One MAX all-reduce of one int64 over comm, this rank's status
+        (docs/faults.md): level << 40 | (2^40 - 1 - rank), level 2 for this
+        rank's own failure, 1 for one learned from a peer (PeerFailedError),
+        0 fine; the MAX names the rank that reports. Raises err on that rank,
+        PeerFailedError on the others."""
+        fn, rank = self._fw_comm(comm)
+        top = 1 << 40
+        level = 0 if err is None else 1 if isinstance(err, PeerFailedError) else 2
+        v = (level << 40) | (top - 1 - rank) if level else 0
+        if fn is not None:
+            buf = bytearray(int(v).to_bytes(8, _sys.byteorder, signed=True))
+            r = fn(buf, "max")
+            v = int.from_bytes(bytes(buf if r is None else r), _sys.byteorder, signed=True)
+        if not v:
+            return
+        who = top - 1 - (v & (top - 1))
+        if err is not None and who == rank:
+            raise err
+        raise PeerFailedError(f"rank {who} failed before {before}")
+
+    def _ep_pass_end(self, err):
+        """Under expert parallelism, the EP group's status step after the
+        pass (glm_moe.h glm_ep_status): every rank's status word to every
+        peer, so a rank that failed between two row exchanges meets the
+        others at the exchange they wait in (its drain); a failure learned
+        from a peer's status needs none. Returns the pass's error (or a
+        PeerFailedError learned here)."""
+        ep = self._ep
+        if ep is None or getattr(ep, "E", 1) <= 1:
+            return err
+        if err is not None and "expert parallelism: EP rank " in str(err):
+            # learned from a peer's status word (glm_ep_status): the group knows, no drain
+            return err if isinstance(err, PeerFailedError) else PeerFailedError(str(err))
+        send = bytearray((-1 if err is not None else 0).to_bytes(8, _sys.byteorder, signed=True) * ep.E)
+        recv = bytearray(8 * ep.E)
+        ep.alltoall_i64(send, recv)
+        if err is not None:
+            return err
+        for p in range(ep.E):
+            if int.from_bytes(bytes(recv[8 * p:8 * p + 8]), _sys.byteorder, signed=True) < 0:
+                return PeerFailedError(f"expert parallelism: EP rank {p} failed")
+        return None
 
     def _top(self, hist, comm):
         """Under expert parallelism with a history: the largest gradient
@@ -565,6 +629,11 @@ class GradReductionBase:
 
     def _fw_comm(self, comm):
         return _comm_args(comm)
+
+
+class PeerFailedError(Error):
+    """Another rank failed (and reports it): raised on the ranks that
+    learned it from an agreement (docs/faults.md)."""
 
 
 class MicroBatch:

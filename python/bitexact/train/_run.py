@@ -41,6 +41,21 @@ from .. import kernels as _k
 from ._format import FORMAT_VERSION, RECORD_FORMAT, chex  # noqa: F401 (chex: public to tests)
 from ..nn._ep import ExpertParallel
 from ..nn._gradred import forward_tokens as _forward_tokens
+from ..nn._gradred import PeerFailedError
+
+_GLOBAL = {"rank": 0, "world": 1}
+
+
+def _core_version():
+    """The library version as one integer (major, minor, patch: 10000, 100, 1)."""
+    v = getattr(_core, "version", None)
+    v = v() if callable(v) else v
+    try:
+        parts = [int(x) for x in str(v).split(".")[:3]]
+        return parts[0] * 10000 + parts[1] * 100 + parts[2]
+    except (ValueError, IndexError):
+        return 0
+
 
 CKPT_FILES = ("config.json", "model.safetensors", "optimizer.safetensors", "trainer_state.json")
 # the layout of src/cli/train_ckpt.c: the optimizer state in a subdirectory, where
@@ -402,6 +417,52 @@ def parse_args(argv):
     return p.parse_args(argv)
 
 
+_POINTS = ("alloc", "data", "kernel", "loss", "save")
+
+
+def parse_fault(env):
+    """BITEXACT_FAULT=RANK:STEP:POINT (test-only, docs/faults.md): (rank,
+    step, point) or None."""
+    if not env:
+        return None
+    parts = env.split(":")
+    if len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit() or parts[2] not in _POINTS:
+        raise InvalidArgumentError(f"BITEXACT_FAULT '{env}' is not RANK:STEP:POINT with POINT "
+                                   "alloc, data, kernel, loss or save (a test-only switch: "
+                                   "docs/faults.md)")
+    return int(parts[0]), int(parts[1]), parts[2]
+
+
+class _Fault:
+    def __init__(self, spec):
+        self.spec, self.fired = spec, False
+
+    def at(self, rank, step, point):
+        if self.spec is None or self.fired or self.spec != (rank, step, point):
+            return False
+        self.fired = True
+        return True
+
+
+def _file_fingerprint(path):
+    """XXH3-64 of a file's size (8 bytes, little-endian), first and last MiB
+    (the whole file up to 2 MiB): `bitexact train`'s --data fingerprint."""
+    import xxhash
+    if path is None:
+        return 0
+    h = xxhash.xxh3_64()
+    size = os.path.getsize(path)
+    h.update(size.to_bytes(8, "little"))
+    with open(path, "rb") as f:
+        if size <= 2 << 20:
+            h.update(f.read())
+        else:
+            h.update(f.read(1 << 20))
+            f.seek(size - (1 << 20))
+            h.update(f.read(1 << 20))
+    return h.intdigest()
+
+
 class Run:
     """One process's part of a run (rank ``rank`` of ``world``)."""
 
@@ -411,6 +472,80 @@ class Run:
             raise InvalidArgumentError(f"--compile: not offered with --framework {fw.name} "
                                        "(torch only: torch.compile, docs/train_python.md)")
         self.rank, self.world, self.comm, self.group = fw.init_distributed()
+        _GLOBAL["rank"], _GLOBAL["world"] = self.rank, self.world
+        err = None
+        try:
+            self.fault = _Fault(parse_fault(os.environ.get("BITEXACT_FAULT")))
+            self._init_local(a, fw)
+        except (Error, OSError, ValueError, KeyError) as e:
+            err = e
+        self._startup_agree(a, err)
+        self._init_collective(a, fw)
+
+    def _startup_agree(self, a, err):
+        """Every run-wide setting agreed at start-up (docs/faults.md): one
+        MAX all-reduce of this rank's status and (v, -v) per setting; a
+        mismatch is one line naming the setting and each rank's value (a SUM
+        all-reduce of one word per rank gives them)."""
+        import xxhash
+        names = []
+        if err is None:
+            dt = {"fp32": 0, "bf16": 1}
+            sett = [("config", xxhash.xxh3_64_intdigest(self.cfg_text.encode())),
+                    ("--data (kind)", ["npy", "bin", "synthetic"].index(self.data.kind)
+                     if self.data.kind in ("npy", "bin", "synthetic") else 3),
+                    ("--data (tokens)", self.data.ntokens),
+                    ("--data (the file's size, first and last MiB)", _file_fingerprint(a.data)),
+                    ("--seed", self.seed), ("--seq-len", self.L), ("--global-batch", self.B),
+                    ("--micro-batches", a.micro_batches), ("--ep", a.ep), ("--steps", a.steps),
+                    ("--compute-dtype", dt.get(self.dtype, 2)),
+                    ("--grid-history", 0 if a.grid_history == "on" else 1),
+                    ("--shuffle", int(self.shuffle)),
+                    ("--save", int(a.save is not None)), ("--save-every", a.save_every or 0),
+                    ("--eval-data", int(a.eval_data is not None)), ("--eval-every", a.eval_every or 0),
+                    ("--trace", int(a.trace is not None)), ("--compile", int(bool(a.compile))),
+                    ("the library version", _core_version()), ("the record format", RECORD_FORMAT),
+                    ("the checkpoint format", FORMAT_VERSION)]
+            for f, v in (("--lr", self.lr), ("--clip", self.clip), ("--weight-decay", self.wd),
+                         ("--lr-scheduler", ["constant", "linear", "cosine",
+                                             "constant_with_warmup"].index(self.sched)
+                          if isinstance(self.sched, str) else self.sched)):
+                sett.append((f, int(np.array(v, dtype=np.float64).view(np.int64)) if isinstance(v, float) else int(v)))
+            names = sett
+        n = 28  # words per setting list (padded: every rank sends the same count)
+        words = np.zeros(2 + 2 * n, dtype=np.int64)
+        top = 1 << 40
+        words[0] = (2 << 40) | (top - 1 - self.rank) if err is not None else 0
+        words[1] = int(err is None)
+        for i, (_, v) in enumerate(names[:n]):
+            v = int(np.array(v & (2**64 - 1), dtype=np.uint64).view(np.int64))
+            words[2 + 2 * i], words[3 + 2 * i] = v, -v if v != -2**63 else 2**63 - 1
+        if self.world > 1:
+            fn, _ = _comm_args(self.comm)
+            buf = bytearray(words.tobytes())
+            r = fn(buf, "max")
+            words = np.frombuffer(bytes(r if r is not None else buf), dtype=np.int64).copy()
+        if words[0]:
+            who = top - 1 - (int(words[0]) & (top - 1))
+            if err is not None and who == self.rank:
+                raise err
+            raise PeerFailedError(f"rank {who} failed at start-up")
+        for i, (name, v) in enumerate(names[:n]):
+            if words[2 + 2 * i] != -words[3 + 2 * i]:
+                vals = np.zeros(self.world, dtype=np.int64)
+                vals[self.rank] = int(np.array(v & (2**64 - 1), dtype=np.uint64).view(np.int64))
+                fn, _ = _comm_args(self.comm)
+                buf = bytearray(vals.tobytes())
+                r = fn(buf, "sum")
+                vals = np.frombuffer(bytes(r if r is not None else buf), dtype=np.int64)
+                show = {"--compute-dtype": ["fp32", "bf16"], "--grid-history": ["on", "off"]}.get(name)
+                txt = ", ".join(f"rank {k} {show[x] if show and 0 <= x < len(show) else x}"
+                                for k, x in enumerate(vals.tolist()))
+                if self.rank == 0:
+                    raise InvalidArgumentError(f"ranks disagree on {name}: {txt}")
+                raise PeerFailedError(f"ranks disagree on {name}")
+
+    def _init_local(self, a, fw):
         if a.save:
             check_save_dir(a.save)
         self.max_shard = parse_size(a.save_max_shard_size) if a.save_max_shard_size else None
@@ -488,6 +623,13 @@ class Run:
         if a.compile and self.sched != "constant":
             raise InvalidArgumentError(f"--compile with --lr-scheduler {self.sched}: the rate "
                                        "changes every step, which torch.compile would recompile")
+        self._pending = (E, P, marrays, oarrays, st)
+
+    def _init_collective(self, a, fw):
+        """The start-up steps that may talk to the other ranks (the expert
+        groups, the model), after the start-up agreement."""
+        E, P, marrays, oarrays, st = self._pending
+        del self._pending
         self.ep = None
         if E > 1:  # the MoE blocks hold and compute this rank's experts, rows exchanged over comm
             self.ep = ExpertParallel(self.comm, self.rank, P, E, self.cfg.n_routed_experts,
@@ -571,35 +713,86 @@ class Run:
         return _k.lr_at(self.sched, self.lr, s, total_steps=self.a.steps,
                         warmup_steps=self.warmup, min_lr=self.min_lr)
 
+    def _agree(self, err):
+        """One MAX all-reduce of this rank's status (docs/faults.md): raises
+        err here when this rank failed, PeerFailedError when another did."""
+        top = 1 << 40
+        v = top - self.rank if err is not None else 0
+        if self.world > 1:
+            fn, _ = _comm_args(self.comm)
+            buf = bytearray(np.array([v], dtype=np.int64).tobytes())
+            r = fn(buf, "max")
+            v = int(np.frombuffer(bytes(r if r is not None else buf), dtype=np.int64)[0])
+        if err is not None:
+            raise err
+        if v:
+            raise PeerFailedError(f"rank {top - v} failed")
+
     def step(self, s):
+        """One step; a failure of this rank meets the other ranks at the
+        step's next agreement (docs/faults.md): inside GradReduction.run_step,
+        the token losses' all-reduce (one status word per rank), one of its
+        own before the eval or the trace, or the loop's after the step
+        (``self.failed``, agreed by :meth:`end_step`)."""
         a, fw, L, B, P = self.a, self.fw, self.L, self.B, self.world
         local = B // P
         first = self.rank * local
-        toks = np.stack([self.data.tokens(self.data.sequence(s * B + first + b))
-                         for b in range(local)])
         per = local // a.micro_batches
         red = self.red
+        self.failed = err = None
+        toks = None
+        try:
+            toks = np.stack([self.data.tokens(self.data.sequence(s * B + first + b))
+                             for b in range(local)])
+            if self.fault.at(self.rank, s, "data"):  # a bad token id read on this rank
+                toks[0, 1] = self.cfg.vocab_size
+            if self.fault.at(self.rank, s, "alloc"):
+                raise InjectedFault(f"step {s}: out of memory (the step's buffers): injected fault "
+                                    "(BITEXACT_FAULT)")
+        except (Error, OSError, MemoryError) as e:
+            err = e
 
         def micro_batch(i):  # forward + backward; the per-token losses
             r0 = i * per
             if self.trace is not None:
                 self.trace.micro_batch(i, first + r0)
             loss = self.forward(fw.ids(toks[r0:r0 + per, :L]), fw.ids(toks[r0:r0 + per, 1:]))
+            if self.fault.at(self.rank, s, "kernel"):  # a node fails between the passes' exchanges
+                raise InjectedFault(f"step {s}: the routed experts: injected fault (BITEXACT_FAULT)")
             fw.backward(loss)
             return fw.numpy(red.current_micro_batch.token_losses)
         mbs = [((first + i * per) * L, per * L) for i in range(a.micro_batches)]
-        outs = red.run_step(micro_batch, mbs, comm=self.comm, use_history=a.grid_history == "on")
+        outs = red.run_step(micro_batch, mbs, comm=self.comm, use_history=a.grid_history == "on",
+                            failed=err)
         tok_losses = np.concatenate([np.asarray(o, dtype=np.float32).reshape(-1) for o in outs])
+        if self.fault.at(self.rank, s, "loss"):  # a non-finite loss on this rank's tokens
+            tok_losses[0] = np.nan
+        bad = np.nonzero(~np.isfinite(tok_losses))[0]
+        if bad.size:
+            k = int(bad[0])
+            err = InjectedFault(f"step {s}: non-finite loss ({tok_losses[k]}) at token {k % L} of "
+                                f"global sequence {first + k // L} (this rank's local sequence "
+                                f"{k // L})")
         loss = float(fw.numpy(red.loss))
         all_loss = tok_losses
         if P > 1:  # the global batch's token losses, gathered exactly (their bit patterns summed)
-            words = np.zeros(B * L, dtype=np.int64)
+            # and every rank's status word in its own slot after them
+            words = np.zeros(B * L + P, dtype=np.int64)
             words[first * L:(first + local) * L] = tok_losses.view(np.uint32)
+            top = 1 << 40
+            words[B * L + self.rank] = top - self.rank if err is not None else 0
             fn, _ = _comm_args(self.comm)
             buf = bytearray(words.tobytes())
             r = fn(buf, "sum")
-            all_loss = np.frombuffer(bytes(r if r is not None else buf), dtype=np.int64) \
-                .astype(np.uint32).view(np.float32)
+            words = np.frombuffer(bytes(r if r is not None else buf), dtype=np.int64)
+            v = int(words[B * L:].max())
+            if err is not None:
+                raise err
+            if v:
+                raise PeerFailedError(f"rank {top - v} failed")
+            all_loss = words[:B * L].astype(np.uint32).view(np.float32)
+        elif err is not None:
+            raise err
         if self.trace is not None:
             self.trace.grads()  # before clipping
         total, gn = total_norm([fw.grad(p) for p, _ in self.owned],
@@ -614,15 +807,22 @@ class Run:
                 g["lr"] = lr
         else:  # Paddle
             self.opt.lr = lr
-        self.opt_step()
+        try:
+            self.opt_step()
+        except (Error, OSError, MemoryError) as e:
+            err = e
+        eval_now = self.eval is not None and ((s + 1) % a.eval_every == 0 or s + 1 == a.steps)
+        if self.trace is not None or eval_now:
+            self._agree(err)  # before their collectives
         if self.trace is not None:
             self.trace.end_step()
         if s == self.start:
             self.first_loss = loss
         self.last_loss, self.last_norm = loss, total
         ev = None
-        if self.eval is not None and ((s + 1) % a.eval_every == 0 or s + 1 == a.steps):
+        if eval_now:
             ev = self.eval_loss()
+        self.failed = err
         return record_line(s, loss, total, gn["dense"], gn["expert"], coef, lr, B * L,
                            loss_hash(all_loss), self.data.entropy_nats, self.dtype, red.passes,
                            eval_loss=ev)
@@ -634,6 +834,11 @@ class Run:
         with the grid history of every trainable parameter and the loss
         (none before a step has observed one, as `bitexact train`)."""
         fw, a = self.fw, self.a
+        end_ = a.steps if end is None else end
+        if self.rank != 0 and self.fault.at(self.rank, end_ - 1, "save"):
+            self._agree(InjectedFault(f"--save {d}: this rank's part of the checkpoint of step "
+                                      f"{end_} failed: injected fault (BITEXACT_FAULT)"))
+        self._agree(None)
         hist = self.red.history  # the same on every rank where present (a function of the data)
         marr = {n: fw.numpy(t) for n, t in list(fw.named_parameters(self.model)) +
                 list(fw.named_buffers(self.model))}
@@ -643,8 +848,19 @@ class Run:
             oarr[n + ".exp_avg"], oarr[n + ".exp_avg_sq"] = fw.numpy(m), fw.numpy(v)
         if self.ep is not None:
             self._gather_experts(marr, oarr, hist)
-        if self.rank != 0:
-            return
+        err = None
+        if self.rank == 0:
+            try:
+                if self.fault.at(0, end_ - 1, "save"):
+                    raise InjectedFault(f"--save {d}: writing the checkpoint of step {end_} failed: "
+                                        "injected fault (BITEXACT_FAULT)")
+                self._write(d, end, marr, oarr, hist)
+            except (Error, OSError) as e:
+                err = e
+        self._agree(err)
+
+    def _write(self, d, end, marr, oarr, hist):
+        a = self.a
         st = copy.deepcopy(self.state)
         end = a.steps if end is None else end
         st.update(format_version=FORMAT_VERSION, step=end, clip=chex(self.clip),
@@ -778,6 +994,10 @@ def _ordered(order, marr):
     return known + [n for n in marr if n not in seen]
 
 
+class InjectedFault(Error):
+    """A failure BITEXACT_FAULT made (test-only, docs/faults.md)."""
+
+
 class _StopSignal:
     """SIGTERM / SIGINT set a flag (once: the handlers are then restored,
     so a second signal ends the process at once); the loop ends after the
@@ -829,14 +1049,36 @@ def main(argv=None):
         try:
             for s in range(run.start, a.steps):
                 line = run.step(s)
-                if rec:
-                    rec.write(line + "\n")
-                    rec.flush()
-                    lines += 1
+                pos = None
+                if rec and run.failed is None:
+                    pos = rec.tell()
+                    try:
+                        rec.write(line + "\n")
+                        rec.flush()
+                        lines += 1
+                    except OSError as e:
+                        run.failed = e
+                # a failure on any rank (the highest level, then the lowest rank names it), a
+                # SIGTERM / SIGINT on any rank: every rank learns both after this step (MAX)
+                top = 1 << 40
+                flags = np.array([top - run.rank if run.failed is not None else 0, stop.flag],
+                                 dtype=np.int64)
+                if run.world > 1:
+                    fn, _ = _comm_args(run.comm)
+                    buf = bytearray(flags.tobytes())
+                    r = fn(buf, "max")
+                    flags = np.frombuffer(bytes(r if r is not None else buf), dtype=np.int64)
+                if flags[0]:
+                    if pos is not None:  # the failed step's line goes
+                        rec.seek(pos)
+                        rec.truncate()
+                        lines -= 1
+                    if run.failed is not None:
+                        raise run.failed
+                    raise PeerFailedError(f"rank {top - int(flags[0])} failed")
                 if run.rank == 0:
                     _progress(a, run, s)
-                # a SIGTERM / SIGINT on any rank stops every rank after this step (MAX)
-                if run.any_rank(stop.flag):
+                if flags[1]:
                     end = s + 1
                     break
                 if a.save_every and (s + 1) % a.save_every == 0 and s + 1 < a.steps:
@@ -854,8 +1096,12 @@ def main(argv=None):
         run.stopped = end < a.steps
         run.end = end
         fw.finalize_distributed()
+    except PeerFailedError:
+        return 2  # the failing rank prints its line
     except (Error, OSError) as e:
-        print(f"bitexact.train: {e}", file=sys.stderr)
+        g = _GLOBAL
+        rank = f"rank {g['rank']}: " if g["world"] > 1 and not str(e).startswith("rank ") else ""
+        print(f"bitexact.train: {rank}{e}", file=sys.stderr)
         return 2
     if run.rank == 0 and not a.q:
         if run.stopped:
