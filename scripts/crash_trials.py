@@ -241,6 +241,7 @@ class Driver:
         return rank
 
     def trial(self, i):
+        self.last = "?"
         a, w, rng = self.a, self.work, self.rng
         d, rec = os.path.join(w, "D"), os.path.join(w, "R.jsonl")
         for x in glob.glob(d + "*") + [rec, os.path.join(w, "R2.jsonl")]:
@@ -257,6 +258,7 @@ class Driver:
             what = "%s:%d" % (pt, n)
             if mode == "stop":
                 rank = rng.randrange(1, a.np)
+        self.last = mode + " " + what
         t_kill = rng.uniform(0, self.T)
         t_in = rng.uniform(0, self.S)
         p = subprocess.Popen(self.cmd(*self.start_args(), "--steps", a.steps, "--record", rec,
@@ -384,7 +386,17 @@ class Driver:
             if got != self.ref_lines[k:]:
                 raise Failure("the resumed run's record differs from the reference's steps %d.." % k)
             if glob.glob(d + ".tmp-*"):
-                raise Failure("stale %s left after the resumed run's saves" % glob.glob(d + ".tmp-*"))
+                held = []
+                for t in glob.glob(d + ".tmp-*"):  # who holds it (a live writer's flock?)
+                    for pid in os.listdir("/proc"):
+                        try:
+                            for fd in os.listdir("/proc/%s/fd" % pid):
+                                if os.readlink("/proc/%s/fd/%s" % (pid, fd)) == t:
+                                    held.append((t, pid))
+                        except OSError:
+                            pass
+                raise Failure("stale (held by %s) %s left after the resumed run's saves" % (held, [
+                    (t, sorted(os.listdir(t))) for t in glob.glob(d + ".tmp-*")]))
         if self.hashes(d) != self.ref_hash:
             raise Failure("the final checkpoint's tensors differ from the reference's")
         if a.trainer == "c" and self.files(d) != self.files(self.ref_ck):
@@ -427,7 +439,7 @@ def main():
         except (Failure, subprocess.TimeoutExpired) as e:
             fails += 1
             counts["FAILURE"] += 1
-            print("trial %3d FAILURE (seed %d): %s" % (i, a.seed, e), flush=True)
+            print("trial %3d FAILURE (seed %d, %s): %s" % (i, a.seed, dr.last, e), flush=True)
     print("trials %d (seed %d, %s, np %d, ep %d, %d steps, %.0f s): %s" % (
         a.trials, a.seed, a.trainer, a.np, a.ep, a.steps, time.time() - t0,
         ", ".join("%s %d" % kv for kv in sorted(counts.items()))))
