@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -120,6 +121,75 @@ static void remove_dir(const char *dir) {
   rmdir(dir);
 }
 
+/* fsync of a file or a directory (a directory's entries: the files made
+ * or renamed in it). 0 / -1. */
+static int sync_path(const char *path) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  int rc = fsync(fd);
+  if (close(fd) != 0) rc = -1;
+  return rc;
+}
+
+/* Every file of the checkpoint in dir, its optimizer/ directory and dir
+ * itself reach the disk (the writers fsync their files already; this
+ * covers config.json and the directory entries), so that the rename
+ * never puts in place a directory whose files a power loss could undo. */
+static int sync_tree(const char *dir) {
+  char p[PATH_MAX];
+  int rc = 0;
+  DIR *d = opendir(dir);
+  if (!d) return -1;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    if (!is_ckpt_file(e->d_name)) continue;
+    snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+    if (sync_path(p)) rc = -1;
+  }
+  closedir(d);
+  snprintf(p, sizeof p, "%s/%s", dir, OPT_DIR);
+  if (sync_path(p)) rc = -1;
+  if (sync_path(dir)) rc = -1;
+  return rc;
+}
+
+/* The directory that holds target (its parent), into buf. */
+static void parent_of(const char *target, char *buf, size_t len) {
+  snprintf(buf, len, "%s", target);
+  char *slash = strrchr(buf, '/');
+  if (!slash) snprintf(buf, len, ".");
+  else if (slash == buf) buf[1] = 0;
+  else *slash = 0;
+}
+
+/* Removes the stale temporary directories of earlier saves to target:
+ * target.tmp-XXXXXX (six or more characters: the Python trainer's too),
+ * left by a save killed before its rename, or after it and before the old
+ * checkpoint was removed. Only those no live writer holds: a writer keeps
+ * an exclusive flock on its temporary directory until it is renamed, and
+ * the lock dies with the process. Only checkpoint files are removed
+ * (remove_dir), so a directory holding anything else stays. */
+static void remove_stale_tmp(const char *target) {
+  char parent[PATH_MAX], p[2 * PATH_MAX + 8];
+  parent_of(target, parent, sizeof parent);
+  const char *base = strrchr(target, '/') ? strrchr(target, '/') + 1 : target;
+  size_t bl = strlen(base);
+  DIR *d = opendir(parent);
+  if (!d) return;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    const char *nm = e->d_name;
+    if (strncmp(nm, base, bl) != 0 || strncmp(nm + bl, ".tmp-", 5) != 0 || strlen(nm + bl + 5) < 6)
+      continue;
+    snprintf(p, sizeof p, "%s/%s", parent, nm);
+    int fd = open(p, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) continue;
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0) remove_dir(p);
+    close(fd);
+  }
+  closedir(d);
+}
+
 static void hexd(char *buf, size_t len, double d) { snprintf(buf, len, "%a", d); }
 
 static int write_state(const char *path, const tc_state *s, const tr_param *params, size_t n) {
@@ -186,7 +256,12 @@ int tc_save_shards(const char *dir, const tr_config *c, const tr_param *params, 
   char target[PATH_MAX];
   snprintf(target, sizeof target, "%s", tmp);
   snprintf(tmp + l, sizeof tmp - l, ".tmp-XXXXXX");
+  remove_stale_tmp(target);
   if (!mkdtemp(tmp)) return cli_errf(err, errlen, "%s: cannot create a temporary directory: %s", dir, strerror(errno));
+  /* held until the rename: remove_stale_tmp of another save skips it */
+  int lock = open(tmp, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (lock >= 0) flock(lock, LOCK_EX | LOCK_NB);
+  tc_test_point("tmpdir");
   mode_t mask = umask(0);
   umask(mask);
   chmod(tmp, 0777 & ~mask); /* mkdtemp's 0700 -> what mkdir would give */
@@ -199,7 +274,9 @@ int tc_save_shards(const char *dir, const tr_config *c, const tr_param *params, 
   }
   snprintf(p, sizeof p, "%s/config.json", tmp);
   if (tr_config_save(c, p, err, errlen)) goto done;
+  tc_test_point("config");
   if (tcm_write(tmp, params, n, max_shard_size, err, errlen)) goto done;
+  tc_test_point("model");
   size_t m = 0;
   for (size_t i = 0; i < n; i++) {
     if (params[i].group < 0) continue;
@@ -219,11 +296,18 @@ int tc_save_shards(const char *dir, const tr_config *c, const tr_param *params, 
   }
   snprintf(p, sizeof p, "%s/%s/optimizer.safetensors", tmp, OPT_DIR);
   if (tc_write_safetensors(p, t, m, err, errlen)) goto done;
+  tc_test_point("optimizer");
   snprintf(p, sizeof p, "%s/trainer_state.json", tmp);
   if (write_state(p, st, params, n)) {
     cli_errf(err, errlen, "%s: cannot write", p);
     goto done;
   }
+  tc_test_point("state");
+  if (sync_tree(tmp)) {
+    cli_errf(err, errlen, "%s: cannot sync: %s", tmp, strerror(errno));
+    goto done;
+  }
+  tc_test_point("synced");
   /* into place: a plain rename, or an exchange with the old checkpoint */
   if (rename(tmp, target) != 0) {
     if (errno != ENOTEMPTY && errno != EEXIST) {
@@ -236,9 +320,18 @@ int tc_save_shards(const char *dir, const tr_config *c, const tr_param *params, 
     }
     /* tmp now names the old checkpoint */
   }
+  tc_test_point("renamed");
+  /* the rename itself reaches the disk */
+  parent_of(target, p, sizeof p);
+  if (sync_path(p)) {
+    cli_errf(err, errlen, "%s: cannot sync: %s", p, strerror(errno));
+    goto done;
+  }
   rc = 0;
 done:
   remove_dir(tmp); /* the failed attempt, or the old checkpoint */
+  if (lock >= 0) close(lock);
+  if (rc == 0) tc_test_point("done");
   free(t);
   free(names);
   return rc;

@@ -36,6 +36,7 @@ import cases_train  # noqa: E402,F401
 import cases_golden  # noqa: E402,F401
 import cases_trace  # noqa: E402,F401
 import cases_faults  # noqa: E402,F401
+import cases_restart  # noqa: E402,F401
 
 
 # ------------------------------------------------------------- runner

@@ -323,34 +323,51 @@ def write_model(tmp, model_arrays, max_shard_size=None, order=None):
 
 def write_checkpoint(d, config_text, state, model_arrays, opt_arrays, max_shard_size=None,
                      order=None):
-    """The files into a fresh ``d.tmp-XXXXXX`` beside d, then renamed
-    into place (an existing d holding only a checkpoint's files is
-    replaced; one with other files is refused, before anything is
-    written): config.json, the model (write_model),
-    optimizer/optimizer.safetensors, trainer_state.json."""
+    """The files into a fresh ``d.tmp-XXXXXXXX`` beside d, synced, then put
+    in place atomically (an existing d holding only a checkpoint's files is
+    swapped out by one renameat2 exchange and removed; one with other files
+    is refused, before anything is written): config.json, the model
+    (write_model), optimizer/optimizer.safetensors, trainer_state.json.
+    d holds a complete checkpoint at every moment (_atomic.py)."""
     from safetensors.numpy import save_file
+    from . import _atomic as at
     d = os.path.abspath(d)
     check_save_dir(d)
+    at.remove_stale(d, is_ckpt_file, OPT_DIR)
     tmp = tempfile.mkdtemp(prefix=os.path.basename(d) + ".tmp-", dir=os.path.dirname(d))
+    lock = at.lock(tmp)
     try:
+        at.test_point("tmpdir")
+        os.chmod(tmp, 0o777 & ~_umask())
         with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
             f.write(config_text)
+        at.test_point("config")
         write_model(tmp, model_arrays, max_shard_size, order)
+        at.test_point("model")
         os.mkdir(os.path.join(tmp, OPT_DIR))
         save_file(opt_arrays, os.path.join(tmp, OPT_DIR, "optimizer.safetensors"),
                   metadata={"format": "pt"})
+        at.test_point("optimizer")
         with open(os.path.join(tmp, "trainer_state.json"), "w", encoding="utf-8") as f:
             f.write(_state_json(state))
-        old = None
-        if os.path.exists(d):
-            old = d + ".old-" + os.path.basename(tmp).rsplit("-", 1)[-1]
-            os.rename(d, old)
-        os.rename(tmp, d)
+        at.test_point("state")
+        at.sync_tree(tmp)
+        at.test_point("synced")
+        old = at.put_in_place(tmp, d)
         if old:
-            shutil.rmtree(old)
+            at.remove_ckpt_dir(old, is_ckpt_file, OPT_DIR)
+        at.test_point("done")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        os.close(lock)
+
+
+def _umask():
+    m = os.umask(0)
+    os.umask(m)
+    return m
 
 
 # ---- the run ---------------------------------------------------------------------
