@@ -55,6 +55,11 @@ static inline BX_HD uint16_t bx_canon_f16(uint16_t b) {
 #else
 #define BX_CANON_VECTORIZE
 #endif
+#ifdef __cplusplus /* nvcc compiles the .cu files as C++ */
+#define BX_CANON_RESTRICT __restrict__
+#else
+#define BX_CANON_RESTRICT restrict
+#endif
 
 /* In place over n fp32 values (a finished block of outputs, still in cache). */
 static inline BX_HD BX_CANON_VECTORIZE void bx_canon_f32_n(float *x, uint64_t n) {
@@ -62,8 +67,8 @@ static inline BX_HD BX_CANON_VECTORIZE void bx_canon_f32_n(float *x, uint64_t n)
 }
 
 /* dst[0..n) = src[0..n) canonicalised (a finished tile copied out). */
-static inline BX_HD BX_CANON_VECTORIZE void bx_canon_f32_copy(float *restrict dst, const float *restrict src,
-                                                               uint64_t n) {
+static inline BX_HD BX_CANON_VECTORIZE void bx_canon_f32_copy(float *BX_CANON_RESTRICT dst,
+                                                               const float *BX_CANON_RESTRICT src, uint64_t n) {
   for (uint64_t i = 0; i < n; i++) dst[i] = bx_canon_f32(src[i]);
 }
 
