@@ -42,7 +42,7 @@
  * status 1 on any.
  *
  * Special values are checked bit for bit against the rules stated in
- * math_det.h (math_ref_special: quieted input NaN, 0x7fc00000 for invalid
+ * math_det.h (math_ref_special: 0x7fc00000 for a NaN input and for invalid
  * operations, silu(-Inf) = -0; sin/cos: NaN outside |x| < 2^28, those
  * inputs are counted apart).
  */

@@ -12,6 +12,14 @@
  * Assumptions (checked at build time where possible): IEEE-754 binary16,
  * bfloat16, binary32 and binary64 data; the host's double is binary64.
  *
+ * NaN: every NaN a call computes and stores (a norm, a coefficient, a
+ * scaled gradient, every output of bitexact_train.h) is the canonical
+ * quiet NaN of its format, whatever the CPU or the operands' payloads:
+ * fp32 0x7FC00000, fp64 0x7FF8000000000000, bf16 0x7FC0, fp16 0x7E00. A
+ * value a call only moves (a row of a permutation or an embedding lookup)
+ * keeps its bits. So NaN-producing data give the same bytes on x86-64 and
+ * aarch64 (docs/design.md, "NaN").
+ *
  * Floating-point environment: results never depend on it. Every call runs
  * its arithmetic, on the calling thread and on the worker threads, in the
  * library's own environment (x86-64: MXCSR with round to nearest even, no

@@ -33,7 +33,8 @@ extern "C" {
  * accumulate) on row i of C: the same for any M (a row computed in a batch
  * of 1 equals the same row in a batch of 10,000), any thread count, block
  * or tile size, padding, alignment, and ISA (AVX-512, AVX2 and portable C
- * give identical bits). NaN and Inf propagate as IEEE fma says.
+ * give identical bits). NaN and Inf propagate as IEEE fma says; a NaN
+ * element of C is stored as the canonical 0x7fc00000 (bitexact.h, "NaN").
  *
  * Layouts (all row-major, C-contiguous):
  *   BX_GEMM_NT: B is [N,K] (torch.nn.Linear's weight W): C = A · Bᵀ, the

@@ -34,8 +34,8 @@ extern "C" {
  *   sin, cos                   for |x| < 2^28 (BX_TRIG_DOMAIN; RoPE
  *                               angles), NaN beyond and for +-Inf
  *
- * NaN inputs give the input NaN quieted (payload kept); an invalid
- * operation gives the NaN 0x7fc00000. Each function exists on one value
+ * A NaN input (any sign, any payload) and an invalid operation give the
+ * canonical NaN 0x7fc00000 (bitexact.h, "NaN"). Each function exists on one value
  * (bx_exp_f32, ...) and over a tensor (bx_exp, ...), with the same bits.
  * The model uses bx_log_f32 and bx_cos_f32 (its normal initialisation);
  * the other forms are in the Experimental section at the end. */
@@ -186,7 +186,7 @@ BX_API bx_status bx_sin(const DLTensor *x, DLTensor *y, const bx_math_opts *opts
 BX_API bx_status bx_cos(const DLTensor *x, DLTensor *y, const bx_math_opts *opts);
 
 /* y = x rounded to bf16: nearest even on the bits (torch's
- * x.to(torch.bfloat16)), a NaN stays a NaN with its quiet bit set,
+ * x.to(torch.bfloat16)), every NaN the canonical 0x7fc0 (c10's NaN),
  * overflow to +-Inf, subnormals rounded like any value: the rounding of
  * the models' bf16 GEMM operands (`--compute-dtype bf16`). x fp32, y bf16
  * (kDLBfloat, 16 bits), the same shape, both dense row-major (strides NULL

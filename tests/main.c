@@ -208,6 +208,11 @@ static const test_entry TESTS[] = {
     {"moe_dispatch_ranks", test_moe_dispatch_ranks},
     {"moe_permute_roundtrip", test_moe_permute_roundtrip},
     {"moe_dispatch_bad_input", test_moe_dispatch_bad_input},
+    /* the canonical NaN (test_nan.c) */
+    {"nan_math_adamw", test_nan_math_adamw},
+    {"nan_norm_scale", test_nan_norm_scale},
+    {"nan_gemm", test_nan_gemm},
+    {"nan_layers", test_nan_layers},
     /* the layers: RMSNorm, RoPE, SwiGLU (test_layers.c, test_layers_rope.c) */
     {"rmsnorm_vs_reference", test_rmsnorm_vs_reference},
     {"rmsnorm_batch_invariance", test_rmsnorm_batch_invariance},

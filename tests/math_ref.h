@@ -7,7 +7,7 @@
  * subnormals) by mpfr_ref.c's integer rounding (ref_round_f). Needs MPFR
  * and tests/mpfr_ref.c.
  *
- * Rules (math_det.h): a NaN input gives that NaN quieted (payload kept);
+ * Rules (math_det.h): a NaN input gives the canonical NaN 0x7fc00000;
  * invalid operations give 0x7fc00000 (log of x < 0, rsqrt of x < 0, sin/cos
  * outside |x| < 2^28, Inf included); log(+-0) = -Inf, log(+Inf) = +Inf,
  * rsqrt(+-0) = +-Inf, rsqrt(+Inf) = +0, exp(+-Inf) = +Inf / +0,
@@ -62,7 +62,7 @@ static inline float mref_float(uint32_t u) {
 static inline int math_ref_special(int f, float x, float *out) {
   const float qnan = mref_float(0x7fc00000u);
   if (x != x) {
-    *out = mref_float(mref_bits(x) | 0x00400000u);
+    *out = qnan; /* any sign and payload: the canonical NaN (nan_canon.h) */
     return 1;
   }
   if ((f == MREF_SIN || f == MREF_COS) && !(fabsf(x) < MREF_TRIG_MAX)) {

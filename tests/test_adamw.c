@@ -16,6 +16,14 @@
 #include "tests.h"
 #include "util.h"
 
+/* A NaN stored is the canonical 0x7fc00000 (docs/design.md, "NaN"). */
+static float ref_canon(float x) {
+  uint32_t b = 0x7fc00000u;
+  if (x == x) return x;
+  memcpy(&x, &b, 4);
+  return x;
+}
+
 static void ref_step(float *p, const float *g, float *m, float *v, size_t n, int64_t step,
                      const bx_adamw_opts *o) {
   double bc1 = 1.0 - pow(o->beta1, (double)step);
@@ -32,7 +40,9 @@ static void ref_step(float *p, const float *g, float *m, float *v, size_t n, int
     float cg = (float)(1.0 - o->beta2) * g[i];
     v[i] = fmaf(cg, g[i], vb);
     float denom = sqrtf(v[i]) / bc2s + (float)o->eps;
-    p[i] = pi + (step_size * m[i]) / denom;
+    p[i] = ref_canon(pi + (step_size * m[i]) / denom);
+    m[i] = ref_canon(m[i]);
+    v[i] = ref_canon(v[i]);
   }
 }
 

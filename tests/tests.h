@@ -189,6 +189,12 @@ void test_tokred_ordinary_drifts(void);
 void test_tokred_layout_refused(void);
 void test_tokred_ranks_errors(void);
 void test_tokred_bad_arguments(void);
+/* test_nan.c: every NaN stored is the canonical pattern (docs/design.md "NaN") */
+void test_nan_math_adamw(void);
+void test_nan_norm_scale(void);
+void test_nan_gemm(void);
+void test_nan_layers(void);
+
 /* test_layers.c, test_layers_rope.c: RMSNorm, RoPE, SwiGLU (bitexact_train.h) */
 void test_rmsnorm_vs_reference(void);
 void test_rmsnorm_batch_invariance(void);

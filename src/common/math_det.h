@@ -25,8 +25,9 @@
  * `build/dev/math_exhaustive -t 2` on an Intel Xeon (Emerald Rapids), GCC
  * 12, glibc 2.36, MPFR 4.2: docs/train_math.md).
  *
- * NaN inputs give the input NaN quieted (payload kept); invalid operations
- * (log of x < 0, sin/cos of Inf or outside their domain) give 0x7fc00000.
+ * Every NaN returned is the canonical 0x7fc00000 (nan_canon.h): for a NaN
+ * input of any sign and payload, and for invalid operations (log of x < 0,
+ * sin/cos of Inf or outside their domain).
  */
 #ifndef BX_MATH_DET_H
 #define BX_MATH_DET_H
@@ -34,14 +35,18 @@
 #include <stdint.h>
 
 #include "hd.h"
+#include "nan_canon.h"
 #include "pow_det.h"
 
-#define BX_MD_QNAN 0x7fc00000u
+#define BX_MD_QNAN BX_F32_CANON_NAN
 
 /* ---- helpers ------------------------------------------------------------ */
 
-static inline BX_HD float bx_md_quiet(float x) {
-  return bx_f32_from_bits(bx_f32_bits(x) | 0x00400000u);
+/* The result for a NaN input x: the canonical NaN, whatever x's sign and
+ * payload. */
+static inline BX_HD float bx_md_nan(float x) {
+  (void)x;
+  return bx_f32_from_bits(BX_F32_CANON_NAN);
 }
 
 /* 2^k for -1022 <= k <= 1023, exactly. */
@@ -139,12 +144,12 @@ static inline BX_HD bx_pd_dd bx_md_exp_dd(double x) {
 }
 
 /* bx_expf_det: e^x correctly rounded to fp32.
- * Special values: exp(-Inf) = +0, exp(+Inf) = +Inf, NaN quieted; x > 89
+ * Special values: exp(-Inf) = +0, exp(+Inf) = +Inf, NaN canonical; x > 89
  * overflows to +Inf, x < -104 gives +0 (as the correctly rounded value).
  * Exhaustive (all 2^32 inputs, dev/math_exhaustive.c vs MPFR): max error
  * 0.5 ulp, 0 results not correctly rounded (worst input -0x1.d2259ap+3). */
 static inline BX_HD float bx_expf_det(float x) {
-  if (x != x) return bx_md_quiet(x);
+  if (x != x) return bx_md_nan(x);
   if (x > 89.0f) return bx_f32_from_bits(0x7f800000u);
   if (x < -104.0f) return 0.0f;
   double y = bx_md_exp_fast((double)x);
@@ -156,7 +161,7 @@ static inline BX_HD float bx_expf_det(float x) {
 
 /* bx_logf_det: ln x correctly rounded to fp32.
  * log(+-0) = -Inf, log(x < 0) = NaN (0x7fc00000), log(+Inf) = +Inf,
- * log(1) = +0, NaN quieted; subnormal x normalised with integer operations.
+ * log(1) = +0, NaN canonical; subnormal x normalised with integer operations.
  * Fast path: x = m 2^e, m in [sqrt(1/2), sqrt(2)); log m = 2 atanh(s),
  * s = (m - 1)/(m + 1) (m - 1 exact, one rounded division), |s| <= 0.1716,
  * series to s^23 (remainder < 2^-60), e ln2 with the 32-bit ln2_hi exact;
@@ -167,7 +172,7 @@ static inline BX_HD float bx_expf_det(float x) {
  * (worst input 0x1.22d57p-65). */
 static inline BX_HD float bx_logf_det(float x) {
   uint32_t b = bx_f32_bits(x);
-  if (x != x) return bx_md_quiet(x);
+  if (x != x) return bx_md_nan(x);
   if (b == 0u || b == 0x80000000u) return bx_f32_from_bits(0xff800000u);
   if (b >> 31) return bx_f32_from_bits(BX_MD_QNAN);
   if (b == 0x7f800000u) return x;
@@ -210,13 +215,13 @@ static inline BX_HD float bx_logf_det(float x) {
 /* ---- sigmoid, SiLU --------------------------------------------------------- */
 
 /* bx_sigmoidf_det: 1 / (1 + e^-x) correctly rounded to fp32.
- * sigmoid(+Inf) = 1, sigmoid(-Inf) = +0, NaN quieted; x >= 40 gives 1 and
+ * sigmoid(+Inf) = 1, sigmoid(-Inf) = +0, NaN canonical; x >= 40 gives 1 and
  * x <= -110 gives +0 (the correctly rounded values). Fast path: e^-x
  * (< 2^-50), 1 + e and one division: < 2^-49.5. Slow path: double-double.
  * Exhaustive: max error 0.5 ulp, 0 results not correctly rounded
  * (worst input 0x1p-23). */
 static inline BX_HD float bx_sigmoidf_det(float x) {
-  if (x != x) return bx_md_quiet(x);
+  if (x != x) return bx_md_nan(x);
   if (x >= 40.0f) return 1.0f;
   if (x <= -110.0f) return 0.0f;
   double e = bx_md_exp_fast(-(double)x);
@@ -229,7 +234,7 @@ static inline BX_HD float bx_sigmoidf_det(float x) {
 /* bx_siluf_det: SiLU(x) = x sigmoid(x) = x / (1 + e^-x), the exact value
  * rounded once to fp32 (not the product of a rounded sigmoid).
  * silu(+Inf) = +Inf, silu(-Inf) = -0 (the limit; torch's x/(1+exp(-x))
- * gives NaN there), NaN quieted, silu(+-0) = +-0; x >= 40 gives x,
+ * gives NaN there), NaN canonical, silu(+-0) = +-0; x >= 40 gives x,
  * x <= -110 gives -0 (the correctly rounded values). |x| < 2^-60:
  * silu(x) = x/2 + x^2/4 - ..., i.e. x/2 (exact in double) plus a positive
  * amount far below its double ulp: x/2 moved one double ulp upwards
@@ -238,7 +243,7 @@ static inline BX_HD float bx_sigmoidf_det(float x) {
  * Exhaustive: max error 0.5 ulp, 0 results not correctly rounded
  * (worst input 0x1p-149). */
 static inline BX_HD float bx_siluf_det(float x) {
-  if (x != x) return bx_md_quiet(x);
+  if (x != x) return bx_md_nan(x);
   if (x >= 40.0f) return x;
   if (x <= -110.0f) return -0.0f;
   double xd = (double)x;
@@ -272,14 +277,14 @@ static inline BX_HD int bx_md_rsqrt_above(double mid, double x) {
 
 /* bx_rsqrtf_det: 1/sqrt(x) correctly rounded to fp32.
  * rsqrt(+0) = +Inf, rsqrt(-0) = -Inf, rsqrt(+Inf) = +0, rsqrt(x < 0) = NaN
- * (0x7fc00000), NaN quieted. Fast path: sqrt and a division in double
+ * (0x7fc00000), NaN canonical. Fast path: sqrt and a division in double
  * (< 2^-52). Slow path exact: the candidate float's two neighbouring
  * midpoints are compared with 1/sqrt(x) in exact arithmetic.
  * Exhaustive: max error 0.5 ulp, 0 results not correctly rounded
  * (worst input 0x1.7431c6p-125). */
 static inline BX_HD float bx_rsqrtf_det(float x) {
   uint32_t b = bx_f32_bits(x);
-  if (x != x) return bx_md_quiet(x);
+  if (x != x) return bx_md_nan(x);
   if (b == 0u) return bx_f32_from_bits(0x7f800000u);
   if (b == 0x80000000u) return bx_f32_from_bits(0xff800000u);
   if (b >> 31) return bx_f32_from_bits(BX_MD_QNAN);
@@ -393,11 +398,11 @@ static inline BX_HD float bx_md_trig(float x, int want_sin) {
 
 /* bx_sinf_det: sin x correctly rounded to fp32 for |x| < 2^28
  * (BX_TRIG_DET_MAX); +-Inf and finite |x| >= 2^28 give NaN (0x7fc00000),
- * NaN quieted, |x| < 2^-12 gives x (sin(+-0) = +-0).
+ * NaN canonical, |x| < 2^-12 gives x (sin(+-0) = +-0).
  * Exhaustive over |x| < 2^28: max error 0.5 ulp, 0 results not correctly
  * rounded (worst input 0x1.33333p+13). */
 static inline BX_HD float bx_sinf_det(float x) {
-  if (x != x) return bx_md_quiet(x);
+  if (x != x) return bx_md_nan(x);
   if (!(x < BX_TRIG_DET_MAX && x > -BX_TRIG_DET_MAX)) return bx_f32_from_bits(BX_MD_QNAN);
   if (x < 0x1p-12f && x > -0x1p-12f) return x;
   return bx_md_trig(x, 1);
@@ -408,7 +413,7 @@ static inline BX_HD float bx_sinf_det(float x) {
  * Exhaustive over |x| < 2^28: max error 0.5 ulp, 0 results not correctly
  * rounded (worst input 0x1p-12). */
 static inline BX_HD float bx_cosf_det(float x) {
-  if (x != x) return bx_md_quiet(x);
+  if (x != x) return bx_md_nan(x);
   if (!(x < BX_TRIG_DET_MAX && x > -BX_TRIG_DET_MAX)) return bx_f32_from_bits(BX_MD_QNAN);
   if (x < 0x1p-12f && x > -0x1p-12f) return 1.0f;
   return bx_md_trig(x, 0);

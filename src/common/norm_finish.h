@@ -24,10 +24,11 @@
 #include "dtype.h"
 #include "ext_wire.h"
 #include "hd.h"
+#include "nan_canon.h"
 #include "pow_det.h"
 #include "scale_round.h"
 
-#define BX_F64_NAN_BITS 0x7FF8000000000000ull
+#define BX_F64_NAN_BITS BX_F64_CANON_NAN /* the canonical NaN (nan_canon.h) */
 #define BX_F64_INF_BITS 0x7FF0000000000000ull
 
 /* Words per group on the wire, and whether they are MAX-reduced. */
@@ -196,7 +197,7 @@ static inline BX_HD double bx_norm_value_of(int mode, double p, const int64_t *d
 
 static inline BX_HD double bx_norm_value(int mode, double p, const int64_t *digits,
                                          const bx_norm_part *q, bx_fmt fmt, bx_mag *scratch) {
-  return bx_norm_value_of(mode, p, digits, 0, q, fmt, scratch);
+  return bx_canon_f64(bx_norm_value_of(mode, p, digits, 0, q, fmt, scratch));
 }
 
 /* The norms of every group and of the total from the reduced words of
@@ -228,11 +229,11 @@ static inline BX_HD void bx_finish_words(int mode, double p, const int64_t *word
         pending = 0;
       }
     }
-    if (groups) groups[g] = bx_norm_value_of(mode, p, scratch->d, 1, &q, fmt, scratch);
+    if (groups) groups[g] = bx_canon_f64(bx_norm_value_of(mode, p, scratch->d, 1, &q, fmt, scratch));
     bx_norm_part_add(&all, &q);
   }
   if (mode != BX_M_EXT) bx_digits_normalize(total_digits, total_digits);
-  *total = bx_norm_value_of(mode, p, total_digits, 1, &all, fmt, scratch);
+  *total = bx_canon_f64(bx_norm_value_of(mode, p, total_digits, 1, &all, fmt, scratch));
 }
 
 /* Store a norm in dtype code (BX_DT_*), rounded once into its format (a
@@ -241,8 +242,8 @@ static inline BX_HD void bx_finish_words(int mode, double p, const int64_t *word
  * library's floating-point environment (a subnormal fp32 would be flushed
  * by the conversion under a caller's FTZ). */
 static inline BX_HD void bx_norm_store(int code, void *out, double v) {
-  v = bx_round_double_to(v, bx_fmt_of_dtype(code));
-  float f = (float)v; /* exact */
+  v = bx_canon_f64(bx_round_double_to(v, bx_fmt_of_dtype(code)));
+  float f = bx_canon_f32((float)v); /* exact; a NaN: the canonical one (nan_canon.h) */
   uint16_t h;
   switch (code) {
     case BX_DT_F32: memcpy(out, &f, 4); break;
@@ -254,13 +255,13 @@ static inline BX_HD void bx_norm_store(int code, void *out, double v) {
 
 /* The clip coefficient (bitexact.h, bx_clip_coef): 1 when max_norm == 0;
  * torch's max_norm / (total + eps) or max_norm / max(total, max_norm),
- * clamped to 1 (a NaN stays NaN, as torch.clamp). */
+ * clamped to 1 (a NaN stays NaN, as torch.clamp: the canonical one). */
 static inline BX_HD double bx_clip_coef_of(double total, double max_norm, double eps, int formula) {
   double c;
   if (max_norm == 0.0) return 1.0;
   if (formula == BX_COEF_TORCH) c = max_norm / (total + eps);
   else c = max_norm / (total > max_norm || total != total ? total : max_norm);
-  return c > 1.0 ? 1.0 : c;
+  return bx_canon_f64(c > 1.0 ? 1.0 : c);
 }
 
 #endif /* BX_NORM_FINISH_H */

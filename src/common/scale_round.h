@@ -12,13 +12,14 @@
 #include <math.h>
 
 #include "hd.h"
+#include "nan_canon.h"
 
 static inline BX_HD float bx_bf16_to_f32(uint16_t b) { return bx_f32_from_bits((uint32_t)b << 16); }
 
-/* fp32 -> bf16, nearest-even; every NaN -> 0x7FC0 (as c10 does). */
+/* fp32 -> bf16, nearest-even; every NaN -> 0x7FC0 (as c10 does; nan_canon.h). */
 static inline BX_HD uint16_t bx_f32_to_bf16(float f) {
   uint32_t u = bx_f32_bits(f);
-  if ((u & 0x7FFFFFFF) > 0x7F800000) return 0x7FC0;
+  if ((u & 0x7FFFFFFF) > 0x7F800000) return BX_BF16_CANON_NAN;
   u += 0x7FFF + ((u >> 16) & 1);
   return (uint16_t)(u >> 16);
 }
@@ -35,13 +36,13 @@ static inline BX_HD float bx_f16_to_f32(uint16_t h) {
   return bx_f32_from_bits(sign | ((uint32_t)(e + 112) << 23) | (m << 13));
 }
 
-/* fp32 -> fp16, nearest-even, subnormals and overflow to Inf; NaN stays NaN
- * (quiet, sign kept). */
+/* fp32 -> fp16, nearest-even, subnormals and overflow to Inf; every NaN ->
+ * the canonical 0x7E00 (nan_canon.h). */
 static inline BX_HD uint16_t bx_f32_to_f16(float f) {
   uint32_t u = bx_f32_bits(f);
   uint16_t sign = (uint16_t)((u >> 16) & 0x8000);
   uint32_t a = u & 0x7FFFFFFF;
-  if (a > 0x7F800000) return sign | 0x7E00;
+  if (a > 0x7F800000) return BX_F16_CANON_NAN;
   if (a >= 0x477FF000) return sign | 0x7C00; /* >= 65520: rounds to Inf */
   if (a < 0x38800000) { /* below 2^-14: fp16 subnormal or zero */
     if (a < 0x33000000) return sign; /* <= 2^-25 (half the smallest): 0 */
@@ -102,11 +103,13 @@ static inline BX_HD float bx_f64_to_f32_odd(double d) {
 }
 
 /* ---- one element, per dtype and mode (bx_scale_mode in bitexact.h) ---- */
-static inline BX_HD float bx_scale_f32_torch_one(float x, float c32) { return x * c32; }
+/* A NaN product (a NaN g, Inf * 0) is stored as the canonical NaN
+ * (nan_canon.h); the 16-bit conversions above give it already. */
+static inline BX_HD float bx_scale_f32_torch_one(float x, float c32) { return bx_canon_f32(x * c32); }
 static inline BX_HD float bx_scale_f32_exact_one(float x, const bx_split_coef *k) {
-  return (float)bx_mul_round_odd((double)x, k);
+  return bx_canon_f32((float)bx_mul_round_odd((double)x, k));
 }
-static inline BX_HD double bx_scale_f64_one(double x, double c) { return x * c; }
+static inline BX_HD double bx_scale_f64_one(double x, double c) { return bx_canon_f64(x * c); }
 static inline BX_HD uint16_t bx_scale_bf16_torch_one(uint16_t x, float c32) {
   return bx_f32_to_bf16(bx_bf16_to_f32(x) * c32);
 }

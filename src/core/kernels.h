@@ -185,7 +185,7 @@ typedef struct bx_adamw_scalars {
 typedef void (*bx_adamw_fn)(float *p, const float *g, float *m, float *v, size_t n,
                             const bx_adamw_scalars *s);
 
-/* fp32 -> bf16, nearest even, NaN quieted (src/cpu/bf16_body.h: the
+/* fp32 -> bf16, nearest even, every NaN 0x7FC0 (src/cpu/bf16_body.h: the
  * same loop in every table, vectorised where the ISA allows). */
 typedef void (*bx_bf16_round_fn)(const float *x, uint16_t *y, size_t n);
 

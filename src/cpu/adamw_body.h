@@ -13,6 +13,7 @@
 #include <stddef.h>
 
 #include "kernels.h"
+#include "nan_canon.h"
 
 /* GCC's -O2 cost model declines the loop; ask for it. */
 #if defined(__GNUC__) && !defined(__clang__)
@@ -33,8 +34,10 @@ static void adamw_loop(float *restrict p, const float *restrict g, float *restri
     /* torch's addcmul_ after mul_: fmadd(value * t1, t2, self) */
     float vi = fmaf(s.one_m_b2 * gi, gi, v[i] * s.beta2);
     float denom = sqrtf(vi) / s.bc2_sqrt + s.eps;
-    p[i] = pi + (s.neg_step * mi) / denom;
-    m[i] = mi;
-    v[i] = vi;
+    /* a NaN stored is the canonical one (nan_canon.h): a compare and a
+     * select per value, in the vectorised loop */
+    p[i] = bx_canon_f32(pi + (s.neg_step * mi) / denom);
+    m[i] = bx_canon_f32(mi);
+    v[i] = bx_canon_f32(vi);
   }
 }

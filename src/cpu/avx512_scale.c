@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "nan_canon.h"
 
 /* ---- fp64 pieces shared by the exact kernels ------------------------- */
 
@@ -108,10 +109,20 @@ static __m256i f32_to_bf16x16(__m512 f) {
 static __m256i f32_to_f16x16(__m512 f) {
   __m256i h = _mm512_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __mmask16 nan = _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q);
-  /* NaN: sign | 0x7E00, as the portable (c10) conversion */
-  __m256i canon = _mm256_or_si256(_mm256_and_si256(h, _mm256_set1_epi16((short)0x8000)),
-                                  _mm256_set1_epi16(0x7E00));
-  return _mm256_mask_mov_epi16(h, nan, canon);
+  /* NaN: the canonical 0x7E00, as the portable conversion */
+  return _mm256_mask_mov_epi16(h, nan, _mm256_set1_epi16((short)BX_F16_CANON_NAN));
+}
+
+/* ---- the canonical NaN (nan_canon.h), 16 floats / 8 doubles ------------- */
+
+static inline __m512 canon_f32x16(__m512 v) {
+  __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  return _mm512_mask_mov_ps(v, nan, _mm512_castsi512_ps(_mm512_set1_epi32((int)BX_F32_CANON_NAN)));
+}
+
+static inline __m512d canon_f64x8(__m512d v) {
+  __mmask8 nan = _mm512_cmp_pd_mask(v, v, _CMP_UNORD_Q);
+  return _mm512_mask_mov_pd(v, nan, _mm512_castsi512_pd(_mm512_set1_epi64((long long)BX_F64_CANON_NAN)));
 }
 
 /* ---- kernels ------------------------------------------------------------- */
@@ -120,10 +131,10 @@ static void scale_f32_torch(void *xv, size_t n, double coef) {
   float *x = xv;
   __m512 c = _mm512_set1_ps((float)coef);
   size_t i = 0;
-  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, _mm512_mul_ps(_mm512_loadu_ps(x + i), c));
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, canon_f32x16(_mm512_mul_ps(_mm512_loadu_ps(x + i), c)));
   if (i < n) {
     __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
-    _mm512_mask_storeu_ps(x + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), c));
+    _mm512_mask_storeu_ps(x + i, m, canon_f32x16(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), c)));
   }
 }
 
@@ -131,10 +142,10 @@ static void scale_f32_exact(void *xv, size_t n, double coef) {
   float *x = xv;
   split_coef k = split(coef);
   size_t i = 0;
-  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, mul_exact16(_mm512_loadu_ps(x + i), &k, 0));
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, canon_f32x16(mul_exact16(_mm512_loadu_ps(x + i), &k, 0)));
   if (i < n) {
     __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
-    _mm512_mask_storeu_ps(x + i, m, mul_exact16(_mm512_maskz_loadu_ps(m, x + i), &k, 0));
+    _mm512_mask_storeu_ps(x + i, m, canon_f32x16(mul_exact16(_mm512_maskz_loadu_ps(m, x + i), &k, 0)));
   }
 }
 
@@ -142,10 +153,10 @@ static void scale_f64(void *xv, size_t n, double coef) {
   double *x = xv;
   __m512d c = _mm512_set1_pd(coef);
   size_t i = 0;
-  for (; i + 8 <= n; i += 8) _mm512_storeu_pd(x + i, _mm512_mul_pd(_mm512_loadu_pd(x + i), c));
+  for (; i + 8 <= n; i += 8) _mm512_storeu_pd(x + i, canon_f64x8(_mm512_mul_pd(_mm512_loadu_pd(x + i), c)));
   if (i < n) {
     __mmask8 m = (__mmask8)((1u << (n - i)) - 1);
-    _mm512_mask_storeu_pd(x + i, m, _mm512_mul_pd(_mm512_maskz_loadu_pd(m, x + i), c));
+    _mm512_mask_storeu_pd(x + i, m, canon_f64x8(_mm512_mul_pd(_mm512_maskz_loadu_pd(m, x + i), c)));
   }
 }
 

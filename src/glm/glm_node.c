@@ -131,12 +131,13 @@ const uint16_t *glm_dl_bf16(glm_nctx *c, const DLTensor *t, const char *name, in
  * fp32 -> bf16 keeps the top 16 bits of the fp32 word after rounding the
  * dropped 16 to nearest, ties to even: u + 0x7fff + ((u >> 16) & 1), then
  * >> 16 (an exact integer rule; a carry into the exponent gives the next
- * binade or Inf, as IEEE rounding does). NaN stays NaN (quiet bit set).
+ * binade or Inf, as IEEE rounding does). Every NaN becomes 0x7fc0, the
+ * library's canonical bf16 NaN (bx_round_bf16, docs/design.md "NaN").
  * bf16 -> fp32 is exact (the 16 bits shifted up). */
 uint16_t glm_bf16_round(float x) {
   uint32_t u;
   memcpy(&u, &x, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)0x7fc0u;
   u += 0x7fffu + ((u >> 16) & 1u);
   return (uint16_t)(u >> 16);
 }

@@ -42,8 +42,8 @@ DLTensor *glm_bf16(glm_view *v, const uint16_t *p, int ndim, int64_t d0, int64_t
 
 /* ---- bf16 operands ---------------------------------------------------------------------- */
 
-/* fp32 -> bf16, round to nearest even (NaN kept a quiet NaN: its top bits
- * | 0x40); bf16 -> fp32 exact. */
+/* fp32 -> bf16, round to nearest even (every NaN -> 0x7fc0, the canonical
+ * bf16 NaN); bf16 -> fp32 exact. */
 uint16_t glm_bf16_round(float x);
 float glm_bf16_widen(uint16_t h);
 /* y[0..n) = x rounded (bx_round_bf16 over `threads` threads, 0: the

@@ -17,6 +17,7 @@
 #include "error.h"
 #include "kernels.h"
 #include "math_det.h"
+#include "nan_canon.h"
 #include "pool.h"
 #include "tensor.h"
 #include "train_check.h"
@@ -214,8 +215,8 @@ static void fwd_task(void *ctx, size_t task, int worker) {
     for (size_t c = 0; c <= i; c++) s[c] = s[c] / l;
     for (size_t c = i + 1; c < i1; c++) s[c] = 0.0f; /* read by the packing, never kept */
     float *st = j->stats + ((t0 + i) * g->Hq + h) * 2;
-    st[0] = m;
-    st[1] = l;
+    st[0] = bx_canon_f32(m);
+    st[1] = bx_canon_f32(l);
   }
   /* o, per mr-sliver r of rows: the micro-kernel over j = 0..i0+r (in
    * every row's window) leaves row 0 finished; then one step per j =
@@ -230,11 +231,11 @@ static void fwd_task(void *ctx, size_t task, int worker) {
       size_t wd = D - c < nr ? D - c : nr;
       float *out = j->o + (t0 + i0 + r) * g->ldq + h * D + c;
       kern->micro(i0 + r + 1, ar, vb + c * g->L, ot, dp, 0);
-      memcpy(out, ot, wd * sizeof(float));
+      bx_canon_f32_copy(out, ot, wd); /* the stored rows: canonical NaN */
       for (size_t s = 1; s < hgt; s++) {
         size_t jj = i0 + r + s;
         kern->micro(1, ar + jj * mr, vb + c * g->L + jj * nr, ot, dp, 1);
-        memcpy(out + s * g->ldq, ot + s * dp, wd * sizeof(float));
+        bx_canon_f32_copy(out + s * g->ldq, ot + s * dp, wd);
       }
     }
   }

@@ -38,6 +38,7 @@
 #include "error.h"
 #include "kernels.h"
 #include "math_det.h"
+#include "nan_canon.h"
 #include "pool.h"
 #include "workspace.h"
 
@@ -144,11 +145,11 @@ static void bwd_block(const bwd_job *j, const bwd_bufs *w, size_t b, size_t h, s
       size_t wd = D - c < nr ? D - c : nr;
       float *out = j->dq + (t0 + i0 + r) * g->ldq + h * D + c;
       micro(i0 + r + 1, ar, w->kn + c * L, tile, dpd, 0);
-      memcpy(out, tile, wd * sizeof(float));
+      bx_canon_f32_copy(out, tile, wd); /* the stored rows: canonical NaN */
       for (size_t s = 1; s < hgt; s++) {
         size_t jj = i0 + r + s;
         micro(1, ar + jj * mr, w->kn + c * L + jj * nr, tile, dpd, 1);
-        memcpy(out + s * g->ldq, tile + s * dpd, wd * sizeof(float));
+        bx_canon_f32_copy(out + s * g->ldq, tile + s * dpd, wd);
       }
     }
   }
@@ -211,8 +212,8 @@ static void bwd_task(void *ctx, size_t task, int worker) {
     for (size_t i0 = 0; i0 < L; i0 += j->rows)
       bwd_block(j, &w, b, h, i0, L - i0 < j->rows ? L : i0 + j->rows);
   for (size_t i = 0; i < L; i++) {
-    memcpy(j->dk + (t0 + i) * g->ldk + kvh * D, w.dka + i * dpd, D * sizeof(float));
-    memcpy(j->dv + (t0 + i) * g->ldk + kvh * D, w.dva + i * dpd, D * sizeof(float));
+    bx_canon_f32_copy(j->dk + (t0 + i) * g->ldk + kvh * D, w.dka + i * dpd, D);
+    bx_canon_f32_copy(j->dv + (t0 + i) * g->ldk + kvh * D, w.dva + i * dpd, D);
   }
 }
 

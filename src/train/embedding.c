@@ -18,6 +18,7 @@
 #include "call.h"
 #include "error.h"
 #include "kernels.h"
+#include "nan_canon.h"
 #include "pool.h"
 #include "train_check.h"
 #include "tokred_grid.h"
@@ -78,6 +79,7 @@ typedef struct fwd_job {
   size_t H, T, per;
 } fwd_job;
 
+/* a lookup: the rows keep their bits (a NaN included) */
 static void fwd_task(void *ctx, size_t task, int worker) {
   (void)worker;
   const fwd_job *j = ctx;
@@ -197,6 +199,7 @@ static void rows_task(void *ctx, size_t task, int worker) {
       const float *g = b->dy + (size_t)p[i].t * b->H;
       for (size_t h = 0; h < b->H; h++) row[h] = row[h] + g[h];
     }
+    bx_canon_f32_n(row, b->H); /* the row's sum, still in cache */
   }
 }
 

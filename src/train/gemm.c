@@ -20,6 +20,7 @@
 #include "error.h"
 #include "gemm_internal.h"
 #include "kernels.h"
+#include "nan_canon.h"
 #include "pool.h"
 #include "tensor.h"
 #include "workspace.h"
@@ -297,11 +298,22 @@ static void run_tile_ldb(const bx_gemm_kernel *kern, size_t kb, const float *ap,
  * 64-byte aligned (the micro-kernels load B slivers aligned) */
 static size_t a_bytes(size_t mc, size_t kc) { return (mc * kc * sizeof(float) + 63) / 64 * 64; }
 
+/* A finished tile of C (rows x cols at c, row stride ldc), still in the
+ * first-level cache: a NaN becomes the canonical 0x7FC00000 (nan_canon.h).
+ * Only the stored outputs, never the chain: a NaN stays a NaN along it, so
+ * which NaN the fma chain carried does not matter. */
+static void canon_tile(float *c, size_t ldc, size_t rows, size_t cols) {
+  for (size_t i = 0; i < rows; i++) bx_canon_f32_n(c + i * ldc, cols);
+}
+
 /* Every tile of the mb x nb block of C at (i0, j0) over the k block [p0,
  * p0 + kb): A packed at ap; B packed at bpk, or (bpk NULL: j->direct_b)
- * read in place, its edge sliver (narrower than nr) packed into edge. */
+ * read in place, its edge sliver (narrower than nr) packed into edge.
+ * final: the k block ends the chain (or segment): the tiles are stored
+ * values, canonicalised. */
 static void block_tiles(const gemm_job *j, size_t i0, size_t mb, size_t j0, size_t nb, size_t p0,
-                        size_t kb, const float *ap, const float *bpk, float *edge, int load_c) {
+                        size_t kb, const float *ap, const float *bpk, float *edge, int load_c,
+                        int final) {
   const bx_gemm_kernel *kern = j->kern;
   for (size_t s = 0; s < nb; s += kern->nr) {
     size_t w = nb - s < kern->nr ? nb - s : kern->nr;
@@ -312,6 +324,7 @@ static void block_tiles(const gemm_job *j, size_t i0, size_t mb, size_t j0, size
         size_t h = mb - r < kern->mr ? mb - r : kern->mr;
         run_tile_ldb(kern, kb, ap + (r / kern->mr) * kb * kern->mr, bs, j->n,
                      j->c + (i0 + r) * j->n + j0 + s, j->n, h, load_c);
+        if (final) canon_tile(j->c + (i0 + r) * j->n + j0 + s, j->n, h, w);
       }
       continue;
     }
@@ -325,6 +338,7 @@ static void block_tiles(const gemm_job *j, size_t i0, size_t mb, size_t j0, size
       size_t h = mb - r < kern->mr ? mb - r : kern->mr;
       run_tile(kern, kb, ap + (r / kern->mr) * kb * kern->mr, bs, j->c + (i0 + r) * j->n + j0 + s,
                j->n, h, w, load_c);
+      if (final) canon_tile(j->c + (i0 + r) * j->n + j0 + s, j->n, h, w);
     }
   }
 }
@@ -358,7 +372,7 @@ static void group_task(const gemm_job *j, int worker, size_t r0, size_t r1, size
         for (size_t p0 = c0; p0 < c1; p0 += j->kc) {
           size_t kb = c1 - p0 < j->kc ? c1 - p0 : j->kc;
           pack_a(j, i0, p0, mb, kb, ap);
-          block_tiles(j, i0, mb, j0, nb, p0, kb, ap, j->direct_b ? NULL : q, bp, p0 > c0);
+          block_tiles(j, i0, mb, j0, nb, p0, kb, ap, j->direct_b ? NULL : q, bp, p0 > c0, p0 + kb == c1);
           q += kb * nbr;
         }
         j->epi(j->epi_ctx, worker, j->c + i0 * j->n + j0, j->n, c0, i0, j0, mb, nb);
@@ -390,7 +404,7 @@ static void gemm_task(void *ctx, size_t task, int worker) {
       for (size_t i0 = r0; i0 < r1; i0 += j->mc) {
         size_t mb = r1 - i0 < j->mc ? r1 - i0 : j->mc;
         pack_a(j, i0, p0, mb, kb, ap);
-        block_tiles(j, i0, mb, j0, nb, p0, kb, ap, j->direct_b ? NULL : bp, bp, load_c);
+        block_tiles(j, i0, mb, j0, nb, p0, kb, ap, j->direct_b ? NULL : bp, bp, load_c, p0 + kb == c1);
         if (j->epi && p0 + kb == c1) /* the block is final, and still in cache */
           j->epi(j->epi_ctx, worker, j->c + i0 * j->n + j0, j->n, c0, i0, j0, mb, nb);
       }

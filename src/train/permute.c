@@ -18,6 +18,7 @@
 #include "call.h"
 #include "error.h"
 #include "moe_internal.h"
+#include "nan_canon.h"
 #include "pool.h"
 #include "workspace.h"
 
@@ -257,6 +258,7 @@ typedef struct gather_job {
   int64_t n, k, H; /* n: rows or tokens of the loop */
 } gather_job;
 
+/* a copy: the rows keep their bits (a NaN included) */
 static void permute_piece(void *ctx, size_t task, int worker) {
   (void)worker;
   const gather_job *j = ctx;
@@ -277,6 +279,7 @@ static void gather_sum_piece(void *ctx, size_t task, int worker) {
       const float *src = j->x + j->pos[t * j->k + a] * j->H;
       for (int64_t h = 0; h < j->H; h++) o[h] = o[h] + src[h];
     }
+    bx_canon_f32_n(o, (uint64_t)j->H); /* the row, still in cache */
   }
 }
 
@@ -300,6 +303,7 @@ static void unpermute_piece(void *ctx, size_t task, int worker) {
       const float *in = j->init + t * j->H;
       for (int64_t h = 0; h < j->H; h++) o[h] = o[h] + in[h];
     }
+    bx_canon_f32_n(o, (uint64_t)j->H); /* the row, still in cache */
   }
 }
 
@@ -313,7 +317,7 @@ static void dyperm_piece(void *ctx, size_t task, int worker) {
     float w = j->w[t * j->k + a];
     const float *d = j->dout + t * j->H;
     float *o = j->y + r * j->H;
-    for (int64_t h = 0; h < j->H; h++) o[h] = w * d[h];
+    for (int64_t h = 0; h < j->H; h++) o[h] = bx_canon_f32(w * d[h]);
   }
 }
 
@@ -328,7 +332,7 @@ static void dweights_piece(void *ctx, size_t task, int worker) {
       const float *src = j->x + j->pos[t * j->k + a] * j->H;
       float acc = 0.0f;
       for (int64_t h = 0; h < j->H; h++) acc = fmaf(d[h], src[h], acc);
-      j->dw[t * j->k + a] = acc;
+      j->dw[t * j->k + a] = bx_canon_f32(acc);
     }
   }
 }

@@ -17,6 +17,7 @@
 #include "error.h"
 #include "train_check.h"
 #include "math_det.h"
+#include "nan_canon.h"
 #include "pool.h"
 
 #define COL_BLOCK 512 /* columns per partials piece */
@@ -48,9 +49,9 @@ static void fwd_piece(void *ctx, size_t task, int worker) {
     float rs = row_rstd(x, j->h, j->eps);
     for (size_t k = 0; k < j->h; k++) {
       float xhat = x[k] * rs;
-      y[k] = j->w[k] * xhat;
+      y[k] = bx_canon_f32(j->w[k] * xhat);
     }
-    if (j->rstd) j->rstd[r] = rs;
+    if (j->rstd) j->rstd[r] = bx_canon_f32(rs);
   }
 }
 
@@ -146,7 +147,7 @@ static void dx_piece(void *ctx, size_t task, int worker) {
     for (size_t k = 0; k < j->h; k++) {
       float g = dy[k] * j->w[k];
       float xhat = x[k] * rs;
-      dx[k] = rs * fmaf(-xhat, m, g);
+      dx[k] = bx_canon_f32(rs * fmaf(-xhat, m, g));
     }
   }
 }
@@ -165,6 +166,7 @@ static void partial_piece(void *ctx, size_t task, int worker) {
     const float rs = j->rstd[t];
     for (size_t k = k0; k < k1; k++) p[k] = fmaf(dy[k], x[k] * rs, p[k]);
   }
+  bx_canon_f32_n(p + k0, k1 - k0);
 }
 
 bx_status bx_rmsnorm_backward(const DLTensor *x, const DLTensor *weight, const DLTensor *dy,

@@ -18,6 +18,7 @@
 #include "error.h"
 #include "train_check.h"
 #include "math_det.h"
+#include "nan_canon.h"
 #include "pool.h"
 #include "pow_det.h"
 #include "workspace.h"
@@ -57,8 +58,8 @@ static void rope_piece(void *ctx, size_t task, int worker) {
       for (size_t h = 0; h < j->heads; h++) {
         size_t o = h * j->head_dim + i;
         float a = x[o], b = x[o + j->half];
-        y[o] = a * c - b * s;
-        y[o + j->half] = b * c + a * s;
+        y[o] = bx_canon_f32(a * c - b * s);
+        y[o + j->half] = bx_canon_f32(b * c + a * s);
       }
     }
     if (x != y)

@@ -16,6 +16,7 @@
 #include "error.h"
 #include "math_det.h"
 #include "moe_internal.h"
+#include "nan_canon.h"
 #include "pool.h"
 #include "workspace.h"
 
@@ -151,7 +152,7 @@ static void route_token(const fwd_job *j, int64_t t, float *s, float *c, float *
   }
   for (int64_t a = 0; a < j->k; a++) {
     float q = j->norm ? (float)((double)s[sel[a]] / D) : s[sel[a]];
-    w[a] = q * j->rsf;
+    w[a] = bx_canon_f32(q * j->rsf);
     store_id(j->ids, (size_t)(t * j->k + a), sel[a]);
   }
 }
@@ -280,7 +281,7 @@ static void bwd_piece(void *ctx, size_t task, int worker) {
     for (int64_t a = 0; a < j->k; a++) {
       int64_t e = bx_tc_id(j->ids, (size_t)(t * j->k + a));
       double dw = j->norm ? (g[a] - u) / D : g[a];
-      dl[e] = (float)(dw * (s[a] * m[a]));
+      dl[e] = bx_canon_f32((float)(dw * (s[a] * m[a])));
     }
   }
 }
@@ -378,7 +379,7 @@ bx_status bx_moe_bias_update(DLTensor *bias, const DLTensor *counts, double rate
     for (int64_t r = 0; r < rows; r++) ce += cn[r * E + e];
     int64_t off = total - E * ce; /* E * (mean - count_e) */
     float step = off > 0 ? fr : off < 0 ? -fr : 0.0f;
-    b[e] = b[e] + step;
+    b[e] = bx_canon_f32(b[e] + step);
   }
 done:
   bx_call_leave(&call);

@@ -17,6 +17,7 @@
 #include "call.h"
 #include "error.h"
 #include "kernels.h"
+#include "nan_canon.h"
 #include "train_check.h"
 #include "pool.h"
 
@@ -42,7 +43,7 @@ static void fwd_piece(void *ctx, size_t task, int worker) {
     for (size_t k0 = 0; k0 < j->f; k0 += SWIGLU_BLOCK) {
       size_t n = j->f - k0 < SWIGLU_BLOCK ? j->f - k0 : SWIGLU_BLOCK;
       mk->silu(g + k0, sl, n); /* bx_siluf_det of each element */
-      for (size_t k = 0; k < n; k++) h[k0 + k] = sl[k] * u[k0 + k];
+      for (size_t k = 0; k < n; k++) h[k0 + k] = bx_canon_f32(sl[k] * u[k0 + k]);
     }
   }
 }
@@ -64,8 +65,8 @@ static void bwd_piece(void *ctx, size_t task, int worker) {
         float x = g[k0 + k], up = u[k0 + k], d = dh[k0 + k]; /* read before dg / du overwrite them */
         float s = sg[k];
         float dsilu = d * up;
-        dg[k0 + k] = (dsilu * s) * fmaf(x, 1.0f - s, 1.0f); /* torch's FMA build contracts this */
-        du[k0 + k] = d * sl[k];
+        dg[k0 + k] = bx_canon_f32((dsilu * s) * fmaf(x, 1.0f - s, 1.0f)); /* torch's FMA build contracts this */
+        du[k0 + k] = bx_canon_f32(d * sl[k]);
       }
     }
   }

@@ -233,7 +233,7 @@ static bx_status xent_impl(const char *fn, int what, const xent_args *a, const b
           acc = acc + j.loss[t];
           n++;
         }
-      if (part) part[c] = acc;
+      if (part) part[c] = bx_canon_f32(acc);
       if (cnt) cnt[c] = n;
     }
   }

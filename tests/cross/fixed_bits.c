@@ -7,14 +7,17 @@
  *                                a result changed with the thread count)
  *
  * Public API only (bitexact.h, bitexact_train.h; the layer kernels' part
- * is in fixed_bits_moe.h and fixed_bits_layers.h, included below). The
+ * is in fixed_bits_moe.h, fixed_bits_layers.h and fixed_bits_nan.h,
+ * included below). The
  * data come from a counter-based generator of its own (splitmix64 of
  * (seed, tensor, index)) that builds each element from integer bit fields
  * — no rand(), no libm, no floating-point arithmetic — so the data are
  * the same bits on every platform: fp64/fp32/bf16/fp16 with signed zeros,
  * subnormals, values near the top of each format and gradient-like
- * values. The output holds no addresses, times or ISA names: two correct
- * builds print the same bytes.
+ * values; and NaN-producing data (fixed_bits_nan.h: NaN payloads of both
+ * signs, Inf - Inf, 0 * Inf), whose NaNs are the same bytes everywhere
+ * only because the library stores one canonical NaN. The output holds no
+ * addresses, times or ISA names: two correct builds print the same bytes.
  * Options are always made with the BX_*_OPTS_DEFAULT macros and then set
  * field by field, so new option fields do not break this file.
  */
@@ -614,6 +617,7 @@ static void fb_train(void) {
  * own files, to keep this one short */
 #include "fixed_bits_moe.h"
 #include "fixed_bits_layers.h"
+#include "fixed_bits_nan.h"
 
 int main(void) {
   for (int i = 0; i < NT; i++)
@@ -635,6 +639,7 @@ int main(void) {
   fb_accs();
   fb_train();
   fb_layers();
+  fb_nan();
   for (int i = 0; i < NT; i++) {
     free(T[i].buf);
     free(T[i].orig);

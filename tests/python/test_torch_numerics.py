@@ -218,6 +218,13 @@ def test_nonfinite_without_error_matches_torch():
     tb = torch.nn.utils.clip_grad_norm_(b, 1.0)
     assert math.isnan(float(ta)) and math.isnan(float(tb))
     assert all(torch.isnan(p.grad).all() for p in a)
+    # the canonical NaN (docs/design.md "NaN"), not the gradient's own NaN
+    assert all((p.grad.view(torch.int32) == 0x7FC00000).all() for p in a)
+    g = [torch.tensor([1.0, float("inf")]), torch.tensor([2.0, 3.0])]
+    g[0].view(torch.int32)[1] = -8388608 + 0x12345  # 0xff812345: a signalling NaN, negative
+    a = params_with_grads(g)
+    assert math.isnan(float(bt.clip_grad_norm_(a, 1.0)))
+    assert all((p.grad.view(torch.int32) == 0x7FC00000).all() for p in a)
     g = [torch.tensor([1.0, float("inf")]), torch.tensor([2.0, 3.0])]
     a, b = params_with_grads(g), params_with_grads(g)
     ta = bt.clip_grad_norm_(a, 1.0)

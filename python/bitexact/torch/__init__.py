@@ -222,9 +222,12 @@ def _scale_dense(tensors, coef, num_threads, mode, name):
     cuda = tensors[0].device.type == "cuda"
     if not cuda:
         c = float(coef)
-        if c != c:  # NaN: torch's own multiply (NaN everywhere)
+        if c != c:  # NaN: g * NaN is NaN everywhere; stored as the library's
+            # canonical NaN (docs/design.md "NaN": torch's multiply would keep
+            # a NaN gradient's payload, x86 and aarch64 differently)
             with torch.no_grad():
-                torch._foreach_mul_(tensors, coef.to(tensors[0].device))
+                for t in tensors:
+                    t.fill_(float("nan"))  # 0x7FC00000, 0x7FC0 (bf16), 0x7E00 (fp16)
             return
         if c == 1.0:
             return
