@@ -132,6 +132,12 @@ static const test_entry TESTS[] = {
     {"cuda_refused_without_device", test_cuda_refused_without_device},
     {"cuda_sim_finish", test_cuda_sim_finish},
     {"cuda_sim_store_rounding", test_cuda_sim_store_rounding},
+    /* the training kernels' CUDA decomposition on the CPU (test_train_cuda_sim.c) */
+    {"train_cuda_sim_swiglu", test_train_cuda_sim_swiglu},
+    {"train_cuda_sim_adamw", test_train_cuda_sim_adamw},
+    {"train_cuda_sim_rmsnorm", test_train_cuda_sim_rmsnorm},
+    {"train_cuda_sim_rope", test_train_cuda_sim_rope},
+    {"train_cuda_sim_gemm", test_train_cuda_sim_gemm},
     /* the block drivers and micro-kernels (test_kernels.c) */
     {"kernels_driver_paths", test_kernels_driver_paths},
     {"kernels_special_near_block_ends", test_kernels_special_near_block_ends},
