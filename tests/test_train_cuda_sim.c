@@ -357,3 +357,39 @@ void test_train_cuda_sim_gemm(void) {
     free(a), free(b), free(c0), free(c_cpu), free(c_sim);
   }
 }
+
+/* ---- the dispatch ------------------------------------------------------------------------ */
+
+/* Every tensor kDLCUDA: the device path (no GPU here: BX_EDEVICE from the
+ * backend, or "no CUDA backend" without one), nothing written; a mixed
+ * call names its first device tensor, as before the device path. */
+void test_train_cuda_dispatch(void) {
+  if (bx_cuda_available() == BX_OK) {
+    bxt_skip("a GPU is present: fake device tensors would be dereferenced (tests/cuda runs there)");
+    return;
+  }
+  float g[6] = {1, 2, 3, 4, 5, 6}, u[6] = {1, 1, 1, 1, 1, 1}, h[6] = {7, 7, 7, 7, 7, 7};
+  int64_t sh[2] = {2, 3};
+  DLTensor tg = bxt_f32_view(g, 2, sh), tu = bxt_f32_view(u, 2, sh), th = bxt_f32_view(h, 2, sh);
+  tg.device.device_type = tu.device.device_type = th.device.device_type = kDLCUDA;
+  CHECK_STATUS(bx_swiglu_forward(&tg, &tu, &th, NULL), BX_EDEVICE, "all-CUDA swiglu");
+  const char *m = bx_last_error();
+  CHECK(strstr(m, "bx_swiglu_forward") && (strstr(m, "no CUDA backend") || strstr(m, "kernel")),
+        "the device path's error names the call: %s", m);
+  CHECK(h[0] == 7.0f && h[5] == 7.0f, "nothing written");
+  CHECK_STATUS(bx_gemm(&tg, &tu, BX_GEMM_NT, &th, NULL), BX_EINVAL, "all-CUDA gemm, K mismatch");
+  int64_t sc[2] = {2, 2};
+  float c[4] = {7, 7, 7, 7};
+  DLTensor tc = bxt_f32_view(c, 2, sc);
+  tc.device.device_type = kDLCUDA;
+  CHECK_STATUS(bx_gemm(&tg, &tu, BX_GEMM_NT, &tc, NULL), BX_EDEVICE, "all-CUDA gemm");
+  CHECK(c[0] == 7.0f, "nothing written");
+  tu.device.device_type = kDLCPU; /* mixed: the host path's message */
+  CHECK_STATUS(bx_swiglu_forward(&tg, &tu, &th, NULL), BX_EDEVICE, "mixed swiglu");
+  CHECK(strstr(bx_last_error(), "tensor 0 (gate) is on device"), "names tensor 0: %s",
+        bx_last_error());
+  tu.device.device_type = kDLCUDA;
+  tu.device.device_id = 1; /* two devices */
+  CHECK_STATUS(bx_swiglu_forward(&tg, &tu, &th, NULL), BX_EDEVICE, "two devices");
+  CHECK(strstr(bx_last_error(), "tensor 1 (up)"), "names tensor 1: %s", bx_last_error());
+}

@@ -109,6 +109,7 @@ void test_train_cuda_sim_adamw(void);
 void test_train_cuda_sim_rmsnorm(void);
 void test_train_cuda_sim_rope(void);
 void test_train_cuda_sim_gemm(void);
+void test_train_cuda_dispatch(void);
 /* test_cuda_sim.c */
 void test_cuda_sim_squares(void);
 void test_cuda_sim_abs(void);
