@@ -24,7 +24,14 @@ if(BX_X86)
 endif()
 if(BX_HAVE_CUDA)
   file(GLOB BX_CUDA_SOURCES CONFIGURE_DEPENDS "${PROJECT_SOURCE_DIR}/src/cuda/*.cu")
-  list(APPEND BX_LIB_SOURCES ${BX_CUDA_SOURCES})
+  # the training kernels (issue 30): also sm_80 machine code unless the
+  # caller chose the architectures (scripts/ptx_lint.py lints their PTX)
+  file(GLOB BX_CUDA_TRAIN_SOURCES CONFIGURE_DEPENDS "${PROJECT_SOURCE_DIR}/src/cuda/train/*.cu")
+  if(BX_CUDA_ARCH_DEFAULT)
+    set_source_files_properties(${BX_CUDA_TRAIN_SOURCES} PROPERTIES
+                                COMPILE_OPTIONS "--generate-code=arch=compute_80,code=sm_80")
+  endif()
+  list(APPEND BX_LIB_SOURCES ${BX_CUDA_SOURCES} ${BX_CUDA_TRAIN_SOURCES})
 endif()
 
 # Include directories of code inside this project: the public headers, the

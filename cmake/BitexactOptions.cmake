@@ -70,8 +70,8 @@ if(NOT BX_DLPACK_INCLUDE_DIR)
 endif()
 
 # ---- CUDA ------------------------------------------------------------------
-# sm_90 code plus its PTX (newer GPUs JIT it) unless CMAKE_CUDA_ARCHITECTURES
-# says otherwise; the CUDA runtime linked statically, so the library loads on
+# sm_90 code plus its PTX (newer GPUs JIT it), and sm_80 code of the training
+# kernels (src/cuda/train), unless CMAKE_CUDA_ARCHITECTURES says otherwise; the CUDA runtime linked statically, so the library loads on
 # machines without a GPU or driver and says so at the first CUDA call.
 set(BX_HAVE_CUDA OFF)
 set(BX_CUDA_WHY "BITEXACT_CUDA=OFF")
@@ -82,8 +82,10 @@ if(NOT BITEXACT_CUDA STREQUAL "OFF")
     include(CheckLanguage)
     check_language(CUDA)
     if(CMAKE_CUDA_COMPILER)
+      set(BX_CUDA_ARCH_DEFAULT OFF)
       if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
         set(CMAKE_CUDA_ARCHITECTURES 90)
+        set(BX_CUDA_ARCH_DEFAULT ON) # the training kernels add sm_80 (BitexactLibrary.cmake)
       endif()
       enable_language(CUDA)
       find_package(CUDAToolkit REQUIRED)

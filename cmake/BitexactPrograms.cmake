@@ -123,7 +123,8 @@ if(BX_HAVE_TESTS)
   file(GLOB BX_TEST_SOURCES CONFIGURE_DEPENDS "${PROJECT_SOURCE_DIR}/tests/*.c")
   bx_program(bx_tests tests/bx_tests SOURCES ${BX_TEST_SOURCES}
              LIBS ${BX_MPFR_LIBRARY} ${BX_GMP_LIBRARY} INTERNAL)
-  target_include_directories(bx_tests PRIVATE "${PROJECT_SOURCE_DIR}/tests" ${BX_MPFR_INCLUDE_DIR})
+  target_include_directories(bx_tests PRIVATE "${PROJECT_SOURCE_DIR}/tests" ${BX_MPFR_INCLUDE_DIR}
+                             "${PROJECT_SOURCE_DIR}/src/cuda/train") # train_grid.h: plain C
   if(BX_HAVE_CUDA)
     target_include_directories(bx_tests SYSTEM PRIVATE ${CUDAToolkit_INCLUDE_DIRS})
   endif()

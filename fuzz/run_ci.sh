@@ -40,6 +40,13 @@ make_seeds() {
     seed "$name" f16_sub '\000\001\000\377\003\001\200\000\174\000\176' 0
     seed "$name" tiled '\163' 64
     ;;
+  fuzz_train_gemm_grid)
+    # layout/flags, m, n, k, then element words (the block/thread order from bytes 4..6)
+    seed "$name" nt_edges '\000\101\103\021' 600
+    seed "$name" tn_bf16_acc '\036\077\100\040' 600
+    seed "$name" nn_k0_acc '\021\005\007\000' 64
+    seed "$name" random '' 700
+    ;;
   fuzz_strided)
     # dtype/p/threads, ndim/mode, 4 x (size, int8 stride), elements
     seed "$name" cols_f32 '\002\001\010\020\004\002\000\000\000\000' 512

@@ -77,9 +77,14 @@ ctest_counted --test-dir build -R exported_symbols
 stage "kernel checker (make dev-check: prefetches in the emitted code; every kernel of every ISA against the reference, under hostile caller MXCSRs)"
 make -j"$JOBS" dev-check
 
-stage "GPU tests: built always where nvcc is (CUDA code compiles and links), run only where a GPU is present"
+stage "GPU tests: built always where nvcc is (CUDA code compiles and links, the training kernels' PTX is linted), run only where a GPU is present"
 make -j"$JOBS" cuda-tests
 if has cuda; then
+  # the training kernels' PTX: no approximate/FTZ instruction, fma counts as
+  # in src/cuda/train/fma_manifest.json; first that the lint can fail
+  NVCC="$(sed -n 's/^CMAKE_CUDA_COMPILER:[A-Z]*=//p' build/CMakeCache.txt)"
+  counted env NVCC="$NVCC" python3 scripts/ptx_lint.py --self-test
+  counted env NVCC="$NVCC" python3 scripts/ptx_lint.py
   counted make -j"$JOBS" test-cuda
 else
   echo "test.sh: the CUDA backend is not built here ($(sed -n 's/^cuda_why=//p' build/bitexact-features.txt)); GPU runner not built"

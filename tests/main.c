@@ -133,6 +133,13 @@ static const test_entry TESTS[] = {
     {"device_comm_local_failure_agreed", test_device_comm_local_failure_agreed},
     {"cuda_sim_finish", test_cuda_sim_finish},
     {"cuda_sim_store_rounding", test_cuda_sim_store_rounding},
+    /* the training kernels' CUDA decomposition on the CPU (test_train_cuda_sim.c) */
+    {"train_cuda_sim_swiglu", test_train_cuda_sim_swiglu},
+    {"train_cuda_sim_adamw", test_train_cuda_sim_adamw},
+    {"train_cuda_sim_rmsnorm", test_train_cuda_sim_rmsnorm},
+    {"train_cuda_sim_rope", test_train_cuda_sim_rope},
+    {"train_cuda_sim_gemm", test_train_cuda_sim_gemm},
+    {"train_cuda_dispatch", test_train_cuda_dispatch},
     /* the block drivers and micro-kernels (test_kernels.c) */
     {"kernels_driver_paths", test_kernels_driver_paths},
     {"kernels_special_near_block_ends", test_kernels_special_near_block_ends},

@@ -103,6 +103,13 @@ void test_errors_scale_overlap(void);
 void test_errors_scale_bad_input(void);
 void test_errors_last_error_thread_local(void);
 
+/* test_train_cuda_sim.c */
+void test_train_cuda_sim_swiglu(void);
+void test_train_cuda_sim_adamw(void);
+void test_train_cuda_sim_rmsnorm(void);
+void test_train_cuda_sim_rope(void);
+void test_train_cuda_sim_gemm(void);
+void test_train_cuda_dispatch(void);
 /* test_cuda_sim.c */
 void test_cuda_sim_squares(void);
 void test_cuda_sim_abs(void);

@@ -17,6 +17,7 @@
 #include <stdint.h>
 
 #include "acc_internal.h"
+#include "adamw_hd.h"
 #include "bitexact.h"
 #include "dtype.h"
 
@@ -172,16 +173,7 @@ typedef void (*bx_math_fn)(const float *x, float *y, size_t n);
 /* bx_adamw_step's per-element update (src/train/adamw.c forms the fp32
  * scalars; src/cpu/adamw_body.h is the loop every table runs: the same
  * bits on every ISA). p, m, v updated in place, no overlap. */
-typedef struct bx_adamw_scalars {
-  float decay;     /* f32(1 - lr*wd); unused unless do_decay (torch skips the mul) */
-  int do_decay;
-  float w;         /* f32(1 - beta1): lerp weight */
-  float beta2;     /* f32(beta2) */
-  float one_m_b2;  /* f32(1 - beta2) */
-  float bc2_sqrt;  /* f32(sqrt(1 - beta2^t)) */
-  float eps;       /* f32(eps) */
-  float neg_step;  /* f32(-(lr / (1 - beta1^t))) */
-} bx_adamw_scalars;
+/* bx_adamw_scalars: src/common/adamw_hd.h (the per-element update itself). */
 typedef void (*bx_adamw_fn)(float *p, const float *g, float *m, float *v, size_t n,
                             const bx_adamw_scalars *s);
 

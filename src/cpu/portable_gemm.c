@@ -1,13 +1,12 @@
 /*
  * portable_gemm.c — the portable GEMM micro-kernel: a 4 x 8 tile, one
- * fmaf() per element per k, k in increasing order (kernels.h's chain,
- * written out). fmaf is the correctly rounded fused multiply-add of C99
- * wherever it runs (hardware or libm), and -ffp-contract=off keeps the
- * compiler from fusing anything else, so the bits equal the vector
- * kernels'.
+ * fused multiply-add per element per k, k in increasing order (kernels.h's
+ * chain, written out with gemm_hd.h's step, which is the device's chain
+ * too). fmaf is the correctly rounded fused multiply-add of C99 wherever it
+ * runs (hardware or libm), and -ffp-contract=off keeps the compiler from
+ * fusing anything else, so the bits equal the vector kernels'.
  */
-#include <math.h>
-
+#include "gemm_hd.h"
 #include "kernels.h"
 
 #define MR 4
@@ -21,7 +20,7 @@ static void portable_gemm_4x8(size_t kc, const float *ap, const float *bp, float
   for (size_t k = 0; k < kc; k++, ap += MR, bp += NR)
     for (size_t i = 0; i < MR; i++) {
       float a = ap[i];
-      for (size_t j = 0; j < NR; j++) acc[i][j] = fmaf(a, bp[j], acc[i][j]);
+      for (size_t j = 0; j < NR; j++) acc[i][j] = bx_gemm_step_f32(acc[i][j], a, bp[j]);
     }
   for (size_t i = 0; i < MR; i++)
     for (size_t j = 0; j < NR; j++) c[i * ldc + j] = acc[i][j];

@@ -19,6 +19,7 @@
 #include "pool.h"
 #include "pow_det.h"
 #include "tensor.h"
+#include "train_device.h"
 #include "train_elementwise.h"
 
 typedef bx_adamw_scalars adamw_scalars; /* kernels.h */
@@ -40,6 +41,26 @@ static void adamw_piece(void *ctx, size_t task, int worker) {
 }
 
 static int finite_d(double x) { return x - x == 0.0; }
+
+void bx_adamw_form_scalars(const bx_adamw_opts *o, int64_t step, bx_adamw_scalars *s) {
+  /* the scalars, as torch's _single_tensor_adam forms them in Python
+   * doubles (beta^t: bx_pow_det where torch has C's pow; both are
+   * correctly rounded in practice — pow_det.h), then f32() as its kernels
+   * take scalar arguments */
+  double t = (double)step;
+  double bc1 = 1.0 - bx_pow_det(o->beta1, t);
+  double bc2 = 1.0 - bx_pow_det(o->beta2, t);
+  double step_size = o->lr / bc1;
+  double bc2_sqrt = sqrt(bc2); /* torch: bc2 ** 0.5, C's pow(bc2, 0.5) = sqrt */
+  s->do_decay = o->weight_decay != 0.0;
+  s->decay = (float)(1.0 - o->lr * o->weight_decay);
+  s->w = (float)(1.0 - o->beta1);
+  s->beta2 = (float)o->beta2;
+  s->one_m_b2 = (float)(1.0 - o->beta2);
+  s->bc2_sqrt = (float)bc2_sqrt;
+  s->eps = (float)o->eps;
+  s->neg_step = (float)(-step_size);
+}
 
 bx_status bx_adamw_step(DLTensor *param, const DLTensor *grad, DLTensor *exp_avg,
                         DLTensor *exp_avg_sq, int64_t step, const bx_adamw_opts *opts) {
@@ -74,32 +95,24 @@ bx_status bx_adamw_step(DLTensor *param, const DLTensor *grad, DLTensor *exp_avg
   const DLTensor *ts[4] = {param, grad, exp_avg, exp_avg_sq};
   const int writable[4] = {1, 0, 1, 1};
   bx_span sp[4];
-  st = bx_ew_check(fn, ts, 4, writable, 0, sp);
+  const int cuda = bx_ew_all_cuda(ts, 4);
+  st = bx_ew_check_in(fn, ts, 4, writable, 0, cuda, sp);
   if (st != BX_OK) goto done;
 
-  /* the scalars, as torch's _single_tensor_adam forms them in Python
-   * doubles (beta^t: bx_pow_det where torch has C's pow; both are
-   * correctly rounded in practice — pow_det.h), then f32() as its kernels
-   * take scalar arguments */
-  double t = (double)step;
-  double bc1 = 1.0 - bx_pow_det(o.beta1, t);
-  double bc2 = 1.0 - bx_pow_det(o.beta2, t);
-  double step_size = o.lr / bc1;
-  double bc2_sqrt = sqrt(bc2); /* torch: bc2 ** 0.5, C's pow(bc2, 0.5) = sqrt */
   adamw_job j;
   j.p = sp[0].data;
   j.g = sp[1].data;
   j.m = sp[2].data;
   j.v = sp[3].data;
   j.n = sp[0].n;
-  j.s.do_decay = o.weight_decay != 0.0;
-  j.s.decay = (float)(1.0 - o.lr * o.weight_decay);
-  j.s.w = (float)(1.0 - o.beta1);
-  j.s.beta2 = (float)o.beta2;
-  j.s.one_m_b2 = (float)(1.0 - o.beta2);
-  j.s.bc2_sqrt = (float)bc2_sqrt;
-  j.s.eps = (float)o.eps;
-  j.s.neg_step = (float)(-step_size);
+  bx_adamw_form_scalars(&o, step, &j.s);
+  if (cuda) {
+    const bx_train_device *dev;
+    st = bx_train_cuda(fn, &dev);
+    if (st == BX_OK && j.n)
+      st = dev->adamw(fn, ts[0]->device.device_id, j.p, j.g, j.m, j.v, j.n, &j.s);
+    goto done;
+  }
   j.k = bx_math_kernels_active()->adamw;
   if (j.n)
     bx_parallel_run(bx_ew_threads(o.num_threads, j.n), (j.n + BX_EW_PIECE - 1) / BX_EW_PIECE,

@@ -16,6 +16,7 @@
 #include "abi.h"
 #include "bitexact_train.h"
 #include "call.h"
+#include "embedding_hd.h"
 #include "error.h"
 #include "kernels.h"
 #include "nan_canon.h"
@@ -197,7 +198,7 @@ static void rows_task(void *ctx, size_t task, int worker) {
     for (size_t h = 0; h < b->H; h++) row[h] = 0.0f;
     for (size_t i = s; i < e; i++) {
       const float *g = b->dy + (size_t)p[i].t * b->H;
-      for (size_t h = 0; h < b->H; h++) row[h] = row[h] + g[h];
+      for (size_t h = 0; h < b->H; h++) row[h] = bx_embedding_add_f32(row[h], g[h]);
     }
     bx_canon_f32_n(row, b->H); /* the row's sum, still in cache */
   }

@@ -18,11 +18,13 @@
 #include "call.h"
 #include "dtype.h"
 #include "error.h"
+#include "gemm_hd.h"
 #include "gemm_internal.h"
 #include "kernels.h"
 #include "nan_canon.h"
 #include "pool.h"
 #include "tensor.h"
+#include "train_device.h"
 #include "workspace.h"
 
 /* ---- checks -------------------------------------------------------------- */
@@ -33,8 +35,18 @@ static int host_readable(DLDeviceType dev) {
 
 bx_status bx_gemm_check_operand(const char *fn, const char *name, const DLTensor *t, int max_ndim,
                                int c_dtype, gemm_operand *o) {
+  return bx_gemm_check_operand_in(fn, name, t, max_ndim, c_dtype, -1, o);
+}
+
+bx_status bx_gemm_check_operand_in(const char *fn, const char *name, const DLTensor *t,
+                                   int max_ndim, int c_dtype, int cuda_device, gemm_operand *o) {
   if (!t) return bx_fail(BX_EINVAL, "%s: tensor %s is NULL", fn, name);
-  if (!host_readable(t->device.device_type))
+  if (cuda_device >= 0) {
+    if (t->device.device_type != kDLCUDA || t->device.device_id != cuda_device)
+      return bx_fail(BX_EDEVICE, "%s: tensor %s is on device type %d id %d, not CUDA device %d "
+                     "like the call's other tensors", fn, name, (int)t->device.device_type,
+                     (int)t->device.device_id, cuda_device);
+  } else if (!host_readable(t->device.device_type))
     return bx_fail(BX_EDEVICE, "%s: tensor %s is on device type %d, not host memory", fn, name,
                    (int)t->device.device_type);
   if (bx_dtype_from_dl(t->dtype, &o->dt) != BX_OK ||
@@ -84,12 +96,8 @@ int bx_gemm_overlaps(const gemm_operand *x, const gemm_operand *y) {
 
 /* ---- packing (fp32 and bf16, one function each) ------------------------- */
 
-static inline float bf16_to_f32(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
+/* bf16 widening: gemm_hd.h (scale_round.h's bx_bf16_to_f32, exact) */
+static inline float bf16_to_f32(uint16_t h) { return bx_bf16_to_f32(h); }
 
 /* A[i0.., k0..] (row stride lda) -> ap: ceil(mb/mr) slivers of kb x mr, k-major, zero-padded rows. */
 static void pack_a_f32(const float *a, size_t lda, size_t mb, size_t kb, size_t mr, float *ap) {
@@ -303,7 +311,8 @@ static size_t a_bytes(size_t mc, size_t kc) { return (mc * kc * sizeof(float) + 
  * Only the stored outputs, never the chain: a NaN stays a NaN along it, so
  * which NaN the fma chain carried does not matter. */
 static void canon_tile(float *c, size_t ldc, size_t rows, size_t cols) {
-  for (size_t i = 0; i < rows; i++) bx_canon_f32_n(c + i * ldc, cols);
+  for (size_t i = 0; i < rows; i++)
+    for (size_t jj = 0; jj < cols; jj++) c[i * ldc + jj] = bx_gemm_store_f32(c[i * ldc + jj]);
 }
 
 /* Every tile of the mb x nb block of C at (i0, j0) over the k block [p0,
@@ -417,7 +426,7 @@ static size_t round_up(size_t x, size_t q) { return (x + q - 1) / q * q; }
 static bx_status gemm_run(const char *fn, const gemm_operand *A, const gemm_operand *B,
                           bx_gemm_layout layout, const gemm_operand *C, size_t m, size_t n,
                           size_t k, const bx_gemm_opts *opts, const bx_gemm_blocking *blk,
-                          bx_gemm_epilogue_fn epi, void *epi_ctx);
+                          bx_gemm_epilogue_fn epi, void *epi_ctx, int cuda_device);
 
 static bx_status gemm_impl(const char *fn, const DLTensor *a, const DLTensor *b,
                            bx_gemm_layout layout, DLTensor *c, const bx_gemm_opts *opts,
@@ -431,9 +440,17 @@ static bx_status gemm_impl(const char *fn, const DLTensor *a, const DLTensor *b,
                    (int)layout);
   gemm_operand A, B, C;
   int tn = layout == BX_GEMM_TN;
-  bx_status st = bx_gemm_check_operand(fn, "a", a, 3, 0, &A);
-  if (st == BX_OK) st = bx_gemm_check_operand(fn, "b", b, tn ? 3 : 2, 0, &B);
-  if (st == BX_OK) st = bx_gemm_check_operand(fn, "c", c, tn ? 2 : 3, 1, &C);
+  /* every operand a CUDA tensor: the device's kernel (gemm_hd.h's chains) */
+  int dev = a && b && c && a->device.device_type == kDLCUDA && b->device.device_type == kDLCUDA &&
+                    c->device.device_type == kDLCUDA
+                ? a->device.device_id
+                : -1;
+  if (dev >= 0 && (epi || (blk && blk->chunk)))
+    return bx_fail(BX_EDEVICE, "%s: chunked or fused products are host-only; CUDA tensors go "
+                   "through bx_gemm", fn);
+  bx_status st = bx_gemm_check_operand_in(fn, "a", a, 3, 0, dev, &A);
+  if (st == BX_OK) st = bx_gemm_check_operand_in(fn, "b", b, tn ? 3 : 2, 0, dev, &B);
+  if (st == BX_OK) st = bx_gemm_check_operand_in(fn, "c", c, tn ? 2 : 3, 1, dev, &C);
   if (st != BX_OK) return st;
   size_t m, n, k;
   if (tn) { /* a = dY [T, N], b = X [T, K] (or 3-D, read as [T, .]); c [N, K] */
@@ -449,7 +466,7 @@ static bx_status gemm_impl(const char *fn, const DLTensor *a, const DLTensor *b,
                      "K = %zu columns of b]", fn, C.dim[0], C.dim[1], m, n);
     if (bx_gemm_overlaps(&C, &A)) return bx_fail(BX_ELAYOUT, "%s: c overlaps a", fn);
     if (bx_gemm_overlaps(&C, &B)) return bx_fail(BX_ELAYOUT, "%s: c overlaps b", fn);
-    return gemm_run(fn, &A, &B, layout, &C, m, n, k, &o, blk, epi, epi_ctx);
+    return gemm_run(fn, &A, &B, layout, &C, m, n, k, &o, blk, epi, epi_ctx, dev);
   }
   m = A.ndim == 3 ? A.dim[0] * A.dim[1] : A.dim[0];
   k = A.dim[A.ndim - 1];
@@ -465,17 +482,25 @@ static bx_status gemm_impl(const char *fn, const DLTensor *a, const DLTensor *b,
     return bx_fail(BX_EINVAL, "%s: c's shape does not match [M = %zu rows of a, N = %zu]", fn, m, n);
   if (bx_gemm_overlaps(&C, &A)) return bx_fail(BX_ELAYOUT, "%s: c overlaps a", fn);
   if (bx_gemm_overlaps(&C, &B)) return bx_fail(BX_ELAYOUT, "%s: c overlaps b", fn);
-  return gemm_run(fn, &A, &B, layout, &C, m, n, k, &o, blk, epi, epi_ctx);
+  return gemm_run(fn, &A, &B, layout, &C, m, n, k, &o, blk, epi, epi_ctx, dev);
 }
 
-/* The product of checked operands: m x n outputs, chains of length k. */
+/* The product of checked operands: m x n outputs, chains of length k; on
+ * CUDA device cuda_device (>= 0: every operand there) the device's kernel. */
 static bx_status gemm_run(const char *fn, const gemm_operand *A, const gemm_operand *B,
                           bx_gemm_layout layout, const gemm_operand *C, size_t m, size_t n,
                           size_t k, const bx_gemm_opts *opts, const bx_gemm_blocking *blk,
-                          bx_gemm_epilogue_fn epi, void *epi_ctx) {
+                          bx_gemm_epilogue_fn epi, void *epi_ctx, int cuda_device) {
   bx_gemm_opts o = *opts;
   float *cd = (float *)C->data;
   if (m == 0 || n == 0) return BX_OK;
+  if (cuda_device >= 0) {
+    const bx_train_device *dev;
+    bx_status st = bx_train_cuda(fn, &dev);
+    if (st != BX_OK) return st;
+    return dev->gemm(fn, cuda_device, A->data, A->dt == BX_DT_BF16, B->data, B->dt == BX_DT_BF16,
+                     (int)layout, cd, m, n, k, o.accumulate != 0);
+  }
   if (k == 0) {
     if (!o.accumulate) memset(cd, 0, m * n * sizeof(float));
     if (epi) epi(epi_ctx, 0, cd, n, 0, 0, 0, m, n);

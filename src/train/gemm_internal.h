@@ -63,6 +63,10 @@ typedef struct gemm_operand {
  * aligned (BX_ELAYOUT); errors "fn: tensor NAME ...". */
 bx_status bx_gemm_check_operand(const char *fn, const char *name, const DLTensor *t, int max_ndim,
                                 int c_dtype, gemm_operand *o);
+/* The same for a call on CUDA device cuda_device (>= 0: the tensor must be
+ * a kDLCUDA tensor of that device, BX_EDEVICE otherwise; -1: host). */
+bx_status bx_gemm_check_operand_in(const char *fn, const char *name, const DLTensor *t,
+                                   int max_ndim, int c_dtype, int cuda_device, gemm_operand *o);
 /* 1 when the two operands share a byte. */
 int bx_gemm_overlaps(const gemm_operand *x, const gemm_operand *y);
 

@@ -35,9 +35,25 @@ static int64_t stride_of(const DLTensor *t, int d) {
 
 bx_status bx_ew_check(const char *fn, const DLTensor *const *ts, size_t count,
                       const int *writable, int allow_inplace, bx_span *spans) {
+  return bx_ew_check_in(fn, ts, count, writable, allow_inplace, 0, spans);
+}
+
+int bx_ew_all_cuda(const DLTensor *const *ts, size_t count) {
+  for (size_t i = 0; i < count; i++)
+    if (!ts[i] || ts[i]->device.device_type != kDLCUDA) return 0;
+  return count > 0;
+}
+
+bx_status bx_ew_check_in(const char *fn, const DLTensor *const *ts, size_t count,
+                         const int *writable, int allow_inplace, int cuda, bx_span *spans) {
   for (size_t i = 0; i < count; i++) {
-    bx_status st = bx_tensor_span(ts[i], fn, BX_NO_GROUP, i, &spans[i]);
+    bx_status st = cuda ? bx_tensor_span_cuda(ts[i], fn, BX_NO_GROUP, i, &spans[i])
+                        : bx_tensor_span(ts[i], fn, BX_NO_GROUP, i, &spans[i]);
     if (st != BX_OK) return st;
+    if (cuda && ts[i]->device.device_id != ts[0]->device.device_id)
+      return bx_fail_at(BX_EDEVICE, -1, BX_NO_GROUP, i,
+                        "%s: tensor %zu is on CUDA device %d, tensor 0 on device %d", fn, i,
+                        (int)ts[i]->device.device_id, (int)ts[0]->device.device_id);
     if (spans[i].dtype != BX_DT_F32)
       return bx_fail_at(BX_EDTYPE, -1, BX_NO_GROUP, i, "%s: tensor %zu: dtype must be float32", fn,
                         i);

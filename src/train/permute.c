@@ -19,6 +19,7 @@
 #include "error.h"
 #include "moe_internal.h"
 #include "nan_canon.h"
+#include "permute_hd.h"
 #include "pool.h"
 #include "workspace.h"
 
@@ -277,7 +278,7 @@ static void gather_sum_piece(void *ctx, size_t task, int worker) {
     for (int64_t h = 0; h < j->H; h++) o[h] = 0.0f;
     for (int64_t a = 0; a < j->k; a++) {
       const float *src = j->x + j->pos[t * j->k + a] * j->H;
-      for (int64_t h = 0; h < j->H; h++) o[h] = o[h] + src[h];
+      for (int64_t h = 0; h < j->H; h++) o[h] = bx_permute_sum_step_f32(o[h], src[h]);
     }
     bx_canon_f32_n(o, (uint64_t)j->H); /* the row, still in cache */
   }
@@ -294,14 +295,11 @@ static void unpermute_piece(void *ctx, size_t task, int worker) {
     for (int64_t a = 0; a < j->k; a++) {
       const float *src = j->x + j->pos[t * j->k + a] * j->H;
       float w = j->w[t * j->k + a];
-      for (int64_t h = 0; h < j->H; h++) {
-        float p = w * src[h];
-        o[h] = o[h] + p;
-      }
+      for (int64_t h = 0; h < j->H; h++) o[h] = bx_unpermute_step_f32(o[h], w, src[h]);
     }
     if (j->init) {
       const float *in = j->init + t * j->H;
-      for (int64_t h = 0; h < j->H; h++) o[h] = o[h] + in[h];
+      for (int64_t h = 0; h < j->H; h++) o[h] = bx_permute_sum_step_f32(o[h], in[h]);
     }
     bx_canon_f32_n(o, (uint64_t)j->H); /* the row, still in cache */
   }
@@ -317,7 +315,7 @@ static void dyperm_piece(void *ctx, size_t task, int worker) {
     float w = j->w[t * j->k + a];
     const float *d = j->dout + t * j->H;
     float *o = j->y + r * j->H;
-    for (int64_t h = 0; h < j->H; h++) o[h] = bx_canon_f32(w * d[h]);
+    for (int64_t h = 0; h < j->H; h++) o[h] = bx_unpermute_dy_f32(w, d[h]);
   }
 }
 
@@ -330,9 +328,7 @@ static void dweights_piece(void *ctx, size_t task, int worker) {
     const float *d = j->dout + t * j->H;
     for (int64_t a = 0; a < j->k; a++) {
       const float *src = j->x + j->pos[t * j->k + a] * j->H;
-      float acc = 0.0f;
-      for (int64_t h = 0; h < j->H; h++) acc = fmaf(d[h], src[h], acc);
-      j->dw[t * j->k + a] = bx_canon_f32(acc);
+      j->dw[t * j->k + a] = bx_unpermute_dw_out_f32(d, src, j->H);
     }
   }
 }

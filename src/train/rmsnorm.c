@@ -7,7 +7,6 @@
  * column block) pieces (partials): no reduction is split, so the bits do
  * not depend on the count.
  */
-#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -16,19 +15,12 @@
 #include "call.h"
 #include "error.h"
 #include "train_check.h"
-#include "math_det.h"
+#include "train_device.h"
 #include "nan_canon.h"
+#include "rmsnorm_hd.h"
 #include "pool.h"
 
 #define COL_BLOCK 512 /* columns per partials piece */
-
-/* The forward's rstd of one row (the documented order). */
-static float row_rstd(const float *x, size_t h, float eps) {
-  float acc = 0.0f;
-  for (size_t j = 0; j < h; j++) acc = fmaf(x[j], x[j], acc);
-  float mean = acc / (float)h;
-  return bx_rsqrtf_det(mean + eps);
-}
 
 /* ---- forward ------------------------------------------------------------- */
 
@@ -46,11 +38,8 @@ static void fwd_piece(void *ctx, size_t task, int worker) {
   for (size_t r = r0; r < r1; r++) {
     const float *x = j->x + r * j->h;
     float *y = j->y + r * j->h;
-    float rs = row_rstd(x, j->h, j->eps);
-    for (size_t k = 0; k < j->h; k++) {
-      float xhat = x[k] * rs;
-      y[k] = bx_canon_f32(j->w[k] * xhat);
-    }
+    float rs = bx_rmsnorm_rstd_f32(x, 1, j->h, j->eps);
+    for (size_t k = 0; k < j->h; k++) y[k] = bx_rmsnorm_y_f32(x[k], j->w[k], rs);
     if (j->rstd) j->rstd[r] = bx_canon_f32(rs);
   }
 }
@@ -95,12 +84,14 @@ bx_status bx_rmsnorm_forward(const DLTensor *x, const DLTensor *weight, double e
   if (st != BX_OK) return st;
   bx_tc_tensor a[4];
   size_t count = rstd ? 4 : 3;
+  const DLTensor *ts[4] = {x, weight, y, rstd};
+  const bx_tc_place pl = bx_tc_place_of(ts, 4);
   if (!(eps >= 0.0 && eps <= 0x1.fffffep127)) /* finite in fp32 (NaN fails too) */
     st = bx_fail(BX_EINVAL, "%s: eps %g is negative, NaN or not finite in fp32", fn, eps);
-  if (st == BX_OK) st = bx_tc_check(fn, 0, "x", x, BX_TC_F32, 1, 3, NULL, 0, &a[0]);
-  if (st == BX_OK) st = bx_tc_check(fn, 1, "weight", weight, BX_TC_F32, 1, 1, NULL, 0, &a[1]);
-  if (st == BX_OK) st = bx_tc_check(fn, 2, "y", y, BX_TC_F32, 1, 3, NULL, 1, &a[2]);
-  if (st == BX_OK && rstd) st = bx_tc_check(fn, 3, "rstd", rstd, BX_TC_F32, 1, 3, NULL, 1, &a[3]);
+  if (st == BX_OK) st = bx_tc_check_in(&pl, fn, 0, "x", x, BX_TC_F32, 1, 3, NULL, 0, &a[0]);
+  if (st == BX_OK) st = bx_tc_check_in(&pl, fn, 1, "weight", weight, BX_TC_F32, 1, 1, NULL, 0, &a[1]);
+  if (st == BX_OK) st = bx_tc_check_in(&pl, fn, 2, "y", y, BX_TC_F32, 1, 3, NULL, 1, &a[2]);
+  if (st == BX_OK && rstd) st = bx_tc_check_in(&pl, fn, 3, "rstd", rstd, BX_TC_F32, 1, 3, NULL, 1, &a[3]);
   if (st == BX_OK) st = check_features(fn, &a[0]);
   if (st == BX_OK) st = check_weight(fn, &a[1], a[0].cols);
   if (st == BX_OK) st = bx_tc_shape(fn, &a[2], a[0].rows, a[0].cols, "x's shape");
@@ -113,6 +104,13 @@ bx_status bx_rmsnorm_forward(const DLTensor *x, const DLTensor *weight, double e
   if (st != BX_OK) goto done;
   fwd_job j = {a[0].data, a[1].data, a[2].data, rstd ? a[3].data : NULL, a[0].rows, a[0].cols,
                bx_tc_piece_rows(a[0].cols), (float)eps};
+  if (pl.cuda) {
+    const bx_train_device *dev;
+    st = bx_train_cuda(fn, &dev);
+    if (st == BX_OK && j.rows)
+      st = dev->rmsnorm_fwd(fn, pl.device, j.x, j.w, j.y, j.rstd, j.rows, j.h, j.eps);
+    goto done;
+  }
   bx_tc_run(threads, (j.rows + j.piece - 1) / j.piece, fwd_piece, &j);
 done:
   bx_call_leave(&c);
@@ -132,23 +130,12 @@ static void dx_piece(void *ctx, size_t task, int worker) {
   (void)worker;
   const bwd_job *j = ctx;
   size_t r0 = task * j->piece, r1 = j->rows - r0 < j->piece ? j->rows : r0 + j->piece;
-  const float hf = (float)j->h; /* exact: H <= 2^24 */
   for (size_t r = r0; r < r1; r++) {
     const float *x = j->x + r * j->h, *dy = j->dy + r * j->h;
     float *dx = j->dx + r * j->h;
     const float rs = j->rstd[r];
-    float acc = 0.0f;
-    for (size_t k = 0; k < j->h; k++) {
-      float g = dy[k] * j->w[k];
-      float xhat = x[k] * rs;
-      acc = fmaf(g, xhat, acc);
-    }
-    float m = acc / hf;
-    for (size_t k = 0; k < j->h; k++) {
-      float g = dy[k] * j->w[k];
-      float xhat = x[k] * rs;
-      dx[k] = bx_canon_f32(rs * fmaf(-xhat, m, g));
-    }
+    float m = bx_rmsnorm_bwd_mean_f32(x, j->w, dy, 1, j->h, rs);
+    for (size_t k = 0; k < j->h; k++) dx[k] = bx_rmsnorm_dx_f32(x[k], j->w[k], dy[k], rs, m);
   }
 }
 
@@ -164,7 +151,7 @@ static void partial_piece(void *ctx, size_t task, int worker) {
   for (size_t t = t0; t < t1; t++) {
     const float *x = j->x + t * j->h, *dy = j->dy + t * j->h;
     const float rs = j->rstd[t];
-    for (size_t k = k0; k < k1; k++) p[k] = fmaf(dy[k], x[k] * rs, p[k]);
+    for (size_t k = k0; k < k1; k++) p[k] = bx_rmsnorm_wpart_step_f32(p[k], dy[k], x[k], rs);
   }
   bx_canon_f32_n(p + k0, k1 - k0);
 }
@@ -179,15 +166,17 @@ bx_status bx_rmsnorm_backward(const DLTensor *x, const DLTensor *weight, const D
   if (st != BX_OK) return st;
   bx_tc_tensor a[6];
   size_t nchunks = 0;
+  const DLTensor *ts[6] = {x, weight, dy, rstd, dx, dweight_partials};
+  const bx_tc_place pl = bx_tc_place_of(ts, 6);
   if (chunk_tokens < 1)
     st = bx_fail(BX_EINVAL, "%s: chunk_tokens %lld is below 1", fn, (long long)chunk_tokens);
-  if (st == BX_OK) st = bx_tc_check(fn, 0, "x", x, BX_TC_F32, 1, 3, NULL, 0, &a[0]);
-  if (st == BX_OK) st = bx_tc_check(fn, 1, "weight", weight, BX_TC_F32, 1, 1, NULL, 0, &a[1]);
-  if (st == BX_OK) st = bx_tc_check(fn, 2, "dy", dy, BX_TC_F32, 1, 3, NULL, 0, &a[2]);
-  if (st == BX_OK) st = bx_tc_check(fn, 3, "rstd", rstd, BX_TC_F32, 1, 3, NULL, 0, &a[3]);
-  if (st == BX_OK) st = bx_tc_check(fn, 4, "dx", dx, BX_TC_F32, 1, 3, NULL, 1, &a[4]);
+  if (st == BX_OK) st = bx_tc_check_in(&pl, fn, 0, "x", x, BX_TC_F32, 1, 3, NULL, 0, &a[0]);
+  if (st == BX_OK) st = bx_tc_check_in(&pl, fn, 1, "weight", weight, BX_TC_F32, 1, 1, NULL, 0, &a[1]);
+  if (st == BX_OK) st = bx_tc_check_in(&pl, fn, 2, "dy", dy, BX_TC_F32, 1, 3, NULL, 0, &a[2]);
+  if (st == BX_OK) st = bx_tc_check_in(&pl, fn, 3, "rstd", rstd, BX_TC_F32, 1, 3, NULL, 0, &a[3]);
+  if (st == BX_OK) st = bx_tc_check_in(&pl, fn, 4, "dx", dx, BX_TC_F32, 1, 3, NULL, 1, &a[4]);
   if (st == BX_OK && dweight_partials)
-    st = bx_tc_check(fn, 5, "dweight_partials", dweight_partials, BX_TC_F32, 2, 2, NULL, 1, &a[5]);
+    st = bx_tc_check_in(&pl, fn, 5, "dweight_partials", dweight_partials, BX_TC_F32, 2, 2, NULL, 1, &a[5]);
   if (st == BX_OK) st = check_features(fn, &a[0]);
   if (st == BX_OK) st = check_weight(fn, &a[1], a[0].cols);
   if (st == BX_OK) st = bx_tc_shape(fn, &a[2], a[0].rows, a[0].cols, "x's shape");
@@ -219,6 +208,14 @@ bx_status bx_rmsnorm_backward(const DLTensor *x, const DLTensor *weight, const D
   j.chunk = (size_t)((uint64_t)chunk_tokens < j.rows ? (uint64_t)chunk_tokens : j.rows);
   j.nchunks = nchunks;
   j.nblocks = (j.h + COL_BLOCK - 1) / COL_BLOCK;
+  if (pl.cuda) {
+    const bx_train_device *dev;
+    st = bx_train_cuda(fn, &dev);
+    if (st == BX_OK && j.rows)
+      st = dev->rmsnorm_bwd(fn, pl.device, j.x, j.w, j.dy, j.rstd, j.dx, j.partials, j.rows, j.h,
+                            j.chunk, j.nchunks);
+    goto done;
+  }
   /* the partials first: dx may overwrite dy */
   if (j.partials) bx_tc_run(threads, nchunks * j.nblocks, partial_piece, &j);
   bx_tc_run(threads, (j.rows + j.piece - 1) / j.piece, dx_piece, &j);

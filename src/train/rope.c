@@ -17,21 +17,17 @@
 #include "call.h"
 #include "error.h"
 #include "train_check.h"
-#include "math_det.h"
-#include "nan_canon.h"
+#include "train_device.h"
 #include "pool.h"
-#include "pow_det.h"
+#include "rope_hd.h"
 #include "workspace.h"
 
 #define MAX_POSITION ((int64_t)1 << 24) /* exact in fp32 */
 
-/* inv[i] = fl(1 / fl(b^fl(2i / rotary_dim))), i < rotary_dim / 2 */
+/* inv[i] for i < rotary_dim / 2 (rope_hd.h) */
 static void inv_freq(size_t rotary_dim, float base, float *inv) {
-  for (size_t i = 0; i < rotary_dim / 2; i++) {
-    float ex = (float)(2 * i) / (float)rotary_dim;
-    float p = (float)bx_pow_det((double)base, (double)ex);
-    inv[i] = 1.0f / p;
-  }
+  for (size_t i = 0; i < rotary_dim / 2; i++)
+    inv[i] = bx_rope_inv_freq_f32((uint64_t)i, (uint64_t)rotary_dim, base);
 }
 
 typedef struct rope_job {
@@ -51,15 +47,12 @@ static void rope_piece(void *ctx, size_t task, int worker) {
   for (size_t t = t0; t < t1; t++) {
     const float *x = j->x + t * j->width;
     float *y = j->y + t * j->width;
-    float p = (float)j->pos[t]; /* exact: 0 <= pos <= 2^24 */
     for (size_t i = 0; i < j->half; i++) {
-      float ang = p * j->inv[i];
-      float c = bx_cosf_det(ang), s = j->sin_sign * bx_sinf_det(ang);
+      float c, s;
+      bx_rope_cos_sin_f32(bx_rope_angle_f32(j->pos[t], j->inv[i]), j->sin_sign, &c, &s);
       for (size_t h = 0; h < j->heads; h++) {
         size_t o = h * j->head_dim + i;
-        float a = x[o], b = x[o + j->half];
-        y[o] = bx_canon_f32(a * c - b * s);
-        y[o + j->half] = bx_canon_f32(b * c + a * s);
+        bx_rope_pair_f32(x[o], x[o + j->half], c, s, &y[o], &y[o + j->half]);
       }
     }
     if (x != y)
@@ -75,12 +68,9 @@ static void table_piece(void *ctx, size_t task, int worker) {
   const rope_job *j = ctx;
   size_t t0 = task * j->piece, t1 = j->tokens - t0 < j->piece ? j->tokens : t0 + j->piece;
   for (size_t t = t0; t < t1; t++) {
-    float p = (float)j->pos[t];
-    for (size_t i = 0; i < j->half; i++) {
-      float ang = p * j->inv[i];
-      j->cos[t * j->half + i] = bx_cosf_det(ang);
-      j->sin[t * j->half + i] = bx_sinf_det(ang);
-    }
+    for (size_t i = 0; i < j->half; i++)
+      bx_rope_cos_sin_f32(bx_rope_angle_f32(j->pos[t], j->inv[i]), 1.0f,
+                          &j->cos[t * j->half + i], &j->sin[t * j->half + i]);
   }
 }
 
@@ -117,6 +107,27 @@ static bx_status check_positions(const char *fn, const bx_tc_tensor *p) {
   return BX_OK;
 }
 
+/* The CUDA path: the positions copied to the host and checked there (an
+ * error names the element, as on the host path), then the device's
+ * kernel (every inverse frequency, angle and rotation by rope_hd.h). */
+static bx_status rope_cuda(const char *fn, const bx_tc_place *pl, const bx_tc_tensor *pos,
+                           const float *x, float *y, size_t tokens, size_t width,
+                           size_t head_dim, size_t rotary_dim, float theta, float sin_sign) {
+  const bx_train_device *dev;
+  bx_status st = bx_train_cuda(fn, &dev);
+  if (st != BX_OK || !tokens || !width) return st;
+  int64_t *host = bx_workspace(tokens * sizeof(int64_t));
+  if (!host) return bx_fail(BX_ENOMEM, "%s: cannot allocate %zu positions on the host", fn, tokens);
+  st = dev->to_host(fn, pl->device, host, pos->data, tokens * sizeof(int64_t));
+  if (st != BX_OK) return st;
+  bx_tc_tensor hp = *pos;
+  hp.data = host;
+  st = check_positions(fn, &hp);
+  if (st != BX_OK) return st;
+  return dev->rope(fn, pl->device, x, y, pos->data, tokens, width, head_dim, rotary_dim / 2,
+                   rotary_dim, theta, sin_sign);
+}
+
 static bx_status rope_run(const char *fn, const char *xname, const char *yname,
                           const DLTensor *x, const DLTensor *positions, int64_t head_dim,
                           int64_t rotary_dim, double theta, DLTensor *y, float sin_sign,
@@ -127,10 +138,13 @@ static bx_status rope_run(const char *fn, const char *xname, const char *yname,
   if (st != BX_OK) return st;
   bx_tc_tensor a[3];
   size_t tokens = 0, width = 0;
+  const DLTensor *ts[3] = {x, positions, y};
+  const bx_tc_place pl = bx_tc_place_of(ts, 3);
   st = check_params(fn, 1, head_dim, rotary_dim, theta);
-  if (st == BX_OK) st = bx_tc_check(fn, 0, xname, x, BX_TC_F32, 2, 3, NULL, 0, &a[0]);
-  if (st == BX_OK) st = bx_tc_check(fn, 1, "positions", positions, BX_TC_I64, 1, 2, NULL, 0, &a[1]);
-  if (st == BX_OK) st = bx_tc_check(fn, 2, yname, y, BX_TC_F32, 2, 3, NULL, 1, &a[2]);
+  if (st == BX_OK) st = bx_tc_check_in(&pl, fn, 0, xname, x, BX_TC_F32, 2, 3, NULL, 0, &a[0]);
+  if (st == BX_OK)
+    st = bx_tc_check_in(&pl, fn, 1, "positions", positions, BX_TC_I64, 1, 2, NULL, 0, &a[1]);
+  if (st == BX_OK) st = bx_tc_check_in(&pl, fn, 2, yname, y, BX_TC_F32, 2, 3, NULL, 1, &a[2]);
   if (st == BX_OK) {
     /* T tokens of width = n / T features, token-major: [T, W], [B, L, W]
      * (rows == T), or [T, heads, head_dim] (shape[0] == T) */
@@ -155,6 +169,11 @@ static bx_status rope_run(const char *fn, const char *xname, const char *yname,
     a[2].inplace = 0; /* y may be x exactly */
     const bx_tc_tensor *all[3] = {&a[0], &a[1], &a[2]};
     st = bx_tc_overlap(fn, all, 3);
+  }
+  if (st == BX_OK && pl.cuda) {
+    st = rope_cuda(fn, &pl, &a[1], a[0].data, a[2].data, tokens, width, (size_t)head_dim,
+                   (size_t)rotary_dim, (float)theta, sin_sign);
+    goto done;
   }
   if (st == BX_OK) st = check_positions(fn, &a[1]);
   float *inv = NULL;

@@ -14,10 +14,10 @@
 #include "bitexact_train.h"
 #include "call.h"
 #include "error.h"
-#include "math_det.h"
 #include "moe_internal.h"
 #include "nan_canon.h"
 #include "pool.h"
+#include "router_hd.h"
 #include "workspace.h"
 
 #define PIECE 64 /* tokens per task */
@@ -74,18 +74,12 @@ typedef struct fwd_job {
   const float *logits, *bias;
   bx_tc_tensor *ids;
   float *weights;
-  int64_t T, E, G, S, kg, k;
-  int norm;
-  float rsf;
+  int64_t T;
+  bx_router_cfg q;
   char *scratch; /* per worker: s[E], c[E], gs[G], (pad), sel[k], kept[G] */
   size_t scratch_each;
   size_t sel_at; /* floats before sel: 2E + G rounded up to even */
 } fwd_job;
-
-/* Is (va, a) ahead of (vb, b): larger value, ties the lower index. */
-static inline int ahead(float va, int64_t a, float vb, int64_t b) {
-  return va > vb || (va == vb && a < b);
-}
 
 static void store_id(bx_tc_tensor *ids, size_t i, int64_t v) {
   if (ids->dtype == BX_TC_I32)
@@ -94,75 +88,21 @@ static void store_id(bx_tc_tensor *ids, size_t i, int64_t v) {
     ((int64_t *)ids->data)[i] = v;
 }
 
-/* One token: the documented algorithm (bitexact_train.h). */
+/* One token: the documented algorithm (router_hd.h), then its ids stored. */
 static void route_token(const fwd_job *j, int64_t t, float *s, float *c, float *gs,
                         unsigned char *kept, int64_t *sel) {
-  const float *l = j->logits + t * j->E;
-  for (int64_t e = 0; e < j->E; e++) {
-    s[e] = bx_sigmoidf_det(l[e]);
-    c[e] = s[e] + j->bias[e];
-  }
-  /* group scores: the two largest c of each group, added in fp32 */
-  for (int64_t g = 0; g < j->G; g++) {
-    const float *cg = c + g * j->S;
-    float m1 = cg[0], m2 = cg[1];
-    if (m2 > m1) { float x = m1; m1 = m2; m2 = x; }
-    for (int64_t i = 2; i < j->S; i++) {
-      if (cg[i] > m1) { m2 = m1; m1 = cg[i]; }
-      else if (cg[i] > m2) m2 = cg[i];
-    }
-    gs[g] = m1 + m2;
-    kept[g] = 0;
-  }
-  /* the topk_group best groups, ties to the lower group id */
-  for (int64_t r = 0; r < j->kg; r++) {
-    int64_t best = -1;
-    for (int64_t g = 0; g < j->G; g++)
-      if (!kept[g] && (best < 0 || ahead(gs[g], g, gs[best], best))) best = g;
-    kept[best] = 1;
-  }
-  /* masked choice scores: -Inf outside the kept groups (transformers >= 5.12's
-   * masked_fill(~mask, -inf): a masked expert is never chosen) */
-  for (int64_t e = 0; e < j->E; e++)
-    if (!kept[e / j->S]) c[e] = -INFINITY;
-  /* the k best experts: a list kept sorted by (value desc, id asc); an
-   * expert enters only when strictly ahead of the current k-th, so the
-   * lower id wins a tie (experts are visited in ascending id) */
-  int64_t n = 0;
-  for (int64_t e = 0; e < j->E; e++) {
-    if (n == j->k && !ahead(c[e], e, c[sel[n - 1]], sel[n - 1])) continue;
-    int64_t i = n < j->k ? n++ : n - 1;
-    while (i > 0 && ahead(c[e], e, c[sel[i - 1]], sel[i - 1])) {
-      sel[i] = sel[i - 1];
-      i--;
-    }
-    sel[i] = e;
-  }
-  /* written in ascending expert id */
-  for (int64_t a = 1; a < j->k; a++) {
-    int64_t v = sel[a], b = a;
-    while (b > 0 && sel[b - 1] > v) { sel[b] = sel[b - 1]; b--; }
-    sel[b] = v;
-  }
-  float *w = j->weights + t * j->k;
-  double D = 0.0;
-  if (j->norm) {
-    for (int64_t a = 0; a < j->k; a++) D += (double)s[sel[a]];
-    D += 1e-20;
-  }
-  for (int64_t a = 0; a < j->k; a++) {
-    float q = j->norm ? (float)((double)s[sel[a]] / D) : s[sel[a]];
-    w[a] = bx_canon_f32(q * j->rsf);
-    store_id(j->ids, (size_t)(t * j->k + a), sel[a]);
-  }
+  const int64_t k = j->q.k;
+  bx_router_token_f32(&j->q, j->logits + t * j->q.E, j->bias, s, c, gs, kept, sel,
+                      j->weights + t * k);
+  for (int64_t a = 0; a < k; a++) store_id(j->ids, (size_t)(t * k + a), sel[a]);
 }
 
 static void fwd_piece(void *ctx, size_t task, int worker) {
   const fwd_job *j = ctx;
   char *sc = j->scratch + (size_t)worker * j->scratch_each;
-  float *s = (float *)sc, *c = s + j->E, *gs = c + j->E;
+  float *s = (float *)sc, *c = s + j->q.E, *gs = c + j->q.E;
   int64_t *sel = (int64_t *)(s + j->sel_at);
-  unsigned char *kept = (unsigned char *)(sel + j->k);
+  unsigned char *kept = (unsigned char *)(sel + j->q.k);
   int64_t t0 = (int64_t)task * PIECE, t1 = t0 + PIECE < j->T ? t0 + PIECE : j->T;
   for (int64_t t = t0; t < t1; t++) route_token(j, t, s, c, gs, kept, sel);
 }
@@ -217,8 +157,10 @@ bx_status bx_moe_router_forward(const DLTensor *logits, const DLTensor *bias,
                       fn, (long long)(i / (size_t)E), (long long)(i % (size_t)E));
       goto done;
     }
-  fwd_job j = {lg, bs, &ti, tw.data, T, E, o.n_group, E / o.n_group, o.topk_group, k,
-               o.norm_topk_prob, (float)o.routed_scaling_factor, NULL, 0, 0};
+  fwd_job j = {lg, bs, &ti, tw.data, T,
+               {E, o.n_group, E / o.n_group, o.topk_group, k, o.norm_topk_prob,
+                (float)o.routed_scaling_factor},
+               NULL, 0, 0};
   size_t npieces = (size_t)(T / PIECE + (T % PIECE != 0));
   int nt = bx_tc_threads(o.num_threads, npieces);
   size_t fl = (size_t)(2 * E + o.n_group);
@@ -254,35 +196,18 @@ typedef struct bwd_job {
   int64_t T, E, k;
   int norm;
   double r;
-  double *scratch; /* per worker: g[k], s[k], m[k] */
+  double *scratch; /* per worker: g[k], s[k], m[k] (fp64), ids[k] (int64) */
 } bwd_job;
 
 static void bwd_piece(void *ctx, size_t task, int worker) {
   const bwd_job *j = ctx;
-  double *g = j->scratch + (size_t)worker * 3 * (size_t)j->k, *s = g + j->k, *m = s + j->k;
+  double *g = j->scratch + (size_t)worker * 4 * (size_t)j->k, *s = g + j->k, *m = s + j->k;
+  int64_t *ids = (int64_t *)(m + j->k);
   int64_t t0 = (int64_t)task * PIECE, t1 = t0 + PIECE < j->T ? t0 + PIECE : j->T;
   for (int64_t t = t0; t < t1; t++) {
-    const float *l = j->logits + t * j->E;
-    float *dl = j->dl + t * j->E;
-    for (int64_t e = 0; e < j->E; e++) dl[e] = 0.0f;
-    double D = 0.0, P = 0.0;
-    for (int64_t a = 0; a < j->k; a++) {
-      int64_t e = bx_tc_id(j->ids, (size_t)(t * j->k + a));
-      s[a] = (double)bx_sigmoidf_det(l[e]);
-      m[a] = (double)bx_sigmoidf_det(-l[e]); /* 1 - s, correctly rounded: no cancellation */
-      g[a] = (double)j->dw[t * j->k + a] * j->r;
-    }
-    if (j->norm) {
-      for (int64_t a = 0; a < j->k; a++) D += s[a];
-      D += 1e-20;
-      for (int64_t a = 0; a < j->k; a++) P += g[a] * s[a];
-    }
-    double u = j->norm ? P / D : 0.0;
-    for (int64_t a = 0; a < j->k; a++) {
-      int64_t e = bx_tc_id(j->ids, (size_t)(t * j->k + a));
-      double dw = j->norm ? (g[a] - u) / D : g[a];
-      dl[e] = bx_canon_f32((float)(dw * (s[a] * m[a])));
-    }
+    for (int64_t a = 0; a < j->k; a++) ids[a] = bx_tc_id(j->ids, (size_t)(t * j->k + a));
+    bx_router_token_bwd_f32(j->logits + t * j->E, ids, j->dw + t * j->k, j->E, j->k, j->norm,
+                            j->r, g, s, m, j->dl + t * j->E);
   }
 }
 
@@ -314,14 +239,14 @@ bx_status bx_moe_router_backward(const DLTensor *logits, const DLTensor *topk_id
   if ((st = bx_tc_overlap(fn, all, 4)) != BX_OK) goto done;
   size_t npieces = (size_t)(T / PIECE + (T % PIECE != 0));
   int nt = bx_tc_threads(o.num_threads, npieces);
-  size_t need = (size_t)E + (size_t)nt * 3 * (size_t)k * sizeof(double) + 16;
+  size_t need = (size_t)E + (size_t)nt * 4 * (size_t)k * sizeof(double) + 16;
   char *ws = bx_workspace(need);
   if (!ws) {
     st = bx_fail(BX_ENOMEM, "%s: no memory for %zu bytes of scratch", fn, need);
     goto done;
   }
   double *dsc = (double *)ws;
-  unsigned char *seen = (unsigned char *)(dsc + (size_t)nt * 3 * (size_t)k);
+  unsigned char *seen = (unsigned char *)(dsc + (size_t)nt * 4 * (size_t)k);
   memset(seen, 0, (size_t)E);
   if ((st = bx_moe_check_ids(fn, &ti, E, seen)) != BX_OK) goto done;
   bwd_job j = {tl.data, tw.data, &ti, td.data, T, E, k, o.norm_topk_prob,

@@ -7,7 +7,6 @@
  * the fused ([T, 2F]: gate then up) forms share one row loop, given the
  * row strides of each operand.
  */
-#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -17,8 +16,9 @@
 #include "call.h"
 #include "error.h"
 #include "kernels.h"
-#include "nan_canon.h"
+#include "swiglu_hd.h"
 #include "train_check.h"
+#include "train_device.h"
 #include "pool.h"
 
 /* Elements per call of the vector math kernels (a stack buffer). */
@@ -43,7 +43,7 @@ static void fwd_piece(void *ctx, size_t task, int worker) {
     for (size_t k0 = 0; k0 < j->f; k0 += SWIGLU_BLOCK) {
       size_t n = j->f - k0 < SWIGLU_BLOCK ? j->f - k0 : SWIGLU_BLOCK;
       mk->silu(g + k0, sl, n); /* bx_siluf_det of each element */
-      for (size_t k = 0; k < n; k++) h[k0 + k] = bx_canon_f32(sl[k] * u[k0 + k]);
+      for (size_t k = 0; k < n; k++) h[k0 + k] = bx_swiglu_fwd_combine_f32(sl[k], u[k0 + k]);
     }
   }
 }
@@ -63,10 +63,7 @@ static void bwd_piece(void *ctx, size_t task, int worker) {
       mk->silu(g + k0, sl, n);    /* bx_siluf_det */
       for (size_t k = 0; k < n; k++) {
         float x = g[k0 + k], up = u[k0 + k], d = dh[k0 + k]; /* read before dg / du overwrite them */
-        float s = sg[k];
-        float dsilu = d * up;
-        dg[k0 + k] = bx_canon_f32((dsilu * s) * fmaf(x, 1.0f - s, 1.0f)); /* torch's FMA build contracts this */
-        du[k0 + k] = bx_canon_f32(d * sl[k]);
+        bx_swiglu_bwd_combine_f32(x, up, d, sg[k], sl[k], &dg[k0 + k], &du[k0 + k]);
       }
     }
   }
@@ -78,22 +75,35 @@ static bx_status enter(bx_call *c, const char *fn, const bx_swiglu_opts *opts, i
                      "bx_swiglu_opts", "BX_SWIGLU_OPTS_DEFAULT", threads);
 }
 
-static void run(swiglu_job *j, int threads, bx_task_fn fn) {
-  if (!j->rows || !j->f) return;
+/* the job on the host's threads, or on the call's CUDA device */
+static bx_status run(const char *fn, const bx_tc_place *pl, swiglu_job *j, int threads,
+                     bx_task_fn task) {
+  if (!j->rows || !j->f) return BX_OK;
+  if (pl->cuda) {
+    const bx_train_device *dev;
+    bx_status st = bx_train_cuda(fn, &dev);
+    if (st != BX_OK) return st;
+    if (task == fwd_piece)
+      return dev->swiglu_fwd(fn, pl->device, j->g, j->u, j->h, j->rows, j->f, j->ldg, j->ldu,
+                             j->ldh);
+    return dev->swiglu_bwd(fn, pl->device, j->g, j->u, j->dh, j->dg, j->du, j->rows, j->f, j->ldg,
+                           j->ldu, j->ldh, j->lddg, j->lddu);
+  }
   j->piece = bx_tc_piece_rows(j->f);
   size_t pieces = (j->rows + j->piece - 1) / j->piece;
-  bx_parallel_run(bx_tc_threads(threads, pieces), pieces, fn, j);
+  bx_parallel_run(bx_tc_threads(threads, pieces), pieces, task, j);
+  return BX_OK;
 }
 
 /* the checks of count tensors: all fp32, 1-3 dimensions; shape of each
  * against tensor 0's rows and cols[i]; overlap rules */
-static bx_status check_all(const char *fn, const DLTensor *const *ts, const char *const *names,
-                           size_t count, const size_t *cols_mult, const int *writable,
-                           const int *inplace, bx_tc_tensor *a) {
+static bx_status check_all(const char *fn, const bx_tc_place *pl, const DLTensor *const *ts,
+                           const char *const *names, size_t count, const size_t *cols_mult,
+                           const int *writable, const int *inplace, bx_tc_tensor *a) {
   bx_status st = BX_OK;
   memset(a, 0, count * sizeof *a);
   for (size_t i = 0; st == BX_OK && i < count; i++) {
-    st = bx_tc_check(fn, i, names[i], ts[i], BX_TC_F32, 1, 3, NULL, writable[i], &a[i]);
+    st = bx_tc_check_in(pl, fn, i, names[i], ts[i], BX_TC_F32, 1, 3, NULL, writable[i], &a[i]);
     a[i].inplace = inplace[i];
   }
   if (st != BX_OK) return st;
@@ -120,16 +130,17 @@ bx_status bx_swiglu_forward(const DLTensor *gate, const DLTensor *up, DLTensor *
   bx_status st = enter(&c, fn, opts, &threads);
   if (st != BX_OK) return st;
   const DLTensor *ts[3] = {gate, up, h};
+  const bx_tc_place pl = bx_tc_place_of(ts, 3);
   const char *names[3] = {"gate", "up", "h"};
   const size_t mult[3] = {1, 1, 1};
   const int writable[3] = {0, 0, 1};
   /* h may be gate or up exactly: checked as "h in place of gate", then up */
   int inplace[3] = {-1, -1, 0};
   bx_tc_tensor a[3];
-  st = check_all(fn, ts, names, 3, mult, writable, inplace, a);
+  st = check_all(fn, &pl, ts, names, 3, mult, writable, inplace, a);
   if (st == BX_ELAYOUT && a[2].data == a[1].data && a[2].n == a[1].n) {
     inplace[2] = 1;
-    st = check_all(fn, ts, names, 3, mult, writable, inplace, a);
+    st = check_all(fn, &pl, ts, names, 3, mult, writable, inplace, a);
   }
   if (st == BX_OK) {
     swiglu_job j = {0};
@@ -138,7 +149,7 @@ bx_status bx_swiglu_forward(const DLTensor *gate, const DLTensor *up, DLTensor *
     j.h = a[2].data;
     j.ldg = j.ldu = j.ldh = j.f = a[0].cols;
     j.rows = a[0].rows;
-    run(&j, threads, fwd_piece);
+    st = run(fn, &pl, &j, threads, fwd_piece);
   }
   bx_call_leave(&c);
   return st;
@@ -152,11 +163,12 @@ bx_status bx_swiglu_forward_fused(const DLTensor *gate_up, DLTensor *h,
   bx_status st = enter(&c, fn, opts, &threads);
   if (st != BX_OK) return st;
   const DLTensor *ts[2] = {gate_up, h};
+  const bx_tc_place pl = bx_tc_place_of(ts, 2);
   const char *names[2] = {"gate_up", "h"};
   const size_t mult[2] = {2, 1};
   const int writable[2] = {0, 1}, inplace[2] = {-1, -1};
   bx_tc_tensor a[2];
-  st = check_all(fn, ts, names, 2, mult, writable, inplace, a);
+  st = check_all(fn, &pl, ts, names, 2, mult, writable, inplace, a);
   if (st == BX_OK) {
     swiglu_job j = {0};
     j.f = a[1].cols;
@@ -166,7 +178,7 @@ bx_status bx_swiglu_forward_fused(const DLTensor *gate_up, DLTensor *h,
     j.ldg = j.ldu = 2 * j.f;
     j.ldh = j.f;
     j.rows = a[0].rows;
-    run(&j, threads, fwd_piece);
+    st = run(fn, &pl, &j, threads, fwd_piece);
   }
   bx_call_leave(&c);
   return st;
@@ -180,11 +192,12 @@ bx_status bx_swiglu_backward(const DLTensor *gate, const DLTensor *up, const DLT
   bx_status st = enter(&c, fn, opts, &threads);
   if (st != BX_OK) return st;
   const DLTensor *ts[5] = {gate, up, dh, dgate, dup};
+  const bx_tc_place pl = bx_tc_place_of(ts, 5);
   const char *names[5] = {"gate", "up", "dh", "dgate", "dup"};
   const size_t mult[5] = {1, 1, 1, 1, 1};
   const int writable[5] = {0, 0, 0, 1, 1}, inplace[5] = {-1, -1, -1, 0, 1};
   bx_tc_tensor a[5];
-  st = check_all(fn, ts, names, 5, mult, writable, inplace, a);
+  st = check_all(fn, &pl, ts, names, 5, mult, writable, inplace, a);
   if (st == BX_OK) {
     swiglu_job j = {0};
     j.g = a[0].data;
@@ -194,7 +207,7 @@ bx_status bx_swiglu_backward(const DLTensor *gate, const DLTensor *up, const DLT
     j.du = a[4].data;
     j.f = j.ldg = j.ldu = j.ldh = j.lddg = j.lddu = a[0].cols;
     j.rows = a[0].rows;
-    run(&j, threads, bwd_piece);
+    st = run(fn, &pl, &j, threads, bwd_piece);
   }
   bx_call_leave(&c);
   return st;
@@ -208,11 +221,12 @@ bx_status bx_swiglu_backward_fused(const DLTensor *gate_up, const DLTensor *dh,
   bx_status st = enter(&c, fn, opts, &threads);
   if (st != BX_OK) return st;
   const DLTensor *ts[3] = {gate_up, dh, dgate_up};
+  const bx_tc_place pl = bx_tc_place_of(ts, 3);
   const char *names[3] = {"gate_up", "dh", "dgate_up"};
   const size_t mult[3] = {2, 1, 2};
   const int writable[3] = {0, 0, 1}, inplace[3] = {-1, -1, 0};
   bx_tc_tensor a[3];
-  st = check_all(fn, ts, names, 3, mult, writable, inplace, a);
+  st = check_all(fn, &pl, ts, names, 3, mult, writable, inplace, a);
   if (st == BX_OK) {
     swiglu_job j = {0};
     j.f = a[1].cols;
@@ -224,7 +238,7 @@ bx_status bx_swiglu_backward_fused(const DLTensor *gate_up, const DLTensor *dh,
     j.ldg = j.ldu = j.lddg = j.lddu = 2 * j.f;
     j.ldh = j.f;
     j.rows = a[0].rows;
-    run(&j, threads, bwd_piece);
+    st = run(fn, &pl, &j, threads, bwd_piece);
   }
   bx_call_leave(&c);
   return st;

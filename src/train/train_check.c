@@ -43,9 +43,27 @@ static const char *dtypes_text(unsigned m) {
 
 #define FAIL(st, ...) return bx_fail_at((st), -1, BX_NO_INDEX, index, __VA_ARGS__)
 
+bx_tc_place bx_tc_place_of(const DLTensor *const *ts, size_t count) {
+  bx_tc_place pl = {0, 0};
+  size_t seen = 0;
+  for (size_t i = 0; i < count; i++) {
+    if (!ts[i]) continue;
+    if (ts[i]->device.device_type != kDLCUDA) return pl;
+    if (!seen++) pl.device = ts[i]->device.device_id;
+  }
+  pl.cuda = seen > 0;
+  return pl;
+}
+
 bx_status bx_tc_check(const char *fn, size_t index, const char *name, const DLTensor *t,
                       unsigned dtypes, int min_ndim, int max_ndim, const int64_t *want,
                       int writable, bx_tc_tensor *out) {
+  return bx_tc_check_in(NULL, fn, index, name, t, dtypes, min_ndim, max_ndim, want, writable, out);
+}
+
+bx_status bx_tc_check_in(const bx_tc_place *pl, const char *fn, size_t index, const char *name,
+                         const DLTensor *t, unsigned dtypes, int min_ndim, int max_ndim,
+                         const int64_t *want, int writable, bx_tc_tensor *out) {
   out->name = name;
   out->index = index;
   out->data = NULL;
@@ -57,7 +75,12 @@ bx_status bx_tc_check(const char *fn, size_t index, const char *name, const DLTe
   out->writable = writable;
   out->inplace = -1;
   if (!t) FAIL(BX_EINVAL, "%s: tensor %zu (%s) is NULL", fn, index, name);
-  if (!host_readable(t->device.device_type))
+  if (pl && pl->cuda) {
+    if (t->device.device_type != kDLCUDA || t->device.device_id != pl->device)
+      FAIL(BX_EDEVICE, "%s: tensor %zu (%s) is on device type %d id %d, not CUDA device %d like "
+           "the call's other tensors", fn, index, name, (int)t->device.device_type,
+           (int)t->device.device_id, pl->device);
+  } else if (!host_readable(t->device.device_type))
     FAIL(BX_EDEVICE, "%s: tensor %zu (%s) is on device type %d, not host memory", fn, index, name,
          (int)t->device.device_type);
   unsigned dt = dtype_of(t->dtype);

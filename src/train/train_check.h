@@ -64,6 +64,25 @@ bx_status bx_tc_check(const char *fn, size_t index, const char *name, const DLTe
                       unsigned dtypes, int min_ndim, int max_ndim, const int64_t *want,
                       int writable, bx_tc_tensor *out);
 
+/* Where a layer call runs. cuda: every tensor of the call is a kDLCUDA
+ * tensor (then of device `device`, the first one's); otherwise the host
+ * path, whose checks refuse any tensor not in host memory (so a mixed call
+ * names its first device tensor, as before the device path existed). */
+typedef struct bx_tc_place {
+  int cuda;
+  int device;
+} bx_tc_place;
+
+/* The place of a call's tensors ts[0..count) (NULL entries skipped). */
+bx_tc_place bx_tc_place_of(const DLTensor *const *ts, size_t count);
+
+/* bx_tc_check for a call at place pl (NULL: the host): on the CUDA path a
+ * tensor must be kDLCUDA on pl->device (BX_EDEVICE naming it otherwise);
+ * every other check is the same. */
+bx_status bx_tc_check_in(const bx_tc_place *pl, const char *fn, size_t index, const char *name,
+                         const DLTensor *t, unsigned dtypes, int min_ndim, int max_ndim,
+                         const int64_t *want, int writable, bx_tc_tensor *out);
+
 /* 1 when a and b have the same dimensions. */
 static inline int bx_tc_same_shape(const bx_tc_tensor *a, const bx_tc_tensor *b) {
   if (a->ndim != b->ndim) return 0;

@@ -8,7 +8,9 @@
 
 #include <stddef.h>
 
+#include "adamw_hd.h"
 #include "bitexact.h"
+#include "bitexact_train.h"
 #include "tensor.h"
 
 /* ts[0..count): each a valid dense host fp32 tensor (BX_EDTYPE /
@@ -20,10 +22,23 @@
 bx_status bx_ew_check(const char *fn, const DLTensor *const *ts, size_t count,
                       const int *writable, int allow_inplace, bx_span *spans);
 
+/* bx_ew_check for host tensors (cuda = 0) or for CUDA tensors (cuda = 1:
+ * every tensor kDLCUDA on tensor 0's device, dense; the spans' data are
+ * device addresses). */
+bx_status bx_ew_check_in(const char *fn, const DLTensor *const *ts, size_t count,
+                         const int *writable, int allow_inplace, int cuda, bx_span *spans);
+
+/* 1 when every one of ts[0..count) is a kDLCUDA tensor (none NULL). */
+int bx_ew_all_cuda(const DLTensor *const *ts, size_t count);
+
 /* Threads for n elements: num_threads (0 = bx_default_threads()), at most
  * one per piece of 2^14 elements. */
 int bx_ew_threads(int num_threads, size_t n);
 
+/* bx_adamw_step's fp32 scalars of one step (checked options, step >= 1):
+ * what the host forms once and every element (CPU loop or device thread,
+ * adamw_hd.h) uses. */
+void bx_adamw_form_scalars(const bx_adamw_opts *o, int64_t step, bx_adamw_scalars *s);
 #define BX_EW_PIECE ((size_t)1 << 14)
 
 #endif /* BX_TRAIN_ELEMENTWISE_H */

@@ -18,7 +18,7 @@
 #include "math_det.h"
 #include "pool.h"
 #include "train_check.h"
-#include "pow_det.h"
+#include "xent_hd.h"
 
 /* targets [T] or [B, L] and x [T, V] or [B, L, V]: the leading dimensions agree. */
 static bx_status check_token_major(const char *fn, size_t idx, const char *name, const bx_tc_tensor *y,
@@ -36,13 +36,6 @@ static bx_status check_token_major(const char *fn, size_t idx, const char *name,
 
 #define EXP_BLOCK 256
 
-/* ln S for S >= 1 (finite): the high part of log2(S) * ln 2 in
- * double-double (pow_det.h; relative error ~2^-78 before that rounding). */
-static double ln_sum(double S) {
-  const bx_pd_dd ln2 = {0x1.62e42fefa39efp-1, 0x1.abc9e3b39803fp-56};
-  return bx_pd_mul(bx_pd_log2(S), ln2).hi;
-}
-
 /* The token's loss (and, with g, e_v then the gradient row; g may be z).
  * y < 0: ignored. c = f64(grad_scale / N). */
 static void xent_row(const float *z, float *g, size_t V, int64_t y, double c, float *loss,
@@ -52,14 +45,10 @@ static void xent_row(const float *z, float *g, size_t V, int64_t y, double c, fl
     if (g) memset(g, 0, V * sizeof *g);
     return;
   }
-  float m = -INFINITY;
-  int nan = 0;
-  for (size_t v = 0; v < V; v++) {
-    nan |= z[v] != z[v];
-    m = z[v] > m ? z[v] : m;
-  }
+  int nan;
+  float m = bx_xent_row_max_f32(z, V, &nan);
   float zy = z[y];
-  if (nan || m == INFINITY || m == -INFINITY) {
+  if (bx_xent_row_is_nan(m, nan)) {
     float q = bx_f32_from_bits(BX_MD_QNAN);
     if (loss) *loss = q;
     if (g)
@@ -81,11 +70,11 @@ static void xent_row(const float *z, float *g, size_t V, int64_t y, double c, fl
       S += (double)e[i];
     }
   }
-  if (loss) *loss = (float)(((double)m - (double)zy) + ln_sum(S));
+  if (loss) *loss = bx_xent_loss_f32(m, zy, S);
   if (!g) return;
   float ey = g[y];
-  for (size_t v = 0; v < V; v++) g[v] = (float)(((double)g[v] / S) * c);
-  g[y] = (float)(((double)ey / S - 1.0) * c);
+  for (size_t v = 0; v < V; v++) g[v] = bx_xent_grad_f32(g[v], S, c);
+  g[y] = bx_xent_grad_target_f32(ey, S, c);
 }
 
 typedef struct xent_job {
