@@ -19,6 +19,9 @@ import textwrap
 
 import pytest
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_train_bindings import launch  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 CLI = os.environ.get("BITEXACT_CLI", os.path.join(ROOT, "build", "bitexact"))
@@ -73,20 +76,9 @@ def c_np4(tmp_path_factory):
 
 def _py(fw, ranks, out, resume, steps):
     rec, ck = os.path.join(out, "r.jsonl"), os.path.join(out, "ck")
-    args = ["--framework", fw, "--resume", resume, "--steps", str(steps), "--record", rec,
-            "--save", ck, "--threads", "1", "-q"] + (["--ep", str(ranks)] if ranks > 1 else [])
-    if ranks == 1:
-        cmd = [sys.executable, "-m", "bitexact.train", *args]
-    elif fw == "torch":
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
-               "--master-addr", "127.0.0.1", "--master-port", str(_port()), "-m",
-               "bitexact.train", *args]
-    else:
-        import bitexact.scripts
-        cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(ranks),
-               "--log_dir", os.path.join(out, "log"), bitexact.scripts.TRAIN, *args]
-    p = _run(cmd, env={"PADDLE_DISTRI_BACKEND": "gloo", "OMP_NUM_THREADS": "1"})
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    launch(fw, ranks, out, ["--framework", fw, "--resume", resume, "--steps", str(steps),
+                            "--record", rec, "--save", ck, "--threads", "1", "-q"]
+           + (["--ep", str(ranks)] if ranks > 1 else []))
     return rec, ck
 
 
