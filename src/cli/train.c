@@ -574,6 +574,11 @@ static int fault_at(tr_run *r, const char *point) {
 /* The model's fault hook (tr_run_opts.fault). */
 static int fault_hook(void *ctx, const char *point) { return fault_at((tr_run *)ctx, point); }
 
+/* The eval's: its routed experts' fault point is "eval". */
+static int eval_fault_hook(void *ctx, const char *point) {
+  return strcmp(point, "kernel") == 0 && fault_at((tr_run *)ctx, "eval");
+}
+
 /* Whether this rank holds parameter q (every dense one; its experts). */
 static int holds(const tr_run *r, const tr_param *q) {
   return q->group != TR_GROUP_EXPERT || tr_ep_holds(&r->ep, r->cfg.n_routed_experts, q->expert);
@@ -657,7 +662,7 @@ static int run_eval(tr_run *r, float *mean) {
   int64_t N = a->eval_batches;
   char err[512];
   tr_run_opts ro = {cli_threads(&a->common), a->ordinary ? BX_TOKRED_ORDINARY : BX_TOKRED_GRID, L,
-                    a->bf16, a->no_history, NULL, NULL, NULL};
+                    a->bf16, a->no_history, NULL, r->fault.on ? eval_fault_hook : NULL, r};
   for (int64_t j = 0; j < N && !r->lvl; j++) {
     for (int64_t b = 0; b < local; b++)
       td_tokens(&r->eval, j * B + first + b, r->eval_tokens + b * (L + 1));

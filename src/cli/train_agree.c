@@ -125,7 +125,7 @@ uint64_t ta_file_hash(const void *bytes, size_t len) {
 int tf_parse(const char *env, tf_fault *f, char *err, size_t errlen) {
   memset(f, 0, sizeof *f);
   if (!env || !*env) return 0;
-  static const char *const points[] = {"alloc", "data", "kernel", "loss", "save"};
+  static const char *const points[] = {"alloc", "data", "kernel", "loss", "save", "eval"};
   char *end;
   errno = 0;
   long long r = strtoll(env, &end, 10), s = 0;

@@ -60,7 +60,8 @@ typedef struct tf_fault {
 } tf_fault;
 
 /* Parses env (NULL or empty: off). POINT is one of alloc, data, kernel,
- * loss, save. 0, or -1 with a one-line reason in err. */
+ * loss, save, eval (the routed experts in the eval's forward). 0, or -1
+ * with a one-line reason in err. */
 int tf_parse(const char *env, tf_fault *f, char *err, size_t errlen);
 
 /* 1 once when the fault is this rank's at this step and point (it fires

@@ -132,6 +132,33 @@ def train_fault_one_process():
     assert "BITEXACT_FAULT '1:2:disk'" in err, err
 
 
+@test
+def train_fault_in_eval_under_ep():
+    """A rank whose eval forward fails between two row exchanges (point
+    "eval": the routed experts of the eval's forward) drains its EP peers:
+    every rank exits 2, one line names it, the record ends before the step."""
+    from cases_train import npy_bytes, write
+    ev = write("faults_eval.npy", npy_bytes((np.arange(4 * 17 * 2, dtype="<i4") * 7) % 1024))
+    for np_, ep in ((2, 2), (4, 2)):
+        tag = f"faults_eval_{np_}_{ep}"
+        rec, status = tpath(tag + ".jsonl"), tpath(tag + ".status")
+        for f in (rec, status):
+            if os.path.exists(f):
+                os.remove(f)
+        p = run_ranks(np_, [*FAST, "--steps", STEPS, "--ep", ep, "--record", rec, "--eval-data", ev,
+                            "--eval-every", 1, "--micro-batches", 1, "-q"], status,
+                      env_for(BITEXACT_FAULT=f"{np_ - 1}:{AT}:eval"))
+        err = p.stderr.decode()
+        with open(status) as fh:
+            st = sorted(tuple(map(int, l.split())) for l in fh if l.strip())
+        assert st == [(r, 2) for r in range(np_)], (np_, ep, st, err[-3000:])
+        mine = [l for l in err.splitlines() if l.startswith("bitexact: ")]
+        assert len(mine) == 1 and mine[0].startswith(f"bitexact: train: rank {np_ - 1}: ") and \
+            "the routed experts" in mine[0], err[-3000:]
+        rows = records(rec)
+        assert [r["step"] for r in rows] == list(range(AT)) and all("eval_loss" in r for r in rows)
+
+
 def mpmd(groups, env=None):
     """Open MPI's MPMD launch: groups = [(np, [args...]), ...]."""
     cmd = mpirun_cmd()

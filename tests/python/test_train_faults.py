@@ -93,6 +93,26 @@ def test_fault_reaches_every_rank(ck0, tmp_path, fw, point, ep):
         assert '"step": 1' in f.read()
 
 
+def test_eval_fault_under_ep_reaches_every_rank(ck0, tmp_path):
+    """Rank 1 fails in the eval after its first micro-batch's forward while
+    its EP peer goes on to the next forward's row exchange: its status step
+    drains the peer, every rank returns 2."""
+    import numpy as np
+    ck, _ = ck0
+    out = str(tmp_path)
+    ev, rec = os.path.join(out, "eval.npy"), os.path.join(out, "r.jsonl")
+    np.save(ev, ((np.arange(4 * 17 * 2) * 7) % 1024).astype(np.int32))
+    st, lines, logs = _launch("torch", out, ["--resume", ck, "--steps", "3", "--threads", "1", "-q",
+                                             "--record", rec, "--ep", "2", "--eval-data", ev,
+                                             "--eval-every", "1", "--micro-batches", "2"],
+                              {"BITEXACT_FAULT": "1:1:eval"})
+    assert st == [(0, 2), (1, 2)], (st, logs[-3000:])
+    mine = sorted(set(lines))
+    assert len(mine) == 1 and "bitexact.train: rank 1: " in mine[0] and "eval" in mine[0], logs[-3000:]
+    with open(rec) as f:
+        assert [l.split(",")[0] for l in f.read().splitlines()] == ['{"step": 0']
+
+
 @pytest.mark.parametrize("fw", ["torch", "paddle"])
 def test_settings_agreed_at_startup(ck0, tmp_path, fw):
     if fw == "paddle":

@@ -434,7 +434,7 @@ def parse_args(argv):
     return p.parse_args(argv)
 
 
-_POINTS = ("alloc", "data", "kernel", "loss", "save")
+_POINTS = ("alloc", "data", "kernel", "loss", "save", "eval")
 
 
 def parse_fault(env):
@@ -445,7 +445,7 @@ def parse_fault(env):
     parts = env.split(":")
     if len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit() or parts[2] not in _POINTS:
         raise InvalidArgumentError(f"BITEXACT_FAULT '{env}' is not RANK:STEP:POINT with POINT "
-                                   "alloc, data, kernel, loss or save (a test-only switch: "
+                                   "alloc, data, kernel, loss, save or eval (a test-only switch: "
                                    "docs/faults.md)")
     return int(parts[0]), int(parts[1]), parts[2]
 
@@ -526,10 +526,15 @@ class Run:
             for f, v in (("--lr", self.lr), ("--clip", self.clip), ("--weight-decay", self.wd),
                          ("--lr-scheduler", ["constant", "linear", "cosine",
                                              "constant_with_warmup"].index(self.sched)
-                          if isinstance(self.sched, str) else self.sched)):
+                          if isinstance(self.sched, str) else self.sched),
+                         ("--warmup-steps", int(self.warmup)), ("--min-lr", float(self.min_lr)),
+                         ("--adam-beta1", float(self.betas[0])), ("--adam-beta2", float(self.betas[1])),
+                         ("--adam-epsilon", float(self.eps)),
+                         ("--eval-batches", int(a.eval_batches or 0)),
+                         ("--dump", int(a.dump is not None))):
                 sett.append((f, int(np.array(v, dtype=np.float64).view(np.int64)) if isinstance(v, float) else int(v)))
             names = sett
-        n = 28  # words per setting list (padded: every rank sends the same count)
+        n = 36  # words per setting list (padded: every rank sends the same count)
         words = np.zeros(2 + 2 * n, dtype=np.int64)
         top = 1 << 40
         words[0] = (2 << 40) | (top - 1 - self.rank) if err is not None else 0
@@ -692,27 +697,41 @@ class Run:
             from ._tracing import RunTrace
             self.trace = RunTrace(self, fw, a.trace, a.dump, hub_order(self.cfg))
 
-    def eval_loss(self):
+    def eval_loss(self, s=None):
         """The exact mean loss over the eval batches (`bitexact train
         --eval-data`): the model's forward (no gradient) on this rank's
         slice of each batch, each sequence's loss sum (bx_xent_forward,
         a chunk of one sequence), then their exact mean over all the
-        ranks (glm_eval_mean: the C trainer's tr_eval_mean)."""
+        ranks (glm_eval_mean: the C trainer's tr_eval_mean). A failure of
+        this rank (s: the step, for the test-only fault point "eval")
+        meets the others before the mean: under expert parallelism the EP
+        group's status step first (a rank that failed between two row
+        exchanges drains its peers), then one MAX all-reduce."""
         fw, a, B, L, P = self.fw, self.a, self.B, self.L, self.world
         local = B // P
         first, per, N = self.rank * local, local // a.micro_batches, self.eval_batches
         parts = np.zeros(N * local, dtype=np.float32)
-        for j in range(N):
-            toks = np.stack([self.eval.tokens(j * B + first + b) for b in range(local)])
-            for i in range(a.micro_batches):
-                r0 = i * per
-                with fw.no_grad(), _forward_tokens((j * B + first + r0) * L):
-                    logits = fw.numpy(self.model(fw.ids(toks[r0:r0 + per, :L])))
-                V = logits.shape[-1]
-                tgt = np.ascontiguousarray(toks[r0:r0 + per, 1:]).reshape(-1)
-                losses = np.empty(per * L, dtype=np.float32)
-                _k.xent_forward(logits.reshape(per * L, V), tgt, L, losses,
-                                parts[j * local + r0:j * local + r0 + per], num_threads=a.threads)
+        err = None
+        try:
+            for j in range(N):
+                toks = np.stack([self.eval.tokens(j * B + first + b) for b in range(local)])
+                for i in range(a.micro_batches):
+                    r0 = i * per
+                    with fw.no_grad(), _forward_tokens((j * B + first + r0) * L):
+                        logits = fw.numpy(self.model(fw.ids(toks[r0:r0 + per, :L])))
+                    if s is not None and self.fault.at(self.rank, s, "eval"):
+                        raise InjectedFault(f"step {s}: --eval-data: the routed experts: injected "
+                                            "fault (BITEXACT_FAULT)")
+                    V = logits.shape[-1]
+                    tgt = np.ascontiguousarray(toks[r0:r0 + per, 1:]).reshape(-1)
+                    losses = np.empty(per * L, dtype=np.float32)
+                    _k.xent_forward(logits.reshape(per * L, V), tgt, L, losses,
+                                    parts[j * local + r0:j * local + r0 + per], num_threads=a.threads)
+        except Exception as e:  # noqa: BLE001 - agreed below, then raised again
+            err = e
+        if self.ep is not None:
+            err = self.red._ep_pass_end(err)
+        self._agree(err)
         fn, rank = _comm_args(self.comm)
         return _core.glm_eval_mean(parts, local, B, first, L, N * B * L, fn, rank)
 
@@ -838,7 +857,7 @@ class Run:
         self.last_loss, self.last_norm = loss, total
         ev = None
         if eval_now:
-            ev = self.eval_loss()
+            ev = self.eval_loss(s)
         self.failed = err
         return record_line(s, loss, total, gn["dense"], gn["expert"], coef, lr, B * L,
                            loss_hash(all_loss), self.data.entropy_nats, self.dtype, red.passes,
