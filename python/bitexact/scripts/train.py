@@ -7,9 +7,8 @@ path instead of a module (paddle.distributed.launch)::
 It lives in its own directory: run as a script, its directory goes first
 on sys.path, and bitexact's own torch/ and paddle/ must not shadow the
 frameworks there."""
-import sys
 
-from bitexact.train._run import main
+from bitexact.train._run import exit_process, main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

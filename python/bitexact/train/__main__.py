@@ -2,9 +2,8 @@
 `bitexact train`'s loop on a framework binding's GLM-4.5 model
 (bitexact.train._run; docs/train_python.md). Exit status 0, or 2 with one
 line on stderr for bad input."""
-import sys
 
-from ._run import main
+from ._run import exit_process, main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())
