@@ -33,13 +33,6 @@ static const uint32_t NAN32[] = {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xff8123
                                  0x7fffffffu, 0xffffffffu, 0x7fa00000u, 0xffd0beefu};
 #define NNAN32 (sizeof NAN32 / sizeof NAN32[0])
 
-static uint64_t mix(uint64_t seed, uint64_t i) {
-  uint64_t z = seed ^ (i * 0xD1B54A32D192ED03ull);
-  z += 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
 
 static float f32_of(uint32_t b) {
   float f;
@@ -56,7 +49,7 @@ static uint32_t bits_of(float f) {
  * one element in 16 a NaN of NAN32 and one in 32 a +-Inf */
 static void fill(float *x, size_t n, uint64_t seed, int lo, int nb, int specials) {
   for (size_t i = 0; i < n; i++) {
-    uint64_t h = mix(seed, i);
+    uint64_t h = bx_rng_hash64(seed, i);
     uint32_t e = (uint32_t)(127 + lo + (int)(h % (uint64_t)nb));
     uint32_t b = (uint32_t)((h >> 32) & 0x80000000u) | (e << 23) | (uint32_t)((h >> 8) & 0x7fffffu);
     unsigned cls = (unsigned)((h >> 40) & 31);
@@ -514,7 +507,7 @@ static void nan_embedding_xent(int ti) {
   enum { V = 17, H = 9, T = 200, C = 32, NC = (T + C - 1) / C, VX = 300, TX = 40 };
   static float wt[V * H], dy[T * H], y[T * H], rows[T * H];
   static int64_t ids[T], rid[T], off[NC + 1];
-  for (int t = 0; t < T; t++) ids[t] = (int64_t)(mix(0x7100, (uint64_t)t) % V);
+  for (int t = 0; t < T; t++) ids[t] = (int64_t)(bx_rng_hash64(0x7100, (uint64_t)t) % V);
   fill(wt, V * H, 0x7101, -4, 8, 1);
   fill(dy, T * H, 0x7102, -8, 8, 1);
   dy[0] = INFINITY; /* two tokens of one id: Inf + -Inf in a row's sum */
@@ -547,7 +540,7 @@ static void nan_embedding_xent(int ti) {
   fill(z, TX * VX, 0x7200, -4, 6, 0);
   z[3 * VX + 5] = f32_of(0xff812345u);
   z[7 * VX + 9] = INFINITY;
-  for (int t = 0; t < TX; t++) tg[t] = (int64_t)(mix(0x7201, (uint64_t)t) % VX);
+  for (int t = 0; t < TX; t++) tg[t] = (int64_t)(bx_rng_hash64(0x7201, (uint64_t)t) % VX);
   int64_t sz[2] = {TX, VX}, stt[1] = {TX}, sc[1] = {(TX + 7) / 8};
   DLTensor tz = bxt_f32_view(z, 2, sz), ttg = bxt_view(tg, kDLInt, 64, 1, stt), tl = bxt_f32_view(loss, 1, stt),
            tlp = bxt_f32_view(lp, 1, sc), tcn = bxt_view(cn, kDLInt, 64, 1, sc), tdz = bxt_f32_view(dz, 2, sz);
