@@ -63,26 +63,32 @@ static inline BX_HD float bx_xent_grad_target_f32(float ey, double S, double c) 
   return (float)(((double)ey / S - 1.0) * c);
 }
 
+/* The rows that need no exp: y < 0 (ignored: loss 0, gradient 0) and a
+ * row whose max is NaN or infinite (loss and gradient the canonical NaN):
+ * 1 with loss (may be NULL) and g (may be NULL) written; 0 otherwise, with
+ * *m the row's max. Every row form calls it first. */
+static inline BX_HD int bx_xent_row_special_f32(const float *z, float *g, uint64_t V, int64_t y,
+                                               float *loss, float *m) {
+  float q = 0.0f;
+  if (y >= 0) {
+    int nan;
+    *m = bx_xent_row_max_f32(z, V, &nan);
+    if (!bx_xent_row_is_nan(*m, nan)) return 0;
+    q = bx_f32_from_bits(BX_F32_CANON_NAN);
+  }
+  if (loss) *loss = q;
+  if (g)
+    for (uint64_t v = 0; v < V; v++) g[v] = q;
+  return 1;
+}
+
 /* The whole row with the scalar exp: y < 0 ignored (loss 0, gradient 0);
  * g may be NULL (forward only) or z itself; loss may be NULL. */
 static inline BX_HD void bx_xent_row_f32(const float *z, float *g, uint64_t V, int64_t y,
                                          double c, float *loss) {
-  if (y < 0) {
-    if (loss) *loss = 0.0f;
-    if (g)
-      for (uint64_t v = 0; v < V; v++) g[v] = 0.0f;
-    return;
-  }
-  int nan;
-  float m = bx_xent_row_max_f32(z, V, &nan);
+  float m;
+  if (bx_xent_row_special_f32(z, g, V, y, loss, &m)) return;
   float zy = z[y];
-  if (bx_xent_row_is_nan(m, nan)) {
-    float q = bx_f32_from_bits(BX_F32_CANON_NAN);
-    if (loss) *loss = q;
-    if (g)
-      for (uint64_t v = 0; v < V; v++) g[v] = q;
-    return;
-  }
   double S = 0.0;
   for (uint64_t v = 0; v < V; v++) {
     float e = bx_expf_det(z[v] - m);

@@ -40,21 +40,9 @@ static bx_status check_token_major(const char *fn, size_t idx, const char *name,
  * y < 0: ignored. c = f64(grad_scale / N). */
 static void xent_row(const float *z, float *g, size_t V, int64_t y, double c, float *loss,
                      bx_math_fn vexp) {
-  if (y < 0) {
-    if (loss) *loss = 0.0f;
-    if (g) memset(g, 0, V * sizeof *g);
-    return;
-  }
-  int nan;
-  float m = bx_xent_row_max_f32(z, V, &nan);
+  float m;
+  if (bx_xent_row_special_f32(z, g, V, y, loss, &m)) return;
   float zy = z[y];
-  if (bx_xent_row_is_nan(m, nan)) {
-    float q = bx_f32_from_bits(BX_MD_QNAN);
-    if (loss) *loss = q;
-    if (g)
-      for (size_t v = 0; v < V; v++) g[v] = q;
-    return;
-  }
   /* e_v = bx_expf_det(z[v] - m) for a block at a time by the active ISA's
    * exp loop (kernels.h: the bits of bx_expf_det on every input, checked
    * exhaustively by dev/math_exhaustive.c --vector), summed in fp64 in
