@@ -11,12 +11,14 @@ file(GLOB BX_CPU_SOURCES CONFIGURE_DEPENDS "${PROJECT_SOURCE_DIR}/src/cpu/*.c")
 # the training kernels (bitexact_train.h): ISA-neutral drivers; their
 # per-ISA micro-kernels live in src/cpu/ with the others
 file(GLOB BX_TRAIN_SOURCES CONFIGURE_DEPENDS "${PROJECT_SOURCE_DIR}/src/train/*.c")
+# the host simulation of their device backend (tests' BITEXACT_TEST_DEVICE=sim)
+file(GLOB BX_HOSTSIM_SOURCES CONFIGURE_DEPENDS "${PROJECT_SOURCE_DIR}/src/hostsim/*.c")
 file(GLOB BX_AVX2_SOURCES CONFIGURE_DEPENDS "${PROJECT_SOURCE_DIR}/src/cpu/avx2.c"
      "${PROJECT_SOURCE_DIR}/src/cpu/avx2_*.c")
 file(GLOB BX_AVX512_SOURCES CONFIGURE_DEPENDS "${PROJECT_SOURCE_DIR}/src/cpu/avx512.c"
      "${PROJECT_SOURCE_DIR}/src/cpu/avx512_*.c")
 list(REMOVE_ITEM BX_CPU_SOURCES ${BX_AVX2_SOURCES} ${BX_AVX512_SOURCES})
-set(BX_LIB_SOURCES ${BX_CORE_SOURCES} ${BX_CPU_SOURCES} ${BX_TRAIN_SOURCES})
+set(BX_LIB_SOURCES ${BX_CORE_SOURCES} ${BX_CPU_SOURCES} ${BX_TRAIN_SOURCES} ${BX_HOSTSIM_SOURCES})
 if(BX_X86)
   list(APPEND BX_LIB_SOURCES ${BX_AVX2_SOURCES} ${BX_AVX512_SOURCES})
   set_source_files_properties(${BX_AVX2_SOURCES} PROPERTIES COMPILE_OPTIONS "${BX_AVX2_FLAGS}")
@@ -39,6 +41,9 @@ endif()
 set(BX_PUBLIC_INCLUDE "${PROJECT_SOURCE_DIR}/include")
 set(BX_INTERNAL_INCLUDES "${PROJECT_SOURCE_DIR}/src/core" "${PROJECT_SOURCE_DIR}/src/common"
     "${PROJECT_SOURCE_DIR}/src/train")
+# src/hostsim runs the CUDA launchers' thread bodies (plain C: src/cuda/train/train_grid.h)
+set_source_files_properties(${BX_HOSTSIM_SOURCES} PROPERTIES
+                            INCLUDE_DIRECTORIES "${PROJECT_SOURCE_DIR}/src/cuda/train")
 
 if(BITEXACT_FUZZ)
   return()  # cmake/BitexactFuzz.cmake compiles the sources its own way

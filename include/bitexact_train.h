@@ -2,7 +2,7 @@
  * bitexact_train.h — the training kernels whose bits do not depend on the
  * layout (DESIGN §9): elementwise math built from IEEE basic operations,
  * batch-invariant GEMM, the layout-invariant token reduction (canonical
- * addends on an int64 grid), and AdamW. CPU, C11; DLPack tensors; bx_
+ * addends on an int64 grid), and AdamW. C11; DLPack tensors; bx_
  * names; bx_status errors with bx_last_error() as in bitexact.h (the
  * conventions listed there hold here too unless a comment says otherwise).
  *
@@ -50,6 +50,17 @@
  * head_dim, rotary_dim, grads/ntensors (the gradients a bx_tokred state was
  * created for), tensor (an index into them), s (the state).
  *
+ * Devices. A call runs on the host unless its tensors say otherwise:
+ * when every tensor of a call is a kDLCUDA tensor of one device, the calls
+ * that have a CUDA kernel (docs/cuda.md lists them) run it there, with the
+ * host's bits; the others fail with BX_EDEVICE. kDLCUDAManaged tensors
+ * (managed memory, e.g. from bx_train_alloc) are host-readable: a call
+ * whose tensors are all managed (or CUDA) runs its CUDA kernel when the
+ * build has the CUDA backend and a device is usable, and on the host
+ * otherwise; the bits are the same either way. Device calls run on the
+ * legacy default stream and wait for their kernels. A call mixing host and
+ * CUDA tensors fails with BX_EDEVICE naming its first CUDA tensor.
+ *
  * Experimental. A header's calls that no bitexact model uses (the GLM-4.5
  * module src/glm, `bitexact train`, the Python model path) sit in its
  * closing "Experimental" section (all but bitexact_train_gemm.h have one).
@@ -66,5 +77,25 @@
 #include "bitexact_train_tokred.h"
 #include "bitexact_train_moe.h"
 #include "bitexact_train_layers.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Memory for training tensors, zeroed, aligned to 64 bytes, at least 1
+ * byte: device.device_type kDLCPU (host memory) or kDLCUDAManaged (CUDA
+ * managed memory, readable and writable by the host and any device; the
+ * calls above run their CUDA kernels on tensors in it: see Devices). *ptr
+ * is owned by the caller and given back with bx_train_free(device, *ptr)
+ * of the same device (which waits for the device's work first). Errors:
+ * BX_EDEVICE (another device type; managed memory in a build without the
+ * CUDA backend or with no usable device), BX_ENOMEM; *ptr is then NULL.
+ * Thread-safe. */
+BX_API bx_status bx_train_alloc(DLDevice device, size_t bytes, void **ptr);
+BX_API void bx_train_free(DLDevice device, void *ptr);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* BITEXACT_TRAIN_H */

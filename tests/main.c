@@ -140,6 +140,8 @@ static const test_entry TESTS[] = {
     {"train_cuda_sim_rope", test_train_cuda_sim_rope},
     {"train_cuda_sim_gemm", test_train_cuda_sim_gemm},
     {"train_cuda_dispatch", test_train_cuda_dispatch},
+    {"train_alloc", test_train_alloc},
+    {"train_device_sim", test_train_device_sim},
     /* the block drivers and micro-kernels (test_kernels.c) */
     {"kernels_driver_paths", test_kernels_driver_paths},
     {"kernels_special_near_block_ends", test_kernels_special_near_block_ends},

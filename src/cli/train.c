@@ -61,6 +61,7 @@ typedef struct tr_args {
   bx_lr_schedule sched;
   int64_t warmup_steps, save_every, eval_every, eval_batches;
   int ordinary, shuffle, dry_run, bf16, no_history;
+  int device;                /* --device: -1 cpu, N >= 0 cuda:N (the model in managed memory) */
   int have_seq_len;
   cli_opts common;
 } tr_args;
@@ -96,7 +97,7 @@ static const char usage[] =
     "[--lr-scheduler constant|linear|cosine|constant_with_warmup] [--warmup-steps W] [--min-lr X] "
     "[--adam-beta1 X] [--adam-beta2 X] [--adam-epsilon X] "
     "[--weight-decay X] [--clip X] [--mode invariant|ordinary] [--compute-dtype fp32|bf16] "
-    "[--grid-history on|off] "
+    "[--grid-history on|off] [--device cpu|cuda[:N]] "
     "[--record FILE.jsonl] "
     "[--save DIR] [--save-max-shard-size SIZE] [--save-every K] [--resume DIR] [--init-from DIR] "
     "[--shuffle] [--dump-grads FILE] [--trace FILE [--dump KEY]] "
@@ -144,6 +145,7 @@ static int parse_args(int argc, char **argv, tr_args *a) {
   a->eps = ao.eps;
   a->sched = BX_LR_CONSTANT;
   a->common.progress = -1;
+  a->device = -1;
   for (int i = 1; i < argc; i++) {
     const char *f = argv[i];
     int c = cli_common_opt(argc, argv, &i, &a->common);
@@ -164,7 +166,7 @@ static int parse_args(int argc, char **argv, tr_args *a) {
         "--save", "--resume", "--dump-grads", "--lr-scheduler", "--warmup-steps", "--min-lr",
         "--adam-beta1", "--adam-beta2", "--adam-epsilon", "--save-every", "--eval-data",
         "--eval-every", "--eval-batches", "--init-from", "--save-max-shard-size", "--trace",
-        "--dump"};
+        "--dump", "--device"};
     int known = 0;
     for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++) known |= strcmp(f, valued[k]) == 0;
     if (!known) {
@@ -260,6 +262,18 @@ static int parse_args(int argc, char **argv, tr_args *a) {
       else if (strcmp(v, "off") == 0) a->no_history = 1;
       else {
         TERR("train: --grid-history: '%s' is not on or off", v);
+        return -1;
+      }
+    } else if (strcmp(f, "--device") == 0) {
+      char *end = NULL;
+      long n = 0;
+      if (strcmp(v, "cpu") == 0) a->device = -1;
+      else if (strcmp(v, "cuda") == 0) a->device = 0;
+      else if (strncmp(v, "cuda:", 5) == 0 && v[5] >= '0' && v[5] <= '9' &&
+               (n = strtol(v + 5, &end, 10)) >= 0 && n < 1024 && !*end)
+        a->device = (int)n;
+      else {
+        TERR("train: --device: '%s' is not cpu, cuda or cuda:N", v);
         return -1;
       }
     } else if (strcmp(f, "--compute-dtype") == 0) {
@@ -460,11 +474,11 @@ static int check_resume(const tr_args *a, const tc_state *st, const td_data *d) 
   return 0;
 }
 
-static DLTensor view(float *p, const tr_param *q) {
+static DLTensor view(float *p, const tr_param *q, DLDevice dev) {
   DLTensor t;
   memset(&t, 0, sizeof t);
   t.data = p;
-  t.device.device_type = kDLCPU;
+  t.device = dev;
   t.ndim = q->ndim;
   t.dtype.code = kDLFloat;
   t.dtype.bits = 32;
@@ -767,7 +781,7 @@ static int run_step(tr_run *r, int64_t s, long *rec_pos) {
     size_t ng = 0;
     for (size_t i = 0; i < r->nparams; i++)
       if (r->params[i].group >= 0 && holds(r, &r->params[i]))
-        r->grads[ng++] = view(r->params[i].grad, &r->params[i]);
+        r->grads[ng++] = view(r->params[i].grad, &r->params[i], tr_model_device(r->model));
     st = bx_scale(r->grads, ng, coef, &so);
   }
   if (st != BX_OK)
@@ -780,11 +794,12 @@ static int run_step(tr_run *r, int64_t s, long *rec_pos) {
   ao.eps = a->eps;
   ao.weight_decay = a->weight_decay;
   ao.num_threads = ro.threads;
+  const DLDevice dev = tr_model_device(r->model);
   for (size_t i = 0; i < r->nparams && !r->lvl; i++) {
     tr_param *q = &r->params[i];
     if (q->group < 0 || !holds(r, q)) continue; /* another rank's expert */
-    DLTensor p = view(q->data, q), gt = view(q->grad, q), m = view(q->exp_avg, q),
-             v = view(q->exp_avg_sq, q);
+    DLTensor p = view(q->data, q, dev), gt = view(q->grad, q, dev), m = view(q->exp_avg, q, dev),
+             v = view(q->exp_avg_sq, q, dev);
     st = bx_adamw_step(&p, &gt, &m, &v, s + 1, &ao);
     if (st != BX_OK)
       step_fail(r, 2, "step %lld: AdamW on %s: %s: %s", (long long)s, q->name, bx_status_str(st),
@@ -1047,6 +1062,10 @@ static int startup_local(tr_run *r, int argc, char **argv) {
 static int startup_build(tr_run *r) {
   tr_args *a = &r->a;
   char err[512];
+  if (a->device >= 0 && tr_model_use_device(a->device, err, sizeof err)) {
+    TERR("train: --device cuda:%d: %s", a->device, err);
+    return -1;
+  }
   if (tr_model_create(&r->cfg, a->seed, &r->model, err, sizeof err)) {
     TERR("train: building the model: %s", err);
     return -1;
@@ -1107,7 +1126,7 @@ static int startup_build(tr_run *r) {
      * expert's by replica (i mod P/E) of the ranks that hold it */
     int64_t E = r->ep.size, who = q->group == TR_GROUP_DENSE ? (int64_t)(i % (size_t)r->P)
                                                              : (int64_t)(i % (size_t)(r->P / E)) * E + r->ep.rank;
-    if (holds(r, q) && who == r->rank) r->owned[q->group][r->nowned[q->group]++] = view(q->grad, q);
+    if (holds(r, q) && who == r->rank) r->owned[q->group][r->nowned[q->group]++] = view(q->grad, q, tr_model_device(r->model));
   }
   int bad = 0;
   if (a->record && r->rank == 0) {
@@ -1353,6 +1372,7 @@ int cmd_train(int argc, char **argv) {
   }
   tt_close(r.trace); /* a failed run: the steps traced so far stay */
   if (r.model) tr_model_destroy(r.model);
+  tr_model_use_device(-1, NULL, 0);
   td_close(&r.data);
   td_close(&r.eval);
   free(r.eval_tokens);

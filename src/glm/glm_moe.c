@@ -38,20 +38,24 @@ struct glm_ep_scratch {
 
 void glm_ep_layer_free(glm_ep_layer *l) {
   if (!l) return;
-  free(l->xr), free(l->gr), free(l->ur), free(l->hr), free(l->order), free(l->tok), free(l->off);
+  glm_mem_free(l->xr), glm_mem_free(l->gr), glm_mem_free(l->ur), glm_mem_free(l->hr);
+  glm_mem_free(l->order), glm_mem_free(l->tok), free(l->off);
   free(l->sc), free(l->rc);
   free(l);
 }
 
 void glm_ep_scratch_free(glm_ep_scratch *s) {
   if (!s) return;
-  free(s->rbuf), free(s->sbuf), free(s->dr), free(s->dyr), free(s->dhr), free(s->dgr), free(s->dur);
-  free(s->rmeta), free(s->eid), free(s->tin), free(s->smeta), free(s->bounds), free(s->sb), free(s->rb);
+  glm_mem_free(s->rbuf), glm_mem_free(s->sbuf), glm_mem_free(s->dr), glm_mem_free(s->dyr);
+  glm_mem_free(s->dhr), glm_mem_free(s->dgr), glm_mem_free(s->dur), glm_mem_free(s->rmeta);
+  glm_mem_free(s->eid), glm_mem_free(s->tin), glm_mem_free(s->smeta), glm_mem_free(s->bounds);
+  free(s->sb), free(s->rb);
   free(s);
 }
 
+/* The model's buffers (glm_mem: device-reachable under --device cuda). */
 static int grow(void **p, int64_t n, size_t elem) {
-  void *q = realloc(*p, (size_t)(n > 0 ? n : 1) * elem);
+  void *q = glm_mem_realloc(*p, (size_t)(n > 0 ? n : 1) * elem);
   if (!q) return -1;
   *p = q;
   return 0;

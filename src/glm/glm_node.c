@@ -19,6 +19,65 @@
 
 #include "glm_node.h"
 
+/* ---- memory ------------------------------------------------------------------------------ */
+
+static _Thread_local int g_managed, g_device;
+
+int glm_mem_use(int managed, int device, char *err, size_t errlen) {
+  if (managed) { /* one probe allocation: the backend and a device are there */
+    void *p;
+    DLDevice d = {kDLCUDAManaged, device};
+    bx_status st = bx_train_alloc(d, 1, &p);
+    if (st != BX_OK) {
+      snprintf(err, errlen, "%s", bx_last_error());
+      return -1;
+    }
+    bx_train_free(d, p);
+  }
+  g_managed = managed != 0;
+  g_device = managed ? device : 0;
+  return 0;
+}
+
+DLDevice glm_mem_device(void) {
+  DLDevice d = {g_managed ? kDLCUDAManaged : kDLCPU, g_device};
+  return d;
+}
+
+/* A block: a 64-byte header (its size and memory), then the bytes. */
+typedef struct glm_mem_head {
+  size_t bytes;
+  DLDevice device;
+} glm_mem_head;
+#define GLM_MEM_HEAD 64
+
+void *glm_mem_alloc(size_t bytes) {
+  if (bytes > SIZE_MAX - GLM_MEM_HEAD) return NULL;
+  DLDevice d = glm_mem_device();
+  void *b;
+  if (bx_train_alloc(d, bytes + GLM_MEM_HEAD, &b) != BX_OK) return NULL;
+  glm_mem_head *h = b;
+  h->bytes = bytes;
+  h->device = d;
+  return (char *)b + GLM_MEM_HEAD;
+}
+
+void *glm_mem_realloc(void *p, size_t bytes) {
+  if (!p) return glm_mem_alloc(bytes);
+  const glm_mem_head *h = (const glm_mem_head *)((char *)p - GLM_MEM_HEAD);
+  void *q = glm_mem_alloc(bytes);
+  if (!q) return NULL;
+  memcpy(q, p, h->bytes < bytes ? h->bytes : bytes);
+  glm_mem_free(p);
+  return q;
+}
+
+void glm_mem_free(void *p) {
+  if (!p) return;
+  glm_mem_head *h = (glm_mem_head *)((char *)p - GLM_MEM_HEAD);
+  bx_train_free(h->device, h);
+}
+
 /* ---- views, status ---------------------------------------------------------------------- */
 
 static DLTensor *view_init(glm_view *v, const void *p, uint8_t code, uint8_t bits, int ndim,
@@ -28,7 +87,7 @@ static DLTensor *view_init(glm_view *v, const void *p, uint8_t code, uint8_t bit
   v->shape[1] = d1;
   v->shape[2] = d2;
   v->t.data = (void *)p;
-  v->t.device.device_type = kDLCPU;
+  v->t.device = glm_mem_device();
   v->t.ndim = ndim;
   v->t.dtype.code = code;
   v->t.dtype.bits = bits;
@@ -162,7 +221,7 @@ void glm_bf16_convert(const float *x, uint16_t *y, int64_t n, int threads) {
 
 uint16_t *glm_bfws_get(glm_bfws *ws, int slot, int64_t n) {
   if (n > ws->cap[slot] || !ws->p[slot]) {
-    uint16_t *q = realloc(ws->p[slot], (size_t)(n > 0 ? n : 1) * sizeof *q);
+    uint16_t *q = glm_mem_realloc(ws->p[slot], (size_t)(n > 0 ? n : 1) * sizeof *q);
     if (!q) return NULL;
     ws->p[slot] = q;
     ws->cap[slot] = n > 0 ? n : 1;
@@ -172,7 +231,7 @@ uint16_t *glm_bfws_get(glm_bfws *ws, int slot, int64_t n) {
 
 void glm_bfws_free(glm_bfws *ws) {
   for (int i = 0; i < 2; i++) {
-    free(ws->p[i]);
+    glm_mem_free(ws->p[i]);
     ws->p[i] = NULL;
     ws->cap[i] = 0;
   }

@@ -28,6 +28,29 @@
 
 #include "bitexact_train.h"
 
+/* ---- memory ----------------------------------------------------------------------------- */
+
+/* Where this thread's model buffers live (`bitexact train --device`):
+ * host memory (the default), or CUDA managed memory of device `device`
+ * (bx_train_alloc's kDLCUDAManaged), whose kernels then run on the device
+ * (bitexact_train.h, Devices). Set before a model is created and kept
+ * until it is destroyed: glm_mem_alloc uses it, and every view glm_f32 /
+ * glm_i64 / glm_i32 / glm_bf16 makes is tagged with it, so every buffer a
+ * view covers must come from glm_mem_alloc. glm_mem_use returns 0, or -1
+ * with err when managed memory is not available (no CUDA backend, no
+ * device). */
+int glm_mem_use(int managed, int device, char *err, size_t errlen);
+/* This thread's setting as a DLPack device (kDLCPU, or kDLCUDAManaged). */
+DLDevice glm_mem_device(void);
+/* bytes (>= 0) zeroed, 64-byte aligned, in this thread's memory; NULL when
+ * out of memory. glm_mem_realloc keeps the first min(old, new) bytes (new
+ * ones zeroed; p NULL: glm_mem_alloc); glm_mem_free(NULL) does nothing.
+ * A block remembers its memory, so it is freed rightly whatever the
+ * thread's setting is then. */
+void *glm_mem_alloc(size_t bytes);
+void *glm_mem_realloc(void *p, size_t bytes);
+void glm_mem_free(void *p);
+
 /* ---- views ------------------------------------------------------------------------------ */
 
 typedef struct glm_view {

@@ -41,7 +41,7 @@ int tr_bf16_weights(tr_model *m, int threads) {
   for (size_t i = 0; i < m->nparams; i++) {
     tr_param *p = &m->p[i];
     if (p->ndim != 2 || (int64_t)i == m->embed || is_router(m, (int64_t)i)) continue;
-    if (!p->bf && !(p->bf = malloc((size_t)p->numel * sizeof *p->bf))) return -1;
+    if (!p->bf && !(p->bf = glm_mem_alloc((size_t)p->numel * sizeof *p->bf))) return -1;
     glm_bf16_convert(p->data, p->bf, p->numel, threads);
   }
   return 0;

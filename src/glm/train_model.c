@@ -169,6 +169,7 @@ int tr_model_create(const tr_config *c, uint64_t seed, tr_model **out, char *err
   plist l = {0};
   if (!m) goto oom;
   m->c = *c;
+  m->device = glm_mem_device();
   m->rotary_dim = (int64_t)((double)c->head_dim * c->partial_rotary_factor);
   m->qdim = c->num_attention_heads * c->head_dim;
   m->kvdim = c->num_key_value_heads * c->head_dim;
@@ -205,12 +206,12 @@ int tr_model_create(const tr_config *c, uint64_t seed, tr_model **out, char *err
   float std = (float)c->initializer_range;
   for (size_t i = 0; i < m->nall; i++) {
     tr_param *p = &m->p[i];
-    p->data = calloc((size_t)p->numel, sizeof(float));
+    p->data = glm_mem_alloc((size_t)p->numel * sizeof(float));
     if (!p->data) goto oom;
     if (i < m->nparams) {
-      p->grad = calloc((size_t)p->numel, sizeof(float));
-      p->exp_avg = calloc((size_t)p->numel, sizeof(float));
-      p->exp_avg_sq = calloc((size_t)p->numel, sizeof(float));
+      p->grad = glm_mem_alloc((size_t)p->numel * sizeof(float));
+      p->exp_avg = glm_mem_alloc((size_t)p->numel * sizeof(float));
+      p->exp_avg_sq = glm_mem_alloc((size_t)p->numel * sizeof(float));
       if (!p->grad || !p->exp_avg || !p->exp_avg_sq) goto oom;
       glm_view v;
       m->grad_t[i] = *glm_f32(&v, p->grad, p->ndim, p->shape[0], p->shape[1], 0);
@@ -236,11 +237,11 @@ oom:
 void tr_model_destroy(tr_model *m) {
   if (!m) return;
   for (size_t i = 0; m->p && i < m->nall; i++) {
-    free(m->p[i].data);
-    free(m->p[i].grad);
-    free(m->p[i].exp_avg);
-    free(m->p[i].exp_avg_sq);
-    free(m->p[i].bf);
+    glm_mem_free(m->p[i].data);
+    glm_mem_free(m->p[i].grad);
+    glm_mem_free(m->p[i].exp_avg);
+    glm_mem_free(m->p[i].exp_avg_sq);
+    glm_mem_free(m->p[i].bf);
   }
   glm_bfws_free(&m->ws);
   free(m->p);
@@ -283,6 +284,14 @@ int tr_model_set_history(tr_model *m, const int *hist, size_t n, char *err, size
 
 int tr_model_last_passes(const tr_model *m) { return m->last_passes; }
 
+int tr_model_use_device(int device, char *err, size_t errlen) {
+  char none[8];
+  if (!err) err = none, errlen = sizeof none;
+  return glm_mem_use(device >= 0, device >= 0 ? device : 0, err, errlen);
+}
+
+DLDevice tr_model_device(const tr_model *m) { return m->device; }
+
 size_t tr_model_params(tr_model *m, tr_param **params) {
   if (params) *params = m ? m->p : NULL;
   return m ? m->nall : 0;
@@ -301,7 +310,7 @@ static void *wal(tr_work *w, int64_t n, size_t elem) {
     w->allocs = na;
     w->cap = cap;
   }
-  void *p = calloc((size_t)(n > 0 ? n : 1), elem);
+  void *p = glm_mem_alloc((size_t)(n > 0 ? n : 1) * elem);
   if (p) w->allocs[w->nallocs++] = p;
   else w->oom = 1;
   return p;
@@ -313,7 +322,7 @@ void tr_work_free(tr_work *w) {
   for (int64_t l = 0; w->epl && l < w->nlayers; l++) glm_ep_layer_free(w->epl[l]);
   free(w->epl);
   free(w->elin);
-  for (size_t i = 0; i < w->nallocs; i++) free(w->allocs[i]);
+  for (size_t i = 0; i < w->nallocs; i++) glm_mem_free(w->allocs[i]);
   free(w->allocs);
   free(w->act);
   free(w);

@@ -90,6 +90,20 @@ const int *tr_model_history(const tr_model *m, size_t *n);
 int tr_model_set_history(tr_model *m, const int *hist, size_t n, char *err, size_t errlen);
 int tr_model_last_passes(const tr_model *m);
 
+/* Where the models this thread creates from now on keep their buffers
+ * (`bitexact train --device`): device >= 0 in CUDA managed memory of that
+ * device, their kernels run there where the call has a CUDA kernel
+ * (bitexact_train.h, Devices; docs/cuda.md), the same bits as the host;
+ * -1 host memory (the default). Set it before tr_model_create and keep it
+ * until tr_model_destroy. 0, or -1 with err (err may be NULL with
+ * device -1) when managed memory is not available: no CUDA backend in
+ * this build, no usable device. */
+int tr_model_use_device(int device, char *err, size_t errlen);
+
+/* The DLPack device of m's parameters, gradients and moments (kDLCPU, or
+ * kDLCUDAManaged with the device id): what a view of them says. */
+DLDevice tr_model_device(const tr_model *m);
+
 /* Builds the model of c with every parameter initialised from (seed,
  * parameter index, element index) only: normal(0, initializer_range)
  * weights as transformers' _init_weights, ones for RMSNorm gains, zeros

@@ -92,6 +92,7 @@ typedef struct tr_work {
 
 struct tr_model {
   tr_config c;
+  DLDevice device;                  /* where its buffers are (glm_mem's setting at creation) */
   glm_bfws ws;                      /* bf16 operand workspaces (glm_gemm) */
   int64_t rotary_dim, qdim, kvdim, shared_inter;
   size_t nparams;                   /* trainable */

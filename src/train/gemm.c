@@ -24,6 +24,7 @@
 #include "nan_canon.h"
 #include "pool.h"
 #include "tensor.h"
+#include "train_check.h"
 #include "train_device.h"
 #include "workspace.h"
 
@@ -41,8 +42,9 @@ bx_status bx_gemm_check_operand(const char *fn, const char *name, const DLTensor
 bx_status bx_gemm_check_operand_in(const char *fn, const char *name, const DLTensor *t,
                                    int max_ndim, int c_dtype, int cuda_device, gemm_operand *o) {
   if (!t) return bx_fail(BX_EINVAL, "%s: tensor %s is NULL", fn, name);
-  if (cuda_device >= 0) {
-    if (t->device.device_type != kDLCUDA || t->device.device_id != cuda_device)
+  if (cuda_device >= 0) { /* managed memory: any device reads it */
+    if (t->device.device_type != kDLCUDAManaged &&
+        (t->device.device_type != kDLCUDA || t->device.device_id != cuda_device))
       return bx_fail(BX_EDEVICE, "%s: tensor %s is on device type %d id %d, not CUDA device %d "
                      "like the call's other tensors", fn, name, (int)t->device.device_type,
                      (int)t->device.device_id, cuda_device);
@@ -440,14 +442,18 @@ static bx_status gemm_impl(const char *fn, const DLTensor *a, const DLTensor *b,
                    (int)layout);
   gemm_operand A, B, C;
   int tn = layout == BX_GEMM_TN;
-  /* every operand a CUDA tensor: the device's kernel (gemm_hd.h's chains) */
-  int dev = a && b && c && a->device.device_type == kDLCUDA && b->device.device_type == kDLCUDA &&
-                    c->device.device_type == kDLCUDA
-                ? a->device.device_id
-                : -1;
-  if (dev >= 0 && (epi || (blk && blk->chunk)))
-    return bx_fail(BX_EDEVICE, "%s: chunked or fused products are host-only; CUDA tensors go "
-                   "through bx_gemm", fn);
+  /* every operand a CUDA (or managed) tensor: the device's kernel (gemm_hd.h's chains) */
+  const DLTensor *ts[3] = {a, b, c};
+  bx_tc_place pl = {0, 0};
+  if (a && b && c) pl = bx_tc_place_of(ts, 3);
+  if (pl.cuda && (epi || (blk && blk->chunk))) {
+    if (a->device.device_type == kDLCUDA || b->device.device_type == kDLCUDA ||
+        c->device.device_type == kDLCUDA)
+      return bx_fail(BX_EDEVICE, "%s: chunked or fused products are host-only; CUDA tensors go "
+                     "through bx_gemm", fn);
+    pl.cuda = 0; /* managed operands: the host's chunked product reads them */
+  }
+  int dev = pl.cuda ? pl.device : -1;
   bx_status st = bx_gemm_check_operand_in(fn, "a", a, 3, 0, dev, &A);
   if (st == BX_OK) st = bx_gemm_check_operand_in(fn, "b", b, tn ? 3 : 2, 0, dev, &B);
   if (st == BX_OK) st = bx_gemm_check_operand_in(fn, "c", c, tn ? 2 : 3, 1, dev, &C);

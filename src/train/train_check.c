@@ -10,6 +10,7 @@
 #include "error.h"
 #include "pool.h"
 #include "train_check.h"
+#include "train_device.h"
 
 static int host_readable(DLDeviceType dev) {
   return dev == kDLCPU || dev == kDLCUDAHost || dev == kDLCUDAManaged || dev == kDLROCMHost;
@@ -45,13 +46,20 @@ static const char *dtypes_text(unsigned m) {
 
 bx_tc_place bx_tc_place_of(const DLTensor *const *ts, size_t count) {
   bx_tc_place pl = {0, 0};
-  size_t seen = 0;
+  size_t cuda = 0, managed = 0;
   for (size_t i = 0; i < count; i++) {
     if (!ts[i]) continue;
-    if (ts[i]->device.device_type != kDLCUDA) return pl;
-    if (!seen++) pl.device = ts[i]->device.device_id;
+    int type = ts[i]->device.device_type;
+    if (type == kDLCUDA) {
+      if (!cuda++) pl.device = ts[i]->device.device_id;
+    } else if (type == kDLCUDAManaged) {
+      if (!cuda && !managed) pl.device = ts[i]->device.device_id;
+      managed++;
+    } else
+      return pl; /* host memory (or another device): the host path's checks decide */
   }
-  pl.cuda = seen > 0;
+  /* managed memory is host-readable: the device only where it can run */
+  pl.cuda = cuda > 0 || (managed > 0 && bx_train_managed_on_device());
   return pl;
 }
 
@@ -76,7 +84,8 @@ bx_status bx_tc_check_in(const bx_tc_place *pl, const char *fn, size_t index, co
   out->inplace = -1;
   if (!t) FAIL(BX_EINVAL, "%s: tensor %zu (%s) is NULL", fn, index, name);
   if (pl && pl->cuda) {
-    if (t->device.device_type != kDLCUDA || t->device.device_id != pl->device)
+    int managed = t->device.device_type == kDLCUDAManaged; /* any device reads it */
+    if (!managed && (t->device.device_type != kDLCUDA || t->device.device_id != pl->device))
       FAIL(BX_EDEVICE, "%s: tensor %zu (%s) is on device type %d id %d, not CUDA device %d like "
            "the call's other tensors", fn, index, name, (int)t->device.device_type,
            (int)t->device.device_id, pl->device);

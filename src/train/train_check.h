@@ -65,9 +65,12 @@ bx_status bx_tc_check(const char *fn, size_t index, const char *name, const DLTe
                       int writable, bx_tc_tensor *out);
 
 /* Where a layer call runs. cuda: every tensor of the call is a kDLCUDA
- * tensor (then of device `device`, the first one's); otherwise the host
- * path, whose checks refuse any tensor not in host memory (so a mixed call
- * names its first device tensor, as before the device path existed). */
+ * tensor (then of device `device`, the first one's), or a kDLCUDA or
+ * kDLCUDAManaged tensor with at least one managed one and managed calls
+ * run on the device (bx_train_managed_on_device; `device` the first CUDA
+ * tensor's, else the first managed one's); otherwise the host path, whose
+ * checks refuse any tensor not in host memory (so a mixed call names its
+ * first device tensor, as before the device path existed). */
 typedef struct bx_tc_place {
   int cuda;
   int device;
@@ -77,7 +80,8 @@ typedef struct bx_tc_place {
 bx_tc_place bx_tc_place_of(const DLTensor *const *ts, size_t count);
 
 /* bx_tc_check for a call at place pl (NULL: the host): on the CUDA path a
- * tensor must be kDLCUDA on pl->device (BX_EDEVICE naming it otherwise);
+ * tensor must be kDLCUDA on pl->device or kDLCUDAManaged (BX_EDEVICE
+ * naming it otherwise);
  * every other check is the same. */
 bx_status bx_tc_check_in(const bx_tc_place *pl, const char *fn, size_t index, const char *name,
                          const DLTensor *t, unsigned dtypes, int min_ndim, int max_ndim,

@@ -66,10 +66,45 @@ typedef struct bx_train_device {
   /* bytes from device memory to the host (the checks of device data that
    * decide an error: RoPE's positions). */
   bx_status (*to_host)(const char *fn, int device, void *dst, const void *src, size_t bytes);
+  /* Managed (unified) memory for kDLCUDAManaged tensors: bytes (> 0) readable
+   * and writable by the host and the device, zeroed, aligned to 64 bytes;
+   * BX_ENOMEM / BX_EDEVICE naming fn. free_managed(NULL) does nothing; it
+   * waits for the device's work (the model frees only between steps). */
+  bx_status (*alloc_managed)(const char *fn, size_t bytes, void **ptr);
+  void (*free_managed)(void *ptr);
+  /* BX_OK when a device can run this backend's kernels now (a CUDA device
+   * is present and the driver loads), else BX_EDEVICE with the reason. */
+  bx_status (*usable)(const char *fn);
 } bx_train_device;
 
-/* The CUDA backend's table, or NULL in a build without it. */
+/* The CUDA backend's table, or NULL in a build without it; the host
+ * simulation's (src/hostsim) instead when the test hook selects it
+ * (bx_train_device_use_sim, or BITEXACT_TEST_DEVICE=sim in the
+ * environment when first asked). */
 const bx_train_device *bx_train_device_cuda(void);
+
+/* The host simulation of the device backend (src/hostsim/train_sim.c): the
+ * launchers' grids run on the calling thread over train_grid.h's bodies, in
+ * memory from its alloc_managed, and every device pointer a launcher gets
+ * is checked to lie in one such allocation (BX_EDEVICE naming fn and the
+ * argument otherwise: what a GPU would fault on). Tests only: with it,
+ * kDLCUDA and kDLCUDAManaged calls run on the host. */
+extern const bx_train_device bx_hostsim_train;
+
+/* Test hook: on != 0 selects the host simulation for every later call of
+ * the process, 0 the build's own backend again. Not thread-safe against
+ * calls in flight. */
+void bx_train_device_use_sim(int on);
+
+/* 1 under BITEXACT_TEST_DEVICE=sim-plant: the simulated GEMM moves its first
+ * output one unit in the last place (a negative control: a run that reaches
+ * the device path must then differ from the host's). */
+int bx_train_device_sim_plant(void);
+
+/* 1 when calls whose tensors are all kDLCUDAManaged (or kDLCUDA) memory run
+ * on the device: the backend exists and says it is usable (asked once per
+ * backend selection); 0: they run on the host, which reads managed memory. */
+int bx_train_managed_on_device(void);
 
 /* The same for a call whose tensors are all CUDA tensors: BX_EDEVICE
  * naming fn when this build has no CUDA backend. */

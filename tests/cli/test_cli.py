@@ -37,6 +37,7 @@ import cases_golden  # noqa: E402,F401
 import cases_trace  # noqa: E402,F401
 import cases_faults  # noqa: E402,F401
 import cases_restart  # noqa: E402,F401
+import cases_device  # noqa: E402,F401
 
 
 # ------------------------------------------------------------- runner

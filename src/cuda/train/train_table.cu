@@ -2,6 +2,8 @@
  * train_table.cu — the CUDA backend of the training kernels
  * (train_device.h), registered in src/train/train_devices.c.
  */
+#include <string.h>
+
 #include "train_cuda.h"
 
 static bx_status to_host(const char *fn, int device, void *dst, const void *src, size_t bytes) {
@@ -12,6 +14,32 @@ static bx_status to_host(const char *fn, int device, void *dst, const void *src,
   return BX_OK;
 }
 
+/* Managed memory: cudaMallocManaged (256-byte aligned), zeroed on the host
+ * (first touch there; the kernels migrate what they read). */
+static bx_status alloc_managed(const char *fn, size_t bytes, void **ptr) {
+  cudaError_t pending = cudaPeekAtLastError();
+  void *p = NULL;
+  cudaError_t e = cudaMallocManaged(&p, bytes, cudaMemAttachGlobal);
+  if (e != cudaSuccess) return bx_cu_fail(fn, "allocating managed memory", e, pending);
+  memset(p, 0, bytes);
+  *ptr = p;
+  return BX_OK;
+}
+
+static void free_managed(void *ptr) {
+  if (ptr) (void)cudaFree(ptr);
+}
+
+static bx_status usable(const char *fn) {
+  cudaError_t pending = cudaPeekAtLastError();
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) return bx_cu_fail(fn, "finding a CUDA device", e, pending);
+  if (n < 1) return bx_fail(BX_EDEVICE, "%s: no CUDA device", fn);
+  return BX_OK;
+}
+
 extern "C" const bx_train_device bx_cuda_train = {
     "cuda",         bx_cut_swiglu_fwd, bx_cut_swiglu_bwd, bx_cut_adamw, bx_cut_rmsnorm_fwd,
-    bx_cut_rmsnorm_bwd, bx_cut_rope,   bx_cut_gemm,       to_host};
+    bx_cut_rmsnorm_bwd, bx_cut_rope,   bx_cut_gemm,       to_host,      alloc_managed,
+    free_managed,   usable};
