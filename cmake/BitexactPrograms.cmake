@@ -162,6 +162,11 @@ if(BX_HAVE_CUDA AND BX_HAVE_TESTS)
              LIBS CUDA::cudart_static INTERNAL)
   target_include_directories(bx_bench_cuda PRIVATE "${PROJECT_SOURCE_DIR}/bench/cuda")
   target_include_directories(bx_bench_cuda SYSTEM PRIVATE ${CUDAToolkit_INCLUDE_DIRS})
+  # the training GEMM on the GPU against the host (scripts/gpu_train_check.sh)
+  bx_program(bx_bench_train_gemm bench/cuda/bench_train_gemm
+             SOURCES "${PROJECT_SOURCE_DIR}/bench/cuda/bench_train_gemm.c"
+             LIBS CUDA::cudart_static INTERNAL)
+  target_include_directories(bx_bench_train_gemm SYSTEM PRIVATE ${CUDAToolkit_INCLUDE_DIRS})
 endif()
 
 # ---- the exported-symbol check (tests/abi/check_exports.py) --------------------

@@ -142,6 +142,7 @@ static const test_entry TESTS[] = {
     {"train_cuda_dispatch", test_train_cuda_dispatch},
     {"train_alloc", test_train_alloc},
     {"train_device_sim", test_train_device_sim},
+    {"train_device_sweep", test_train_device_sweep},
     /* the block drivers and micro-kernels (test_kernels.c) */
     {"kernels_driver_paths", test_kernels_driver_paths},
     {"kernels_special_near_block_ends", test_kernels_special_near_block_ends},

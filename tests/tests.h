@@ -113,6 +113,8 @@ void test_train_cuda_dispatch(void);
 /* test_train_device.c */
 void test_train_alloc(void);
 void test_train_device_sim(void);
+/* test_train_device_sweep.c */
+void test_train_device_sweep(void);
 /* test_cuda_sim.c */
 void test_cuda_sim_squares(void);
 void test_cuda_sim_abs(void);

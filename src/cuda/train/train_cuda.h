@@ -12,10 +12,18 @@
 #include "train_device.h"
 #include "train_grid.h"
 
+/* The test hook of the launch geometry (scripts/gpu_train_check.sh's
+ * invariance step): BITEXACT_TEST_CUDA_BLOCKS=N caps the grid-stride
+ * kernels at N blocks (read once; 0 or unset: no cap). The bits may not
+ * change with it. */
+unsigned bx_cut_max_blocks(void);
+
 /* One block of BX_TG_BLOCK threads per BX_TG_BLOCK work items, at most
  * BX_TG_MAX_BLOCKS blocks (the kernels loop over the rest). */
 static inline cudaError_t bx_cut_launch(const void *kernel, uint64_t items, void **args) {
-  return cudaLaunchKernel(kernel, dim3(bx_tg_blocks(items)), dim3(BX_TG_BLOCK), args, 0, 0);
+  uint32_t blocks = bx_tg_blocks(items), cap = bx_cut_max_blocks();
+  if (cap && blocks > cap) blocks = cap;
+  return cudaLaunchKernel(kernel, dim3(blocks), dim3(BX_TG_BLOCK), args, 0, 0);
 }
 
 /* The end of a launcher: the launches' result e, then the wait for the

@@ -2,9 +2,21 @@
  * train_table.cu — the CUDA backend of the training kernels
  * (train_device.h), registered in src/train/train_devices.c.
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include "train_cuda.h"
+
+static unsigned read_max_blocks() {
+  const char *e = getenv("BITEXACT_TEST_CUDA_BLOCKS");
+  long v = e ? strtol(e, NULL, 10) : 0;
+  return v > 0 && v <= 65535 ? (unsigned)v : 0u;
+}
+
+unsigned bx_cut_max_blocks(void) {
+  static const unsigned cap = read_max_blocks(); /* thread-safe initialisation (C++11) */
+  return cap;
+}
 
 static bx_status to_host(const char *fn, int device, void *dst, const void *src, size_t bytes) {
   cudaError_t pending = cudaPeekAtLastError();
