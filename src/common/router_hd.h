@@ -72,6 +72,7 @@ static inline BX_HD void bx_router_token_f32(const bx_router_cfg *q, const float
     int64_t best = -1;
     for (int64_t g = 0; g < G; g++)
       if (!kept[g] && (best < 0 || bx_router_ahead(gs[g], g, gs[best], best))) best = g;
+    if (best < 0) break; /* never (kg <= G); says so to a compiler that inlines local scratch */
     kept[best] = 1;
   }
   /* masked choice scores: -Inf outside the kept groups (transformers >= 5.12's
