@@ -144,6 +144,7 @@ static const test_entry TESTS[] = {
     {"train_cuda_sim_permute", test_train_cuda_sim_permute},
     {"train_cuda_sim_embedding", test_train_cuda_sim_embedding},
     {"train_cuda_sim_xent", test_train_cuda_sim_xent},
+    {"train_cuda_dispatch_moe", test_train_cuda_dispatch_moe},
     {"train_cuda_dispatch", test_train_cuda_dispatch},
     /* the block drivers and micro-kernels (test_kernels.c) */
     {"kernels_driver_paths", test_kernels_driver_paths},

@@ -349,3 +349,54 @@ void test_train_cuda_sim_xent(void) {
     if (!inplace) free(g_cpu), free(g_sim);
   }
 }
+
+/* ---- the dispatch ------------------------------------------------------------------------ */
+
+/* Every tensor kDLCUDA: the device path of each entry (no GPU here: the
+ * host copy of the ids / logits / targets fails with BX_EDEVICE from the
+ * backend, or "no CUDA backend" without one), the call named, nothing
+ * written; a mixed call names its first device tensor, as before. */
+void test_train_cuda_dispatch_moe(void) {
+  if (bx_cuda_available() == BX_OK) {
+    bxt_skip("a GPU is present: fake device tensors would be dereferenced (tests/cuda runs there)");
+    return;
+  }
+  float lg[8] = {1, 2, 3, 4, 5, 6, 7, 8}, bias[4] = {0}, w[4] = {9, 9, 9, 9};
+  int64_t ids[4] = {0, 1, 2, 3}, sl[2] = {2, 4}, sb[1] = {4}, sk[2] = {2, 2};
+  DLTensor tl = bxt_f32_view(lg, 2, sl), tb = bxt_f32_view(bias, 1, sb),
+           ti = i64_view(ids, 2, sk), tw = bxt_f32_view(w, 2, sk);
+  DLTensor *all[4] = {&tl, &tb, &ti, &tw};
+  for (int i = 0; i < 4; i++) all[i]->device.device_type = kDLCUDA;
+  CHECK_STATUS(bx_moe_router_forward(&tl, &tb, &ti, &tw, 1, NULL, NULL), BX_EDEVICE,
+               "all-CUDA router forward");
+  CHECK(strstr(bx_last_error(), "bx_moe_router_forward") != NULL, "names the call: %s",
+        bx_last_error());
+  CHECK(w[0] == 9.0f && ids[3] == 3, "nothing written");
+  float dl[8] = {7, 7, 7, 7, 7, 7, 7, 7};
+  int64_t sd[2] = {2, 4};
+  DLTensor tdl = bxt_f32_view(dl, 2, sd);
+  tdl.device.device_type = kDLCUDA;
+  CHECK_STATUS(bx_moe_router_backward(&tl, &ti, &tw, &tdl, NULL), BX_EDEVICE,
+               "all-CUDA router backward");
+  CHECK(dl[0] == 7.0f, "nothing written");
+  /* cross-entropy: targets copied first */
+  int64_t y[2] = {0, 1}, sy[1] = {2};
+  float loss[2] = {5, 5};
+  DLTensor ty = i64_view(y, 1, sy), tlo = bxt_f32_view(loss, 1, sy);
+  ty.device.device_type = tlo.device.device_type = kDLCUDA;
+  CHECK_STATUS(bx_xent_forward(&tl, &ty, 1, &tlo, NULL, NULL, NULL), BX_EDEVICE, "all-CUDA xent");
+  CHECK(strstr(bx_last_error(), "bx_xent_forward") != NULL, "names the call: %s",
+        bx_last_error());
+  CHECK(loss[0] == 5.0f, "nothing written");
+  /* embedding: the ids copied first */
+  DLTensor tyy = bxt_f32_view(dl, 2, sd);
+  tyy.device.device_type = kDLCUDA;
+  CHECK_STATUS(bx_embedding_forward(&tl, &ty, &tyy, NULL), BX_EDEVICE, "all-CUDA embedding");
+  CHECK(dl[0] == 7.0f, "nothing written");
+  /* mixed: the host path's message names the first device tensor */
+  tb.device.device_type = kDLCPU;
+  CHECK_STATUS(bx_moe_router_forward(&tl, &tb, &ti, &tw, 1, NULL, NULL), BX_EDEVICE,
+               "mixed router forward");
+  CHECK(strstr(bx_last_error(), "tensor 0 (logits) is on device"), "names tensor 0: %s",
+        bx_last_error());
+}

@@ -114,6 +114,7 @@ void test_train_cuda_sim_router(void);
 void test_train_cuda_sim_permute(void);
 void test_train_cuda_sim_embedding(void);
 void test_train_cuda_sim_xent(void);
+void test_train_cuda_dispatch_moe(void);
 void test_train_cuda_dispatch(void);
 /* test_cuda_sim.c */
 void test_cuda_sim_squares(void);
