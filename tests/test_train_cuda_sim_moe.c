@@ -42,10 +42,12 @@ static void *ids_make(const int64_t *v, size_t n, int i64) {
   return p;
 }
 
+/* A view of an id tensor of int32 (i64 = 0) or int64 elements. */
 static DLTensor ids_view(void *p, int i64, int ndim, int64_t *shape) {
   return bxt_view(p, kDLInt, i64 ? 64 : 32, ndim, shape);
 }
 
+/* A view of an int64 tensor. */
 static DLTensor i64_view(int64_t *p, int ndim, int64_t *shape) {
   return bxt_view(p, kDLInt, 64, ndim, shape);
 }
@@ -70,6 +72,7 @@ static float router_value(bxt_rng *r, int finite) {
 
 /* ---- MoE router --------------------------------------------------------------------- */
 
+/* The launchers' kernels' bodies, as sim_grid calls them. */
 static void body_router_fwd(const void *c, uint64_t i) { bx_tg_router_fwd_token(c, i); }
 static void body_router_count(const void *c, uint64_t i) { bx_tg_router_count(c, i); }
 static void body_router_bwd(const void *c, uint64_t i) { bx_tg_router_bwd_token(c, i); }
@@ -124,7 +127,8 @@ void test_train_cuda_sim_router(void) {
     float *dw = sim_fill(&r, nk, 1);
     for (size_t i = 0; i < n; i++)
       if (!bxt_below(&r, 16)) lg[i] = sim_value(&r);
-    float *dl_cpu = malloc((n ? n : 1) * sizeof(float)), *dl_sim = malloc((n ? n : 1) * sizeof(float));
+    float *dl_cpu = malloc((n ? n : 1) * sizeof(float));
+    float *dl_sim = malloc((n ? n : 1) * sizeof(float));
     memset(dl_cpu, 0x5a, (n ? n : 1) * sizeof(float));
     memset(dl_sim, 0xa5, (n ? n : 1) * sizeof(float));
     DLTensor tdw = bxt_f32_view(dw, 2, sk), tdl = bxt_f32_view(dl_cpu, 2, sl);
@@ -177,7 +181,8 @@ void test_train_cuda_sim_permute(void) {
     int64_t sth[2] = {T, H}, srh[2] = {R, H};
     float *x = sim_fill(&r, nth, 1), *xr = sim_fill(&r, nrh, 1), *w = sim_fill(&r, (size_t)R, 1);
     float *init = sim_fill(&r, nth, 1), *dout = sim_fill(&r, nth, 1);
-    float *a_cpu = sim_fill(&r, nrh > nth ? nrh : nth, 0), *a_sim = sim_fill(&r, nrh > nth ? nrh : nth, 0);
+    size_t nmax = nrh > nth ? nrh : nth; /* the output buffers serve every call */
+    float *a_cpu = sim_fill(&r, nmax, 0), *a_sim = sim_fill(&r, nmax, 0);
     DLTensor tx = bxt_f32_view(x, 2, sth), txr = bxt_f32_view(xr, 2, srh),
              tw = bxt_f32_view(w, 2, sk), ti = bxt_f32_view(init, 2, sth),
              td = bxt_f32_view(dout, 2, sth);
@@ -311,7 +316,8 @@ void test_train_cuda_sim_xent(void) {
       for (size_t i = 0; i < n; i++)
         if (!bxt_below(&r, 8)) z[i] = (float)(int)bxt_below(&r, 3); /* ties of the max */
     float *z_cpu = sim_copy(z, n), *z_sim = sim_copy(z, n);
-    float *g_cpu = inplace ? z_cpu : sim_fill(&r, n, 0), *g_sim = inplace ? z_sim : sim_fill(&r, n, 0);
+    float *g_cpu = inplace ? z_cpu : sim_fill(&r, n, 0);
+    float *g_sim = inplace ? z_sim : sim_fill(&r, n, 0);
     float *l_cpu = sim_fill(&r, (size_t)T, 0), *l_sim = sim_fill(&r, (size_t)T, 0);
     float *p_cpu = sim_fill(&r, (size_t)nch, 0), *p_sim = sim_fill(&r, (size_t)nch, 0);
     int64_t *c_cpu = calloc((size_t)nch + 1, 8), *c_sim = calloc((size_t)nch + 1, 8);

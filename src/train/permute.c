@@ -486,7 +486,8 @@ bx_status bx_moe_unpermute(const DLTensor *y_perm, const DLTensor *weights,
   if (have_i &&
       (st = bx_tc_check_in(&pl, fn, 4, "initial", initial, BX_TC_F32, 2, 2, wth, 0, &ti)) != BX_OK)
     goto done;
-  if ((st = bx_tc_check_in(&pl, fn, 5, "out", out, BX_TC_F32, 2, 2, wth, 1, &to)) != BX_OK) goto done;
+  if ((st = bx_tc_check_in(&pl, fn, 5, "out", out, BX_TC_F32, 2, 2, wth, 1, &to)) != BX_OK)
+    goto done;
   if (ty.dim[0] != tr.dim[0]) {
     st = bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, 0, "%s: tensor 0 (y_perm) has %lld rows, row_map %lld",
                     fn, (long long)ty.dim[0], (long long)tr.dim[0]);
@@ -548,8 +549,8 @@ bx_status bx_moe_unpermute_backward(const DLTensor *dout, const DLTensor *y_perm
   if (have_dy &&
       (st = bx_tc_check_in(&pl, fn, 5, "dy_perm", dy_perm, BX_TC_F32, 2, 2, wdy, 1, &tdy)) != BX_OK)
     goto done;
-  if (have_dw &&
-      (st = bx_tc_check_in(&pl, fn, 6, "dweights", dweights, BX_TC_F32, 2, 2, wdw, 1, &tdw)) != BX_OK)
+  if (have_dw && (st = bx_tc_check_in(&pl, fn, 6, "dweights", dweights, BX_TC_F32, 2, 2, wdw,
+                                       1, &tdw)) != BX_OK)
     goto done;
   if (!have_dy && !have_dw) {
     st = bx_fail(BX_EINVAL, "%s: dy_perm and dweights are both NULL: nothing to compute", fn);

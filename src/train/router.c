@@ -171,14 +171,15 @@ bx_status bx_moe_router_forward(const DLTensor *logits, const DLTensor *bias,
     goto done;
   int64_t T = tl.dim[0], E = tl.dim[1];
   int64_t wb[1] = {E};
-  if ((st = bx_tc_check_in(&pl, fn, 1, "bias", bias, BX_TC_F32, 1, 1, wb, 0, &tb)) != BX_OK) goto done;
+  if ((st = bx_tc_check_in(&pl, fn, 1, "bias", bias, BX_TC_F32, 1, 1, wb, 0, &tb)) != BX_OK)
+    goto done;
   int64_t wi[2] = {T, -1};
   if ((st = bx_tc_check_in(&pl, fn, 2, "topk_ids", topk_ids, BX_TC_IDS, 2, 2, wi, 1, &ti)) != BX_OK)
     goto done;
   int64_t k = ti.dim[1];
   int64_t ww[2] = {T, k};
-  if ((st = bx_tc_check_in(&pl, fn, 3, "topk_weights", topk_weights, BX_TC_F32, 2, 2, ww, 1, &tw)) !=
-      BX_OK)
+  if ((st = bx_tc_check_in(&pl, fn, 3, "topk_weights", topk_weights, BX_TC_F32, 2, 2, ww, 1,
+                            &tw)) != BX_OK)
     goto done;
   if (chunk_tokens < 1) {
     st = bx_fail(BX_EINVAL, "%s: chunk_tokens = %lld, want >= 1", fn, (long long)chunk_tokens);
