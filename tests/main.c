@@ -139,6 +139,12 @@ static const test_entry TESTS[] = {
     {"train_cuda_sim_rmsnorm", test_train_cuda_sim_rmsnorm},
     {"train_cuda_sim_rope", test_train_cuda_sim_rope},
     {"train_cuda_sim_gemm", test_train_cuda_sim_gemm},
+    /* the router, dispatch, embedding and cross-entropy (test_train_cuda_sim_moe.c) */
+    {"train_cuda_sim_router", test_train_cuda_sim_router},
+    {"train_cuda_sim_permute", test_train_cuda_sim_permute},
+    {"train_cuda_sim_embedding", test_train_cuda_sim_embedding},
+    {"train_cuda_sim_xent", test_train_cuda_sim_xent},
+    {"train_cuda_dispatch_moe", test_train_cuda_dispatch_moe},
     {"train_cuda_dispatch", test_train_cuda_dispatch},
     {"train_alloc", test_train_alloc},
     {"train_device_sim", test_train_device_sim},

@@ -109,6 +109,12 @@ void test_train_cuda_sim_adamw(void);
 void test_train_cuda_sim_rmsnorm(void);
 void test_train_cuda_sim_rope(void);
 void test_train_cuda_sim_gemm(void);
+/* test_train_cuda_sim_moe.c */
+void test_train_cuda_sim_router(void);
+void test_train_cuda_sim_permute(void);
+void test_train_cuda_sim_embedding(void);
+void test_train_cuda_sim_xent(void);
+void test_train_cuda_dispatch_moe(void);
 void test_train_cuda_dispatch(void);
 /* test_train_device.c */
 void test_train_alloc(void);

@@ -21,6 +21,13 @@
 #include "math_det.h"
 #include "nan_canon.h"
 
+/* The most experts and experts per token of a router call on a device:
+ * a device thread keeps the token's scratch in local arrays of these
+ * sizes (src/cuda/train/grid_moe.h, about 3 KiB a thread); router.c
+ * refuses a larger device call (the host path has no such limit). */
+#define BX_ROUTER_DEVICE_MAX_E 256
+#define BX_ROUTER_DEVICE_MAX_K 32
+
 /* The router's shape and options, as router.c checked them. */
 typedef struct bx_router_cfg {
   int64_t E;   /* experts */
@@ -65,6 +72,7 @@ static inline BX_HD void bx_router_token_f32(const bx_router_cfg *q, const float
     int64_t best = -1;
     for (int64_t g = 0; g < G; g++)
       if (!kept[g] && (best < 0 || bx_router_ahead(gs[g], g, gs[best], best))) best = g;
+    if (best < 0) break; /* never (kg <= G); says so to a compiler that inlines local scratch */
     kept[best] = 1;
   }
   /* masked choice scores: -Inf outside the kept groups (transformers >= 5.12's

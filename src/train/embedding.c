@@ -22,6 +22,7 @@
 #include "nan_canon.h"
 #include "pool.h"
 #include "train_check.h"
+#include "train_device.h"
 #include "tokred_grid.h"
 #include "tokred_internal.h"
 #include "workspace.h"
@@ -94,15 +95,29 @@ static bx_status forward_impl(const char *fn, const DLTensor *weight, const DLTe
   if (o->num_threads < 0)
     return bx_fail(BX_EINVAL, "%s: num_threads %d is negative", fn, o->num_threads);
   bx_tc_tensor W, I, Y;
-  bx_status st = bx_tc_check(fn, 0, "weight", weight, BX_TC_F32, 2, 2, NULL, 0, &W);
-  if (st == BX_OK) st = bx_tc_check(fn, 1, "ids", ids, BX_TC_IDS, 1, 2, NULL, 0, &I);
-  if (st == BX_OK) st = bx_tc_check(fn, 2, "y", y, BX_TC_F32, 2, 3, NULL, 1, &Y);
+  const DLTensor *ts[3] = {weight, ids, y};
+  const bx_tc_place pl = bx_tc_place_of(ts, 3);
+  bx_status st = bx_tc_check_in(&pl, fn, 0, "weight", weight, BX_TC_F32, 2, 2, NULL, 0, &W);
+  if (st == BX_OK) st = bx_tc_check_in(&pl, fn, 1, "ids", ids, BX_TC_IDS, 1, 2, NULL, 0, &I);
+  if (st == BX_OK) st = bx_tc_check_in(&pl, fn, 2, "y", y, BX_TC_F32, 2, 3, NULL, 1, &Y);
   if (st == BX_OK) st = check_token_major(fn, 2, "y", &I, &Y);
   if (st == BX_OK && Y.dim[Y.ndim - 1] != W.dim[1])
     st = bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, 2, "%s: tensor 2 (y) has rows of %lld, weight %lld",
                     fn, (long long)Y.dim[Y.ndim - 1], (long long)W.dim[1]);
   const bx_tc_tensor *all[3] = {&W, &I, &Y};
   if (st == BX_OK) st = bx_tc_overlap(fn, all, 3);
+  if (st == BX_OK && pl.cuda) {
+    /* the ids copied to the host and checked there, then one thread per element */
+    const bx_train_device *dev;
+    const bx_tc_tensor *src[1] = {&I};
+    bx_tc_tensor hi;
+    st = bx_train_cuda(fn, &dev);
+    if (st == BX_OK) st = bx_tc_to_host(fn, &pl, dev, src, &hi, 1, 0, NULL);
+    if (st == BX_OK) st = check_ids(fn, 1, &hi, W.dim[0]);
+    if (st != BX_OK) return st;
+    return dev->embedding_fwd(fn, pl.device, W.data, I.data, I.dtype == BX_TC_I64, Y.data, I.n,
+                              (size_t)W.dim[1]);
+  }
   if (st == BX_OK) st = check_ids(fn, 1, &I, W.dim[0]);
   if (st != BX_OK || I.n == 0 || W.dim[1] == 0) return st;
   size_t H = (size_t)W.dim[1];
@@ -216,12 +231,16 @@ static bx_status backward_impl(const char *fn, const DLTensor *ids, const DLTens
     return bx_fail(BX_EINVAL, "%s: padding_idx %lld is not below num_embeddings %lld", fn,
                    (long long)o->padding_idx, (long long)V);
   bx_tc_tensor I, D, R, W, F;
-  bx_status st = bx_tc_check(fn, 0, "ids", ids, BX_TC_IDS, 1, 2, NULL, 0, &I);
-  if (st == BX_OK) st = bx_tc_check(fn, 1, "dy", dy, BX_TC_F32, 2, 3, NULL, 0, &D);
+  const DLTensor *ts[5] = {ids, dy, row_ids, rows, offsets};
+  const bx_tc_place pl = bx_tc_place_of(ts, 5);
+  bx_status st = bx_tc_check_in(&pl, fn, 0, "ids", ids, BX_TC_IDS, 1, 2, NULL, 0, &I);
+  if (st == BX_OK) st = bx_tc_check_in(&pl, fn, 1, "dy", dy, BX_TC_F32, 2, 3, NULL, 0, &D);
   if (st == BX_OK) st = check_token_major(fn, 1, "dy", &I, &D);
-  if (st == BX_OK) st = bx_tc_check(fn, 2, "row_ids", row_ids, BX_TC_I64, 1, 1, NULL, 1, &R);
-  if (st == BX_OK) st = bx_tc_check(fn, 3, "rows", rows, BX_TC_F32, 2, 2, NULL, 1, &W);
-  if (st == BX_OK) st = bx_tc_check(fn, 4, "offsets", offsets, BX_TC_I64, 1, 1, NULL, 1, &F);
+  if (st == BX_OK)
+    st = bx_tc_check_in(&pl, fn, 2, "row_ids", row_ids, BX_TC_I64, 1, 1, NULL, 1, &R);
+  if (st == BX_OK) st = bx_tc_check_in(&pl, fn, 3, "rows", rows, BX_TC_F32, 2, 2, NULL, 1, &W);
+  if (st == BX_OK)
+    st = bx_tc_check_in(&pl, fn, 4, "offsets", offsets, BX_TC_I64, 1, 1, NULL, 1, &F);
   if (st != BX_OK) return st;
   size_t T = I.n, H = (size_t)D.dim[D.ndim - 1];
   size_t nchunks = T / (size_t)C + (T % (size_t)C != 0);
@@ -236,19 +255,33 @@ static bx_status backward_impl(const char *fn, const DLTensor *ids, const DLTens
                       "%s: tensor 4 (offsets) must be [nchunks + 1 = %zu]", fn, nchunks + 1);
   const bx_tc_tensor *all[5] = {&I, &D, &R, &W, &F};
   st = bx_tc_overlap(fn, all, 5);
-  if (st == BX_OK) st = check_ids(fn, 0, &I, V);
+  size_t bytes = T * sizeof(pair) + T * sizeof(int64_t) + (3 * nchunks + 1) * sizeof(int64_t);
+  const bx_train_device *dev = NULL;
+  bx_tc_tensor hi = I; /* the ids the host reads: I, or the device path's copy */
+  char *ws = NULL;
+  if (st == BX_OK && pl.cuda) {
+    /* the ids copied to the host, checked and sorted there (row ids and
+     * offsets: the host's decision, copied to the outputs); the device
+     * adds dy's rows (one thread per compact row and column) */
+    const bx_tc_tensor *src[1] = {&I};
+    st = bx_train_cuda(fn, &dev);
+    if (st == BX_OK) st = bx_tc_to_host(fn, &pl, dev, src, &hi, 1, bytes + T * sizeof(int64_t),
+                                        (void **)&ws);
+  }
+  if (st == BX_OK) st = check_ids(fn, 0, &hi, V);
   if (st != BX_OK) return st;
   int64_t *off = (int64_t *)(void *)F.data;
   if (T == 0) {
+    int64_t zero = 0;
+    if (dev) return dev->to_device(fn, pl.device, off, &zero, sizeof zero);
     off[0] = 0;
     return BX_OK;
   }
-  size_t bytes = T * sizeof(pair) + T * sizeof(int64_t) + (3 * nchunks + 1) * sizeof(int64_t);
-  char *ws = bx_workspace(bytes);
+  if (!dev) ws = bx_workspace(bytes);
   if (!ws) return bx_fail(BX_ENOMEM, "%s: cannot allocate %zu bytes of scratch", fn, bytes);
   bwd_job b;
   memset(&b, 0, sizeof b);
-  b.ids = &I;
+  b.ids = &hi;
   b.dy = (const float *)(const void *)D.data;
   b.pad = o->padding_idx < 0 ? -1 : o->padding_idx;
   b.T = T;
@@ -266,6 +299,18 @@ static bx_status backward_impl(const char *fn, const DLTensor *ids, const DLTens
   b.off[0] = 0;
   for (size_t j = 0; j < nchunks; j++) b.off[j + 1] = b.off[j] + b.ncnt[j];
   b.total = (size_t)b.off[nchunks];
+  if (dev) {
+    /* row ids in compact order, then both to the device and the rows there */
+    int64_t *rid = (int64_t *)(void *)(ws + bytes);
+    for (size_t j = 0, k = 0; j < nchunks; j++)
+      for (int64_t r = 0; r < b.ncnt[j]; r++, k++)
+        rid[k] = b.pairs[j * b.C + (size_t)b.runs[j * b.C + (size_t)r]].id;
+    st = b.total ? dev->to_device(fn, pl.device, R.data, rid, b.total * sizeof *rid) : BX_OK;
+    if (st == BX_OK) st = dev->to_device(fn, pl.device, off, b.off, (nchunks + 1) * sizeof *off);
+    if (st != BX_OK) return st;
+    return dev->embedding_bwd(fn, pl.device, I.data, I.dtype == BX_TC_I64, D.data, R.data, off,
+                              W.data, T, H, b.C, nchunks, b.total);
+  }
   b.per = H >= 1024 ? 4 : 4096 / (H ? H : 1);
   size_t tasks = (b.total + b.per - 1) / b.per;
   if (tasks) bx_parallel_run(bx_tc_threads(o->num_threads, tasks), tasks, rows_task, &b);

@@ -21,6 +21,7 @@
 #include "nan_canon.h"
 #include "permute_hd.h"
 #include "pool.h"
+#include "train_device.h"
 #include "workspace.h"
 
 #define ROWS 16 /* rows (or tokens) per task */
@@ -333,6 +334,32 @@ static void dweights_piece(void *ctx, size_t task, int worker) {
   }
 }
 
+/* row_map's rows within [0, T) x [0, k) (bx_moe_permute's check). */
+static bx_status check_rows(const char *fn, const bx_tc_tensor *tr, int64_t T, int64_t k) {
+  const int64_t *rm = bx_tc_i64(tr);
+  for (int64_t r = 0; r < tr->dim[0]; r++)
+    if (rm[2 * r] < 0 || rm[2 * r] >= T || rm[2 * r + 1] < 0 || rm[2 * r + 1] >= k)
+      return bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, 1,
+                        "%s: tensor 1 (row_map): row %lld = (%lld, %lld) is outside [0, %lld) x "
+                        "[0, %lld)",
+                        fn, (long long)r, (long long)rm[2 * r], (long long)rm[2 * r + 1],
+                        (long long)T, (long long)k);
+  return BX_OK;
+}
+
+/* The CUDA path's plan check: row_map and pos copied to the host and
+ * checked there (bx_moe_check_plan: the host path's errors, before any
+ * launch); *dev the backend. */
+static bx_status plan_cuda(const char *fn, const bx_tc_place *pl, const bx_train_device **dev,
+                           const bx_tc_tensor *tr, const bx_tc_tensor *tp) {
+  bx_status st = bx_train_cuda(fn, dev);
+  if (st != BX_OK) return st;
+  const bx_tc_tensor *src[2] = {tr, tp};
+  bx_tc_tensor host[2];
+  st = bx_tc_to_host(fn, pl, *dev, src, host, 2, 0, NULL);
+  return st == BX_OK ? bx_moe_check_plan(fn, &host[0], &host[1]) : st;
+}
+
 bx_status bx_moe_permute(const DLTensor *x, const DLTensor *row_map, DLTensor *x_perm,
                          const bx_moe_dispatch_opts *opts) {
   const char *fn = "bx_moe_permute";
@@ -341,13 +368,17 @@ bx_status bx_moe_permute(const DLTensor *x, const DLTensor *row_map, DLTensor *x
   bx_status st = enter(&call, fn, opts, &threads);
   if (st != BX_OK) return st;
   bx_tc_tensor tx, tr, ty;
-  if ((st = bx_tc_check(fn, 0, "x", x, BX_TC_F32, 2, 2, NULL, 0, &tx)) != BX_OK) goto done;
+  const DLTensor *ts[3] = {x, row_map, x_perm};
+  const bx_tc_place pl = bx_tc_place_of(ts, 3);
+  if ((st = bx_tc_check_in(&pl, fn, 0, "x", x, BX_TC_F32, 2, 2, NULL, 0, &tx)) != BX_OK) goto done;
   int64_t T = tx.dim[0], H = tx.dim[1];
   int64_t wr[2] = {-1, 2};
-  if ((st = bx_tc_check(fn, 1, "row_map", row_map, BX_TC_I64, 2, 2, wr, 0, &tr)) != BX_OK) goto done;
+  if ((st = bx_tc_check_in(&pl, fn, 1, "row_map", row_map, BX_TC_I64, 2, 2, wr, 0, &tr)) != BX_OK)
+    goto done;
   int64_t R = tr.dim[0];
   int64_t wy[2] = {R, H};
-  if ((st = bx_tc_check(fn, 2, "x_perm", x_perm, BX_TC_F32, 2, 2, wy, 1, &ty)) != BX_OK) goto done;
+  if ((st = bx_tc_check_in(&pl, fn, 2, "x_perm", x_perm, BX_TC_F32, 2, 2, wy, 1, &ty)) != BX_OK)
+    goto done;
   const bx_tc_tensor *all[3] = {&tx, &tr, &ty};
   if ((st = bx_tc_overlap(fn, all, 3)) != BX_OK) goto done;
   if (T == 0 ? R != 0 : R % T != 0) {
@@ -357,16 +388,19 @@ bx_status bx_moe_permute(const DLTensor *x, const DLTensor *row_map, DLTensor *x
     goto done;
   }
   int64_t k = T ? R / T : 0;
+  if (pl.cuda) {
+    /* row_map copied to the host and checked there, then one thread per element */
+    const bx_train_device *dev;
+    const bx_tc_tensor *src[1] = {&tr};
+    bx_tc_tensor hr;
+    if ((st = bx_train_cuda(fn, &dev)) != BX_OK) goto done;
+    if ((st = bx_tc_to_host(fn, &pl, dev, src, &hr, 1, 0, NULL)) != BX_OK) goto done;
+    if ((st = check_rows(fn, &hr, T, k)) != BX_OK) goto done;
+    st = dev->moe_permute(fn, pl.device, tx.data, tr.data, ty.data, (size_t)R, (size_t)H);
+    goto done;
+  }
+  if ((st = check_rows(fn, &tr, T, k)) != BX_OK) goto done;
   const int64_t *rm = bx_tc_i64(&tr);
-  for (int64_t r = 0; r < R; r++)
-    if (rm[2 * r] < 0 || rm[2 * r] >= T || rm[2 * r + 1] < 0 || rm[2 * r + 1] >= k) {
-      st = bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, 1,
-                      "%s: tensor 1 (row_map): row %lld = (%lld, %lld) is outside [0, %lld) x "
-                      "[0, %lld)",
-                      fn, (long long)r, (long long)rm[2 * r], (long long)rm[2 * r + 1],
-                      (long long)T, (long long)k);
-      goto done;
-    }
   gather_job j = {tx.data, NULL, NULL, NULL, rm, NULL, ty.data, NULL, R, k, H};
   if (R && H) bx_parallel_run(bx_tc_threads(threads, pieces_of(R)), pieces_of(R), permute_piece, &j);
 done:
@@ -376,11 +410,12 @@ done:
 
 /* The checks of a gather that takes a plan: plan tensors at argument
  * numbers ir, ip; T and k from pos. */
-static bx_status plan_args(const char *fn, const DLTensor *row_map, const DLTensor *pos,
-                           size_t ir, size_t ip, bx_tc_tensor *tr, bx_tc_tensor *tp) {
+static bx_status plan_args(const bx_tc_place *pl, const char *fn, const DLTensor *row_map,
+                           const DLTensor *pos, size_t ir, size_t ip, bx_tc_tensor *tr,
+                           bx_tc_tensor *tp) {
   int64_t wr[2] = {-1, 2};
-  bx_status st = bx_tc_check(fn, ir, "row_map", row_map, BX_TC_I64, 2, 2, wr, 0, tr);
-  if (st == BX_OK) st = bx_tc_check(fn, ip, "pos", pos, BX_TC_I64, 2, 2, NULL, 0, tp);
+  bx_status st = bx_tc_check_in(pl, fn, ir, "row_map", row_map, BX_TC_I64, 2, 2, wr, 0, tr);
+  if (st == BX_OK) st = bx_tc_check_in(pl, fn, ip, "pos", pos, BX_TC_I64, 2, 2, NULL, 0, tp);
   return st;
 }
 
@@ -393,11 +428,14 @@ bx_status bx_moe_permute_backward(const DLTensor *dx_perm, const DLTensor *row_m
   bx_status st = enter(&call, fn, opts, &threads);
   if (st != BX_OK) return st;
   bx_tc_tensor ty, tr, tp, tx;
-  if ((st = bx_tc_check(fn, 0, "dx_perm", dx_perm, BX_TC_F32, 2, 2, NULL, 0, &ty)) != BX_OK) goto done;
-  if ((st = plan_args(fn, row_map, pos, 1, 2, &tr, &tp)) != BX_OK) goto done;
+  const DLTensor *ts[4] = {dx_perm, row_map, pos, dx};
+  const bx_tc_place pl = bx_tc_place_of(ts, 4);
+  if ((st = bx_tc_check_in(&pl, fn, 0, "dx_perm", dx_perm, BX_TC_F32, 2, 2, NULL, 0, &ty)) != BX_OK)
+    goto done;
+  if ((st = plan_args(&pl, fn, row_map, pos, 1, 2, &tr, &tp)) != BX_OK) goto done;
   int64_t T = tp.dim[0], k = tp.dim[1], H = ty.dim[1];
   int64_t wx[2] = {T, H};
-  if ((st = bx_tc_check(fn, 3, "dx", dx, BX_TC_F32, 2, 2, wx, 1, &tx)) != BX_OK) goto done;
+  if ((st = bx_tc_check_in(&pl, fn, 3, "dx", dx, BX_TC_F32, 2, 2, wx, 1, &tx)) != BX_OK) goto done;
   if (ty.dim[0] != tr.dim[0]) {
     st = bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, 0, "%s: tensor 0 (dx_perm) has %lld rows, row_map %lld",
                     fn, (long long)ty.dim[0], (long long)tr.dim[0]);
@@ -405,6 +443,13 @@ bx_status bx_moe_permute_backward(const DLTensor *dx_perm, const DLTensor *row_m
   }
   const bx_tc_tensor *all[4] = {&ty, &tr, &tp, &tx};
   if ((st = bx_tc_overlap(fn, all, 4)) != BX_OK) goto done;
+  if (pl.cuda) {
+    const bx_train_device *dev;
+    if ((st = plan_cuda(fn, &pl, &dev, &tr, &tp)) != BX_OK) goto done;
+    st = dev->moe_permute_bwd(fn, pl.device, ty.data, tp.data, tx.data, (size_t)T, (size_t)k,
+                              (size_t)H);
+    goto done;
+  }
   if ((st = bx_moe_check_plan(fn, &tr, &tp)) != BX_OK) goto done;
   gather_job j = {ty.data, NULL, NULL, NULL, tr.data, tp.data, tx.data, NULL, T, k, H};
   if (T && H) bx_parallel_run(bx_tc_threads(threads, pieces_of(T)), pieces_of(T), gather_sum_piece, &j);
@@ -423,9 +468,13 @@ bx_status bx_moe_unpermute(const DLTensor *y_perm, const DLTensor *weights,
   if (st != BX_OK) return st;
   bx_tc_tensor ty, tw, tr, tp, ti, to;
   int have_i = initial != NULL;
-  if ((st = bx_tc_check(fn, 0, "y_perm", y_perm, BX_TC_F32, 2, 2, NULL, 0, &ty)) != BX_OK) goto done;
-  if ((st = bx_tc_check(fn, 1, "weights", weights, BX_TC_F32, 2, 2, NULL, 0, &tw)) != BX_OK) goto done;
-  if ((st = plan_args(fn, row_map, pos, 2, 3, &tr, &tp)) != BX_OK) goto done;
+  const DLTensor *ts[6] = {y_perm, weights, row_map, pos, initial, out};
+  const bx_tc_place pl = bx_tc_place_of(ts, 6);
+  if ((st = bx_tc_check_in(&pl, fn, 0, "y_perm", y_perm, BX_TC_F32, 2, 2, NULL, 0, &ty)) != BX_OK)
+    goto done;
+  if ((st = bx_tc_check_in(&pl, fn, 1, "weights", weights, BX_TC_F32, 2, 2, NULL, 0, &tw)) != BX_OK)
+    goto done;
+  if ((st = plan_args(&pl, fn, row_map, pos, 2, 3, &tr, &tp)) != BX_OK) goto done;
   int64_t T = tp.dim[0], k = tp.dim[1], H = ty.dim[1];
   int64_t wtk[2] = {T, k}, wth[2] = {T, H};
   if (tw.dim[0] != T || tw.dim[1] != k) {
@@ -434,9 +483,11 @@ bx_status bx_moe_unpermute(const DLTensor *y_perm, const DLTensor *weights,
     goto done;
   }
   (void)wtk;
-  if (have_i && (st = bx_tc_check(fn, 4, "initial", initial, BX_TC_F32, 2, 2, wth, 0, &ti)) != BX_OK)
+  if (have_i &&
+      (st = bx_tc_check_in(&pl, fn, 4, "initial", initial, BX_TC_F32, 2, 2, wth, 0, &ti)) != BX_OK)
     goto done;
-  if ((st = bx_tc_check(fn, 5, "out", out, BX_TC_F32, 2, 2, wth, 1, &to)) != BX_OK) goto done;
+  if ((st = bx_tc_check_in(&pl, fn, 5, "out", out, BX_TC_F32, 2, 2, wth, 1, &to)) != BX_OK)
+    goto done;
   if (ty.dim[0] != tr.dim[0]) {
     st = bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, 0, "%s: tensor 0 (y_perm) has %lld rows, row_map %lld",
                     fn, (long long)ty.dim[0], (long long)tr.dim[0]);
@@ -444,6 +495,13 @@ bx_status bx_moe_unpermute(const DLTensor *y_perm, const DLTensor *weights,
   }
   const bx_tc_tensor *all[6] = {&ty, &tw, &tr, &tp, have_i ? &ti : NULL, &to};
   if ((st = bx_tc_overlap(fn, all, 6)) != BX_OK) goto done;
+  if (pl.cuda) {
+    const bx_train_device *dev;
+    if ((st = plan_cuda(fn, &pl, &dev, &tr, &tp)) != BX_OK) goto done;
+    st = dev->moe_unpermute(fn, pl.device, ty.data, tw.data, tp.data, have_i ? ti.data : NULL,
+                            to.data, (size_t)T, (size_t)k, (size_t)H);
+    goto done;
+  }
   if ((st = bx_moe_check_plan(fn, &tr, &tp)) != BX_OK) goto done;
   gather_job j = {ty.data, tw.data, have_i ? ti.data : NULL, NULL, tr.data, tp.data, to.data,
                   NULL, T, k, H};
@@ -464,13 +522,18 @@ bx_status bx_moe_unpermute_backward(const DLTensor *dout, const DLTensor *y_perm
   if (st != BX_OK) return st;
   bx_tc_tensor td, ty, tw, tr, tp, tdy, tdw;
   int have_dy = dy_perm != NULL, have_dw = dweights != NULL;
-  if ((st = bx_tc_check(fn, 0, "dout", dout, BX_TC_F32, 2, 2, NULL, 0, &td)) != BX_OK) goto done;
+  const DLTensor *ts[7] = {dout, y_perm, weights, row_map, pos, dy_perm, dweights};
+  const bx_tc_place pl = bx_tc_place_of(ts, 7);
+  if ((st = bx_tc_check_in(&pl, fn, 0, "dout", dout, BX_TC_F32, 2, 2, NULL, 0, &td)) != BX_OK)
+    goto done;
   int64_t T = td.dim[0], H = td.dim[1];
   int64_t wy[2] = {-1, H};
-  if ((st = bx_tc_check(fn, 1, "y_perm", y_perm, BX_TC_F32, 2, 2, wy, 0, &ty)) != BX_OK) goto done;
+  if ((st = bx_tc_check_in(&pl, fn, 1, "y_perm", y_perm, BX_TC_F32, 2, 2, wy, 0, &ty)) != BX_OK)
+    goto done;
   int64_t wt[2] = {T, -1};
-  if ((st = bx_tc_check(fn, 2, "weights", weights, BX_TC_F32, 2, 2, wt, 0, &tw)) != BX_OK) goto done;
-  if ((st = plan_args(fn, row_map, pos, 3, 4, &tr, &tp)) != BX_OK) goto done;
+  if ((st = bx_tc_check_in(&pl, fn, 2, "weights", weights, BX_TC_F32, 2, 2, wt, 0, &tw)) != BX_OK)
+    goto done;
+  if ((st = plan_args(&pl, fn, row_map, pos, 3, 4, &tr, &tp)) != BX_OK) goto done;
   int64_t k = tw.dim[1], R = ty.dim[0];
   if (tp.dim[0] != T || tp.dim[1] != k) {
     st = bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, 4, "%s: tensor 4 (pos) is [%lld, %lld], weights [%lld, %lld]",
@@ -483,9 +546,11 @@ bx_status bx_moe_unpermute_backward(const DLTensor *dout, const DLTensor *y_perm
     goto done;
   }
   int64_t wdy[2] = {R, H}, wdw[2] = {T, k};
-  if (have_dy && (st = bx_tc_check(fn, 5, "dy_perm", dy_perm, BX_TC_F32, 2, 2, wdy, 1, &tdy)) != BX_OK)
+  if (have_dy &&
+      (st = bx_tc_check_in(&pl, fn, 5, "dy_perm", dy_perm, BX_TC_F32, 2, 2, wdy, 1, &tdy)) != BX_OK)
     goto done;
-  if (have_dw && (st = bx_tc_check(fn, 6, "dweights", dweights, BX_TC_F32, 2, 2, wdw, 1, &tdw)) != BX_OK)
+  if (have_dw && (st = bx_tc_check_in(&pl, fn, 6, "dweights", dweights, BX_TC_F32, 2, 2, wdw,
+                                       1, &tdw)) != BX_OK)
     goto done;
   if (!have_dy && !have_dw) {
     st = bx_fail(BX_EINVAL, "%s: dy_perm and dweights are both NULL: nothing to compute", fn);
@@ -494,6 +559,14 @@ bx_status bx_moe_unpermute_backward(const DLTensor *dout, const DLTensor *y_perm
   const bx_tc_tensor *all[7] = {&td, &ty, &tw, &tr, &tp, have_dy ? &tdy : NULL,
                                  have_dw ? &tdw : NULL};
   if ((st = bx_tc_overlap(fn, all, 7)) != BX_OK) goto done;
+  if (pl.cuda) {
+    const bx_train_device *dev;
+    if ((st = plan_cuda(fn, &pl, &dev, &tr, &tp)) != BX_OK) goto done;
+    st = dev->moe_unpermute_bwd(fn, pl.device, td.data, ty.data, tw.data, tr.data, tp.data,
+                                have_dy ? tdy.data : NULL, have_dw ? tdw.data : NULL, (size_t)T,
+                                (size_t)k, (size_t)H);
+    goto done;
+  }
   if ((st = bx_moe_check_plan(fn, &tr, &tp)) != BX_OK) goto done;
   int nt = bx_tc_threads(threads, pieces_of(R > T ? R : T));
   if (have_dy && R && H) {

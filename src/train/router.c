@@ -18,6 +18,7 @@
 #include "nan_canon.h"
 #include "pool.h"
 #include "router_hd.h"
+#include "train_device.h"
 #include "workspace.h"
 
 #define PIECE 64 /* tokens per task */
@@ -107,6 +108,54 @@ static void fwd_piece(void *ctx, size_t task, int worker) {
   for (int64_t t = t0; t < t1; t++) route_token(j, t, s, c, gs, kept, sel);
 }
 
+/* The forward's checks of its data: bias finite, no NaN logit (on the
+ * host path's tensors or the device path's host copies). */
+static bx_status check_fwd_data(const char *fn, const bx_tc_tensor *tl, const bx_tc_tensor *tb) {
+  const float *lg = tl->data, *bs = tb->data;
+  int64_t E = tl->dim[1];
+  for (int64_t e = 0; e < E; e++)
+    if (!isfinite(bs[e]))
+      return bx_fail_at(BX_ENONFINITE, -1, BX_NO_INDEX, 1,
+                        "%s: tensor 1 (bias): element %lld is not finite", fn, (long long)e);
+  for (size_t i = 0; i < tl->n; i++)
+    if (lg[i] != lg[i])
+      return bx_fail_at(BX_ENONFINITE, -1, BX_NO_INDEX, 0,
+                        "%s: tensor 0 (logits): token %lld expert %lld is NaN (no order to choose "
+                        "by)", fn, (long long)(i / (size_t)E), (long long)(i % (size_t)E));
+  return BX_OK;
+}
+
+/* The device's scratch limits (grid_moe.h's local arrays): BX_EINVAL
+ * naming the call past them. */
+static bx_status device_limits(const char *fn, int64_t E, int64_t k) {
+  if (E > BX_ROUTER_DEVICE_MAX_E || k > BX_ROUTER_DEVICE_MAX_K)
+    return bx_fail(BX_EINVAL, "%s: on a CUDA device the router takes at most %d experts and %d "
+                   "per token (E = %lld, k = %lld); the host path has no such limit", fn,
+                   BX_ROUTER_DEVICE_MAX_E, BX_ROUTER_DEVICE_MAX_K, (long long)E, (long long)k);
+  return BX_OK;
+}
+
+/* The CUDA path of the forward: bias and logits copied to the host and
+ * checked there (the host path's errors, nothing written), the limits,
+ * then the device's kernels (one thread per token, then the counts). */
+static bx_status router_fwd_cuda(const char *fn, const bx_tc_place *pl, const bx_tc_tensor *tl,
+                                 const bx_tc_tensor *tb, const bx_tc_tensor *ti,
+                                 const bx_tc_tensor *tw, const bx_tc_tensor *tc, int64_t chunk,
+                                 int64_t nchunks, const bx_router_cfg *q) {
+  const bx_train_device *dev;
+  bx_status st = bx_train_cuda(fn, &dev);
+  if (st != BX_OK) return st;
+  const bx_tc_tensor *src[2] = {tl, tb};
+  bx_tc_tensor host[2];
+  st = bx_tc_to_host(fn, pl, dev, src, host, 2, 0, NULL);
+  if (st == BX_OK) st = check_fwd_data(fn, &host[0], &host[1]);
+  if (st == BX_OK) st = device_limits(fn, q->E, q->k);
+  if (st != BX_OK) return st;
+  return dev->router_fwd(fn, pl->device, tl->data, tb->data, ti->data, ti->dtype == BX_TC_I64,
+                         tw->data, tc ? (int64_t *)tc->data : NULL, (size_t)tl->dim[0],
+                         (size_t)chunk, tc ? (size_t)nchunks : 0, q);
+}
+
 bx_status bx_moe_router_forward(const DLTensor *logits, const DLTensor *bias,
                                 DLTensor *topk_ids, DLTensor *topk_weights, int64_t chunk_tokens,
                                 DLTensor *counts, const bx_moe_router_opts *opts) {
@@ -116,15 +165,21 @@ bx_status bx_moe_router_forward(const DLTensor *logits, const DLTensor *bias,
   bx_status st = router_enter(&call, fn, opts, &o);
   if (st != BX_OK) return st;
   bx_tc_tensor tl, tb, ti, tw, tc;
-  if ((st = bx_tc_check(fn, 0, "logits", logits, BX_TC_F32, 2, 2, NULL, 0, &tl)) != BX_OK) goto done;
+  const DLTensor *ts[5] = {logits, bias, topk_ids, topk_weights, counts};
+  const bx_tc_place pl = bx_tc_place_of(ts, 5);
+  if ((st = bx_tc_check_in(&pl, fn, 0, "logits", logits, BX_TC_F32, 2, 2, NULL, 0, &tl)) != BX_OK)
+    goto done;
   int64_t T = tl.dim[0], E = tl.dim[1];
   int64_t wb[1] = {E};
-  if ((st = bx_tc_check(fn, 1, "bias", bias, BX_TC_F32, 1, 1, wb, 0, &tb)) != BX_OK) goto done;
+  if ((st = bx_tc_check_in(&pl, fn, 1, "bias", bias, BX_TC_F32, 1, 1, wb, 0, &tb)) != BX_OK)
+    goto done;
   int64_t wi[2] = {T, -1};
-  if ((st = bx_tc_check(fn, 2, "topk_ids", topk_ids, BX_TC_IDS, 2, 2, wi, 1, &ti)) != BX_OK) goto done;
+  if ((st = bx_tc_check_in(&pl, fn, 2, "topk_ids", topk_ids, BX_TC_IDS, 2, 2, wi, 1, &ti)) != BX_OK)
+    goto done;
   int64_t k = ti.dim[1];
   int64_t ww[2] = {T, k};
-  if ((st = bx_tc_check(fn, 3, "topk_weights", topk_weights, BX_TC_F32, 2, 2, ww, 1, &tw)) != BX_OK)
+  if ((st = bx_tc_check_in(&pl, fn, 3, "topk_weights", topk_weights, BX_TC_F32, 2, 2, ww, 1,
+                            &tw)) != BX_OK)
     goto done;
   if (chunk_tokens < 1) {
     st = bx_fail(BX_EINVAL, "%s: chunk_tokens = %lld, want >= 1", fn, (long long)chunk_tokens);
@@ -134,7 +189,8 @@ bx_status bx_moe_router_forward(const DLTensor *logits, const DLTensor *bias,
   int have_counts = counts != NULL;
   if (have_counts) {
     int64_t wc[2] = {nchunks, E};
-    if ((st = bx_tc_check(fn, 5, "counts", counts, BX_TC_I64, 2, 2, wc, 1, &tc)) != BX_OK) goto done;
+    if ((st = bx_tc_check_in(&pl, fn, 5, "counts", counts, BX_TC_I64, 2, 2, wc, 1, &tc)) != BX_OK)
+      goto done;
   }
   if ((st = router_config(fn, &o, E, k)) != BX_OK) goto done;
   if (ti.dtype == BX_TC_I32 && E > INT32_MAX) {
@@ -143,24 +199,16 @@ bx_status bx_moe_router_forward(const DLTensor *logits, const DLTensor *bias,
   }
   const bx_tc_tensor *all[5] = {&tl, &tb, &ti, &tw, have_counts ? &tc : NULL};
   if ((st = bx_tc_overlap(fn, all, 5)) != BX_OK) goto done;
+  bx_router_cfg q = {E, o.n_group, E / o.n_group, o.topk_group, k, o.norm_topk_prob,
+                     (float)o.routed_scaling_factor};
+  if (pl.cuda) {
+    st = router_fwd_cuda(fn, &pl, &tl, &tb, &ti, &tw, have_counts ? &tc : NULL, chunk_tokens,
+                         nchunks, &q);
+    goto done;
+  }
   const float *lg = tl.data, *bs = tb.data;
-  for (int64_t e = 0; e < E; e++)
-    if (!isfinite(bs[e])) {
-      st = bx_fail_at(BX_ENONFINITE, -1, BX_NO_INDEX, 1, "%s: tensor 1 (bias): element %lld is not finite",
-                      fn, (long long)e);
-      goto done;
-    }
-  for (size_t i = 0; i < tl.n; i++)
-    if (lg[i] != lg[i]) {
-      st = bx_fail_at(BX_ENONFINITE, -1, BX_NO_INDEX, 0,
-                      "%s: tensor 0 (logits): token %lld expert %lld is NaN (no order to choose by)",
-                      fn, (long long)(i / (size_t)E), (long long)(i % (size_t)E));
-      goto done;
-    }
-  fwd_job j = {lg, bs, &ti, tw.data, T,
-               {E, o.n_group, E / o.n_group, o.topk_group, k, o.norm_topk_prob,
-                (float)o.routed_scaling_factor},
-               NULL, 0, 0};
+  if ((st = check_fwd_data(fn, &tl, &tb)) != BX_OK) goto done;
+  fwd_job j = {lg, bs, &ti, tw.data, T, q, NULL, 0, 0};
   size_t npieces = (size_t)(T / PIECE + (T % PIECE != 0));
   int nt = bx_tc_threads(o.num_threads, npieces);
   size_t fl = (size_t)(2 * E + o.n_group);
@@ -220,15 +268,21 @@ bx_status bx_moe_router_backward(const DLTensor *logits, const DLTensor *topk_id
   bx_status st = router_enter(&call, fn, opts, &o);
   if (st != BX_OK) return st;
   bx_tc_tensor tl, ti, tw, td;
-  if ((st = bx_tc_check(fn, 0, "logits", logits, BX_TC_F32, 2, 2, NULL, 0, &tl)) != BX_OK) goto done;
+  const DLTensor *ts[4] = {logits, topk_ids, dweights, dlogits};
+  const bx_tc_place pl = bx_tc_place_of(ts, 4);
+  if ((st = bx_tc_check_in(&pl, fn, 0, "logits", logits, BX_TC_F32, 2, 2, NULL, 0, &tl)) != BX_OK)
+    goto done;
   int64_t T = tl.dim[0], E = tl.dim[1];
   int64_t wi[2] = {T, -1};
-  if ((st = bx_tc_check(fn, 1, "topk_ids", topk_ids, BX_TC_IDS, 2, 2, wi, 0, &ti)) != BX_OK) goto done;
+  if ((st = bx_tc_check_in(&pl, fn, 1, "topk_ids", topk_ids, BX_TC_IDS, 2, 2, wi, 0, &ti)) != BX_OK)
+    goto done;
   int64_t k = ti.dim[1];
   int64_t ww[2] = {T, k};
-  if ((st = bx_tc_check(fn, 2, "dweights", dweights, BX_TC_F32, 2, 2, ww, 0, &tw)) != BX_OK) goto done;
+  if ((st = bx_tc_check_in(&pl, fn, 2, "dweights", dweights, BX_TC_F32, 2, 2, ww, 0, &tw)) != BX_OK)
+    goto done;
   int64_t wd[2] = {T, E};
-  if ((st = bx_tc_check(fn, 3, "dlogits", dlogits, BX_TC_F32, 2, 2, wd, 1, &td)) != BX_OK) goto done;
+  if ((st = bx_tc_check_in(&pl, fn, 3, "dlogits", dlogits, BX_TC_F32, 2, 2, wd, 1, &td)) != BX_OK)
+    goto done;
   if ((st = router_config(fn, &o, E, -1)) != BX_OK) goto done;
   if (k < 1 || k > E) {
     st = bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, 1, "%s: tensor 1 (topk_ids): k = %lld, want 1 <= k <= %lld",
@@ -237,6 +291,22 @@ bx_status bx_moe_router_backward(const DLTensor *logits, const DLTensor *topk_id
   }
   const bx_tc_tensor *all[4] = {&tl, &ti, &tw, &td};
   if ((st = bx_tc_overlap(fn, all, 4)) != BX_OK) goto done;
+  if (pl.cuda) {
+    /* the ids copied to the host and checked there, then one thread per token */
+    const bx_train_device *dev;
+    const bx_tc_tensor *src[1] = {&ti};
+    bx_tc_tensor hi;
+    void *seen0;
+    if ((st = bx_train_cuda(fn, &dev)) != BX_OK) goto done;
+    if ((st = bx_tc_to_host(fn, &pl, dev, src, &hi, 1, (size_t)E, &seen0)) != BX_OK) goto done;
+    memset(seen0, 0, (size_t)E);
+    if ((st = bx_moe_check_ids(fn, &hi, E, seen0)) != BX_OK) goto done;
+    if ((st = device_limits(fn, 0, k)) != BX_OK) goto done;
+    st = dev->router_bwd(fn, pl.device, tl.data, ti.data, ti.dtype == BX_TC_I64, tw.data, td.data,
+                         (size_t)T, (size_t)E, (size_t)k, o.norm_topk_prob,
+                         (double)(float)o.routed_scaling_factor);
+    goto done;
+  }
   size_t npieces = (size_t)(T / PIECE + (T % PIECE != 0));
   int nt = bx_tc_threads(o.num_threads, npieces);
   size_t need = (size_t)E + (size_t)nt * 4 * (size_t)k * sizeof(double) + 16;

@@ -131,6 +131,21 @@ size_t bx_tc_piece_rows(size_t cols);
 void bx_tc_run(int num_threads, size_t pieces, void (*fn)(void *ctx, size_t piece, int worker),
                void *ctx);
 
+struct bx_train_device; /* train_device.h */
+
+/* The device path's host copies (issue 30): the data of the call's device
+ * tensors ts[0..count) (NULL or empty entries: hosts[i] a copy of the
+ * entry, nothing copied) copied with dev->to_host into one bx_workspace
+ * block on this thread, hosts[i] the same tensor with data in that block;
+ * *extra (may be NULL when extra_bytes is 0): extra_bytes more of the
+ * block, 16-byte aligned, for the host-side checks and decisions. Valid
+ * until the next bx_workspace of this call. BX_ENOMEM, or the copy's
+ * BX_EDEVICE. For checks of device data that decide an error: run on the
+ * copies before any launch, they give the host path's errors. */
+bx_status bx_tc_to_host(const char *fn, const bx_tc_place *pl, const struct bx_train_device *dev,
+                        const bx_tc_tensor *const *ts, bx_tc_tensor *hosts, size_t count,
+                        size_t extra_bytes, void **extra);
+
 /* Element i of an ids tensor (int32 or int64). */
 static inline int64_t bx_tc_id(const bx_tc_tensor *t, size_t i) {
   return t->dtype == BX_TC_I32 ? (int64_t)((const int32_t *)t->data)[i]

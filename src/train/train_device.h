@@ -27,6 +27,7 @@
 
 #include "adamw_hd.h"
 #include "bitexact.h"
+#include "router_hd.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -75,6 +76,56 @@ typedef struct bx_train_device {
   /* BX_OK when a device can run this backend's kernels now (a CUDA device
    * is present and the driver loads), else BX_EDEVICE with the reason. */
   bx_status (*usable)(const char *fn);
+  /* ---- MoE router, token dispatch, embedding, cross-entropy (issue 30) ---- */
+  /* bytes from the host to device memory (a host decision a kernel reads:
+   * embedding backward's row ids and offsets). */
+  bx_status (*to_device)(const char *fn, int device, void *dst, const void *src, size_t bytes);
+  /* MoE router forward over T tokens (logits NaN-free and bias finite,
+   * checked on the host; q checked, q->E <= 256, q->k <= 32): ids [T, k]
+   * int32 or (ids_i64) int64, weights [T, k]; counts NULL or [nchunks, E]
+   * int64 over chunks of chunk tokens. */
+  bx_status (*router_fwd)(const char *fn, int device, const float *logits, const float *bias,
+                          void *ids, int ids_i64, float *weights, int64_t *counts, size_t T,
+                          size_t chunk, size_t nchunks, const bx_router_cfg *q);
+  /* MoE router backward: dl [T, E] from logits [T, E], ids [T, k] (checked:
+   * distinct, in [0, E); k <= 32) and dw [T, k]; r = f64(f32(scaling)). */
+  bx_status (*router_bwd)(const char *fn, int device, const float *logits, const void *ids,
+                          int ids_i64, const float *dw, float *dl, size_t T, size_t E, size_t k,
+                          int norm, double r);
+  /* x_perm [R, H] = x's rows row_map[r][0] (row_map checked). */
+  bx_status (*moe_permute)(const char *fn, int device, const float *x, const int64_t *row_map,
+                           float *x_perm, size_t R, size_t H);
+  /* dx [T, H] = the gather sums of dx_perm's rows pos[t][*] (plan checked). */
+  bx_status (*moe_permute_bwd)(const char *fn, int device, const float *dx_perm,
+                               const int64_t *pos, float *dx, size_t T, size_t k, size_t H);
+  /* out [T, H] = sum_j w[t][j] * y_perm[pos[t][j]] (+ initial, may be NULL). */
+  bx_status (*moe_unpermute)(const char *fn, int device, const float *y_perm, const float *w,
+                             const int64_t *pos, const float *initial, float *out, size_t T,
+                             size_t k, size_t H);
+  /* dy_perm [R, H] (NULL: not computed) and dweights [T, k] (NULL: not
+   * computed) of the unpermute; R = T * k (plan checked). */
+  bx_status (*moe_unpermute_bwd)(const char *fn, int device, const float *dout,
+                                 const float *y_perm, const float *w, const int64_t *row_map,
+                                 const int64_t *pos, float *dy_perm, float *dweights, size_t T,
+                                 size_t k, size_t H);
+  /* y [T, H] = weight's rows ids[t] (ids int32 or int64, checked in [0, V)). */
+  bx_status (*embedding_fwd)(const char *fn, int device, const float *weight, const void *ids,
+                             int ids_i64, float *y, size_t T, size_t H);
+  /* rows [total, H]: the compact chunk partials of dy [T, H] for the host's
+   * row_ids [total] and offsets [nchunks + 1] (already on the device: the
+   * call's outputs, written with to_device), chunks of chunk tokens. */
+  bx_status (*embedding_bwd)(const char *fn, int device, const void *ids, int ids_i64,
+                             const float *dy, const int64_t *row_ids, const int64_t *offsets,
+                             float *rows, size_t T, size_t H, size_t chunk, size_t nchunks,
+                             size_t total);
+  /* Cross-entropy over T rows of V logits (targets int32 or int64, checked):
+   * losses (may be NULL), dlogits g (may be NULL or z exactly; c the
+   * gradient's factor), then per chunk of chunk tokens the loss partials
+   * and counts (each may be NULL; with either, losses is not NULL). */
+  bx_status (*xent)(const char *fn, int device, const float *z, const void *targets,
+                    int targets_i64, int64_t ignore_index, float *g, float *losses,
+                    float *partials, int64_t *counts, size_t T, size_t V, size_t chunk,
+                    size_t nchunks, double c);
 } bx_train_device;
 
 /* The CUDA backend's table, or NULL in a build without it; the host

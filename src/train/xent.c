@@ -18,6 +18,7 @@
 #include "math_det.h"
 #include "pool.h"
 #include "train_check.h"
+#include "train_device.h"
 #include "xent_hd.h"
 
 /* targets [T] or [B, L] and x [T, V] or [B, L, V]: the leading dimensions agree. */
@@ -111,9 +112,9 @@ static bx_status opts_in(const char *fn, const bx_xent_opts *opts, bx_xent_opts 
 }
 
 /* [nchunks] 1-D output, or NULL. */
-static bx_status check_chunked(const char *fn, size_t idx, const char *name, const DLTensor *t,
-                               unsigned dtype, size_t nchunks, bx_tc_tensor *v) {
-  bx_status st = bx_tc_check(fn, idx, name, t, dtype, 1, 1, NULL, 1, v);
+static bx_status check_chunked(const bx_tc_place *pl, const char *fn, size_t idx, const char *name,
+                               const DLTensor *t, unsigned dtype, size_t nchunks, bx_tc_tensor *v) {
+  bx_status st = bx_tc_check_in(pl, fn, idx, name, t, dtype, 1, 1, NULL, 1, v);
   if (st == BX_OK && (size_t)v->dim[0] != nchunks)
     st = bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, idx,
                     "%s: tensor %zu (%s) has %lld entries; want nchunks = %zu", fn, idx, name,
@@ -135,8 +136,11 @@ static bx_status xent_impl(const char *fn, int what, const xent_args *a, const b
    * counts (forward) and dlogits (backward) in the order of the call */
   bx_tc_tensor Z, Y, L = {0}, P = {0}, N = {0}, G = {0};
   size_t iL = 2, iP = 3, iN = 4, iG = what == DO_BWD ? 2 : 5;
-  bx_status st = bx_tc_check(fn, 0, "logits", a->logits, BX_TC_F32, 2, 3, NULL, 0, &Z);
-  if (st == BX_OK) st = bx_tc_check(fn, 1, "targets", a->targets, BX_TC_IDS, 1, 2, NULL, 0, &Y);
+  const DLTensor *ts[6] = {a->logits, a->targets, a->losses, a->partials, a->counts, a->dlogits};
+  const bx_tc_place pl = bx_tc_place_of(ts, 6);
+  bx_status st = bx_tc_check_in(&pl, fn, 0, "logits", a->logits, BX_TC_F32, 2, 3, NULL, 0, &Z);
+  if (st == BX_OK)
+    st = bx_tc_check_in(&pl, fn, 1, "targets", a->targets, BX_TC_IDS, 1, 2, NULL, 0, &Y);
   if (st == BX_OK) st = check_token_major(fn, 0, "logits", &Y, &Z);
   if (st != BX_OK) return st;
   size_t T = Y.n, V = (size_t)Z.dim[Z.ndim - 1];
@@ -147,21 +151,21 @@ static bx_status xent_impl(const char *fn, int what, const xent_args *a, const b
   all[nall++] = &Z;
   all[nall++] = &Y;
   if (what & DO_FWD) {
-    st = bx_tc_check(fn, iL, "losses", a->losses, BX_TC_F32, 1, 2, NULL, 1, &L);
+    st = bx_tc_check_in(&pl, fn, iL, "losses", a->losses, BX_TC_F32, 1, 2, NULL, 1, &L);
     if (st == BX_OK && !bx_tc_same_shape(&L, &Y))
       st = bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, iL,
                       "%s: tensor %zu (losses) must have the targets' shape", fn, iL);
     if (st == BX_OK && a->partials)
-      st = check_chunked(fn, iP, "loss_partials", a->partials, BX_TC_F32, nchunks, &P);
+      st = check_chunked(&pl, fn, iP, "loss_partials", a->partials, BX_TC_F32, nchunks, &P);
     if (st == BX_OK && a->counts)
-      st = check_chunked(fn, iN, "counts", a->counts, BX_TC_I64, nchunks, &N);
+      st = check_chunked(&pl, fn, iN, "counts", a->counts, BX_TC_I64, nchunks, &N);
     if (st != BX_OK) return st;
     all[nall++] = &L;
     all[nall++] = &P; /* empty when NULL */
     all[nall++] = &N;
   }
   if (what & DO_BWD) {
-    st = bx_tc_check(fn, iG, "dlogits", a->dlogits, BX_TC_F32, 2, 3, NULL, 1, &G);
+    st = bx_tc_check_in(&pl, fn, iG, "dlogits", a->dlogits, BX_TC_F32, 2, 3, NULL, 1, &G);
     if (st == BX_OK && !bx_tc_same_shape(&G, &Z))
       st = bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, iG,
                       "%s: tensor %zu (dlogits) must have the logits' shape", fn, iG);
@@ -171,9 +175,17 @@ static bx_status xent_impl(const char *fn, int what, const xent_args *a, const b
   /* overlaps: every output against everything, dlogits == logits allowed */
   G.inplace = 0;
   if ((st = bx_tc_overlap(fn, all, nall)) != BX_OK) return st;
+  const bx_train_device *dev = NULL;
+  bx_tc_tensor HY = Y; /* the targets the host reads: Y, or the device path's copy */
+  if (pl.cuda) {
+    const bx_tc_tensor *src[1] = {&Y};
+    st = bx_train_cuda(fn, &dev);
+    if (st == BX_OK) st = bx_tc_to_host(fn, &pl, dev, src, &HY, 1, 0, NULL);
+    if (st != BX_OK) return st;
+  }
   int64_t local = 0;
   for (size_t t = 0; t < T; t++) {
-    int64_t y = bx_tc_id(&Y, t);
+    int64_t y = bx_tc_id(&HY, t);
     if (y == o->ignore_index) continue;
     if (y < 0 || (uint64_t)y >= V)
       return bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, 1,
@@ -185,6 +197,14 @@ static bx_status xent_impl(const char *fn, int what, const xent_args *a, const b
   if ((what & DO_BWD) && local > a->n_global)
     return bx_fail(BX_EINVAL, "%s: n_global %lld is below this call's own %lld non-ignored tokens",
                    fn, (long long)a->n_global, (long long)local);
+  if (dev) /* one thread per row (S sequential, as here), then one per chunk */
+    return dev->xent(fn, pl.device, Z.data, Y.data, Y.dtype == BX_TC_I64, o->ignore_index,
+                     (what & DO_BWD) ? (float *)G.data : NULL,
+                     (what & DO_FWD) ? (float *)L.data : NULL,
+                     (what & DO_FWD) && a->partials ? (float *)P.data : NULL,
+                     (what & DO_FWD) && a->counts ? (int64_t *)N.data : NULL, T, V,
+                     C, nchunks,
+                     (what & DO_BWD) ? o->grad_scale / (double)a->n_global : 0.0);
   xent_job j = {(const float *)(const void *)Z.data,
                 (what & DO_BWD) ? (float *)(void *)G.data : NULL,
                 (what & DO_FWD) ? (float *)(void *)L.data : NULL,
@@ -266,7 +286,7 @@ static bx_status count_impl(const char *fn, const DLTensor *targets, int64_t chu
   bx_status st = bx_tc_check(fn, 0, "targets", targets, BX_TC_IDS, 1, 2, NULL, 0, &Y);
   if (st != BX_OK) return st;
   size_t T = Y.n, C = (size_t)chunk_tokens, nchunks = T / C + (T % C != 0);
-  st = check_chunked(fn, 1, "counts", counts, BX_TC_I64, nchunks, &N);
+  st = check_chunked(NULL, fn, 1, "counts", counts, BX_TC_I64, nchunks, &N);
   const bx_tc_tensor *all[2] = {&Y, &N};
   if (st == BX_OK) st = bx_tc_overlap(fn, all, 2);
   if (st != BX_OK) return st;

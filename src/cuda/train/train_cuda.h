@@ -60,4 +60,34 @@ bx_status bx_cut_gemm(const char *fn, int device, const void *a, int a_bf16, con
                       int b_bf16, int layout, float *c, size_t m, size_t n, size_t k,
                       int accumulate);
 
+/* router.cu, permute.cu, embedding.cu, xent.cu (grid_moe.h's bodies;
+ * train_device.h states each member). */
+bx_status bx_cut_router_fwd(const char *fn, int device, const float *logits, const float *bias,
+                            void *ids, int ids_i64, float *weights, int64_t *counts, size_t T,
+                            size_t chunk, size_t nchunks, const bx_router_cfg *q);
+bx_status bx_cut_router_bwd(const char *fn, int device, const float *logits, const void *ids,
+                            int ids_i64, const float *dw, float *dl, size_t T, size_t E, size_t k,
+                            int norm, double r);
+bx_status bx_cut_moe_permute(const char *fn, int device, const float *x, const int64_t *row_map,
+                             float *x_perm, size_t R, size_t H);
+bx_status bx_cut_moe_permute_bwd(const char *fn, int device, const float *dx_perm,
+                                 const int64_t *pos, float *dx, size_t T, size_t k, size_t H);
+bx_status bx_cut_moe_unpermute(const char *fn, int device, const float *y_perm, const float *w,
+                               const int64_t *pos, const float *initial, float *out, size_t T,
+                               size_t k, size_t H);
+bx_status bx_cut_moe_unpermute_bwd(const char *fn, int device, const float *dout,
+                                   const float *y_perm, const float *w, const int64_t *row_map,
+                                   const int64_t *pos, float *dy_perm, float *dweights, size_t T,
+                                   size_t k, size_t H);
+bx_status bx_cut_embedding_fwd(const char *fn, int device, const float *weight, const void *ids,
+                               int ids_i64, float *y, size_t T, size_t H);
+bx_status bx_cut_embedding_bwd(const char *fn, int device, const void *ids, int ids_i64,
+                               const float *dy, const int64_t *row_ids, const int64_t *offsets,
+                               float *rows, size_t T, size_t H, size_t chunk, size_t nchunks,
+                               size_t total);
+bx_status bx_cut_xent(const char *fn, int device, const float *z, const void *targets,
+                      int targets_i64, int64_t ignore_index, float *g, float *losses,
+                      float *partials, int64_t *counts, size_t T, size_t V, size_t chunk,
+                      size_t nchunks, double c);
+
 #endif /* BX_TRAIN_CUDA_H */
