@@ -118,6 +118,7 @@ void test_cuda_sim_pow(void);
 void test_cuda_sim_adversarial(void);
 void test_cuda_refused_without_device(void);
 void test_device_comm_local_failure_agreed(void);
+void test_device_comm_tokred(void);
 void test_cuda_sim_finish(void);
 void test_cuda_sim_store_rounding(void);
 
