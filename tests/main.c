@@ -140,6 +140,8 @@ static const test_entry TESTS[] = {
     {"train_cuda_sim_rmsnorm", test_train_cuda_sim_rmsnorm},
     {"train_cuda_sim_rope", test_train_cuda_sim_rope},
     {"train_cuda_sim_gemm", test_train_cuda_sim_gemm},
+    {"train_cuda_sim_tokred", test_train_cuda_sim_tokred},
+    {"train_cuda_sim_wgrad", test_train_cuda_sim_wgrad},
     {"train_cuda_dispatch", test_train_cuda_dispatch},
     /* the block drivers and micro-kernels (test_kernels.c) */
     {"kernels_driver_paths", test_kernels_driver_paths},

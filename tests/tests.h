@@ -109,6 +109,9 @@ void test_train_cuda_sim_adamw(void);
 void test_train_cuda_sim_rmsnorm(void);
 void test_train_cuda_sim_rope(void);
 void test_train_cuda_sim_gemm(void);
+/* test_train_cuda_sim_tokred.c */
+void test_train_cuda_sim_tokred(void);
+void test_train_cuda_sim_wgrad(void);
 void test_train_cuda_dispatch(void);
 /* test_cuda_sim.c */
 void test_cuda_sim_squares(void);

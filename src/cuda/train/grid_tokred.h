@@ -250,6 +250,20 @@ static inline BX_HD void bx_tgt_bias_item(const bx_tgt_wgrad *w, uint64_t i, int
   *q = sum;
 }
 
+/* Thread (i0, stride) of the grid add's grid-stride kernel (bx_tgt_grid):
+ * the words of its elements i0, i0 + stride, ... stored, their largest
+ * |bits|, non-finite count and first breaking index into s (s->q unused). */
+static inline BX_HD void bx_tgt_grid_thread(const bx_tgt_grid *g, uint64_t i0, uint64_t stride,
+                                            bx_tgt_acc *s) {
+  for (uint64_t i = i0; i < g->n; i += stride) {
+    bx_tgt_elem e = bx_tgt_grid_elem(g->a[i], g->inv_step, g->lim);
+    g->q[i] = e.q; /* one thread per word */
+    s->mx = e.ab > s->mx ? e.ab : s->mx;
+    s->nf += e.nonfinite;
+    if (e.breaks && i < s->bad) s->bad = i;
+  }
+}
+
 /* Chunk groups of a launch: enough blocks to fill a device (about 1024
  * tiles in all), at most one group per chunk and 65535 (grid z). Speed
  * only: any count gives the same words. */

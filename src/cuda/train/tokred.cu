@@ -112,18 +112,13 @@ __global__ void __launch_bounds__(BX_TG_BLOCK) bx_cut_tokred_maxabs_kernel(bx_tg
 }
 
 __global__ void __launch_bounds__(BX_TG_BLOCK) bx_cut_tokred_grid_kernel(bx_tgt_grid g, tk_res *r) {
-  uint32_t mx = 0;
-  unsigned long long nf = 0, bad = ~0ull;
-  BX_CUT_FOR(i, g.n) {
-    bx_tgt_elem e = bx_tgt_grid_elem(g.a[i], g.inv_step, g.lim);
-    g.q[i] = e.q; /* one thread per word */
-    mx = e.ab > mx ? e.ab : mx;
-    nf += (unsigned long long)e.nonfinite;
-    if (e.breaks && i < bad) bad = i;
-  }
-  if (mx) atomicMax(&r->mx_w, mx);
-  if (nf) atomicAdd(&r->nf_w, nf);
-  if (bad != ~0ull) atomicMin(&r->bad_w, bad);
+  bx_tgt_acc s;
+  bx_tgt_acc_init(&s);
+  bx_tgt_grid_thread(&g, (uint64_t)blockIdx.x * blockDim.x + threadIdx.x,
+                     (uint64_t)gridDim.x * blockDim.x, &s);
+  if (s.mx) atomicMax(&r->mx_w, s.mx);
+  if (s.nf) atomicAdd(&r->nf_w, (unsigned long long)s.nf);
+  if (s.bad != UINT64_MAX) atomicMin(&r->bad_w, (unsigned long long)s.bad);
 }
 
 __global__ void __launch_bounds__(BX_TG_GEMM_THREADS) bx_cut_tokred_wgrad_kernel(bx_tgt_wgrad w,
