@@ -248,6 +248,75 @@ static int agreed_bound(const bx_tokred *s, size_t t, int64_t nchunks) {
   return e + bx_tokred_precision(nchunks);
 }
 
+/* ---- the dispatch ------------------------------------------------------------------------------ */
+
+/* Without a GPU (the CI host): a CUDA partial or CUDA operands take the
+ * device path, which fails with BX_EDEVICE naming the call (the backend's
+ * CUDA error, or "no CUDA backend" in a build without one) and leaves the
+ * state unchanged; a mixed wgrad call names its first device tensor. */
+static int dispatch_skip(void) {
+  if (bx_cuda_available() == BX_OK) {
+    bxt_skip("a GPU is present: fake device tensors would be dereferenced (tests/cuda runs there)");
+    return 1;
+  }
+  return 0;
+}
+
+static int words_zero(bx_tokred *s) {
+  int64_t *w;
+  size_t n;
+  if (bx_tokred_words(s, &w, &n) != BX_OK) return 0;
+  for (size_t i = 0; i < n; i++)
+    if (w[i]) return 0;
+  return 1;
+}
+
+static void tokred_dispatch(void) {
+  if (dispatch_skip()) return;
+  float p[6] = {1, 2, 3, 4, 5, 6};
+  int64_t sh[2] = {2, 3};
+  DLTensor g = bxt_f32_view(NULL, 2, sh), tp = bxt_f32_view(p, 2, sh);
+  bx_tokred *s = NULL;
+  CHECK_STATUS(bx_tokred_create(&g, 1, 1, 2, NULL, &s), BX_OK, "create");
+  tp.device.device_type = kDLCUDA;
+  CHECK_STATUS(bx_tokred_bound(s, 0, 0, &tp), BX_EDEVICE, "bound of a CUDA partial, no GPU");
+  CHECK(strstr(bx_last_error(), "bx_tokred_bound"), "names the call: %s", bx_last_error());
+  CHECK_STATUS(bx_tokred_agree(s, NULL), BX_OK, "agree");
+  CHECK_STATUS(bx_tokred_add(s, 0, 0, &tp), BX_EDEVICE, "add of a CUDA partial, no GPU");
+  CHECK(strstr(bx_last_error(), "bx_tokred_add"), "names the call: %s", bx_last_error());
+  CHECK(words_zero(s), "the refused add left the state unchanged");
+  tp.device.device_type = kDLOpenCL; /* still refused as before */
+  CHECK_STATUS(bx_tokred_add(s, 0, 0, &tp), BX_EDEVICE, "add of an OpenCL partial");
+  bx_tokred_destroy(s);
+}
+
+static void wgrad_dispatch(void) {
+  if (dispatch_skip()) return;
+  float dy[6] = {1, 2, 3, 4, 5, 6}, x[4] = {1, 2, 3, 4};
+  int64_t sdy[2] = {2, 3}, sx[2] = {2, 2}, sw[2] = {3, 2}, sb[1] = {3};
+  DLTensor tdy = bxt_f32_view(dy, 2, sdy), tx = bxt_f32_view(x, 2, sx);
+  DLTensor grads[2] = {bxt_f32_view(NULL, 2, sw), bxt_f32_view(NULL, 1, sb)};
+  bx_tokred *s = NULL;
+  CHECK_STATUS(bx_tokred_create(grads, 2, 1, 2, NULL, &s), BX_OK, "create");
+  tdy.device.device_type = tx.device.device_type = kDLCUDA;
+  CHECK_STATUS(bx_linear_wgrad_bound(s, 0, 1, &tdy, &tx, 0, NULL), BX_EDEVICE,
+               "wgrad_bound on CUDA operands, no GPU");
+  CHECK(strstr(bx_last_error(), "bx_linear_wgrad_bound"), "names the call: %s", bx_last_error());
+  tx.device.device_type = kDLCPU; /* mixed: the host path names dy */
+  CHECK_STATUS(bx_linear_wgrad_bound(s, 0, 1, &tdy, &tx, 0, NULL), BX_EDEVICE, "mixed operands");
+  CHECK(strstr(bx_last_error(), "dy"), "names dy: %s", bx_last_error());
+  CHECK_STATUS(bx_tokred_agree(s, NULL), BX_OK, "agree");
+  tx.device.device_type = kDLCUDA;
+  CHECK_STATUS(bx_linear_wgrad(s, 0, 1, &tdy, &tx, 0, NULL), BX_EDEVICE,
+               "wgrad on CUDA operands, no GPU");
+  CHECK(strstr(bx_last_error(), "bx_linear_wgrad"), "names the call: %s", bx_last_error());
+  CHECK(words_zero(s), "the refused wgrad left the state unchanged");
+  tx.device.device_id = 1; /* two devices */
+  CHECK_STATUS(bx_linear_wgrad(s, 0, 1, &tdy, &tx, 0, NULL), BX_EDEVICE, "two devices");
+  CHECK(strstr(bx_last_error(), "x"), "names x: %s", bx_last_error());
+  bx_tokred_destroy(s);
+}
+
 /* ---- bx_tokred_bound / bx_tokred_add on a CUDA partial ------------------------------------------ */
 
 void test_train_cuda_sim_tokred(void) {
@@ -366,6 +435,7 @@ void test_train_cuda_sim_tokred(void) {
     bx_tokred_destroy(s);
   }
   free(ops.v);
+  tokred_dispatch();
 }
 
 /* ---- bx_linear_wgrad(_bound) on CUDA operands -------------------------------------------------- */
@@ -518,4 +588,5 @@ void test_train_cuda_sim_wgrad(void) {
     bx_tokred_destroy(s);
   }
   free(ops.v);
+  wgrad_dispatch();
 }
