@@ -89,6 +89,7 @@ static bx_status stage_prepare(const char *fn, const bx_tokred *s, const bx_comm
   return st;
 }
 
+/* The staging back to the backend (its arena is kept for the next call). */
 static void stage_release(comm_stage *cs) {
   if (cs->dev) cs->be->release(cs->dev);
   cs->dev = NULL;

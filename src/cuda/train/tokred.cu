@@ -81,6 +81,7 @@ bx_status tk_reserve(const char *fn, int device, size_t bytes, void **out) {
   return BX_OK;
 }
 
+/* b rounded up to 256 bytes (the scratch's pieces start aligned). */
 size_t align256(size_t b) { return (b + 255) & ~(size_t)255; }
 
 /* The result words before a launch: maxima and counts 0, firsts all ones. */
@@ -90,6 +91,7 @@ cudaError_t tk_res_clear(tk_res *r) {
   return e;
 }
 
+/* The weight's (weight != 0; the one partial's) or the bias's results. */
 void tk_res_out(const tk_res &r, int weight, bx_tokred_dev_res *out) {
   out->mx = weight ? r.mx_w : r.mx_b;
   out->nf = (int64_t)(weight ? r.nf_w : r.nf_b);
@@ -111,6 +113,7 @@ __global__ void __launch_bounds__(BX_TG_BLOCK) bx_cut_tokred_maxabs_kernel(bx_tg
   }
 }
 
+/* One thread per element (grid-stride): its q stored, its results as atomics. */
 __global__ void __launch_bounds__(BX_TG_BLOCK) bx_cut_tokred_grid_kernel(bx_tgt_grid g, tk_res *r) {
   bx_tgt_acc s;
   bx_tgt_acc_init(&s);
@@ -121,6 +124,9 @@ __global__ void __launch_bounds__(BX_TG_BLOCK) bx_cut_tokred_grid_kernel(bx_tgt_
   if (s.bad != UINT64_MAX) atomicMin(&r->bad_w, (unsigned long long)s.bad);
 }
 
+/* Block (row tile, column tile, chunk group): the GEMM's tile chains per
+ * chunk between __syncthreads(), the grid in the epilogue, the q of the
+ * group's chunks summed in registers, one atomicAdd per output. */
 __global__ void __launch_bounds__(BX_TG_GEMM_THREADS) bx_cut_tokred_wgrad_kernel(bx_tgt_wgrad w,
                                                                                  tk_res *r) {
   __shared__ float As[BX_TG_GEMM_BK * BX_TG_GEMM_BM];
@@ -151,6 +157,8 @@ __global__ void __launch_bounds__(BX_TG_GEMM_THREADS) bx_cut_tokred_wgrad_kernel
   if (s.bad != UINT64_MAX) atomicMin(&r->bad_w, (unsigned long long)s.bad);
 }
 
+/* One thread per (chunk group, column): the bias partials' q summed, one
+ * atomicAdd per item. */
 __global__ void __launch_bounds__(BX_TG_BLOCK) bx_cut_tokred_bias_kernel(bx_tgt_wgrad w, tk_res *r) {
   bx_tgt_acc s;
   bx_tgt_acc_init(&s);
@@ -164,6 +172,8 @@ __global__ void __launch_bounds__(BX_TG_BLOCK) bx_cut_tokred_bias_kernel(bx_tgt_
   if (s.bad != UINT64_MAX) atomicMin(&r->bad_b, (unsigned long long)s.bad);
 }
 
+/* One thread per column: chunk c's bias partial stored (the error path and
+ * the ordinary mode). */
 __global__ void __launch_bounds__(BX_TG_BLOCK) bx_cut_tokred_bias_chunk_kernel(bx_tgt_wgrad w,
                                                                                uint64_t c, float *pb) {
   BX_CUT_FOR(j, w.n) pb[j] = bx_tgt_bias_partial(&w, c, j);
@@ -171,6 +181,7 @@ __global__ void __launch_bounds__(BX_TG_BLOCK) bx_cut_tokred_bias_chunk_kernel(b
 
 /* ---- launchers ---------------------------------------------------------------------- */
 
+/* train_device.h tokred_maxabs: zeroed maxima, the kernel, the copy back. */
 bx_status bx_cut_tokred_maxabs(const char *fn, int device, const void *a, int a_bf16, size_t rows,
                                size_t cols, size_t chunk, uint32_t *mx) {
   size_t nch = rows / chunk + (rows % chunk != 0);
@@ -195,6 +206,8 @@ bx_status bx_cut_tokred_maxabs(const char *fn, int device, const void *a, int a_
   return BX_OK;
 }
 
+/* train_device.h tokred_grid: the q words and results back to the host
+ * (and the first breaking element's value). */
 bx_status bx_cut_tokred_grid(const char *fn, int device, const float *a, size_t n, double inv_step,
                              uint32_t lim, int64_t *q, bx_tokred_dev_res *res) {
   cudaError_t pending = cudaPeekAtLastError();
@@ -238,6 +251,8 @@ static bx_tgt_wgrad tk_wgrad_of(const bx_tokred_dev_wgrad *w, uint64_t tiles) {
   return t;
 }
 
+/* train_device.h tokred_wgrad: the weight kernel, then the bias kernel,
+ * into zeroed q words; everything back to the host once. */
 bx_status bx_cut_tokred_wgrad(const char *fn, int device, const bx_tokred_dev_wgrad *w,
                               int64_t *qw, int64_t *qb, bx_tokred_dev_res *rw,
                               bx_tokred_dev_res *rb) {
@@ -279,6 +294,8 @@ bx_status bx_cut_tokred_wgrad(const char *fn, int device, const bx_tokred_dev_wg
   return BX_OK;
 }
 
+/* train_device.h tokred_wgrad_chunk: chunk c's partials (gemm.cu's TN
+ * kernel on its rows; the bias kernel) into scratch, then to the host. */
 bx_status bx_cut_tokred_wgrad_chunk(const char *fn, int device, const bx_tokred_dev_wgrad *w,
                                     size_t c, float *pw, float *pb) {
   size_t nk = pw ? w->n * w->k : 0, nb = pb ? w->n : 0;
