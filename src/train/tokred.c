@@ -47,13 +47,15 @@ static bx_status check_opts_size(const char *fn, const bx_tokred_opts *o) {
                               "bx_tokred_opts", "BX_TOKRED_OPTS_DEFAULT");
 }
 
-/* A partial or an output against tensor t of s: host (or, allow_f64 == 2,
- * a partial that may be a kDLCUDA tensor), dtype (fp32, or fp64 too when
- * allow_f64 == 1), same ndim and shape, row-major dense, aligned. */
+/* What check_like accepts beyond a host fp32 tensor. */
+enum { LIKE_F32 = 0, LIKE_F64 = 1 /* an output: fp64 too */, LIKE_CUDA = 2 /* a partial: kDLCUDA too */ };
+
+/* A partial or an output against tensor t of s: host (or a kDLCUDA tensor
+ * with LIKE_CUDA), dtype (fp32, or fp64 too with LIKE_F64), same ndim and
+ * shape, row-major dense, aligned. */
 static bx_status check_like(const char *fn, const bx_tokred *s, size_t t, int64_t chunk,
-                            const DLTensor *x, const char *what, int allow_f64) {
-  int allow_cuda = allow_f64 == 2;
-  if (allow_cuda) allow_f64 = 0;
+                            const DLTensor *x, const char *what, int like) {
+  int allow_cuda = like == LIKE_CUDA, allow_f64 = like == LIKE_F64;
   char where[80];
   if (chunk >= 0) snprintf(where, sizeof where, "tensor %zu, chunk %lld", t, (long long)chunk);
   else snprintf(where, sizeof where, "tensor %zu", t);
@@ -106,7 +108,7 @@ static const float *f32_data(const DLTensor *x) {
   return (const float *)(const void *)((const char *)x->data + x->byte_offset);
 }
 
-/* 1 for a partial on a CUDA device (check_like with allow_f64 2 lets it
+/* 1 for a partial on a CUDA device (check_like with LIKE_CUDA lets it
  * through): bx_tokred_bound / bx_tokred_add then run the device's kernels
  * through train_device.h's table (BX_EDEVICE naming the call when this
  * build has none). */
@@ -421,7 +423,7 @@ static bx_status bound_impl(const char *fn, bx_tokred *s, size_t t, int64_t chun
                     "%s: tensor %zu, chunk %lld: the grid is already agreed (bounds come before "
                     "bx_tokred_agree)",
                     fn, t, (long long)chunk);
-  if (st == BX_OK) st = check_like(fn, s, t, chunk, p, "the partial", 2);
+  if (st == BX_OK) st = check_like(fn, s, t, chunk, p, "the partial", LIKE_CUDA);
   if (st != BX_OK) return st;
   uint32_t mx = 0;
   if (on_cuda(p)) { /* the device's kernel: the same maximum */
@@ -605,7 +607,7 @@ static bx_status add_cuda(const char *fn, bx_tokred *s, size_t t, int64_t chunk,
 static bx_status add_impl(const char *fn, bx_tokred *s, size_t t, int64_t chunk,
                           const DLTensor *p) {
   bx_status st = bx_tokred_add_check(fn, s, t, chunk);
-  if (st == BX_OK) st = check_like(fn, s, t, chunk, p, "the partial", 2);
+  if (st == BX_OK) st = check_like(fn, s, t, chunk, p, "the partial", LIKE_CUDA);
   if (st != BX_OK) return st;
   const float *a = f32_data(p);
   size_t n = (size_t)s->numel[t];
@@ -739,7 +741,7 @@ static bx_status finish_checks(const char *fn, const bx_tokred *s, DLTensor *out
                         t, (long long)nf);
   }
   for (size_t t = 0; t < nout; t++) {
-    bx_status st = check_like(fn, s, t, -1, &out[t], "the output", 1);
+    bx_status st = check_like(fn, s, t, -1, &out[t], "the output", LIKE_F64);
     if (st != BX_OK) return st;
   }
   if (nout > 1) return bx_check_writable(fn, out, nout, NULL, 0, 0);
