@@ -96,6 +96,14 @@ extern "C" {
  * until bx_tokred_destroy. In place: no call writes a tensor it reads.
  * Tensors: fp32 (kDLFloat, 32, lanes 1), host memory, dense (strides NULL
  * or row-major); a partial has the shape of its gradient.
+ * CUDA (issue 30; not yet run on a GPU, docs/cuda.md): the partial of
+ * bx_tokred_bound and bx_tokred_add, and dy and x of bx_linear_wgrad_bound
+ * and bx_linear_wgrad (all on one device), may be kDLCUDA tensors: device
+ * kernels give the host's words exactly, on the legacy default stream,
+ * waiting; the state's words stay in host memory (a build without the
+ * CUDA backend: BX_EDEVICE). comm may be a device communicator
+ * (bx_comm_nccl) for bx_tokred_agree and bx_tokred_allreduce: the words
+ * are staged through device memory.
  */
 typedef enum bx_tokred_mode {
   BX_TOKRED_GRID = 0,    /* canonical addends on an int64 grid (default) */

@@ -131,6 +131,7 @@ static const test_entry TESTS[] = {
     {"cuda_sim_adversarial", test_cuda_sim_adversarial},
     {"cuda_refused_without_device", test_cuda_refused_without_device},
     {"device_comm_local_failure_agreed", test_device_comm_local_failure_agreed},
+    {"device_comm_tokred", test_device_comm_tokred},
     {"cuda_sim_finish", test_cuda_sim_finish},
     {"cuda_sim_store_rounding", test_cuda_sim_store_rounding},
     /* the training kernels' CUDA decomposition on the CPU (test_train_cuda_sim.c) */
@@ -145,6 +146,8 @@ static const test_entry TESTS[] = {
     {"train_cuda_sim_embedding", test_train_cuda_sim_embedding},
     {"train_cuda_sim_xent", test_train_cuda_sim_xent},
     {"train_cuda_dispatch_moe", test_train_cuda_dispatch_moe},
+    {"train_cuda_sim_tokred", test_train_cuda_sim_tokred},
+    {"train_cuda_sim_wgrad", test_train_cuda_sim_wgrad},
     {"train_cuda_dispatch", test_train_cuda_dispatch},
     {"train_alloc", test_train_alloc},
     {"train_device_sim", test_train_device_sim},

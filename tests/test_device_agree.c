@@ -17,6 +17,8 @@
 #include <string.h>
 
 #include "backend.h"
+#include "bitexact_train.h"
+#include "dl_view.h"
 #include "checks.h"
 #include "harness.h"
 #include "sim_comm.h"
@@ -163,4 +165,123 @@ void test_device_comm_local_failure_agreed(void) {
   bx_backend_cuda_override(NULL);
   bxt_tensor_free(&g_x[0]);
   bxt_tensor_free(&g_x[1]);
+}
+
+/* ---- the token reduction over a device communicator ------------------------------------ */
+
+/* Rank r of a 2-rank token reduction (one [10, 10] tensor, 4 chunks of 3
+ * tokens in a batch of 12; rank r holds chunks 2r, 2r + 1), through comm:
+ * bound, agree, add, allreduce, finish into out[100]. fault 1: rank 1
+ * resets its state before bx_tokred_allreduce (a state not agreed: a local
+ * failure that every rank must learn of in the agreement's collective). */
+typedef struct tk_job {
+  bxt_rank_ctx ctx;
+  bx_comm comm;
+  int mode, fault;
+  bx_status st;
+  float out[100];
+  int prepares;
+  char err[512];
+} tk_job;
+
+static void tk_partial(float *p, int64_t chunk) {
+  for (int i = 0; i < 100; i++) /* a wide range, negatives, a tie-maker: rank-independent */
+    p[i] = (float)ldexp((double)((i * 37 + chunk * 11) % 23) - 11.0, (int)((i + chunk) % 9) - 4) +
+           (i % 7 == 0 ? 1e-7f * (float)chunk : 0.0f);
+}
+
+static void *tk_rank_main(void *arg) {
+  tk_job *j = arg;
+  int64_t shape[2] = {10, 10};
+  float p[100];
+  DLTensor g = bxt_f32_view(NULL, 2, shape), tp = bxt_f32_view(p, 2, shape),
+           to = bxt_f32_view(j->out, 2, shape);
+  bx_tokred_opts o = BX_TOKRED_OPTS_DEFAULT;
+  o.mode = (bx_tokred_mode)j->mode;
+  bx_tokred *s = NULL;
+  sim_prepares = 0;
+  j->st = bx_tokred_create(&g, 1, 3, 12, &o, &s);
+  int r = j->ctx.rank;
+  for (int64_t c = 2 * r; j->st == BX_OK && c < 2 * r + 2; c++) {
+    tk_partial(p, c);
+    j->st = bx_tokred_bound(s, 0, c, &tp);
+  }
+  if (j->st == BX_OK) j->st = bx_tokred_agree(s, &j->comm);
+  for (int64_t c = 2 * r; j->st == BX_OK && c < 2 * r + 2; c++) {
+    tk_partial(p, c);
+    j->st = bx_tokred_add(s, 0, c, &tp);
+  }
+  if (j->st == BX_OK && j->fault && r == 1) j->st = bx_tokred_reset(s, NULL); /* not agreed now */
+  if (j->st == BX_OK) j->st = bx_tokred_allreduce(s, &j->comm);
+  if (j->st == BX_OK) j->st = bx_tokred_finish(s, &to, 1, 1);
+  j->prepares = sim_prepares;
+  snprintf(j->err, sizeof j->err, "%s", j->st == BX_OK ? "" : bx_last_error());
+  bx_tokred_destroy(s);
+  return NULL;
+}
+
+/* Two ranks through device (1: the device communicator, staged by the
+ * simulated backend) or host communicators; returns rank 0's output. */
+static void tk_two_ranks(int device, int mode, int fault, tk_job *jobs) {
+  bxt_world w;
+  bxt_world_init(&w, 2);
+  pthread_t th[2];
+  memset(jobs, 0, 2 * sizeof *jobs);
+  for (int r = 0; r < 2; r++) {
+    jobs[r].comm = bxt_sim_comm(&w, &jobs[r].ctx, r);
+    if (device) {
+      jobs[r].comm.allreduce_i64_async = sim_async;
+      jobs[r].comm.on_device = 1;
+    }
+    jobs[r].mode = mode;
+    jobs[r].fault = fault;
+    pthread_create(&th[r], NULL, tk_rank_main, &jobs[r]);
+  }
+  for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+  CHECK(!w.timed_out, "tokred device=%d mode %d fault %d: a rank waited 5 s: a hang", device,
+        mode, fault);
+  bxt_world_free(&w);
+}
+
+void test_device_comm_tokred(void) {
+  bx_backend_cuda_override(&sim_backend);
+  for (int mode = 0; mode < 2 && !bxt_failures(); mode++) {
+    tk_job host[2], dev[2];
+    tk_two_ranks(0, mode, 0, host);
+    tk_two_ranks(1, mode, 0, dev);
+    for (int r = 0; r < 2; r++) {
+      CHECK(host[r].st == BX_OK && dev[r].st == BX_OK, "mode %d rank %d: host %s (%s), device %s (%s)",
+            mode, r, bx_status_str(host[r].st), host[r].err, bx_status_str(dev[r].st), dev[r].err);
+      CHECK(memcmp(host[r].out, dev[r].out, sizeof host[r].out) == 0 &&
+                memcmp(dev[r].out, dev[0].out, sizeof dev[0].out) == 0,
+            "mode %d rank %d: the device communicator's result differs from the host one's", mode, r);
+      /* agree and allreduce each stage through one prepare (the gather of the
+       * ordinary mode, 200 words over a 105-word staging, goes in pieces) */
+      CHECK(dev[r].prepares == 2, "mode %d rank %d: %d prepares (2 expected)", mode, r,
+            dev[r].prepares);
+    }
+  }
+  /* rank 1 fails locally in the allreduce: both ranks fail, nobody waits */
+  tk_job f[2];
+  tk_two_ranks(1, 0, 1, f);
+  CHECK(f[1].st == BX_EINVAL, "the unagreed rank: %s (%s)", bx_status_str(f[1].st), f[1].err);
+  CHECK(f[0].st == BX_EINVAL && strstr(f[0].err, "rank 1 failed its local checks"),
+        "rank 0 learns rank 1's failure: %s (%s)", bx_status_str(f[0].st), f[0].err);
+  bx_backend_cuda_override(NULL);
+  /* no backend (the real one, without a usable device, or none built): a local
+   * failure that names the device communicator or the device, not a hang of one rank alone */
+  bx_tokred *s = NULL;
+  int64_t shape[1] = {4};
+  DLTensor g = bxt_f32_view(NULL, 1, shape);
+  CHECK_STATUS(bx_tokred_create(&g, 1, 1, 1, NULL, &s), BX_OK, "create");
+  bx_comm c = BX_COMM_DEFAULT;
+  c.allreduce_i64 = bxt_sim_allreduce;
+  c.on_device = 1;
+  if (bx_cuda_available() != BX_OK) {
+    bx_status st = bx_tokred_agree(s, &c);
+    CHECK(st == BX_EDEVICE, "a device communicator without a device: %s (%s)", bx_status_str(st),
+          bx_last_error());
+    CHECK(strstr(bx_last_error(), "bx_tokred_agree"), "names the call: %s", bx_last_error());
+  }
+  bx_tokred_destroy(s);
 }

@@ -115,6 +115,9 @@ void test_train_cuda_sim_permute(void);
 void test_train_cuda_sim_embedding(void);
 void test_train_cuda_sim_xent(void);
 void test_train_cuda_dispatch_moe(void);
+/* test_train_cuda_sim_tokred.c */
+void test_train_cuda_sim_tokred(void);
+void test_train_cuda_sim_wgrad(void);
 void test_train_cuda_dispatch(void);
 /* test_train_device.c */
 void test_train_alloc(void);
@@ -129,6 +132,7 @@ void test_cuda_sim_pow(void);
 void test_cuda_sim_adversarial(void);
 void test_cuda_refused_without_device(void);
 void test_device_comm_local_failure_agreed(void);
+void test_device_comm_tokred(void);
 void test_cuda_sim_finish(void);
 void test_cuda_sim_store_rounding(void);
 

@@ -20,6 +20,8 @@
 #include "tensor.h"
 #include "tokred_grid.h"
 #include "tokred_internal.h"
+#include "train_device.h"
+#include "workspace.h"
 
 /* The per-element loops below are exact integer and exactly-rounded
  * elementwise operations (no float reduction), so vectorising them cannot
@@ -45,15 +47,20 @@ static bx_status check_opts_size(const char *fn, const bx_tokred_opts *o) {
                               "bx_tokred_opts", "BX_TOKRED_OPTS_DEFAULT");
 }
 
-/* A partial or an output against tensor t of s: host, dtype (fp32, or fp64
- * too when allow_f64), same ndim and shape, row-major dense, aligned. */
+/* What check_like accepts beyond a host fp32 tensor. */
+enum { LIKE_F32 = 0, LIKE_F64 = 1 /* an output: fp64 too */, LIKE_CUDA = 2 /* a partial: kDLCUDA too */ };
+
+/* A partial or an output against tensor t of s: host (or a kDLCUDA tensor
+ * with LIKE_CUDA), dtype (fp32, or fp64 too with LIKE_F64), same ndim and
+ * shape, row-major dense, aligned. */
 static bx_status check_like(const char *fn, const bx_tokred *s, size_t t, int64_t chunk,
-                            const DLTensor *x, const char *what, int allow_f64) {
+                            const DLTensor *x, const char *what, int like) {
+  int allow_cuda = like == LIKE_CUDA, allow_f64 = like == LIKE_F64;
   char where[80];
   if (chunk >= 0) snprintf(where, sizeof where, "tensor %zu, chunk %lld", t, (long long)chunk);
   else snprintf(where, sizeof where, "tensor %zu", t);
   if (!x) return bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, t, "%s: %s: %s is NULL", fn, where, what);
-  if (!host_readable(x->device.device_type))
+  if (!host_readable(x->device.device_type) && !(allow_cuda && x->device.device_type == kDLCUDA))
     return bx_fail_at(BX_EDEVICE, -1, BX_NO_INDEX, t,
                       "%s: %s: %s is on device type %d, not host-readable memory", fn, where,
                       what, (int)x->device.device_type);
@@ -100,6 +107,12 @@ static bx_status check_like(const char *fn, const bx_tokred *s, size_t t, int64_
 static const float *f32_data(const DLTensor *x) {
   return (const float *)(const void *)((const char *)x->data + x->byte_offset);
 }
+
+/* 1 for a partial on a CUDA device (check_like with LIKE_CUDA lets it
+ * through): bx_tokred_bound / bx_tokred_add then run the device's kernels
+ * through train_device.h's table (BX_EDEVICE naming the call when this
+ * build has none). */
+static int on_cuda(const DLTensor *x) { return x && x->device.device_type == kDLCUDA; }
 
 static bx_status check_tensor_index(const char *fn, const bx_tokred *s, size_t t) {
   if (t >= s->ntensors)
@@ -398,7 +411,7 @@ bx_status bx_tokred_chunks(const bx_tokred *s, int64_t token_begin, int64_t toke
 /* ---- bounds ------------------------------------------------------------ */
 
 /* The largest finite |bits| of a partial: the active ISA's kernel
- * (kernels.h, bx_tokred_maxabs_fn). */
+ * (kernels.h, bx_tokred_maxabs_fn), or the device's for a CUDA partial. */
 
 static bx_status bound_impl(const char *fn, bx_tokred *s, size_t t, int64_t chunk,
                             const DLTensor *p) {
@@ -410,9 +423,20 @@ static bx_status bound_impl(const char *fn, bx_tokred *s, size_t t, int64_t chun
                     "%s: tensor %zu, chunk %lld: the grid is already agreed (bounds come before "
                     "bx_tokred_agree)",
                     fn, t, (long long)chunk);
-  if (st == BX_OK) st = check_like(fn, s, t, chunk, p, "the partial", 0);
+  if (st == BX_OK) st = check_like(fn, s, t, chunk, p, "the partial", LIKE_CUDA);
   if (st != BX_OK) return st;
-  int E = bx_tokred_exp_of_abs(bx_tokred_kernels_active()->max_abs(f32_data(p), (size_t)s->numel[t]));
+  uint32_t mx = 0;
+  if (on_cuda(p)) { /* the device's kernel: the same maximum */
+    const bx_train_device *dev;
+    st = bx_train_cuda(fn, &dev);
+    if (st == BX_OK && s->numel[t] > 0)
+      st = dev->tokred_maxabs(fn, p->device.device_id, f32_data(p), 0, 1, (size_t)s->numel[t], 1,
+                              &mx);
+    if (st != BX_OK) return st;
+  } else {
+    mx = bx_tokred_kernels_active()->max_abs(f32_data(p), (size_t)s->numel[t]);
+  }
+  int E = bx_tokred_exp_of_abs(mx);
   if (E > s->bound[t]) s->bound[t] = E;
   return BX_OK;
 }
@@ -523,29 +547,76 @@ void bx_tokred_observe(bx_tokred *s, size_t t, uint32_t mx) {
   if (mx >= bx_tokred_abs_limit(s->bound[t])) s->flagged[t] += 1;
 }
 
+bx_status bx_tokred_bound_fail_at(const char *fn, const bx_tokred *s, size_t t, int64_t chunk,
+                                  size_t i, float value) {
+  return bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, t,
+                    "%s: tensor %zu, chunk %lld, element %zu: |%a| is not below the agreed "
+                    "bound 2^%d (the partial differs from the one bounded, or a stated "
+                    "bound was too small); nothing was added",
+                    fn, t, (long long)chunk, i, (double)value, s->bound[t]);
+}
+
 bx_status bx_tokred_bound_fail(const char *fn, const bx_tokred *s, size_t t, int64_t chunk,
                                const float *a, size_t n) {
   uint32_t lim = bx_tokred_abs_limit(s->bound[t]);
   const uint32_t *u = (const uint32_t *)(const void *)a;
   size_t i = 0;
   while (i < n && !((u[i] & 0x7fffffffu) >= lim && (u[i] & 0x7fffffffu) < 0x7f800000u)) i++;
-  return bx_fail_at(BX_EINVAL, -1, BX_NO_INDEX, t,
-                    "%s: tensor %zu, chunk %lld, element %zu: |%a| is not below the agreed "
-                    "bound 2^%d (the partial differs from the one bounded, or a stated "
-                    "bound was too small); nothing was added",
-                    fn, t, (long long)chunk, i, (double)a[i < n ? i : 0], s->bound[t]);
+  return bx_tokred_bound_fail_at(fn, s, t, chunk, i, a[i < n ? i : 0]);
+}
+
+/* w[i] += q[i], modulo 2^64 (the device's words into the state's). */
+BX_VECTORIZE void bx_tokred_words_add(int64_t *restrict w, const int64_t *restrict q, size_t n) {
+  for (size_t i = 0; i < n; i++) w[i] = (int64_t)((uint64_t)w[i] + (uint64_t)q[i]);
+}
+
+/* add_impl for a partial on a CUDA device, checked: grid mode, the
+ * device's kernel rounds every element onto the grid (the q words come
+ * back and are added here, only when the add stands: s is unchanged on
+ * error); ordinary mode, the partial comes to the host and is added in
+ * fp32 as there. */
+static bx_status add_cuda(const char *fn, bx_tokred *s, size_t t, int64_t chunk, const DLTensor *p,
+                          int64_t *nf) {
+  const bx_train_device *dev;
+  bx_status st = bx_train_cuda(fn, &dev);
+  if (st != BX_OK) return st;
+  size_t n = (size_t)s->numel[t];
+  int64_t *w = s->words + s->word_at[t];
+  if (n == 0) return BX_OK;
+  void *ws = bx_workspace(n * sizeof(int64_t));
+  if (!ws) return bx_fail(BX_ENOMEM, "%s: cannot allocate %zu bytes of host staging", fn,
+                          n * sizeof(int64_t));
+  if (s->mode == BX_TOKRED_GRID) {
+    bx_tokred_dev_res r;
+    st = dev->tokred_grid(fn, p->device.device_id, f32_data(p), n, bx_tokred_pow2(-s->grid[t]),
+                          bx_tokred_abs_limit(s->bound[t]), ws, &r);
+    if (st != BX_OK) return st;
+    if (bx_tokred_breaks(s, t, r.mx))
+      return bx_tokred_bound_fail_at(fn, s, t, chunk, (size_t)r.bad, r.bad_value);
+    bx_tokred_words_add(w, ws, n);
+    bx_tokred_observe(s, t, r.mx);
+    *nf = r.nf;
+  } else {
+    st = dev->to_host(fn, p->device.device_id, ws, f32_data(p), n * sizeof(float));
+    if (st != BX_OK) return st;
+    *nf = bx_tokred_plain_add(s->fsum + (s->word_at[t] - t), ws, n);
+  }
+  return BX_OK;
 }
 
 static bx_status add_impl(const char *fn, bx_tokred *s, size_t t, int64_t chunk,
                           const DLTensor *p) {
   bx_status st = bx_tokred_add_check(fn, s, t, chunk);
-  if (st == BX_OK) st = check_like(fn, s, t, chunk, p, "the partial", 0);
+  if (st == BX_OK) st = check_like(fn, s, t, chunk, p, "the partial", LIKE_CUDA);
   if (st != BX_OK) return st;
   const float *a = f32_data(p);
   size_t n = (size_t)s->numel[t];
   int64_t *w = s->words + s->word_at[t];
   int64_t nf = 0;
-  if (s->mode == BX_TOKRED_GRID) {
+  if (on_cuda(p)) {
+    st = add_cuda(fn, s, t, chunk, p, &nf);
+    if (st != BX_OK) return st;
+  } else if (s->mode == BX_TOKRED_GRID) {
     double inv = bx_tokred_pow2(-s->grid[t]);
     uint32_t mx = bx_tokred_kernels_active()->grid_add(w, a, n, inv, &nf);
     if (bx_tokred_breaks(s, t, mx)) {
@@ -670,7 +741,7 @@ static bx_status finish_checks(const char *fn, const bx_tokred *s, DLTensor *out
                         t, (long long)nf);
   }
   for (size_t t = 0; t < nout; t++) {
-    bx_status st = check_like(fn, s, t, -1, &out[t], "the output", 1);
+    bx_status st = check_like(fn, s, t, -1, &out[t], "the output", LIKE_F64);
     if (st != BX_OK) return st;
   }
   if (nout > 1) return bx_check_writable(fn, out, nout, NULL, 0, 0);

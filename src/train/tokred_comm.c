@@ -5,6 +5,17 @@
  * agreement, then one SUM all-reduce of the words; the ordinary mode's
  * float all-reduce through comm->allreduce_f32, or its gather in rank
  * order). The state lives in tokred_internal.h.
+ *
+ * A device communicator (bx_comm_nccl: on_device) reduces device memory:
+ * the words are staged through device memory that the CUDA backend
+ * (backend.h, the norm's blocking path) reserves from its grow-only arena
+ * before the call's first collective (so an out-of-memory fails this rank
+ * in the agreement, like any local failure, and every rank fails), copied
+ * there, all-reduced by NCCL (int64 SUM: wrap-around is the words' own
+ * arithmetic; MAX for the agreement) on the communicator's stream and
+ * copied back; the call waits. A rank whose staging cannot be reserved
+ * (no CUDA backend or device) cannot take part: it fails locally
+ * (BX_EDEVICE) and its peers wait in the collective, as for the norm.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,6 +52,63 @@ static const char *const ag_names[AG_ITEMS] = {
     "the tensor shapes",
     "the agreed grid"};
 
+/* ---- a device communicator's staging ---------------------------------------- */
+
+/* The words a state's collectives stage at once (the same on every rank
+ * once the configuration is agreed): the agreement with its 2 words per
+ * tensor, the words, the ordinary gather's rank count. Larger all-reduces
+ * (the ordinary mode's gather) go through in pieces of this many words. */
+static size_t stage_words(const bx_tokred *s) {
+  size_t w = 2 * AG_ITEMS + 1 + 2 * s->ntensors;
+  if (s->nwords > w) w = s->nwords;
+  return w;
+}
+
+/* A call's staging: dev NULL for a host communicator. */
+typedef struct comm_stage {
+  const bx_device_backend *be;
+  bx_device_call *dev;
+  size_t words;
+} comm_stage;
+
+/* Reserves the staging of a device communicator (nothing for a host one):
+ * BX_OK, or this rank's local failure (BX_EDEVICE, BX_ENOMEM) with
+ * cs->dev NULL. */
+static bx_status stage_prepare(const char *fn, const bx_tokred *s, const bx_comm *comm,
+                               comm_stage *cs) {
+  memset(cs, 0, sizeof *cs);
+  if (!comm || !comm->on_device || !s) return BX_OK;
+  cs->be = bx_backend_cuda();
+  if (!cs->be)
+    return bx_fail(BX_EDEVICE, "%s: a device communicator, but this build of bitexact has no "
+                   "CUDA backend (built without nvcc, or CUDA=0)", fn);
+  cs->words = stage_words(s);
+  bx_device_prep prep = {NULL, 0, NULL, 0, 0, 0, 2.0, 0, cs->words, comm->rank};
+  bx_status st = cs->be->prepare(fn, &prep, &cs->dev);
+  if (st != BX_OK) cs->dev = NULL;
+  return st;
+}
+
+/* The staging back to the backend (its arena is kept for the next call). */
+static void stage_release(comm_stage *cs) {
+  if (cs->dev) cs->be->release(cs->dev);
+  cs->dev = NULL;
+}
+
+/* bx_comm_allreduce through the staging (for a device communicator, in
+ * pieces of at most cs->words words: the same pieces on every rank). */
+static bx_status allreduce(const bx_comm *comm, const comm_stage *cs, const char *fn,
+                           const char *what, int64_t *buf, size_t n, bx_op op) {
+  if (!comm->on_device || n <= cs->words || !cs->dev)
+    return bx_comm_allreduce(comm, cs->dev, fn, what, buf, n, op);
+  for (size_t at = 0; at < n; at += cs->words) {
+    size_t m = n - at < cs->words ? n - at : cs->words;
+    bx_status st = bx_comm_allreduce(comm, cs->dev, fn, what, buf + at, m, op);
+    if (st != BX_OK) return st;
+  }
+  return BX_OK;
+}
+
 static int64_t mix(uint64_t h, uint64_t v) {
   h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
   return (int64_t)(h & 0x3fffffffffffffffull);
@@ -65,8 +133,9 @@ static void fill_items(const bx_tokred *s, int call, int64_t *items) {
 
 /* One MAX all-reduce of the items, this rank's failure key and extra[0..n)
  * (MAX'ed in place on success). local: this rank's own failure (kept). */
-static bx_status agree_step(const char *fn, const bx_tokred *s, const bx_comm *comm, int call,
-                            bx_status local, int64_t *extra, size_t nextra) {
+static bx_status agree_step(const char *fn, const bx_tokred *s, const bx_comm *comm,
+                            const comm_stage *cs, int call, bx_status local, int64_t *extra,
+                            size_t nextra) {
   int64_t items[AG_ITEMS];
   if (s) fill_items(s, call, items);
   else memset(items, 0, sizeof items);
@@ -85,7 +154,7 @@ static bx_status agree_step(const char *fn, const bx_tokred *s, const bx_comm *c
   for (size_t i = 0; i < nextra; i++) w[2 * AG_ITEMS + 1 + i] = extra[i];
   bx_error_saved mine;
   if (local != BX_OK) bx_error_save(&mine);
-  bx_status st = bx_comm_allreduce(comm, NULL, fn, "token-reduction agreement", w, nw, BX_OP_MAX);
+  bx_status st = allreduce(comm, cs, fn, "token-reduction agreement", w, nw, BX_OP_MAX);
   if (local != BX_OK) {
     bx_error_restore(&mine);
     st = local;
@@ -127,8 +196,12 @@ static bx_status agree_impl(const char *fn, bx_tokred *s, const bx_comm *comm) {
   int64_t *E = malloc((n ? n : 1) * sizeof *E);
   if (!E) return bx_fail(BX_ENOMEM, "%s: cannot allocate %zu bound words", fn, n);
   for (size_t t = 0; t < n; t++) E[t] = s->bound[t];
+  comm_stage cs;
+  bx_status prep = stage_prepare(fn, s, comm, &cs); /* before the first collective */
+  if (local == BX_OK) local = prep;
   bx_status st = local;
-  if (comm) st = agree_step(fn, s, comm, 1, local, E, n);
+  if (comm) st = agree_step(fn, s, comm, &cs, 1, local, E, n);
+  stage_release(&cs);
   if (st == BX_OK) {
     for (size_t t = 0; t < n; t++) {
       s->bound[t] = (int)E[t];
@@ -156,7 +229,7 @@ bx_status bx_tokred_agree(bx_tokred *s, const bx_comm *comm) {
  * (comm->allreduce_f32: DDP's way, the transport's order) on a copy of the
  * fp32 sums, then the counts' SUM. */
 static bx_status ordinary_float_allreduce(const char *fn, bx_tokred *s, const bx_comm *comm,
-                                          int64_t *sum_words) {
+                                          const comm_stage *cs, int64_t *sum_words) {
   size_t m = s->fsum_total;
   float *f = malloc((m ? m : 1) * sizeof *f);
   if (!f) return bx_fail(BX_ENOMEM, "%s: cannot allocate %zu fp32 sums", fn, m);
@@ -170,7 +243,7 @@ static bx_status ordinary_float_allreduce(const char *fn, bx_tokred *s, const bx
                     "%s: rank %d: the communicator's float all-reduce (ordinary sums, %zu "
                     "floats) failed with code %d; no gradient was modified",
                     fn, comm->rank, m, rc);
-  if (st == BX_OK) st = bx_comm_allreduce(comm, NULL, fn, "counts", sum_words, s->nwords, BX_OP_SUM);
+  if (st == BX_OK) st = allreduce(comm, cs, fn, "counts", sum_words, s->nwords, BX_OP_SUM);
   if (st == BX_OK) memcpy(s->fsum, f, m * sizeof *f);
   free(f);
   return st;
@@ -180,10 +253,11 @@ static bx_status ordinary_float_allreduce(const char *fn, bx_tokred *s, const bx
  * then each rank's fp32 sums in its own slot (a SUM gathers them), added
  * in rank order. */
 static bx_status ordinary_allreduce(const char *fn, bx_tokred *s, const bx_comm *comm,
-                                    int64_t *sum_words) {
-  if (comm->allreduce_f32 && !comm->on_device) return ordinary_float_allreduce(fn, s, comm, sum_words);
+                                    const comm_stage *cs, int64_t *sum_words) {
+  if (comm->allreduce_f32 && !comm->on_device)
+    return ordinary_float_allreduce(fn, s, comm, cs, sum_words);
   int64_t who[3] = {1, comm->rank, (int64_t)comm->rank * comm->rank};
-  bx_status st = bx_comm_allreduce(comm, NULL, fn, "rank count", who, 3, BX_OP_SUM);
+  bx_status st = allreduce(comm, cs, fn, "rank count", who, 3, BX_OP_SUM);
   if (st != BX_OK) return st;
   int64_t n = who[0];
   if (comm->rank < 0 || comm->rank >= n || who[1] != n * (n - 1) / 2 ||
@@ -204,8 +278,8 @@ static bx_status ordinary_allreduce(const char *fn, bx_tokred *s, const bx_comm 
     memcpy(&b, &s->fsum[i], 4);
     g[(size_t)comm->rank * m + i] = (int64_t)b;
   }
-  st = bx_comm_allreduce(comm, NULL, fn, "ordinary gather", g, (size_t)n * m, BX_OP_SUM);
-  if (st == BX_OK) st = bx_comm_allreduce(comm, NULL, fn, "counts", sum_words, s->nwords, BX_OP_SUM);
+  st = allreduce(comm, cs, fn, "ordinary gather", g, (size_t)n * m, BX_OP_SUM);
+  if (st == BX_OK) st = allreduce(comm, cs, fn, "counts", sum_words, s->nwords, BX_OP_SUM);
   if (st == BX_OK) {
     for (size_t i = 0; i < m; i++) {
       float acc = 0.0f;
@@ -240,10 +314,14 @@ static bx_status allreduce_impl(const char *fn, bx_tokred *s, const bx_comm *com
     ex[t] = s->observed[t];
     ex[n + t] = s->flagged[t] > 0;
   }
-  bx_status st = agree_step(fn, s, comm, 2, local, ex, 2 * n);
+  comm_stage cs;
+  bx_status prep = stage_prepare(fn, s, comm, &cs); /* before the first collective */
+  if (local == BX_OK) local = prep;
+  bx_status st = agree_step(fn, s, comm, &cs, 2, local, ex, 2 * n);
   int flagged = 0;
   for (size_t t = 0; st == BX_OK && t < n; t++) flagged |= ex[n + t] != 0;
   if (st != BX_OK || (flagged && s->mode == BX_TOKRED_GRID)) {
+    stage_release(&cs);
     if (st == BX_OK) /* flagged: only the observations change */
       for (size_t t = 0; t < n; t++) {
         s->observed[t] = (int)ex[t];
@@ -258,13 +336,15 @@ static bx_status allreduce_impl(const char *fn, bx_tokred *s, const bx_comm *com
   int64_t *w = s->scratch;
   if (!w) {
     free(ex);
+    stage_release(&cs);
     return bx_fail(BX_ENOMEM, "%s: cannot allocate %zu words", fn, s->nwords);
   }
   memcpy(w, s->words, s->nwords * sizeof *w);
   if (s->mode == BX_TOKRED_GRID)
-    st = bx_comm_allreduce(comm, NULL, fn, "token-reduction words", w, s->nwords, BX_OP_SUM);
+    st = allreduce(comm, &cs, fn, "token-reduction words", w, s->nwords, BX_OP_SUM);
   else
-    st = ordinary_allreduce(fn, s, comm, w);
+    st = ordinary_allreduce(fn, s, comm, &cs, w);
+  stage_release(&cs);
   if (st == BX_OK) {
     memcpy(s->words, w, s->nwords * sizeof *w);
     for (size_t t = 0; t < n; t++) s->observed[t] = (int)ex[t];

@@ -68,5 +68,11 @@ void bx_tokred_observe(bx_tokred *s, size_t t, uint32_t mx);
  * breaks the agreed bound (names the first such element). */
 bx_status bx_tokred_bound_fail(const char *fn, const bx_tokred *s, size_t t, int64_t chunk,
                                const float *a, size_t n);
+/* The same message for element i of value `value` (a partial that is not
+ * in host memory: the device found the element). */
+bx_status bx_tokred_bound_fail_at(const char *fn, const bx_tokred *s, size_t t, int64_t chunk,
+                                  size_t i, float value);
+/* w[i] += q[i] modulo 2^64 (the q words of a device's grid kernel). */
+void bx_tokred_words_add(int64_t *restrict w, const int64_t *restrict q, size_t n);
 
 #endif /* BX_TOKRED_INTERNAL_H */

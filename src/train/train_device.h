@@ -13,7 +13,8 @@
  * device, enqueues its kernels on the legacy default stream, waits for
  * them and returns BX_OK, or BX_EDEVICE / BX_ENOMEM with the CUDA text in
  * bx_last_error() (a CUDA error another library left pending stays for it
- * to see). Nothing here allocates device memory.
+ * to see). Nothing here allocates device memory, except the token
+ * reduction's launchers (their grow-only scratch arena, below).
  *
  * src/train reaches a backend only through this table, registered in
  * train_devices.c (one line per backend); a backend includes nothing of
@@ -32,6 +33,28 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* What a token-reduction launcher found (host memory). */
+typedef struct bx_tokred_dev_res {
+  uint32_t mx;     /* the largest finite |bits| of the elements (0: none) */
+  int64_t nf;      /* NaN and Inf elements */
+  uint64_t bad;    /* the first element (wgrad: local chunk) with a finite |bits| >= lim,
+                      or UINT64_MAX */
+  float bad_value; /* tokred_grid: element bad's value (when bad is one) */
+} bx_tokred_dev_res;
+
+/* bx_linear_wgrad's work on the device: dy [t, n] and x [t, k] (device,
+ * fp32 or bf16; x unused without do_w), local chunks of chunk rows (the
+ * rows start on a chunk boundary; nchunks = ceil(t / chunk) >= 1), the
+ * grids' 2^-e and the bounds' |bits| limits. */
+typedef struct bx_tokred_dev_wgrad {
+  const void *dy, *x;
+  int dy_bf16, x_bf16;
+  size_t t, n, k, chunk, nchunks;
+  double inv_w, inv_b;
+  uint32_t lim_w, lim_b;
+  int do_w, do_b;
+} bx_tokred_dev_wgrad;
 
 typedef struct bx_train_device {
   const char *name;
@@ -126,6 +149,30 @@ typedef struct bx_train_device {
                     int targets_i64, int64_t ignore_index, float *g, float *losses,
                     float *partials, int64_t *counts, size_t T, size_t V, size_t chunk,
                     size_t nchunks, double c);
+  /* ---- the token reduction (tokred.c, wgrad.c; src/cuda/train/tokred.cu) ----
+   * These launchers keep device scratch (the q words, the maxima) in a
+   * grow-only arena of the calling thread (never freed during a call;
+   * freed when the thread exits); the results come back to host memory,
+   * where the state's words live. */
+  /* mx[0..nchunks) (host) := the largest finite |bits| (fp32 bits; bf16
+   * widened, a_bf16) of each chunk of chunk rows of a [rows, cols] (the
+   * last chunk may be shorter; nchunks = ceil(rows / chunk) >= 1). */
+  bx_status (*tokred_maxabs)(const char *fn, int device, const void *a, int a_bf16, size_t rows,
+                             size_t cols, size_t chunk, uint32_t *mx);
+  /* The grid add of one partial a[0..n) (fp32, device): q[i] (host) :=
+   * bx_tokred_q(a[i], inv_step) (0 for a non-finite element), and *res. */
+  bx_status (*tokred_grid)(const char *fn, int device, const float *a, size_t n, double inv_step,
+                           uint32_t lim, int64_t *q, bx_tokred_dev_res *res);
+  /* The chunked weight (do_w) and bias (do_b) partials of w, rounded onto
+   * their grids and summed over the chunks: qw [n * k], qb [n] (host), and
+   * *rw, *rb (bad: the first local chunk with a breaking element). */
+  bx_status (*tokred_wgrad)(const char *fn, int device, const bx_tokred_dev_wgrad *w,
+                            int64_t *qw, int64_t *qb, bx_tokred_dev_res *rw, bx_tokred_dev_res *rb);
+  /* Local chunk c's weight partial (pw [n * k], unless NULL) and bias
+   * partial (pb [n], unless NULL), in host memory: the error messages'
+   * partial and the ordinary mode's addends. */
+  bx_status (*tokred_wgrad_chunk)(const char *fn, int device, const bx_tokred_dev_wgrad *w,
+                                  size_t c, float *pw, float *pb);
 } bx_train_device;
 
 /* The CUDA backend's table, or NULL in a build without it; the host

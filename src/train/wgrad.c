@@ -18,6 +18,7 @@
 #include "pool.h"
 #include "tokred_grid.h"
 #include "tokred_internal.h"
+#include "train_device.h"
 #include "workspace.h"
 
 #if defined(__GNUC__) && !defined(__clang__)
@@ -180,6 +181,7 @@ typedef struct wg_args {
   size_t t, n, k;          /* local rows, columns of dy, columns of x */
   int64_t cb, ce;          /* the local chunks */
   int threads;
+  int cuda;                /* -1: host operands; else the CUDA device of dy and x */
 } wg_args;
 
 static bx_status check_state_tensor(const char *fn, const bx_tokred *s, size_t idx,
@@ -208,13 +210,18 @@ static bx_status wg_checks(const char *fn, const bx_tokred *s, size_t wt, size_t
   if (wt == BX_WGRAD_NONE && bt == BX_WGRAD_NONE)
     return bx_fail(BX_EINVAL, "%s: w_tensor and b_tensor are both BX_WGRAD_NONE", fn);
   if (wt == bt) return bx_fail(BX_EINVAL, "%s: w_tensor and b_tensor are both %zu", fn, wt);
-  bx_status st = bx_gemm_check_operand(fn, "dy", dy, 3, 0, &g->D);
+  /* every operand a CUDA tensor: the device's kernels (train_device.h);
+   * a mixed call takes the host path, which names its first device tensor */
+  int cuda = dy && dy->device.device_type == kDLCUDA &&
+             (wt == BX_WGRAD_NONE || (x && x->device.device_type == kDLCUDA));
+  g->cuda = cuda ? dy->device.device_id : -1;
+  bx_status st = bx_gemm_check_operand_in(fn, "dy", dy, 3, 0, g->cuda, &g->D);
   if (st != BX_OK) return st;
   g->t = rows_of(&g->D);
   g->n = cols_of(&g->D);
   g->k = 0;
   if (wt != BX_WGRAD_NONE) {
-    st = bx_gemm_check_operand(fn, "x", x, 3, 0, &g->X);
+    st = bx_gemm_check_operand_in(fn, "x", x, 3, 0, g->cuda, &g->X);
     if (st != BX_OK) return st;
     if (rows_of(&g->X) != g->t)
       return bx_fail(BX_EINVAL, "%s: dy has %zu rows (tokens) but x has %zu", fn, g->t,
@@ -266,6 +273,38 @@ static void bound_task(void *ctx, size_t task, int worker) {
   j->e[2 * task + 1] = bx_wgrad_bound_exp((int64_t)(r1 - r0), ma, 1.0f);
 }
 
+/* The bound on CUDA operands: each chunk's largest finite |dy| and |x|
+ * from the device (the same maxima), the exponents here, as bound_task. */
+static bx_status bound_cuda(const char *fn, bx_tokred *s, size_t wt, size_t bt, const wg_args *g) {
+  const bx_train_device *dev;
+  bx_status st = bx_train_cuda(fn, &dev);
+  if (st != BX_OK) return st;
+  size_t nch = (size_t)(g->ce - g->cb), C = (size_t)s->chunk_tokens;
+  uint32_t *mx = bx_workspace(2 * nch * sizeof(uint32_t));
+  if (!mx) return bx_fail(BX_ENOMEM, "%s: cannot allocate %zu chunk maxima", fn, 2 * nch);
+  uint32_t *mdy = mx, *mxx = mx + nch;
+  st = dev->tokred_maxabs(fn, g->cuda, g->D.data, g->D.dt == BX_DT_BF16, g->t, g->n, C, mdy);
+  if (st == BX_OK && wt != BX_WGRAD_NONE)
+    st = dev->tokred_maxabs(fn, g->cuda, g->X.data, g->X.dt == BX_DT_BF16, g->t, g->k, C, mxx);
+  if (st != BX_OK) return st;
+  int ew = BX_TOKRED_EMIN, eb = BX_TOKRED_EMIN;
+  for (size_t c = 0; c < nch; c++) {
+    int64_t rows = (int64_t)(g->t - c * C < C ? g->t - c * C : C);
+    float ma, mb;
+    memcpy(&ma, &mdy[c], sizeof ma);
+    if (wt != BX_WGRAD_NONE) {
+      memcpy(&mb, &mxx[c], sizeof mb);
+      int e = bx_wgrad_bound_exp(rows, ma, mb);
+      ew = e > ew ? e : ew;
+    }
+    int e = bx_wgrad_bound_exp(rows, ma, 1.0f);
+    eb = e > eb ? e : eb;
+  }
+  if (wt != BX_WGRAD_NONE && ew > s->bound[wt]) s->bound[wt] = ew;
+  if (bt != BX_WGRAD_NONE && eb > s->bound[bt]) s->bound[bt] = eb;
+  return BX_OK;
+}
+
 bx_status bx_linear_wgrad_bound(bx_tokred *s, size_t wt, size_t bt, const DLTensor *dy,
                                 const DLTensor *x, int64_t token_begin,
                                 const bx_wgrad_opts *opts) {
@@ -278,7 +317,9 @@ bx_status bx_linear_wgrad_bound(bx_tokred *s, size_t wt, size_t bt, const DLTens
   if (st == BX_OK && s->agreed)
     st = bx_fail(BX_EINVAL, "%s: the grid is already agreed (bounds come before "
                  "bx_tokred_agree)", fn);
-  if (st == BX_OK && s->mode == BX_TOKRED_GRID && g.cb < g.ce) {
+  if (st == BX_OK && s->mode == BX_TOKRED_GRID && g.cb < g.ce && g.cuda >= 0) {
+    st = bound_cuda(fn, s, wt, bt, &g);
+  } else if (st == BX_OK && s->mode == BX_TOKRED_GRID && g.cb < g.ce) {
     size_t nch = (size_t)(g.ce - g.cb);
     int *e = bx_workspace(2 * nch * sizeof(int));
     if (!e) st = bx_fail(BX_ENOMEM, "%s: cannot allocate %zu chunk bounds", fn, nch);
@@ -398,10 +439,102 @@ static void undo(const char *fn, bx_tokred *s, size_t wt, size_t bt, const wg_ar
   }
 }
 
+/* Non-finite counts, observations (grid mode) and coverage of a call
+ * whose adds stand (the host's and the device's commit). */
+static void commit(bx_tokred *s, size_t wt, size_t bt, const wg_args *g, int64_t nf_w,
+                   int64_t nf_b, uint32_t mx_w, uint32_t mx_b) {
+  int grid = s->mode == BX_TOKRED_GRID;
+  size_t nk = g->n * g->k;
+  for (int which = 0; which < 2; which++) {
+    size_t t = which ? bt : wt;
+    if (t == BX_WGRAD_NONE) continue;
+    s->words[s->word_at[t] + (size_t)s->numel[t]] += which ? nf_b : nf_w;
+    if (grid && (which ? g->n > 0 : nk > 0)) bx_tokred_observe(s, t, which ? mx_b : mx_w);
+    for (int64_t c = g->cb; c < g->ce; c++) s->words[s->cover_at + t * (size_t)s->nchunks + (size_t)c] += 1;
+  }
+}
+
+/* wgrad_impl on CUDA operands. Grid mode: the device computes every
+ * chunk's partials and rounds them onto the grids in the GEMM's epilogue
+ * (tokred.cu), and the summed q words come back here, added to the state
+ * only when the call stands (s unchanged on error, nothing to undo); a
+ * breaking element's message needs its chunk's partial, which the device
+ * computes again. Ordinary mode: each chunk's partials come to the host
+ * and are added in fp32 in chunk order, as the CPU adds them. */
+static bx_status wgrad_cuda(const char *fn, bx_tokred *s, size_t wt, size_t bt, wg_args *g) {
+  const bx_train_device *dev;
+  bx_status st = bx_train_cuda(fn, &dev);
+  if (st != BX_OK) return st;
+  int grid = s->mode == BX_TOKRED_GRID;
+  size_t nk = g->n * g->k, nch = (size_t)(g->ce - g->cb);
+  bx_tokred_dev_wgrad w;
+  memset(&w, 0, sizeof w);
+  w.dy = g->D.data;
+  w.x = wt != BX_WGRAD_NONE ? g->X.data : NULL;
+  w.dy_bf16 = g->D.dt == BX_DT_BF16;
+  w.x_bf16 = wt != BX_WGRAD_NONE && g->X.dt == BX_DT_BF16;
+  w.t = g->t;
+  w.n = g->n;
+  w.k = g->k;
+  w.chunk = (size_t)s->chunk_tokens;
+  w.nchunks = nch;
+  w.do_w = wt != BX_WGRAD_NONE && nk > 0;
+  w.do_b = bt != BX_WGRAD_NONE && g->n > 0;
+  if (w.do_w) {
+    w.inv_w = bx_tokred_pow2(-s->grid[wt]);
+    w.lim_w = bx_tokred_abs_limit(s->bound[wt]);
+  }
+  if (w.do_b) {
+    w.inv_b = bx_tokred_pow2(-s->grid[bt]);
+    w.lim_b = bx_tokred_abs_limit(s->bound[bt]);
+  }
+  size_t nw = w.do_w ? nk : 0, nb = w.do_b ? g->n : 0;
+  if (nw > (SIZE_MAX / 16 - nb) / 2) return bx_fail(BX_ENOMEM, "%s: the partial is too large", fn);
+  /* grid: the q words [nw + nb] (int64), reused as the failing chunk's
+   * partial; ordinary: two chunk partials and their running sums (fp32) */
+  void *ws = bx_workspace((nw + nb) * 2 * sizeof(int64_t) + 64);
+  if (!ws) return bx_fail(BX_ENOMEM, "%s: cannot allocate %zu bytes of host staging", fn,
+                          (nw + nb) * 2 * sizeof(int64_t) + 64);
+  int64_t nf_w = 0, nf_b = 0;
+  if (grid) {
+    int64_t *qw = ws, *qb = qw + nw;
+    bx_tokred_dev_res rw, rb;
+    st = dev->tokred_wgrad(fn, g->cuda, &w, qw, qb, &rw, &rb);
+    if (st != BX_OK) return st;
+    float *part = ws;
+    if (w.do_w && bx_tokred_breaks(s, wt, rw.mx)) {
+      st = dev->tokred_wgrad_chunk(fn, g->cuda, &w, (size_t)rw.bad, part, NULL);
+      return st != BX_OK ? st : bx_tokred_bound_fail(fn, s, wt, g->cb + (int64_t)rw.bad, part, nk);
+    }
+    if (w.do_b && bx_tokred_breaks(s, bt, rb.mx)) {
+      st = dev->tokred_wgrad_chunk(fn, g->cuda, &w, (size_t)rb.bad, NULL, part);
+      return st != BX_OK ? st : bx_tokred_bound_fail(fn, s, bt, g->cb + (int64_t)rb.bad, part, g->n);
+    }
+    if (w.do_w) bx_tokred_words_add(s->words + s->word_at[wt], qw, nk);
+    if (w.do_b) bx_tokred_words_add(s->words + s->word_at[bt], qb, g->n);
+    commit(s, wt, bt, g, rw.nf, rb.nf, rw.mx, rb.mx);
+    return BX_OK;
+  }
+  float *pw = ws, *pb = pw + nw, *fw = pb + nb, *fb = fw + nw;
+  if (w.do_w) memcpy(fw, s->fsum + (s->word_at[wt] - wt), nw * sizeof(float));
+  if (w.do_b) memcpy(fb, s->fsum + (s->word_at[bt] - bt), nb * sizeof(float));
+  for (size_t c = 0; c < nch; c++) {
+    st = dev->tokred_wgrad_chunk(fn, g->cuda, &w, c, w.do_w ? pw : NULL, w.do_b ? pb : NULL);
+    if (st != BX_OK) return st;
+    if (w.do_w) nf_w += bx_tokred_plain_add(fw, pw, nw);
+    if (w.do_b) nf_b += bx_tokred_plain_add(fb, pb, nb);
+  }
+  if (w.do_w) memcpy(s->fsum + (s->word_at[wt] - wt), fw, nw * sizeof(float));
+  if (w.do_b) memcpy(s->fsum + (s->word_at[bt] - bt), fb, nb * sizeof(float));
+  commit(s, wt, bt, g, nf_w, nf_b, 0, 0);
+  return BX_OK;
+}
+
 static bx_status wgrad_impl(const char *fn, bx_tokred *s, size_t wt, size_t bt, wg_args *g,
                             int64_t token_begin) {
   size_t nk = g->n * g->k;
   if (g->cb == g->ce) return BX_OK;
+  if (g->cuda >= 0) return wgrad_cuda(fn, s, wt, bt, g);
   if (g->n && nk > (SIZE_MAX / sizeof(float) - g->n) / 2)
     return bx_fail(BX_ENOMEM, "%s: the partial is too large", fn);
   float *ws = bx_workspace((nk + g->n + 16) * sizeof(float));
@@ -469,14 +602,7 @@ static bx_status wgrad_impl(const char *fn, bx_tokred *s, size_t wt, size_t bt, 
         nf_b += bx_tokred_plain_add(s->fsum + (s->word_at[bt] - bt), bpart, g->n);
       }
     }
-  /* commit: non-finite counts and coverage */
-  for (int which = 0; which < 2; which++) {
-    size_t t = which ? bt : wt;
-    if (t == BX_WGRAD_NONE) continue;
-    s->words[s->word_at[t] + (size_t)s->numel[t]] += which ? nf_b : nf_w;
-    if (grid && (which ? g->n > 0 : nk > 0)) bx_tokred_observe(s, t, which ? mx_b : mx_w);
-    for (int64_t c = g->cb; c < g->ce; c++) s->words[s->cover_at + t * (size_t)s->nchunks + (size_t)c] += 1;
-  }
+  commit(s, wt, bt, g, nf_w, nf_b, mx_w, mx_b); /* non-finite counts and coverage */
   return BX_OK;
 }
 

@@ -40,5 +40,9 @@ void test_plan_errors(void);
 void test_nccl_adapter(void);
 void test_nccl_blocking(void);
 void test_nccl_plan(void);
+/* test_tokred.c */
+void test_tokred_device(void);
+void test_wgrad_device(void);
+void test_nccl_tokred(void);
 
 #endif /* BX_CUDA_TESTS_H */

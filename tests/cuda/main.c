@@ -52,6 +52,9 @@ static const test_entry TESTS[] = {
     {"nccl_adapter", test_nccl_adapter},
     {"nccl_blocking", test_nccl_blocking},
     {"nccl_plan", test_nccl_plan},
+    {"tokred_device", test_tokred_device},
+    {"wgrad_device", test_wgrad_device},
+    {"nccl_tokred", test_nccl_tokred},
     {"norm_large_tensors", test_norm_large_tensors},
     {"norm_huge_tensor", test_norm_huge_tensor},
 };

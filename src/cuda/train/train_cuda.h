@@ -59,6 +59,15 @@ bx_status bx_cut_rope(const char *fn, int device, const float *x, float *y, cons
 bx_status bx_cut_gemm(const char *fn, int device, const void *a, int a_bf16, const void *b,
                       int b_bf16, int layout, float *c, size_t m, size_t n, size_t k,
                       int accumulate);
+bx_status bx_cut_tokred_maxabs(const char *fn, int device, const void *a, int a_bf16, size_t rows,
+                               size_t cols, size_t chunk, uint32_t *mx);
+bx_status bx_cut_tokred_grid(const char *fn, int device, const float *a, size_t n, double inv_step,
+                             uint32_t lim, int64_t *q, bx_tokred_dev_res *res);
+bx_status bx_cut_tokred_wgrad(const char *fn, int device, const bx_tokred_dev_wgrad *w,
+                              int64_t *qw, int64_t *qb, bx_tokred_dev_res *rw,
+                              bx_tokred_dev_res *rb);
+bx_status bx_cut_tokred_wgrad_chunk(const char *fn, int device, const bx_tokred_dev_wgrad *w,
+                                    size_t c, float *pw, float *pb);
 
 /* router.cu, permute.cu, embedding.cu, xent.cu (grid_moe.h's bodies;
  * train_device.h states each member). */

@@ -67,4 +67,6 @@ extern "C" const bx_train_device bx_cuda_train = {
     /* issue 30: the MoE router, dispatch, embedding, cross-entropy */
     to_device, bx_cut_router_fwd, bx_cut_router_bwd, bx_cut_moe_permute, bx_cut_moe_permute_bwd,
     bx_cut_moe_unpermute, bx_cut_moe_unpermute_bwd, bx_cut_embedding_fwd, bx_cut_embedding_bwd,
-    bx_cut_xent};
+    bx_cut_xent,
+    /* the token reduction (tokred.cu) */
+    bx_cut_tokred_maxabs, bx_cut_tokred_grid, bx_cut_tokred_wgrad, bx_cut_tokred_wgrad_chunk};
