@@ -94,6 +94,15 @@ extern "C" {
 BX_API bx_status bx_train_alloc(DLDevice device, size_t bytes, void **ptr);
 BX_API void bx_train_free(DLDevice device, void *ptr);
 
+/* The training calls of this process that went to a device backend so far
+ * (see Devices), as text: one line "name count\n" per entry, in the order
+ * of their first device call ("bx_gemm 120\n..."); empty when none did.
+ * Writes at most cap bytes including the NUL (buf may be NULL with cap 0)
+ * and returns the bytes the whole text needs including its NUL. For
+ * checking that a run's calls reached the device; a call that fails after
+ * choosing the device counts too. Thread-safe. */
+BX_API size_t bx_train_device_calls(char *buf, size_t cap);
+
 #ifdef __cplusplus
 }
 #endif

@@ -14,12 +14,16 @@
 #      bench/cuda/bench_torch.py and tests/python/test_cuda.py (pytest);
 #      skipped with a message otherwise.
 #
-# Every step has its own timeout and the whole run a budget (default 470 s,
+#   7. (after 4) runs scripts/gpu_train_check.sh, the training step on the
+#      GPU against the CPU (issue 30), on the same build, into $OUT/train.
+#
+# Every step has its own timeout and the whole run a budget (default 540 s,
 # GPU_CHECK_BUDGET to change): a step that would start with too little time
-# left is skipped. Eight files go to $OUT (default ./gpu_out): summary.txt
-# (the summary, the test failures and the benchmark tables, also printed at
-# the end), env.log, build.log, gpu_tests.log, bench_cuda.log,
-# pip_install.log, bench_torch.log, pytest_cuda.log. Exit status 0 only if
+# left is skipped. Nine files and a folder go to $OUT (default ./gpu_out):
+# summary.txt (the summary, the test failures and the benchmark tables, also
+# printed at the end), env.log, build.log, gpu_tests.log, train_check.log,
+# bench_cuda.log, pip_install.log, bench_torch.log, pytest_cuda.log, and
+# train/ (gpu_train_check.sh's summary, logs and runs). Exit status 0 only if
 # every step that ran succeeded.
 #
 # <dlpack/dlpack.h> (Debian's libdlpack-dev) may be missing on a bare CUDA
@@ -36,14 +40,14 @@ cd "$(dirname "$0")/.."
 
 OUT="${OUT:-./gpu_out}"
 mkdir -p "$OUT"
-BUDGET="${GPU_CHECK_BUDGET:-470}"
+BUDGET="${GPU_CHECK_BUDGET:-540}"
 START=$(date +%s)
 JOBS="$(nproc 2>/dev/null || echo 16)"
 PY="${PYTHON:-python3}"
 SUMMARY="$OUT/summary.txt"
 FAILED=0
 : > "$SUMMARY"
-rm -f "$OUT"/{env,build,gpu_tests,bench_cuda,pip_install,bench_torch,pytest_cuda}.log
+rm -f "$OUT"/{env,build,gpu_tests,train_check,bench_cuda,pip_install,bench_torch,pytest_cuda}.log
 
 GPU_SCRIPT=gpu_check
 # shellcheck source=scripts/gpu_common.sh
@@ -78,6 +82,16 @@ if step "build library (make lib: CMake configure + build)" build.log 240 make -
       "$(grep '^GPU tests NOT RUN' "$OUT/gpu_tests.log")"
   else
     record "GPU test runner" SKIPPED "not built"
+  fi
+  # the training step on the GPU against the CPU (issue 30): its own script on this
+  # build, with what is left but 100 s for the benchmarks below
+  tb=$(($(left) - 100))
+  if [ "$tb" -ge 60 ]; then
+    step "training step on the GPU (gpu_train_check.sh)" train_check.log "$tb" \
+      env GPU_TRAIN_FROM_CHECK=1 GPU_TRAIN_BUDGET="$tb" OUT="$OUT/train" bash scripts/gpu_train_check.sh
+    [ -f "$OUT/train/summary.txt" ] && sed 's/^/  | /' "$OUT/train/summary.txt" | head -60 | tee -a "$SUMMARY"
+  else
+    record "training step on the GPU" SKIPPED "out of the ${BUDGET}s budget"
   fi
   if [ -x build/bench/cuda/bench_cuda ]; then
     step "GPU benchmark (bench_cuda)" bench_cuda.log 120 build/bench/cuda/bench_cuda

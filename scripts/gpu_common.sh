@@ -7,7 +7,10 @@ left() { echo $((BUDGET - ($(date +%s) - START))); }
 
 record() { # record STEP STATUS DETAIL
   printf '%-28s %-14s %s\n' "$1" "$2" "$3" | tee -a "$SUMMARY"
-  case "$2" in FAIL* | TIMEOUT*) FAILED=1 ;; esac
+  case "$2" in
+    FAIL* | TIMEOUT*) FAILED=1 STEPS_BAD=$((${STEPS_BAD:-0} + 1)) ;;
+    OK) STEPS_OK=$((${STEPS_OK:-0} + 1)) ;;
+  esac
 }
 
 # step NAME LOGFILE MAX_SECONDS COMMAND... — runs COMMAND with a timeout of

@@ -178,4 +178,6 @@ echo
 echo "==== gpu_train_check summary ($OUT/summary.txt) ===="
 cat "$SUMMARY"
 rm -f "$OUT/details.tmp"
+# the steps' counts, as the test runners print them (scripts/test.sh reads the line)
+echo "${STEPS_OK:-0} passed, ${STEPS_BAD:-0} failed (steps of gpu_train_check.sh)"
 exit $FAILED

@@ -89,6 +89,14 @@ if has cuda; then
 else
   echo "test.sh: the CUDA backend is not built here ($(sed -n 's/^cuda_why=//p' build/bitexact-features.txt)); GPU runner not built"
 fi
+# the training step's device script (scripts/gpu_train_check.sh), rehearsed on the
+# host simulation of the device backend; a one-ULP error planted in the simulated
+# GEMM must make it fail (the negative control)
+counted env BITEXACT_TEST_DEVICE=sim OUT=build/gpu_train_rehearsal bash scripts/gpu_train_check.sh
+if env BITEXACT_TEST_DEVICE=sim-plant OUT=build/gpu_train_plant bash scripts/gpu_train_check.sh >/dev/null 2>&1; then
+  echo "test.sh: gpu_train_check.sh passed with a planted device error" >&2
+  false
+fi
 
 stage "multi-rank tests under mpirun (make test-mpi)"
 counted make -j"$JOBS" test-mpi

@@ -958,6 +958,10 @@ static void summary(tr_run *r) {
   cli_hex(r->last_norm, gn, sizeof gn);
   cli_hex(r->data.entropy_nats, en, sizeof en);
   int64_t ran = r->end - r->start;
+  char dev[32], calls[2048];
+  if (a->device >= 0) snprintf(dev, sizeof dev, "cuda:%d", a->device);
+  else snprintf(dev, sizeof dev, "cpu");
+  if (bx_train_device_calls(calls, sizeof calls) > sizeof calls) calls[0] = 0; /* never: 64 names */
   if (a->common.json) {
     fprintf(out,
             "{\"steps_run\": %lld, \"first_step\": %lld, \"first_loss\": \"%s\", \"last_loss\": "
@@ -965,12 +969,20 @@ static void summary(tr_run *r) {
             "\"params\": %lld, \"ep\": %d, \"alltoall_bytes_per_step\": %lld, "
             "\"allreduce_bytes_per_step\": %lld, \"allreduce_replica_bytes_per_step\": %lld, "
             "\"first_step_seconds\": %.6f, \"step_seconds\": %.6f, \"stopped_by_signal\": %s, "
-            "\"last_eval_loss\": \"%s\"}\n",
+            "\"last_eval_loss\": \"%s\", \"device\": \"%s\", \"device_calls\": {",
             (long long)ran, (long long)r->start, fl, ll, gn, en, r->P,
             (long long)tr_config_param_count(&r->cfg), r->ep.size, (long long)r->ep.a2a_bytes,
             (long long)(8 * r->ep.ar_world_words), (long long)(8 * r->ep.ar_replica_words),
             ran > 0 ? r->t_first : 0.0, ran > 1 ? r->t_rest / (double)(ran - 1) : 0.0,
-            r->stopped ? "true" : "false", ev);
+            r->stopped ? "true" : "false", ev, dev);
+    /* "name count" lines -> "name": count */
+    for (char *l = calls, *nl; *l; l = nl + 1) {
+      if (!(nl = strchr(l, '\n'))) break;
+      char *sp = memchr(l, ' ', (size_t)(nl - l));
+      if (sp) fprintf(out, "%s\"%.*s\": %.*s", l == calls ? "" : ", ", (int)(sp - l), l,
+                      (int)(nl - sp - 1), sp + 1);
+    }
+    fprintf(out, "}}\n");
     return;
   }
   fprintf(out, "train: %lld steps (%lld..%lld), %lld sequences of %lld tokens per step, %d rank%s, "
@@ -994,6 +1006,11 @@ static void summary(tr_run *r) {
   if (r->stopped)
     fprintf(out, "stopped by a signal after step %lld (of --steps %lld)%s\n", (long long)(r->end - 1),
             (long long)a->steps, a->save ? "; the checkpoint holds that step: --resume continues" : "");
+  if (a->device >= 0) { /* which calls ran on the device (the rest ran on the host: docs/cuda.md) */
+    for (char *l = calls; *l; l++)
+      if (*l == '\n') *l = l[1] ? ',' : 0;
+    fprintf(out, "device: %s; calls run there (rank 0): %s\n", dev, calls[0] ? calls : "none");
+  }
   if (a->record) fprintf(out, "record: %s\n", a->record);
   if (a->save) fprintf(out, "checkpoint: %s\n", a->save);
   if (a->dump_grads && ran > 0 && !r->stopped)

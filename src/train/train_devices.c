@@ -6,7 +6,10 @@
  * module uses for its buffers under `bitexact train --device cuda`, and the
  * device path's host copies of device data (train_check.h bx_tc_to_host).
  */
+#include <pthread.h>
 #include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -50,11 +53,45 @@ const bx_train_device *bx_train_device_cuda(void) {
 
 int bx_train_device_sim_plant(void) { return choice() == 3; }
 
+/* The device calls by entry (bx_train_device_calls): fn is always a string
+ * literal, so its address names the entry. */
+#define MAX_NAMES 64
+static pthread_mutex_t g_calls_lock = PTHREAD_MUTEX_INITIALIZER;
+static const char *g_call_name[MAX_NAMES];
+static uint64_t g_call_count[MAX_NAMES];
+static size_t g_call_names;
+
+static void count_call(const char *fn) {
+  pthread_mutex_lock(&g_calls_lock);
+  size_t i = 0;
+  while (i < g_call_names && g_call_name[i] != fn && strcmp(g_call_name[i], fn)) i++;
+  if (i == g_call_names && i < MAX_NAMES) g_call_name[g_call_names++] = fn;
+  if (i < g_call_names) g_call_count[i]++;
+  pthread_mutex_unlock(&g_calls_lock);
+}
+
+size_t bx_train_device_calls(char *buf, size_t cap) {
+  pthread_mutex_lock(&g_calls_lock);
+  size_t need = 0;
+  for (size_t i = 0; i < g_call_names; i++) {
+    char line[160];
+    int n = snprintf(line, sizeof line, "%s %llu\n", g_call_name[i],
+                     (unsigned long long)g_call_count[i]);
+    if (n < 0) continue;
+    if (buf && need + (size_t)n < cap) memcpy(buf + need, line, (size_t)n);
+    need += (size_t)n;
+  }
+  if (buf && cap) buf[need < cap ? need : cap - 1] = 0;
+  pthread_mutex_unlock(&g_calls_lock);
+  return need + 1;
+}
+
 bx_status bx_train_cuda(const char *fn, const bx_train_device **dev) {
   *dev = bx_train_device_cuda();
   if (!*dev)
     return bx_fail(BX_EDEVICE, "%s: every tensor is a CUDA tensor, but this build of bitexact "
                    "has no CUDA backend (built without nvcc, or CUDA=0)", fn);
+  count_call(fn);
   return BX_OK;
 }
 
