@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "abi.h"
+#include "attention_hd.h"
 #include "attention_internal.h"
 #include "call.h"
 #include "dtype.h"
@@ -202,21 +203,10 @@ static void fwd_task(void *ctx, size_t task, int worker) {
   /* softmax per row, in place in S: p_j */
   for (size_t ii = 0; ii < rows; ii++) {
     size_t i = i0 + ii;
-    float *s = S + ii * ncp;
-    for (size_t c = 0; c <= i; c++) s[c] = s[c] * g->scale;
-    float m = s[0];
-    for (size_t c = 1; c <= i; c++) m = s[c] > m ? s[c] : m;
-    double sum = 0.0;
-    for (size_t c = 0; c <= i; c++) {
-      s[c] = bx_expf_det(s[c] - m);
-      sum += (double)s[c];
-    }
-    float l = (float)sum;
-    for (size_t c = 0; c <= i; c++) s[c] = s[c] / l;
+    float *s = S + ii * ncp, m, l;
+    bx_attn_softmax_row_f32(s, i + 1, g->scale, &m, &l); /* attention_hd.h */
     for (size_t c = i + 1; c < i1; c++) s[c] = 0.0f; /* read by the packing, never kept */
-    float *st = j->stats + ((t0 + i) * g->Hq + h) * 2;
-    st[0] = bx_canon_f32(m);
-    st[1] = bx_canon_f32(l);
+    bx_attn_store_stats(j->stats + ((t0 + i) * g->Hq + h) * 2, m, l);
   }
   /* o, per mr-sliver r of rows: the micro-kernel over j = 0..i0+r (in
    * every row's window) leaves row 0 finished; then one step per j =

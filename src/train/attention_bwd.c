@@ -33,13 +33,14 @@
 #include <string.h>
 
 #include "abi.h"
+#include "attention_hd.h"
 #include "attention_internal.h"
 #include "call.h"
 #include "error.h"
 #include "kernels.h"
-#include "math_det.h"
 #include "nan_canon.h"
 #include "pool.h"
+#include "train_device.h"
 #include "workspace.h"
 
 #define BWD_ROWS 64 /* about this many positions per block (speed only) */
@@ -120,15 +121,7 @@ static void bwd_block(const bwd_job *j, const bwd_bufs *w, size_t b, size_t h, s
     size_t i = i0 + ii;
     float *s = S + ii * ncp, *dp = G + ii * ncp;
     const float *st = j->stats + ((t0 + i) * g->Hq + h) * 2;
-    float m = st[0], l = st[1];
-    double delta = 0.0;
-    for (size_t c = 0; c <= i; c++) {
-      float p = bx_expf_det(s[c] * g->scale - m) / l;
-      s[c] = p;
-      delta += (double)p * (double)dp[c]; /* the product is exact in fp64 */
-    }
-    float dl = (float)delta;
-    for (size_t c = 0; c <= i; c++) dp[c] = (s[c] * (dp[c] - dl)) * g->scale;
+    (void)bx_attn_bwd_row_f32(s, dp, i + 1, g->scale, st[0], st[1]); /* attention_hd.h */
     for (size_t c = i + 1; c < i1; c++) s[c] = dp[c] = 0.0f;
   }
   /* dq, per mr-sliver r of rows: the micro-kernel over j = 0..i0+r (in
