@@ -22,6 +22,7 @@
 #include "pool.h"
 #include "tensor.h"
 #include "train_check.h"
+#include "train_device.h"
 #include "workspace.h"
 
 #define ATTN_ROWS 32 /* about this many positions per forward piece (speed only) */
@@ -34,7 +35,8 @@ bx_status bx_attn_enter(bx_call *call, const char *fn, const bx_attention_opts *
                      "bx_attention_opts", "BX_ATTENTION_OPTS_DEFAULT", &threads);
 }
 
-bx_status bx_attn_check(const char *fn, const bx_attention_opts *opts, int64_t seq_len,
+bx_status bx_attn_check(const char *fn, const bx_tc_place *pl, const bx_attention_opts *opts,
+                        int64_t seq_len,
                         int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                         const bx_attn_arg *args, size_t nargs, float **data, bx_attn_geom *g) {
   bx_attention_opts o = BX_ATTENTION_OPTS_DEFAULT;
@@ -57,8 +59,8 @@ bx_status bx_attn_check(const char *fn, const bx_attention_opts *opts, int64_t s
   if (nargs == 0 || nargs > 8) return bx_fail(BX_EINVAL, "%s: internal: too many tensors", fn);
   for (size_t i = 0; i < nargs; i++) {
     int stats = args[i].kind == BX_ATTN_STATS;
-    bx_status st = bx_tc_check(fn, i, args[i].name, args[i].t, BX_TC_F32, stats ? 3 : 2, 3, NULL,
-                               args[i].writable, &sp[i]);
+    bx_status st = bx_tc_check_in(pl, fn, i, args[i].name, args[i].t, BX_TC_F32, stats ? 3 : 2,
+                                  3, NULL, args[i].writable, &sp[i]);
     if (st != BX_OK) return st;
     if (stats) sp[i].rows = (size_t)sp[i].dim[0]; /* [T, num_heads, 2]: T rows */
     all[i] = &sp[i];
@@ -242,15 +244,27 @@ bx_status bx_attention_forward(const DLTensor *q, const DLTensor *k, const DLTen
   const bx_attn_arg args[5] = {{q, "q", BX_ATTN_Q, 0},     {k, "k", BX_ATTN_KV, 0},
                                {v, "v", BX_ATTN_KV, 0},    {o, "o", BX_ATTN_Q, 1},
                                {stats, "stats", BX_ATTN_STATS, 1}};
+  const DLTensor *ts[5] = {q, k, v, o, stats};
+  const bx_tc_place pl = bx_tc_place_of(ts, 5);
   float *data[5];
   fwd_job j;
-  st = bx_attn_check(fn, opts, seq_len, num_heads, num_kv_heads, head_dim, args, 5, data, &j.g);
-  if (st != BX_OK || j.g.T == 0) goto done;
+  st = bx_attn_check(fn, &pl, opts, seq_len, num_heads, num_kv_heads, head_dim, args, 5, data,
+                     &j.g);
+  if (st != BX_OK) goto done;
   j.q = data[0];
   j.k = data[1];
   j.v = data[2];
   j.o = data[3];
   j.stats = data[4];
+  if (pl.cuda) { /* every tensor on one CUDA device: train_device.h */
+    const bx_train_device *dev;
+    st = bx_train_cuda(fn, &dev);
+    if (st == BX_OK && j.g.T)
+      st = dev->attention_fwd(fn, pl.device, j.q, j.k, j.v, j.o, j.stats, j.g.T, j.g.L, j.g.Hq,
+                              j.g.Hkv, j.g.D, j.g.scale);
+    goto done;
+  }
+  if (j.g.T == 0) goto done;
   j.kern = bx_gemm_kernel_active();
   j.rows = rup(ATTN_ROWS, j.kern->mr);
   j.nblk = (j.g.L + j.rows - 1) / j.rows;

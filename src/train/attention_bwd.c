@@ -223,10 +223,13 @@ bx_status bx_attention_backward(const DLTensor *dout, const DLTensor *q, const D
       {dout, "dout", BX_ATTN_Q, 0}, {q, "q", BX_ATTN_Q, 0},   {k, "k", BX_ATTN_KV, 0},
       {v, "v", BX_ATTN_KV, 0},      {stats, "stats", BX_ATTN_STATS, 0},
       {dq, "dq", BX_ATTN_Q, 1},     {dk, "dk", BX_ATTN_KV, 1}, {dv, "dv", BX_ATTN_KV, 1}};
+  const DLTensor *ts[8] = {dout, q, k, v, stats, dq, dk, dv};
+  const bx_tc_place pl = bx_tc_place_of(ts, 8);
   float *data[8];
   bwd_job j;
-  st = bx_attn_check(fn, opts, seq_len, num_heads, num_kv_heads, head_dim, args, 8, data, &j.g);
-  if (st != BX_OK || j.g.T == 0) goto done;
+  st = bx_attn_check(fn, &pl, opts, seq_len, num_heads, num_kv_heads, head_dim, args, 8, data,
+                     &j.g);
+  if (st != BX_OK) goto done;
   j.dout = data[0];
   j.q = data[1];
   j.k = data[2];
@@ -235,6 +238,15 @@ bx_status bx_attention_backward(const DLTensor *dout, const DLTensor *q, const D
   j.dq = data[5];
   j.dk = data[6];
   j.dv = data[7];
+  if (pl.cuda) { /* every tensor on one CUDA device: train_device.h */
+    const bx_train_device *dev;
+    st = bx_train_cuda(fn, &dev);
+    if (st == BX_OK && j.g.T)
+      st = dev->attention_bwd(fn, pl.device, j.dout, j.q, j.k, j.v, j.stats, j.dq, j.dk, j.dv,
+                              j.g.T, j.g.L, j.g.Hq, j.g.Hkv, j.g.D, j.g.scale);
+    goto done;
+  }
+  if (j.g.T == 0) goto done;
   j.kern = bx_gemm_kernel_active();
   j.rows = rup(BWD_ROWS, j.kern->mr);
   if (j.rows > rup(j.g.L, j.kern->mr)) j.rows = rup(j.g.L, j.kern->mr);

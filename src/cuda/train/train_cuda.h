@@ -51,5 +51,12 @@ bx_status bx_cut_rope(const char *fn, int device, const float *x, float *y, cons
 bx_status bx_cut_gemm(const char *fn, int device, const void *a, int a_bf16, const void *b,
                       int b_bf16, int layout, float *c, size_t m, size_t n, size_t k,
                       int accumulate);
+bx_status bx_cut_attention_fwd(const char *fn, int device, const float *q, const float *k,
+                               const float *v, float *o, float *stats, size_t T, size_t L,
+                               size_t Hq, size_t Hkv, size_t D, float scale);
+bx_status bx_cut_attention_bwd(const char *fn, int device, const float *dout, const float *q,
+                               const float *k, const float *v, const float *stats, float *dq,
+                               float *dk, float *dv, size_t T, size_t L, size_t Hq, size_t Hkv,
+                               size_t D, float scale);
 
 #endif /* BX_TRAIN_CUDA_H */

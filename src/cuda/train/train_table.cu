@@ -14,4 +14,5 @@ static bx_status to_host(const char *fn, int device, void *dst, const void *src,
 
 extern "C" const bx_train_device bx_cuda_train = {
     "cuda",         bx_cut_swiglu_fwd, bx_cut_swiglu_bwd, bx_cut_adamw, bx_cut_rmsnorm_fwd,
-    bx_cut_rmsnorm_bwd, bx_cut_rope,   bx_cut_gemm,       to_host};
+    bx_cut_rmsnorm_bwd, bx_cut_rope,   bx_cut_gemm,       to_host,
+    bx_cut_attention_fwd, bx_cut_attention_bwd};
