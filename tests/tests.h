@@ -110,6 +110,10 @@ void test_train_cuda_sim_rmsnorm(void);
 void test_train_cuda_sim_rope(void);
 void test_train_cuda_sim_gemm(void);
 void test_train_cuda_dispatch(void);
+/* test_train_cuda_sim_attn.c */
+void test_train_cuda_sim_attention_fwd(void);
+void test_train_cuda_sim_attention_bwd(void);
+void test_train_cuda_sim_attention_dispatch(void);
 /* test_cuda_sim.c */
 void test_cuda_sim_squares(void);
 void test_cuda_sim_abs(void);
