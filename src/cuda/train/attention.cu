@@ -49,7 +49,8 @@ bx_status bx_cut_attention_bwd(const char *fn, int device, const float *dout, co
   bx_tg_attn a = {q, k, v, dout, stats, nullptr, nullptr, dq, dk, dv, T, L, Hq, Hkv, D, scale};
   void *args[] = {&a};
   cudaError_t e = bx_cut_launch((const void *)bx_cut_attention_delta_kernel, T * Hq, args);
-  if (e == cudaSuccess) e = bx_cut_launch((const void *)bx_cut_attention_dkdv_kernel, T * Hkv, args);
+  if (e == cudaSuccess)
+    e = bx_cut_launch((const void *)bx_cut_attention_dkdv_kernel, T * Hkv, args);
   if (e == cudaSuccess) e = bx_cut_launch((const void *)bx_cut_attention_dq_kernel, T * Hq, args);
   return bx_cut_done(fn, "attention backward kernels", e, pending);
 }

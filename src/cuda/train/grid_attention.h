@@ -63,7 +63,8 @@ static inline BX_HD void bx_tg_attn_fwd_row(const bx_tg_attn *a, uint64_t it) {
   const float *kb = a->k + t0 * ldk + g * D, *vb = a->v + t0 * ldk + g * D;
   float *o = a->o + t * ldq + h * D;
   float m = bx_tg_attn_score(a, q, kb); /* m = s_0, then the strict-max steps */
-  for (uint64_t j = 1; j <= i; j++) m = bx_attn_max_step_f32(m, bx_tg_attn_score(a, q, kb + j * ldk));
+  for (uint64_t j = 1; j <= i; j++)
+    m = bx_attn_max_step_f32(m, bx_tg_attn_score(a, q, kb + j * ldk));
   double sum = 0.0;
   for (uint64_t j = 0; j <= i; j++)
     sum = bx_attn_sum_step(sum, bx_attn_exp_f32(bx_tg_attn_score(a, q, kb + j * ldk), m));
