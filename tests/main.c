@@ -152,6 +152,10 @@ static const test_entry TESTS[] = {
     {"train_alloc", test_train_alloc},
     {"train_device_sim", test_train_device_sim},
     {"train_device_sweep", test_train_device_sweep},
+    /* attention's CUDA decomposition on the CPU (test_train_cuda_sim_attn.c) */
+    {"train_cuda_sim_attention_fwd", test_train_cuda_sim_attention_fwd},
+    {"train_cuda_sim_attention_bwd", test_train_cuda_sim_attention_bwd},
+    {"train_cuda_sim_attention_dispatch", test_train_cuda_sim_attention_dispatch},
     /* the block drivers and micro-kernels (test_kernels.c) */
     {"kernels_driver_paths", test_kernels_driver_paths},
     {"kernels_special_near_block_ends", test_kernels_special_near_block_ends},

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "abi.h"
+#include "attention_hd.h"
 #include "attention_internal.h"
 #include "call.h"
 #include "dtype.h"
@@ -21,6 +22,7 @@
 #include "pool.h"
 #include "tensor.h"
 #include "train_check.h"
+#include "train_device.h"
 #include "workspace.h"
 
 #define ATTN_ROWS 32 /* about this many positions per forward piece (speed only) */
@@ -33,7 +35,8 @@ bx_status bx_attn_enter(bx_call *call, const char *fn, const bx_attention_opts *
                      "bx_attention_opts", "BX_ATTENTION_OPTS_DEFAULT", &threads);
 }
 
-bx_status bx_attn_check(const char *fn, const bx_attention_opts *opts, int64_t seq_len,
+bx_status bx_attn_check(const char *fn, const bx_tc_place *pl, const bx_attention_opts *opts,
+                        int64_t seq_len,
                         int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                         const bx_attn_arg *args, size_t nargs, float **data, bx_attn_geom *g) {
   bx_attention_opts o = BX_ATTENTION_OPTS_DEFAULT;
@@ -56,8 +59,8 @@ bx_status bx_attn_check(const char *fn, const bx_attention_opts *opts, int64_t s
   if (nargs == 0 || nargs > 8) return bx_fail(BX_EINVAL, "%s: internal: too many tensors", fn);
   for (size_t i = 0; i < nargs; i++) {
     int stats = args[i].kind == BX_ATTN_STATS;
-    bx_status st = bx_tc_check(fn, i, args[i].name, args[i].t, BX_TC_F32, stats ? 3 : 2, 3, NULL,
-                               args[i].writable, &sp[i]);
+    bx_status st = bx_tc_check_in(pl, fn, i, args[i].name, args[i].t, BX_TC_F32, stats ? 3 : 2,
+                                  3, NULL, args[i].writable, &sp[i]);
     if (st != BX_OK) return st;
     if (stats) sp[i].rows = (size_t)sp[i].dim[0]; /* [T, num_heads, 2]: T rows */
     all[i] = &sp[i];
@@ -202,21 +205,10 @@ static void fwd_task(void *ctx, size_t task, int worker) {
   /* softmax per row, in place in S: p_j */
   for (size_t ii = 0; ii < rows; ii++) {
     size_t i = i0 + ii;
-    float *s = S + ii * ncp;
-    for (size_t c = 0; c <= i; c++) s[c] = s[c] * g->scale;
-    float m = s[0];
-    for (size_t c = 1; c <= i; c++) m = s[c] > m ? s[c] : m;
-    double sum = 0.0;
-    for (size_t c = 0; c <= i; c++) {
-      s[c] = bx_expf_det(s[c] - m);
-      sum += (double)s[c];
-    }
-    float l = (float)sum;
-    for (size_t c = 0; c <= i; c++) s[c] = s[c] / l;
+    float *s = S + ii * ncp, m, l;
+    bx_attn_softmax_row_f32(s, i + 1, g->scale, &m, &l); /* attention_hd.h */
     for (size_t c = i + 1; c < i1; c++) s[c] = 0.0f; /* read by the packing, never kept */
-    float *st = j->stats + ((t0 + i) * g->Hq + h) * 2;
-    st[0] = bx_canon_f32(m);
-    st[1] = bx_canon_f32(l);
+    bx_attn_store_stats(j->stats + ((t0 + i) * g->Hq + h) * 2, m, l);
   }
   /* o, per mr-sliver r of rows: the micro-kernel over j = 0..i0+r (in
    * every row's window) leaves row 0 finished; then one step per j =
@@ -252,15 +244,27 @@ bx_status bx_attention_forward(const DLTensor *q, const DLTensor *k, const DLTen
   const bx_attn_arg args[5] = {{q, "q", BX_ATTN_Q, 0},     {k, "k", BX_ATTN_KV, 0},
                                {v, "v", BX_ATTN_KV, 0},    {o, "o", BX_ATTN_Q, 1},
                                {stats, "stats", BX_ATTN_STATS, 1}};
+  const DLTensor *ts[5] = {q, k, v, o, stats};
+  const bx_tc_place pl = bx_tc_place_of(ts, 5);
   float *data[5];
   fwd_job j;
-  st = bx_attn_check(fn, opts, seq_len, num_heads, num_kv_heads, head_dim, args, 5, data, &j.g);
-  if (st != BX_OK || j.g.T == 0) goto done;
+  st = bx_attn_check(fn, &pl, opts, seq_len, num_heads, num_kv_heads, head_dim, args, 5, data,
+                     &j.g);
+  if (st != BX_OK) goto done;
   j.q = data[0];
   j.k = data[1];
   j.v = data[2];
   j.o = data[3];
   j.stats = data[4];
+  if (pl.cuda) { /* every tensor on one CUDA device: train_device.h */
+    const bx_train_device *dev;
+    st = bx_train_cuda(fn, &dev);
+    if (st == BX_OK && j.g.T)
+      st = dev->attention_fwd(fn, pl.device, j.q, j.k, j.v, j.o, j.stats, j.g.T, j.g.L, j.g.Hq,
+                              j.g.Hkv, j.g.D, j.g.scale);
+    goto done;
+  }
+  if (j.g.T == 0) goto done;
   j.kern = bx_gemm_kernel_active();
   j.rows = rup(ATTN_ROWS, j.kern->mr);
   j.nblk = (j.g.L + j.rows - 1) / j.rows;

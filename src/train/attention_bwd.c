@@ -33,13 +33,14 @@
 #include <string.h>
 
 #include "abi.h"
+#include "attention_hd.h"
 #include "attention_internal.h"
 #include "call.h"
 #include "error.h"
 #include "kernels.h"
-#include "math_det.h"
 #include "nan_canon.h"
 #include "pool.h"
+#include "train_device.h"
 #include "workspace.h"
 
 #define BWD_ROWS 64 /* about this many positions per block (speed only) */
@@ -120,15 +121,7 @@ static void bwd_block(const bwd_job *j, const bwd_bufs *w, size_t b, size_t h, s
     size_t i = i0 + ii;
     float *s = S + ii * ncp, *dp = G + ii * ncp;
     const float *st = j->stats + ((t0 + i) * g->Hq + h) * 2;
-    float m = st[0], l = st[1];
-    double delta = 0.0;
-    for (size_t c = 0; c <= i; c++) {
-      float p = bx_expf_det(s[c] * g->scale - m) / l;
-      s[c] = p;
-      delta += (double)p * (double)dp[c]; /* the product is exact in fp64 */
-    }
-    float dl = (float)delta;
-    for (size_t c = 0; c <= i; c++) dp[c] = (s[c] * (dp[c] - dl)) * g->scale;
+    (void)bx_attn_bwd_row_f32(s, dp, i + 1, g->scale, st[0], st[1]); /* attention_hd.h */
     for (size_t c = i + 1; c < i1; c++) s[c] = dp[c] = 0.0f;
   }
   /* dq, per mr-sliver r of rows: the micro-kernel over j = 0..i0+r (in
@@ -230,10 +223,13 @@ bx_status bx_attention_backward(const DLTensor *dout, const DLTensor *q, const D
       {dout, "dout", BX_ATTN_Q, 0}, {q, "q", BX_ATTN_Q, 0},   {k, "k", BX_ATTN_KV, 0},
       {v, "v", BX_ATTN_KV, 0},      {stats, "stats", BX_ATTN_STATS, 0},
       {dq, "dq", BX_ATTN_Q, 1},     {dk, "dk", BX_ATTN_KV, 1}, {dv, "dv", BX_ATTN_KV, 1}};
+  const DLTensor *ts[8] = {dout, q, k, v, stats, dq, dk, dv};
+  const bx_tc_place pl = bx_tc_place_of(ts, 8);
   float *data[8];
   bwd_job j;
-  st = bx_attn_check(fn, opts, seq_len, num_heads, num_kv_heads, head_dim, args, 8, data, &j.g);
-  if (st != BX_OK || j.g.T == 0) goto done;
+  st = bx_attn_check(fn, &pl, opts, seq_len, num_heads, num_kv_heads, head_dim, args, 8, data,
+                     &j.g);
+  if (st != BX_OK) goto done;
   j.dout = data[0];
   j.q = data[1];
   j.k = data[2];
@@ -242,6 +238,15 @@ bx_status bx_attention_backward(const DLTensor *dout, const DLTensor *q, const D
   j.dq = data[5];
   j.dk = data[6];
   j.dv = data[7];
+  if (pl.cuda) { /* every tensor on one CUDA device: train_device.h */
+    const bx_train_device *dev;
+    st = bx_train_cuda(fn, &dev);
+    if (st == BX_OK && j.g.T)
+      st = dev->attention_bwd(fn, pl.device, j.dout, j.q, j.k, j.v, j.stats, j.dq, j.dk, j.dv,
+                              j.g.T, j.g.L, j.g.Hq, j.g.Hkv, j.g.D, j.g.scale);
+    goto done;
+  }
+  if (j.g.T == 0) goto done;
   j.kern = bx_gemm_kernel_active();
   j.rows = rup(BWD_ROWS, j.kern->mr);
   if (j.rows > rup(j.g.L, j.kern->mr)) j.rows = rup(j.g.L, j.kern->mr);

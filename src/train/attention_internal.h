@@ -12,6 +12,7 @@
 
 #include "bitexact_train.h"
 #include "call.h"
+#include "train_check.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -45,9 +46,11 @@ typedef struct bx_attn_arg {
 bx_status bx_attn_enter(bx_call *call, const char *fn, const bx_attention_opts *opts);
 
 /* Everything a call checks after bx_attn_enter, in order: the four sizes, each
- * tensor (index = position in args; tensor 0 fixes T), shapes, overlaps.
- * data[i] gets tensor i's first element. Writes nothing else. */
-bx_status bx_attn_check(const char *fn, const bx_attention_opts *opts, int64_t seq_len,
+ * tensor (index = position in args; tensor 0 fixes T; at place pl:
+ * train_check.h bx_tc_check_in), shapes, overlaps. data[i] gets tensor i's
+ * first element. Writes nothing else. */
+bx_status bx_attn_check(const char *fn, const bx_tc_place *pl, const bx_attention_opts *opts,
+                        int64_t seq_len,
                         int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                         const bx_attn_arg *args, size_t nargs, float **data, bx_attn_geom *g);
 

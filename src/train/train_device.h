@@ -173,6 +173,18 @@ typedef struct bx_train_device {
    * partial and the ordinary mode's addends. */
   bx_status (*tokred_wgrad_chunk)(const char *fn, int device, const bx_tokred_dev_wgrad *w,
                                   size_t c, float *pw, float *pb);
+  /* Causal GQA attention forward (bitexact_train_layers.h) over T = B * L
+   * tokens: q, o [T, Hq*D]; k, v [T, Hkv*D]; stats [T, Hq, 2]; scale the
+   * fp32 nearest to D^-1/2. */
+  bx_status (*attention_fwd)(const char *fn, int device, const float *q, const float *k,
+                             const float *v, float *o, float *stats, size_t T, size_t L,
+                             size_t Hq, size_t Hkv, size_t D, float scale);
+  /* Its backward: dout, q, dq [T, Hq*D]; k, v, dk, dv [T, Hkv*D]; stats
+   * [T, Hq, 2] from the forward. */
+  bx_status (*attention_bwd)(const char *fn, int device, const float *dout, const float *q,
+                             const float *k, const float *v, const float *stats, float *dq,
+                             float *dk, float *dv, size_t T, size_t L, size_t Hq, size_t Hkv,
+                             size_t D, float scale);
 } bx_train_device;
 
 /* The CUDA backend's table, or NULL in a build without it; the host

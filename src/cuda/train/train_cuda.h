@@ -99,4 +99,12 @@ bx_status bx_cut_xent(const char *fn, int device, const float *z, const void *ta
                       float *partials, int64_t *counts, size_t T, size_t V, size_t chunk,
                       size_t nchunks, double c);
 
+bx_status bx_cut_attention_fwd(const char *fn, int device, const float *q, const float *k,
+                               const float *v, float *o, float *stats, size_t T, size_t L,
+                               size_t Hq, size_t Hkv, size_t D, float scale);
+bx_status bx_cut_attention_bwd(const char *fn, int device, const float *dout, const float *q,
+                               const float *k, const float *v, const float *stats, float *dq,
+                               float *dk, float *dv, size_t T, size_t L, size_t Hq, size_t Hkv,
+                               size_t D, float scale);
+
 #endif /* BX_TRAIN_CUDA_H */

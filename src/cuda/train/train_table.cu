@@ -69,4 +69,6 @@ extern "C" const bx_train_device bx_cuda_train = {
     bx_cut_moe_unpermute, bx_cut_moe_unpermute_bwd, bx_cut_embedding_fwd, bx_cut_embedding_bwd,
     bx_cut_xent,
     /* the token reduction (tokred.cu) */
-    bx_cut_tokred_maxabs, bx_cut_tokred_grid, bx_cut_tokred_wgrad, bx_cut_tokred_wgrad_chunk};
+    bx_cut_tokred_maxabs, bx_cut_tokred_grid, bx_cut_tokred_wgrad, bx_cut_tokred_wgrad_chunk,
+    /* attention (attention.cu) */
+    bx_cut_attention_fwd, bx_cut_attention_bwd};
