@@ -27,6 +27,7 @@
 
 #include "error.h"
 #include "train_device.h"
+#include "grid_attention.h"
 #include "train_grid.h"
 
 /* ---- device memory: the registry of live allocations ---------------------------------- */
@@ -236,6 +237,40 @@ static bx_status sim_gemm(const char *fn, int device, const void *a, int a_bf16,
   return BX_OK;
 }
 
+static bx_status sim_attention_fwd(const char *fn, int device, const float *q, const float *k,
+                                   const float *v, float *o, float *stats, size_t T, size_t L,
+                                   size_t Hq, size_t Hkv, size_t D, float scale) {
+  (void)device;
+  MEM("q", q, T * Hq * D * 4);
+  MEM("k", k, T * Hkv * D * 4);
+  MEM("v", v, T * Hkv * D * 4);
+  MEM("o", o, T * Hq * D * 4);
+  MEM("stats", stats, T * Hq * 2 * 4);
+  bx_tg_attn a = {q, k, v, NULL, NULL, o, stats, NULL, NULL, NULL, T, L, Hq, Hkv, D, scale};
+  for (uint64_t i = 0; i < (uint64_t)T * Hq; i++) bx_tg_attn_fwd_row(&a, i);
+  return BX_OK;
+}
+
+static bx_status sim_attention_bwd(const char *fn, int device, const float *dout, const float *q,
+                                   const float *k, const float *v, const float *stats, float *dq,
+                                   float *dk, float *dv, size_t T, size_t L, size_t Hq, size_t Hkv,
+                                   size_t D, float scale) {
+  (void)device;
+  MEM("dout", dout, T * Hq * D * 4);
+  MEM("q", q, T * Hq * D * 4);
+  MEM("k", k, T * Hkv * D * 4);
+  MEM("v", v, T * Hkv * D * 4);
+  MEM("stats", stats, T * Hq * 2 * 4);
+  MEM("dq", dq, T * Hq * D * 4);
+  MEM("dk", dk, T * Hkv * D * 4);
+  MEM("dv", dv, T * Hkv * D * 4);
+  bx_tg_attn a = {q, k, v, dout, stats, NULL, NULL, dq, dk, dv, T, L, Hq, Hkv, D, scale};
+  for (uint64_t i = 0; i < (uint64_t)T * Hq; i++) bx_tg_attn_delta_row(&a, i);
+  for (uint64_t i = 0; i < (uint64_t)T * Hkv; i++) bx_tg_attn_dkdv_row(&a, i);
+  for (uint64_t i = 0; i < (uint64_t)T * Hq; i++) bx_tg_attn_dq_row(&a, i);
+  return BX_OK;
+}
+
 const bx_train_device bx_hostsim_train = {
     .name = "cuda (host simulation)",
     .swiglu_fwd = sim_swiglu_fwd,
@@ -249,4 +284,6 @@ const bx_train_device bx_hostsim_train = {
     .alloc_managed = sim_alloc,
     .free_managed = sim_free,
     .usable = sim_usable,
+    .attention_fwd = sim_attention_fwd,
+    .attention_bwd = sim_attention_bwd,
 };
