@@ -28,68 +28,12 @@
 
 namespace {
 
-struct arena {
-  void *dev = nullptr;
-  size_t cap = 0;
-  int device = -1;
-  int pooled = 0;
-  void *host = nullptr; /* chunk table and word staging on the host */
-  size_t host_cap = 0;
-  ~arena() {
-    if (dev) {
-      int prev = 0;
-      bool ok = cudaGetDevice(&prev) == cudaSuccess;
-      cudaSetDevice(device);
-      if (pooled) cudaFreeAsync(dev, 0);
-      else cudaFree(dev);
-      if (ok) cudaSetDevice(prev);
-      cudaGetLastError(); /* thread exit: nothing of the caller's is pending here */
-    }
-    free(host);
-  }
-};
-
-thread_local arena arenas[BX_MAX_NESTING + 1];
+thread_local bx_cu_arena arenas[BX_MAX_NESTING + 1];
 thread_local bx_device_call calls[BX_MAX_NESTING + 1];
 
 int level_now() {
   int l = bx_call_depth();
   return l > BX_MAX_NESTING ? BX_MAX_NESTING : l;
-}
-
-/* At least bytes of device memory on device, and host_bytes on the host. */
-bx_status arena_reserve(const char *fn, arena *a, int device, size_t bytes, size_t host_bytes) {
-  if (host_bytes > a->host_cap) {
-    void *h = realloc(a->host, host_bytes);
-    if (!h) return bx_fail(BX_ENOMEM, "%s: cannot allocate %zu bytes of host staging", fn, host_bytes);
-    a->host = h;
-    a->host_cap = host_bytes;
-  }
-  if (a->dev && a->device == device && a->cap >= bytes) return BX_OK;
-  cudaError_t pending = cudaPeekAtLastError();
-  int pools = 0;
-  if (cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device) != cudaSuccess) {
-    pools = 0;
-    if (pending == cudaSuccess) cudaGetLastError();
-  }
-  size_t want = bytes < ((size_t)1 << 16) ? ((size_t)1 << 16) : bytes + bytes / 4;
-  void *p = nullptr;
-  cudaError_t e = pools ? cudaMallocAsync(&p, want, 0) : cudaMalloc(&p, want);
-  if (e != cudaSuccess) {
-    return bx_cu_fail(fn, "reserving the call's device memory before the first collective", e,
-                      pending);
-  }
-  if (a->dev) { /* the old block, on its own device */
-    bx_cu_device_guard guard(a->device);
-    if (a->pooled) cudaFreeAsync(a->dev, 0);
-    else cudaFree(a->dev);
-    if (pending == cudaSuccess) cudaGetLastError();
-  }
-  a->dev = p;
-  a->cap = want;
-  a->device = device;
-  a->pooled = pools;
-  return BX_OK;
 }
 
 bx_status cu_available() {
@@ -137,12 +81,13 @@ bx_status cu_prepare(const char *fn, const bx_device_prep *prep, bx_device_call 
   }
   plan->stage_words = prep->stage_words;
   bx_cu_device_guard guard(plan->device);
-  arena *a = &arenas[level];
+  bx_cu_arena *a = &arenas[level];
   size_t ng = plan->ngroups ? plan->ngroups : 1;
   size_t host_bytes = (plan->nchunks ? plan->nchunks : 1) * sizeof(bx_cu_chunk);
   size_t ext_bytes = ng * BX_CU_EXT_WORDS * sizeof(uint64_t) + 8;
   if (ext_bytes > host_bytes) host_bytes = ext_bytes;
-  st = arena_reserve(fn, a, plan->device, bx_cu_plan_bytes(plan), host_bytes);
+  st = bx_cu_arena_reserve(fn, "reserving the call's device memory before the first collective",
+                             a, plan->device, bx_cu_plan_bytes(plan), host_bytes);
   if (st != BX_OK) return st;
   if (prep->reduce || prep->scale)
     st = bx_cu_plan_bind(fn, gs, prep->ngroups, prep->flat, prep->count, plan, a->dev,
@@ -157,7 +102,7 @@ bx_status cu_prepare(const char *fn, const bx_device_prep *prep, bx_device_call 
 bx_status cu_partials(bx_device_call *dc, bx_partial *parts, int64_t *offender, unsigned *dtypes) {
   static const char *fn = "bx_total_norm";
   bx_cuda_plan *plan = dc->plan;
-  arena *a = &arenas[dc->level];
+  bx_cu_arena *a = &arenas[dc->level];
   bx_cu_device_guard guard(plan->device);
   size_t ng = plan->ngroups ? plan->ngroups : 1;
   cudaStream_t s0 = 0; /* legacy default stream: ordered after other blocking streams */
@@ -240,3 +185,37 @@ int bx_cu_allreduce_staged(bx_device_call *dc, const bx_comm *comm, int64_t *buf
 extern "C" const bx_device_backend bx_cuda_backend = {
     "cuda", cu_available, cu_prepare, cu_partials, cu_allreduce_staged, cu_scale, cu_release,
 };
+
+/* ---- the grow-only arena (cuda_internal.h) ---- */
+
+bx_status bx_cu_arena_reserve(const char *fn, const char *what, bx_cu_arena *a, int device,
+                              size_t bytes, size_t host_bytes) {
+  if (host_bytes > a->host_cap) {
+    void *h = realloc(a->host, host_bytes);
+    if (!h) return bx_fail(BX_ENOMEM, "%s: cannot allocate %zu bytes of host staging", fn, host_bytes);
+    a->host = h;
+    a->host_cap = host_bytes;
+  }
+  if (a->dev && a->device == device && a->cap >= bytes) return BX_OK;
+  cudaError_t pending = cudaPeekAtLastError();
+  int pools = 0;
+  if (cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device) != cudaSuccess) {
+    pools = 0;
+    if (pending == cudaSuccess) cudaGetLastError();
+  }
+  size_t want = bytes < ((size_t)1 << 16) ? ((size_t)1 << 16) : bytes + bytes / 4;
+  void *p = nullptr;
+  cudaError_t e = pools ? cudaMallocAsync(&p, want, 0) : cudaMalloc(&p, want);
+  if (e != cudaSuccess) return bx_cu_fail(fn, what, e, pending);
+  if (a->dev) { /* the old block, on its own device */
+    bx_cu_device_guard guard(a->device);
+    if (a->pooled) cudaFreeAsync(a->dev, 0);
+    else cudaFree(a->dev);
+    if (pending == cudaSuccess) cudaGetLastError();
+  }
+  a->dev = p;
+  a->cap = want;
+  a->device = device;
+  a->pooled = pools;
+  return BX_OK;
+}

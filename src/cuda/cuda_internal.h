@@ -12,6 +12,7 @@
 #define BX_CUDA_INTERNAL_H
 
 #include <cuda_runtime_api.h>
+#include <stdlib.h>
 
 #include "agree.h"
 #include "backend.h"
@@ -132,6 +133,38 @@ bx_status bx_cu_plan_bind(const char *fn, const bx_group *groups, size_t ngroups
  * it is this call's own (pending_before: cudaPeekAtLastError() taken
  * before the call), so another library's error stays for it to see. */
 bx_status bx_cu_fail(const char *fn, const char *what, cudaError_t e, cudaError_t pending_before);
+
+/* A grow-only device arena of one thread (backend.cu's calls per nesting
+ * level, tokred.cu's scratch): never freed during a call (cudaFree
+ * synchronises the device: a deadlock hazard with NCCL kernels in flight);
+ * growing allocates the new block first and frees the old one
+ * stream-ordered (cudaMallocAsync / cudaFreeAsync where the device has
+ * memory pools); freed when the thread exits. */
+struct bx_cu_arena {
+  void *dev = nullptr;
+  size_t cap = 0;
+  int device = -1;
+  int pooled = 0;
+  void *host = nullptr; /* chunk table and word staging on the host */
+  size_t host_cap = 0;
+  ~bx_cu_arena() {
+    if (dev) {
+      int prev = 0;
+      bool ok = cudaGetDevice(&prev) == cudaSuccess;
+      cudaSetDevice(device);
+      if (pooled) cudaFreeAsync(dev, 0);
+      else cudaFree(dev);
+      if (ok) cudaSetDevice(prev);
+      cudaGetLastError(); /* thread exit: nothing of the caller's is pending here */
+    }
+    free(host);
+  }
+};
+
+/* At least bytes of device memory on device, and host_bytes of host
+ * staging; what names the allocation in a failure's message. */
+bx_status bx_cu_arena_reserve(const char *fn, const char *what, bx_cu_arena *a, int device,
+                              size_t bytes, size_t host_bytes);
 
 /* Selects a device for the scope of a call and restores the caller's. */
 struct bx_cu_device_guard {

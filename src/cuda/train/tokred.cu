@@ -33,55 +33,15 @@ typedef bx_cut_tk_res tk_res;
 
 namespace {
 
-struct tk_arena {
-  void *dev = nullptr;
-  size_t cap = 0;
-  int device = -1;
-  int pooled = 0;
-  ~tk_arena() {
-    if (!dev) return;
-    int prev = 0;
-    bool ok = cudaGetDevice(&prev) == cudaSuccess;
-    cudaSetDevice(device);
-    if (pooled) cudaFreeAsync(dev, 0);
-    else cudaFree(dev);
-    if (ok) cudaSetDevice(prev);
-    cudaGetLastError(); /* thread exit: nothing of the caller's is pending here */
-  }
-};
+thread_local bx_cu_arena tk_scratch;
 
-thread_local tk_arena tk_scratch;
-
-/* At least bytes of device scratch on device (the current one): *out. */
 bx_status tk_reserve(const char *fn, int device, size_t bytes, void **out) {
-  tk_arena *a = &tk_scratch;
-  if (!(a->dev && a->device == device && a->cap >= bytes)) {
-    cudaError_t pending = cudaPeekAtLastError();
-    int pools = 0;
-    if (cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device) != cudaSuccess) {
-      pools = 0;
-      if (pending == cudaSuccess) cudaGetLastError();
-    }
-    size_t want = bytes < ((size_t)1 << 16) ? ((size_t)1 << 16) : bytes + bytes / 4;
-    void *p = nullptr;
-    cudaError_t e = pools ? cudaMallocAsync(&p, want, 0) : cudaMalloc(&p, want);
-    if (e != cudaSuccess) return bx_cu_fail(fn, "reserving the token reduction's scratch", e, pending);
-    if (a->dev) { /* the old block, on its own device */
-      bx_cu_device_guard guard(a->device);
-      if (a->pooled) cudaFreeAsync(a->dev, 0);
-      else cudaFree(a->dev);
-      if (pending == cudaSuccess) cudaGetLastError();
-    }
-    a->dev = p;
-    a->cap = want;
-    a->device = device;
-    a->pooled = pools;
-  }
-  *out = a->dev;
-  return BX_OK;
+  bx_status st = bx_cu_arena_reserve(fn, "reserving the token reduction's scratch", &tk_scratch,
+                                     device, bytes, 0);
+  if (st == BX_OK) *out = tk_scratch.dev;
+  return st;
 }
 
-/* b rounded up to 256 bytes (the scratch's pieces start aligned). */
 size_t align256(size_t b) { return (b + 255) & ~(size_t)255; }
 
 /* The result words before a launch: maxima and counts 0, firsts all ones. */

@@ -43,12 +43,8 @@ static void free_managed(void *ptr) {
 }
 
 static bx_status usable(const char *fn) {
-  cudaError_t pending = cudaPeekAtLastError();
-  int n = 0;
-  cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess) return bx_cu_fail(fn, "finding a CUDA device", e, pending);
-  if (n < 1) return bx_fail(BX_EDEVICE, "%s: no CUDA device", fn);
-  return BX_OK;
+  bx_status st = bx_cuda_available(); /* the norm backend's answer: a device and a driver */
+  return st == BX_OK ? BX_OK : bx_fail(st, "%s: %s", fn, bx_last_error());
 }
 
 /* bytes from the host to device memory (embedding backward's sort). */
