@@ -2,9 +2,11 @@
  * train_sim.c — the host simulation of the training kernels' device backend
  * (train_device.h's bx_hostsim_train): every launcher of src/cuda/train
  * mirrored on the calling thread, the same grids over the same thread
- * bodies (src/cuda/train/train_grid.h; the arithmetic is the src/common
- * _hd.h headers'), kernels in the launchers' order, the GEMM's blocks phase
- * by phase between its barriers.
+ * bodies (src/cuda/train/train_grid.h, grid_moe.h, grid_tokred.h; the
+ * arithmetic is the src/common _hd.h headers'), kernels in the launchers'
+ * order, the GEMM-like kernels' blocks phase by phase between their
+ * barriers, atomics as plain sequential integer ops; the token reduction's
+ * device scratch arena is host scratch here.
  *
  * What it is for: running the device path of a whole program on a machine
  * without a GPU (`BITEXACT_TEST_DEVICE=sim bitexact train --device cuda`,
@@ -204,6 +206,15 @@ static bx_status sim_rope(const char *fn, int device, const float *x, float *y, 
   return BX_OK;
 }
 
+/* bx_cut_gemm's refusal of a grid CUDA cannot launch. */
+static bx_status gemm_fits(const char *fn, size_t m, size_t n) {
+  uint64_t gx = (m + BX_TG_GEMM_BM - 1) / BX_TG_GEMM_BM, gy = (n + BX_TG_GEMM_BN - 1) / BX_TG_GEMM_BN;
+  if (gx > 0x7FFFFFFFu || gy > 65535u)
+    return bx_fail(BX_EINVAL, "%s: %zu x %zu outputs exceed the CUDA kernel's grid (at most "
+                   "2^31 - 1 row tiles and 65535 column tiles of 64)", fn, m, n);
+  return BX_OK;
+}
+
 /* gemm.cu's kernel, its blocks phase by phase (the pointers already checked). */
 static bx_status gemm_grid(const char *fn, const void *a, int a_bf16, const void *b, int b_bf16,
                           int layout, float *c, size_t m, size_t n, size_t k, int accumulate) {
@@ -232,10 +243,12 @@ static bx_status sim_gemm(const char *fn, int device, const void *a, int a_bf16,
                           int accumulate) {
   (void)device;
   if (k == 0 && accumulate) return BX_OK; /* the launcher's early return */
+  bx_status st = gemm_fits(fn, m, n);
+  if (st != BX_OK) return st;
   MEM("a", a, m * k * (a_bf16 ? 2 : 4));
   MEM("b", b, n * k * (b_bf16 ? 2 : 4));
   MEM("c", c, m * n * 4);
-  bx_status st = gemm_grid(fn, a, a_bf16, b, b_bf16, layout, c, m, n, k, accumulate);
+  st = gemm_grid(fn, a, a_bf16, b, b_bf16, layout, c, m, n, k, accumulate);
   if (st != BX_OK) return st;
   if (bx_train_device_sim_plant() && m && n) { /* the negative control's one ulp */
     uint32_t u;
@@ -687,7 +700,8 @@ static bx_status sim_tokred_wgrad_chunk(const char *fn, int device, const bx_tok
   bx_status st = BX_OK;
   if (nk) { /* gemm.cu's TN launcher on the chunk's rows (its checks; the scratch is the device's) */
     bx_tg_gemm g = bx_tgt_wgrad_gemm(&t, c);
-    st = sim_mem(fn, "a", g.a, g.m * g.k * (g.a_bf16 ? 2 : 4));
+    st = gemm_fits(fn, g.m, g.n);
+    if (st == BX_OK) st = sim_mem(fn, "a", g.a, g.m * g.k * (g.a_bf16 ? 2 : 4));
     if (st == BX_OK) st = sim_mem(fn, "b", g.b, g.n * g.k * (g.b_bf16 ? 2 : 4));
     if (st == BX_OK) st = gemm_grid(fn, g.a, g.a_bf16, g.b, g.b_bf16, 2, dw, g.m, g.n, g.k, 0);
   }
