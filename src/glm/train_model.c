@@ -369,7 +369,7 @@ tr_work *tr_work_make(const tr_model *m, int64_t T, int64_t C) {
     }
   }
   w->x_final = F(T * H), w->xf = F(T * H), w->rstdf = F(T);
-  w->logits = F(T * V), w->losses = F(T), w->loss_partials = F(w->nch);
+  w->logits = F(T * V), w->losses = F(T), w->loss_partials = F(w->nch), w->seq_losses = F(T);
   w->emb_row_ids = I64(T), w->emb_offsets = I64(w->nch + 1), w->emb_rows = F(T * H);
   tr_scratch *s = &w->s;
   s->dx = F(T * H), s->dtmp = F(T * H);

@@ -78,6 +78,8 @@ typedef struct tr_work {
   float *x_final, *xf, *rstdf;      /* output of the last layer, its norm */
   float *logits;                    /* [T,V] (dlogits in place) */
   float *losses, *loss_partials;    /* [T], [nch] */
+  float *seq_losses;                /* [T] (>= the sequences): tr_model_eval's loss sums, copied
+                                       to the caller's host array after each micro-batch */
   int64_t *emb_row_ids, *emb_offsets; /* [T], [nch+1] */
   float *emb_rows;                  /* [T,H] */
   tr_scratch s;

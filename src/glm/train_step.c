@@ -365,12 +365,16 @@ int tr_model_eval(tr_model *m, const tr_run_opts *o, const int32_t *tokens, int6
       break;
     }
     glm_view v[4];
-    /* chunks of one sequence: each sequence's loss sum, as the training loss's partials */
+    /* chunks of one sequence: each sequence's loss sum, as the training loss's partials,
+     * into the model's memory (a view must cover glm_mem memory: with --device cuda the
+     * kernel writes it), then to the caller's host array */
     if (tr_ck(&c, bx_xent_forward(glm_f32(&v[0], w->logits, 2, T, m->c.vocab_size, 0),
                                   glm_i32(&v[1], w->targets, T), L, glm_f32(&v[2], w->losses, 1, T, 0, 0),
-                                  glm_f32(&v[3], seq_losses + b * mb, 1, mb, 0, 0), NULL, &xo),
+                                  glm_f32(&v[3], w->seq_losses, 1, mb, 0, 0), NULL, &xo),
               "eval cross-entropy"))
       rc = -1;
+    else
+      memcpy(seq_losses + b * mb, w->seq_losses, (size_t)mb * sizeof(float));
   }
   rc = pass_end(&c, rc);
   return rc == 0 ? 0 : c.n.learned ? -2 : -1;

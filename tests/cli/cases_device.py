@@ -5,7 +5,7 @@ simulation of the device backend (BITEXACT_TEST_DEVICE=sim, src/hostsim:
 the CUDA launchers' grids over the same thread bodies, and every pointer a
 launcher dereferences checked to lie in memory the device handed out):
 records, checkpoints and traces equal the CPU run's byte for byte, on one
-rank, with micro-batches, bf16 operands, and two ranks with expert
+rank, with micro-batches, bf16 operands, an eval pass, and two ranks with expert
 parallelism; a planted one-ULP error in the simulated GEMM makes them
 differ (so the device path did run); bad --device values and a machine
 without a GPU are refused with one line, nothing written."""
@@ -15,7 +15,7 @@ import shutil
 import subprocess
 
 from harness import *  # noqa: F401,F403 - the shared helpers and data
-from cases_train import FAST, expect_train_error, tpath
+from cases_train import FAST, eval_file, expect_train_error, tpath
 
 
 def sim_env(kind="sim"):
@@ -64,8 +64,10 @@ def same_files(a, b):
 
 @test
 def train_device_sim_equals_cpu():
+    ev = eval_file("dev_eval.npy", 4000, 3)  # --eval-data: the eval loss's partials on the device
     for tag, args in (("one", ()), ("mb2", ("--micro-batches", "2")),
-                      ("bf16", ("--compute-dtype", "bf16"))):
+                      ("bf16", ("--compute-dtype", "bf16")),
+                      ("eval", ("--eval-data", ev, "--eval-every", "1", "--eval-batches", "2"))):
         cpu = run_train(tag + "_cpu", "cpu", *args)
         dev = run_train(tag + "_dev", "cuda", *args)
         assert same_files(cpu, dev) is None, (tag, same_files(cpu, dev))
