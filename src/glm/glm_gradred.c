@@ -140,7 +140,7 @@ static int begin(glm_gr *g, const int *bounds, int flag, glm_nctx *c) {
   if (!g->s && (glm_ck(c, bx_tokred_create(g->wd, g->nw, g->C, g->total, &to, &g->s), "gradient state") ||
       (g->nx && glm_ck(c, bx_tokred_create(g->xd, g->nx, g->C, g->total, &to, &g->sx),
                        "gradient state (local tensors)")) ||
-      glm_ck(c, bx_tokred_create(glm_f32(&vl, &unused, 0, 0, 0, 0), 1, g->C, g->total, &to, &g->sl),
+      glm_ck(c, bx_tokred_create(glm_f32_host(&vl, &unused, 0, 0, 0, 0), 1, g->C, g->total, &to, &g->sl),
              "loss state"))) {
     free_states(g);
     return -1;

@@ -100,6 +100,13 @@ DLTensor *glm_f32(glm_view *v, const float *p, int ndim, int64_t d0, int64_t d1,
   return view_init(v, p, kDLFloat, 32, ndim, d0, d1, d2);
 }
 
+DLTensor *glm_f32_host(glm_view *v, const float *p, int ndim, int64_t d0, int64_t d1, int64_t d2) {
+  DLTensor *t = view_init(v, p, kDLFloat, 32, ndim, d0, d1, d2);
+  t->device.device_type = kDLCPU;
+  t->device.device_id = 0;
+  return t;
+}
+
 DLTensor *glm_bf16(glm_view *v, const uint16_t *p, int ndim, int64_t d0, int64_t d1) {
   return view_init(v, p, kDLBfloat, 16, ndim, d0, d1, 0);
 }

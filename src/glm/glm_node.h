@@ -59,6 +59,9 @@ typedef struct glm_view {
 } glm_view;
 
 DLTensor *glm_f32(glm_view *v, const float *p, int ndim, int64_t d0, int64_t d1, int64_t d2);
+/* glm_f32 of host memory that is not a model buffer (a caller's array, a
+ * stack scalar): always kDLCPU, whatever glm_mem_use says. */
+DLTensor *glm_f32_host(glm_view *v, const float *p, int ndim, int64_t d0, int64_t d1, int64_t d2);
 DLTensor *glm_i64(glm_view *v, const int64_t *p, int ndim, int64_t d0, int64_t d1);
 DLTensor *glm_i32(glm_view *v, const int32_t *p, int64_t d0);
 DLTensor *glm_bf16(glm_view *v, const uint16_t *p, int ndim, int64_t d0, int64_t d1);

@@ -159,19 +159,19 @@ int glm_exact_mean(glm_nctx *c, const float *parts, int64_t n, int64_t per, int6
   bx_tokred *s = NULL;
   bx_tokred_opts to = BX_TOKRED_OPTS_DEFAULT;
   float m = 0;
-  DLTensor *tm = glm_f32(&vm, &m, 0, 0, 0, 0);
+  DLTensor *tm = glm_f32_host(&vm, &m, 0, 0, 0, 0);
   if (per < 1) return glm_fail(c, BX_EINVAL, "exact mean: per %lld < 1", (long long)per);
   int rc = glm_ck(c, bx_tokred_create(tm, 1, C, total, &to, &s), "exact mean");
   for (int64_t j = 0; !rc && j < n; j++)
     rc = glm_ck(c, bx_tokred_bound(s, 0, (j / per) * stride + first + j % per,
-                                   glm_f32(&vp, parts + j, 0, 0, 0, 0)),
+                                   glm_f32_host(&vp, parts + j, 0, 0, 0, 0)),
                 "exact mean");
   /* the agreement carries a local failure to every rank (none waits) */
   bx_status ag = s ? bx_tokred_agree(s, comm) : BX_OK;
   if (!rc) rc = glm_ck(c, ag, "exact mean");
   for (int64_t j = 0; !rc && j < n; j++)
     rc = glm_ck(c, bx_tokred_add(s, 0, (j / per) * stride + first + j % per,
-                                 glm_f32(&vp, parts + j, 0, 0, 0, 0)),
+                                 glm_f32_host(&vp, parts + j, 0, 0, 0, 0)),
                 "exact mean");
   if (!rc && comm) rc = glm_ck(c, bx_tokred_allreduce(s, comm), "exact mean");
   if (!rc) rc = glm_ck(c, bx_tokred_finish(s, tm, 1, divisor), "exact mean");

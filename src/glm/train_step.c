@@ -229,7 +229,7 @@ int tr_model_grad(tr_model *m, const tr_run_opts *o, const int32_t *tokens, int6
   int rc = -1, has_loss = 0;
   glm_view vl;
   float lsum = 0;
-  DLTensor *tl = glm_f32(&vl, &lsum, 0, 0, 0, 0); /* the loss: one 0-d tensor */
+  DLTensor *tl = glm_f32_host(&vl, &lsum, 0, 0, 0, 0); /* the loss: one 0-d tensor */
   /* expert parallelism (grid mode): the experts this rank holds are reduced over their
    * replicas only, those it does not hold have no state here (their gradients untouched) */
   const bx_comm *xcomm = m->ep ? m->ep->replica : NULL;

@@ -19,6 +19,7 @@
 #include "pool.h"
 #include "pow_det.h"
 #include "tensor.h"
+#include "train_check.h"
 #include "train_device.h"
 #include "train_elementwise.h"
 
@@ -95,7 +96,9 @@ bx_status bx_adamw_step(DLTensor *param, const DLTensor *grad, DLTensor *exp_avg
   const DLTensor *ts[4] = {param, grad, exp_avg, exp_avg_sq};
   const int writable[4] = {1, 0, 1, 1};
   bx_span sp[4];
-  const int cuda = bx_ew_all_cuda(ts, 4);
+  const int cuda = bx_ew_all_cuda(ts, 4); /* kDLCUDA: the device's checks */
+  /* managed memory (host-readable, checked as host memory) where it runs on the device */
+  const bx_tc_place pl = bx_tc_place_of(ts, 4);
   st = bx_ew_check_in(fn, ts, 4, writable, 0, cuda, sp);
   if (st != BX_OK) goto done;
 
@@ -106,11 +109,10 @@ bx_status bx_adamw_step(DLTensor *param, const DLTensor *grad, DLTensor *exp_avg
   j.v = sp[3].data;
   j.n = sp[0].n;
   bx_adamw_form_scalars(&o, step, &j.s);
-  if (cuda) {
+  if (cuda || pl.cuda) {
     const bx_train_device *dev;
     st = bx_train_cuda(fn, &dev);
-    if (st == BX_OK && j.n)
-      st = dev->adamw(fn, ts[0]->device.device_id, j.p, j.g, j.m, j.v, j.n, &j.s);
+    if (st == BX_OK && j.n) st = dev->adamw(fn, pl.device, j.p, j.g, j.m, j.v, j.n, &j.s);
     goto done;
   }
   j.k = bx_math_kernels_active()->adamw;

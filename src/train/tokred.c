@@ -20,6 +20,7 @@
 #include "tensor.h"
 #include "tokred_grid.h"
 #include "tokred_internal.h"
+#include "train_check.h"
 #include "train_device.h"
 #include "workspace.h"
 
@@ -112,7 +113,7 @@ static const float *f32_data(const DLTensor *x) {
  * through): bx_tokred_bound / bx_tokred_add then run the device's kernels
  * through train_device.h's table (BX_EDEVICE naming the call when this
  * build has none). */
-static int on_cuda(const DLTensor *x) { return x && x->device.device_type == kDLCUDA; }
+static int on_cuda(const DLTensor *x) { return x && bx_tc_on_device(x); }
 
 static bx_status check_tensor_index(const char *fn, const bx_tokred *s, size_t t) {
   if (t >= s->ntensors)

@@ -63,6 +63,11 @@ bx_tc_place bx_tc_place_of(const DLTensor *const *ts, size_t count) {
   return pl;
 }
 
+int bx_tc_on_device(const DLTensor *t) {
+  return t->device.device_type == kDLCUDA ||
+         (t->device.device_type == kDLCUDAManaged && bx_train_managed_on_device());
+}
+
 bx_status bx_tc_check(const char *fn, size_t index, const char *name, const DLTensor *t,
                       unsigned dtypes, int min_ndim, int max_ndim, const int64_t *want,
                       int writable, bx_tc_tensor *out) {

@@ -79,6 +79,11 @@ typedef struct bx_tc_place {
 /* The place of a call's tensors ts[0..count) (NULL entries skipped). */
 bx_tc_place bx_tc_place_of(const DLTensor *const *ts, size_t count);
 
+/* 1 when t (not NULL) may go to the device: a kDLCUDA tensor, or a
+ * kDLCUDAManaged one while managed calls run on the device
+ * (bx_train_managed_on_device). For the calls that decide per operand. */
+int bx_tc_on_device(const DLTensor *t);
+
 /* bx_tc_check for a call at place pl (NULL: the host): on the CUDA path a
  * tensor must be kDLCUDA on pl->device or kDLCUDAManaged (BX_EDEVICE
  * naming it otherwise);

@@ -18,6 +18,7 @@
 #include "pool.h"
 #include "tokred_grid.h"
 #include "tokred_internal.h"
+#include "train_check.h"
 #include "train_device.h"
 #include "workspace.h"
 
@@ -212,9 +213,10 @@ static bx_status wg_checks(const char *fn, const bx_tokred *s, size_t wt, size_t
   if (wt == bt) return bx_fail(BX_EINVAL, "%s: w_tensor and b_tensor are both %zu", fn, wt);
   /* every operand a CUDA tensor: the device's kernels (train_device.h);
    * a mixed call takes the host path, which names its first device tensor */
-  int cuda = dy && dy->device.device_type == kDLCUDA &&
-             (wt == BX_WGRAD_NONE || (x && x->device.device_type == kDLCUDA));
-  g->cuda = cuda ? dy->device.device_id : -1;
+  int cuda = dy && bx_tc_on_device(dy) && (wt == BX_WGRAD_NONE || (x && bx_tc_on_device(x)));
+  g->cuda = -1;
+  if (cuda) /* a kDLCUDA operand names the device, else managed dy's id */
+    g->cuda = x && x->device.device_type == kDLCUDA ? x->device.device_id : dy->device.device_id;
   bx_status st = bx_gemm_check_operand_in(fn, "dy", dy, 3, 0, g->cuda, &g->D);
   if (st != BX_OK) return st;
   g->t = rows_of(&g->D);

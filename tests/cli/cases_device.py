@@ -74,6 +74,29 @@ def train_device_sim_equals_cpu():
 
 
 @test
+def train_device_calls_reach_the_device():
+    """The summary names the calls that ran on the device: every training
+    call of the step that has a CUDA kernel (the GEMMs, attention, norms,
+    the MoE routing and dispatch, the loss, the token reductions and the
+    weight gradients, AdamW); none on the CPU."""
+    rc, out, err = run("train", *FAST, "--steps", "1", "--device", "cuda", "--json", env=sim_env())
+    assert rc == 0, err
+    calls = json.loads(out)["device_calls"]
+    want = {"bx_gemm", "bx_linear_wgrad", "bx_tokred_add", "bx_attention_forward",
+            "bx_attention_backward", "bx_rmsnorm_forward", "bx_rmsnorm_backward",
+            "bx_rope_forward", "bx_rope_backward", "bx_swiglu_forward", "bx_swiglu_backward",
+            "bx_moe_router_forward", "bx_moe_router_backward", "bx_moe_permute",
+            "bx_moe_permute_backward", "bx_moe_unpermute", "bx_moe_unpermute_backward",
+            "bx_embedding_forward", "bx_embedding_backward", "bx_xent_forward_backward",
+            "bx_adamw_step"}
+    assert want <= set(calls), sorted(want - set(calls))
+    assert all(v > 0 for v in calls.values()), calls
+    rc, out, err = run("train", *FAST, "--steps", "1", "--json")
+    assert rc == 0 and json.loads(out)["device_calls"] == {}, (out, err)
+    assert json.loads(out)["device"] == "cpu"
+
+
+@test
 def train_device_sim_ranks_and_experts():
     cpu = run_train("ep_cpu", "cpu")
     dev = run_train("ep_dev", "cuda:0", "--ep", "2", np_=2)
