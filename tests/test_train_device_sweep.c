@@ -26,7 +26,7 @@
 #include "train_device.h"
 
 enum { SW_F32, SW_BF16, SW_I64, SW_I32 };
-#define SW_MAX_ARGS 8
+#define SW_MAX_ARGS 10
 
 typedef struct sw_arg {
   const char *name;
@@ -419,6 +419,15 @@ static bx_status call_linear_wgrad(const sw_case *c, DLTensor *t) {
   return st;
 }
 
+/* attention forward, then backward on its own stats: o, stats, dq, dk, dv */
+static bx_status call_attention(const sw_case *c, DLTensor *t) {
+  bx_status st = bx_attention_forward(&t[0], &t[1], &t[2], c->p[0], c->p[1], c->p[2], c->p[3],
+                                      &t[4], &t[5], NULL);
+  if (st != BX_OK) return st;
+  return bx_attention_backward(&t[3], &t[0], &t[1], &t[2], &t[5], c->p[0], c->p[1], c->p[2],
+                               c->p[3], &t[6], &t[7], &t[8], NULL);
+}
+
 #define F32(nm, o, n0, n1) {nm, SW_F32, 2, {n0, n1, 0}, o, -1, 0}
 #define F32_1(nm, o, n0) {nm, SW_F32, 1, {n0, 0, 0}, o, -1, 0}
 
@@ -607,6 +616,18 @@ void test_train_device_sweep(void) {
                   {"words", SW_I64, 1, {nw, 0, 0}, 1, -1, 1}, F32("dweight", 1, n, k),
                   F32_1("dbias", 1, n), {"error", SW_I64, 1, {64, 0, 0}, 1, -1, 1}},
                  {C, mode, stated, which}, {flag, 0}, call_linear_wgrad, NULL};
+    sw_run(&r, &c, &cases);
+  }
+  for (int it = 0; it < 8 && !bxt_failures(); it++) { /* attention, forward then backward */
+    int64_t L = 1 + (int64_t)bxt_below(&r, 24), B = 1 + (int64_t)bxt_below(&r, 3), T = B * L;
+    int64_t Hkv = 1 + (int64_t)bxt_below(&r, 3), Hq = Hkv * (1 + (int64_t)bxt_below(&r, 4));
+    int64_t D = 1 + (int64_t)bxt_below(&r, 40);
+    sw_case c = {"attention_forward_backward", 9,
+                 {F32("q", 0, T, Hq * D), F32("k", 0, T, Hkv * D), F32("v", 0, T, Hkv * D),
+                  F32("dout", 0, T, Hq * D), F32("o", 1, T, Hq * D),
+                  {"stats", SW_F32, 3, {T, Hq, 2}, 1, -1, 0}, F32("dq", 1, T, Hq * D),
+                  F32("dk", 1, T, Hkv * D), F32("dv", 1, T, Hkv * D)},
+                 {L, Hq, Hkv, D}, {0, 0}, call_attention, NULL};
     sw_run(&r, &c, &cases);
   }
   printf("  note: %d cases, each bit for bit against the host\n", cases);
