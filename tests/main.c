@@ -152,6 +152,10 @@ static const test_entry TESTS[] = {
     {"train_alloc", test_train_alloc},
     {"train_device_sim", test_train_device_sim},
     {"train_device_sweep", test_train_device_sweep},
+    /* the elementwise math, RoPE's table, the bias partials (test_train_cuda_sim_math.c) */
+    {"train_cuda_sim_math", test_train_cuda_sim_math},
+    {"train_cuda_sim_rope_table", test_train_cuda_sim_rope_table},
+    {"train_cuda_sim_bias_partials", test_train_cuda_sim_bias_partials},
     /* attention's CUDA decomposition on the CPU (test_train_cuda_sim_attn.c) */
     {"train_cuda_sim_attention_fwd", test_train_cuda_sim_attention_fwd},
     {"train_cuda_sim_attention_bwd", test_train_cuda_sim_attention_bwd},

@@ -223,6 +223,36 @@ static bx_status call_adamw(const sw_case *c, DLTensor *t) {
   return bx_adamw_step(&u[0], &u[1], &u[2], &u[3], c->p[0], &o);
 }
 
+/* ---- the last entries: elementwise math, RoPE's table, bias partials ------------------------ */
+
+/* p[0]: 0..6 bx_exp .. bx_cos, 7 bx_round_bf16; p[1]: the tensors as
+ * kDLCUDA (else managed). */
+static bx_status call_math(const sw_case *c, DLTensor *t) {
+  static bx_status (*const f[8])(const DLTensor *, DLTensor *, const bx_math_opts *) = {
+      bx_exp, bx_log, bx_sigmoid, bx_silu, bx_rsqrt, bx_sin, bx_cos, bx_round_bf16};
+  DLTensor u[2] = {t[0], t[1]};
+  if (c->p[1]) u[0] = sw_cuda(&t[0]), u[1] = sw_cuda(&t[1]);
+  return f[c->p[0]](&u[0], &u[1], NULL);
+}
+/* p[0]: rotary_dim; p[1]: the tensors as kDLCUDA; d[0]: theta. */
+static bx_status call_rope_table(const sw_case *c, DLTensor *t) {
+  DLTensor u[3] = {t[0], t[1], t[2]};
+  if (c->p[1])
+    for (int i = 0; i < 3; i++) u[i] = sw_cuda(&t[i]);
+  return bx_rope_cos_sin(&u[0], c->p[0], c->d[0], &u[1], &u[2], NULL);
+}
+/* p[2] != 0: position p[2] - 1 set out of range (the error path: nothing written). */
+static void prep_bad_position(const sw_case *c, bxt_rng *r, void **init) {
+  (void)r;
+  if (c->p[2]) ((int64_t *)init[0])[c->p[2] - 1] = c->p[3] ? -1 : ((int64_t)1 << 24) + 1;
+}
+/* p[0]: chunk_tokens; p[1]: the tensors as kDLCUDA. */
+static bx_status call_bias_partials(const sw_case *c, DLTensor *t) {
+  DLTensor u[2] = {t[0], t[1]};
+  if (c->p[1]) u[0] = sw_cuda(&t[0]), u[1] = sw_cuda(&t[1]);
+  return bx_bias_grad_partials(&u[0], c->p[0], &u[1], NULL);
+}
+
 /* ---- MoE router, dispatch, embedding, cross-entropy --------------------------------------- */
 
 static void sw_set_id(void *p, int kind, size_t i, int64_t v) {
@@ -628,6 +658,43 @@ void test_train_device_sweep(void) {
                   {"stats", SW_F32, 3, {T, Hq, 2}, 1, -1, 0}, F32("dq", 1, T, Hq * D),
                   F32("dk", 1, T, Hkv * D), F32("dv", 1, T, Hkv * D)},
                  {L, Hq, Hkv, D}, {0, 0}, call_attention, NULL};
+    sw_run(&r, &c, &cases);
+  }
+  for (int it = 0; it < 16 && !bxt_failures(); it++) { /* the elementwise math, bx_round_bf16 */
+    int64_t n = 1 + (int64_t)bxt_below(&r, it < 8 ? 700 : 5000);
+    int op = it % 8, cuda = (it / 8) % 2;
+    static const char *names[8] = {"exp", "log", "sigmoid", "silu", "rsqrt", "sin", "cos",
+                                   "round_bf16"};
+    sw_case c = {names[op], 2, {F32_1("x", 0, n), F32_1("y", 1, n)}, {op, cuda, 0, 0}, {0, 0},
+                 call_math, NULL};
+    if (op == 7) c.a[1] = (sw_arg){"y", SW_BF16, 1, {n, 0, 0}, 1, -1, 0};
+    sw_run(&r, &c, &cases);
+    if (op < 7 && it % 3 == 0) { /* in place */
+      c.a[0].out = 1;
+      c.a[1].alias = 0;
+      sw_run(&r, &c, &cases);
+    }
+  }
+  for (int it = 0; it < 8 && !bxt_failures(); it++) { /* bx_rope_cos_sin */
+    int64_t T = 1 + (int64_t)bxt_below(&r, 30), half = 1 + (int64_t)bxt_below(&r, 64);
+    int64_t bad = it % 4 == 3 ? 1 + (int64_t)bxt_below(&r, (uint64_t)T) : 0;
+    sw_case c = {bad ? "rope_cos_sin (bad position)" : "rope_cos_sin", 3,
+                 {{"positions", SW_I64, 1, {T, 0, 0}, 0, -1, 70000}, F32("cos", 1, T, half),
+                  F32("sin", 1, T, half)},
+                 {2 * half, it % 2, bad, it % 8 == 7}, {it % 3 ? 10000.0 : 5e5, 0}, call_rope_table,
+                 prep_bad_position};
+    sw_run(&r, &c, &cases);
+  }
+  for (int it = 0; it < 10 && !bxt_failures(); it++) { /* bx_bias_grad_partials */
+    int64_t t = 1 + (int64_t)bxt_below(&r, 80), n = 1 + (int64_t)bxt_below(&r, 400);
+    int64_t C = it % 5 == 1 ? 1 : it % 5 == 2 ? t + 3 : 1 + (int64_t)bxt_below(&r, 30);
+    int64_t nch = (t + C - 1) / C;
+    int kd = it % 2 ? SW_BF16 : SW_F32;
+    sw_case c = {"bias_grad_partials", 2,
+                 /* finite: a NaN partial's sign and payload are the hardware's */
+                 {{"dy", kd, 2, {t, n, 0}, 0, -1, SW_FINITE},
+                  F32("partials", 1, nch, n)},
+                 {C, (it / 2) % 2, 0, 0}, {0, 0}, call_bias_partials, NULL};
     sw_run(&r, &c, &cases);
   }
   printf("  note: %d cases, each bit for bit against the host\n", cases);

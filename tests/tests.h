@@ -124,6 +124,10 @@ void test_train_alloc(void);
 void test_train_device_sim(void);
 /* test_train_device_sweep.c */
 void test_train_device_sweep(void);
+/* test_train_cuda_sim_math.c */
+void test_train_cuda_sim_math(void);
+void test_train_cuda_sim_rope_table(void);
+void test_train_cuda_sim_bias_partials(void);
 /* test_train_cuda_sim_attn.c */
 void test_train_cuda_sim_attention_fwd(void);
 void test_train_cuda_sim_attention_bwd(void);

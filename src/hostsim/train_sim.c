@@ -30,6 +30,7 @@
 #include "error.h"
 #include "train_device.h"
 #include "grid_attention.h"
+#include "grid_math.h"
 #include "grid_moe.h"
 #include "grid_tokred.h"
 #include "train_grid.h"
@@ -751,6 +752,46 @@ static bx_status sim_tokred_wgrad_chunk(const char *fn, int device, const bx_tok
   return st;
 }
 
+/* math.cu's bx_cut_math: one thread per element. */
+static bx_status sim_math(const char *fn, int device, int op, const float *x, void *y, size_t n) {
+  (void)device;
+  MEM("x", x, n * 4);
+  MEM("y", y, n * (op == BX_TDEV_ROUND_BF16 ? 2 : 4));
+  bx_tgm_math a = {x, y, n, op};
+  for (uint64_t i = 0; i < n; i++) bx_tgm_math_elem(&a, i);
+  return BX_OK;
+}
+
+/* math.cu's bx_cut_rope_table: one thread per (token, slot). */
+static bx_status sim_rope_table(const char *fn, int device, const int64_t *pos, float *cos,
+                                float *sin, size_t tokens, size_t half, float theta) {
+  (void)device;
+  MEM("positions", pos, tokens * 8);
+  MEM("cos", cos, tokens * half * 4);
+  MEM("sin", sin, tokens * half * 4);
+  bx_tgm_rope_table a = {pos, cos, sin, tokens, half, 2 * (uint64_t)half, theta};
+  for (uint64_t i = 0; i < (uint64_t)tokens * half; i++) bx_tgm_rope_table_item(&a, i);
+  return BX_OK;
+}
+
+/* math.cu's bx_cut_bias_partials: one thread per (chunk, column). */
+static bx_status sim_bias_partials(const char *fn, int device, const void *dy, int dy_bf16,
+                                   size_t t, size_t n, size_t chunk, size_t nchunks,
+                                   float *partials) {
+  (void)device;
+  MEM("dy", dy, t * n * (dy_bf16 ? 2 : 4));
+  MEM("partials", partials, nchunks * n * 4);
+  bx_tgt_wgrad w;
+  memset(&w, 0, sizeof w);
+  w.dy = dy;
+  w.dy_bf16 = dy_bf16;
+  w.t = t;
+  w.n = n;
+  w.chunk = chunk;
+  w.nchunks = nchunks;
+  for (uint64_t i = 0; i < (uint64_t)nchunks * n; i++) bx_tgm_bias_item(&w, partials, i);
+  return BX_OK;
+}
 
 const bx_train_device bx_hostsim_train = {
     .name = "cuda (host simulation)",
@@ -781,4 +822,7 @@ const bx_train_device bx_hostsim_train = {
     .tokred_grid = sim_tokred_grid,
     .tokred_wgrad = sim_tokred_wgrad,
     .tokred_wgrad_chunk = sim_tokred_wgrad_chunk,
+    .math = sim_math,
+    .rope_table = sim_rope_table,
+    .bias_partials = sim_bias_partials,
 };

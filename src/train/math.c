@@ -19,6 +19,8 @@
 #include "math_det.h"
 #include "pool.h"
 #include "tensor.h"
+#include "train_check.h"
+#include "train_device.h"
 #include "train_elementwise.h"
 
 #define PIECE BX_EW_PIECE /* elements per task */
@@ -136,6 +138,24 @@ static void run_piece(void *ctx, size_t task, int worker) {
   j->loop(j->x + off, j->y + off, len);
 }
 
+/* The device path (issue 30): every tensor kDLCUDA (cuda), or managed
+ * memory where managed calls run on the device (pl->cuda); n elements of
+ * x (fp32) into y (fp32, or bf16 for BX_TDEV_ROUND_BF16), checked. */
+static bx_status ew_device(const char *fn, const bx_tc_place *pl, int op, const void *x, void *y,
+                           size_t n) {
+  const bx_train_device *dev;
+  bx_status st = bx_train_cuda(fn, &dev);
+  if (st == BX_OK && n) st = dev->math(fn, pl->device, op, x, y, n);
+  return st;
+}
+
+/* The device op of a host op (the same order). */
+static int device_op(ew_op op) {
+  static const int ops[] = {BX_TDEV_EXP, BX_TDEV_LOG, BX_TDEV_SIGMOID, BX_TDEV_SILU,
+                            BX_TDEV_RSQRT, BX_TDEV_SIN, BX_TDEV_COS};
+  return ops[op];
+}
+
 static bx_status ew_run(const char *fn, ew_op op, const DLTensor *x, DLTensor *y,
                         const bx_math_opts *opts) {
   bx_status st = opts ? bx_check_struct_size(fn, "opts->struct_size", opts->struct_size,
@@ -155,8 +175,15 @@ static bx_status ew_run(const char *fn, ew_op op, const DLTensor *x, DLTensor *y
   const DLTensor *ts[2] = {x, y};
   const int writable[2] = {0, 1};
   bx_span sp[2];
-  st = bx_ew_check(fn, ts, 2, writable, 1, sp);
+  const int cuda = bx_ew_all_cuda(ts, 2); /* kDLCUDA: the device's checks */
+  /* managed memory (host-readable, checked as host memory) where it runs on the device */
+  const bx_tc_place pl = bx_tc_place_of(ts, 2);
+  st = bx_ew_check_in(fn, ts, 2, writable, 1, cuda, sp);
   if (st != BX_OK) goto done;
+  if (cuda || pl.cuda) {
+    st = ew_device(fn, &pl, device_op(op), sp[0].data, sp[1].data, sp[0].n);
+    goto done;
+  }
   ew_job j = {sp[0].data, sp[1].data, sp[0].n, loop_of(op)};
   if (j.n) bx_parallel_run(bx_ew_threads(o.num_threads, j.n), (j.n + PIECE - 1) / PIECE,
                            run_piece, &j);
@@ -230,9 +257,20 @@ bx_status bx_round_bf16(const DLTensor *x, DLTensor *y, const bx_math_opts *opts
   st = bx_call_enter(&c, fn);
   if (st != BX_OK) return st;
   bx_span sx, sy;
+  const DLTensor *ts[2] = {x, y};
+  const int cuda = bx_ew_all_cuda(ts, 2); /* kDLCUDA: the device's checks */
+  const bx_tc_place pl = bx_tc_place_of(ts, 2); /* managed: on the device where it runs there */
   if (o.num_threads < 0) st = bx_fail(BX_EINVAL, "%s: num_threads %d is negative", fn, o.num_threads);
-  if (st == BX_OK) st = bx_tensor_span(x, fn, BX_NO_GROUP, 0, &sx);
-  if (st == BX_OK) st = bx_tensor_span(y, fn, BX_NO_GROUP, 1, &sy);
+  if (st == BX_OK)
+    st = cuda ? bx_tensor_span_cuda(x, fn, BX_NO_GROUP, 0, &sx)
+              : bx_tensor_span(x, fn, BX_NO_GROUP, 0, &sx);
+  if (st == BX_OK)
+    st = cuda ? bx_tensor_span_cuda(y, fn, BX_NO_GROUP, 1, &sy)
+              : bx_tensor_span(y, fn, BX_NO_GROUP, 1, &sy);
+  if (st == BX_OK && cuda && y->device.device_id != x->device.device_id)
+    st = bx_fail_at(BX_EDEVICE, -1, BX_NO_GROUP, 1,
+                    "%s: tensor 1 is on CUDA device %d, tensor 0 on device %d", fn,
+                    (int)y->device.device_id, (int)x->device.device_id);
   if (st == BX_OK && sx.dtype != BX_DT_F32)
     st = bx_fail_at(BX_EDTYPE, -1, BX_NO_GROUP, 0, "%s: tensor 0: dtype must be float32", fn);
   if (st == BX_OK && sy.dtype != BX_DT_BF16)
@@ -249,7 +287,9 @@ bx_status bx_round_bf16(const DLTensor *x, DLTensor *y, const bx_math_opts *opts
     if (a0 < b1 && b0 < a1)
       st = bx_fail_at(BX_ELAYOUT, -1, BX_NO_GROUP, 1, "%s: tensor 1 overlaps tensor 0", fn);
   }
-  if (st == BX_OK && sx.n) {
+  if (st == BX_OK && (cuda || pl.cuda)) {
+    st = ew_device(fn, &pl, BX_TDEV_ROUND_BF16, sx.data, sy.data, sx.n);
+  } else if (st == BX_OK && sx.n) {
     bf_job j = {sx.data, sy.data, sx.n, bx_math_kernels_active()->bf16_round};
     bx_parallel_run(bx_ew_threads(o.num_threads, j.n), (j.n + PIECE - 1) / PIECE, bf_piece, &j);
   }

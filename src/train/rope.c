@@ -217,6 +217,23 @@ bx_status bx_rope_backward(const DLTensor *dy, const DLTensor *positions, int64_
                   -1.0f, opts);
 }
 
+/* bx_rope_cos_sin's CUDA path: the positions copied to the host and
+ * checked there (the host path's errors, nothing written), then the
+ * device's table kernel (rope_hd.h's inverse frequency, angle, cos and sin
+ * per (token, slot)). */
+static bx_status table_cuda(const char *fn, const bx_tc_place *pl, const bx_tc_tensor *pos,
+                            float *cos, float *sin, size_t half, float theta) {
+  const bx_train_device *dev;
+  bx_status st = bx_train_cuda(fn, &dev);
+  if (st != BX_OK || !pos->n) return st;
+  bx_tc_tensor hp;
+  const bx_tc_tensor *ts[1] = {pos};
+  st = bx_tc_to_host(fn, pl, dev, ts, &hp, 1, 0, NULL);
+  if (st == BX_OK) st = check_positions(fn, &hp);
+  if (st == BX_OK) st = dev->rope_table(fn, pl->device, pos->data, cos, sin, pos->n, half, theta);
+  return st;
+}
+
 bx_status bx_rope_cos_sin(const DLTensor *positions, int64_t rotary_dim, double theta,
                           DLTensor *cos, DLTensor *sin, const bx_rope_opts *opts) {
   static const char *fn = "bx_rope_cos_sin";
@@ -226,15 +243,22 @@ bx_status bx_rope_cos_sin(const DLTensor *positions, int64_t rotary_dim, double 
   if (st != BX_OK) return st;
   bx_tc_tensor a[3];
   size_t half = (size_t)(rotary_dim / 2);
+  const DLTensor *ts[3] = {positions, cos, sin};
+  const bx_tc_place pl = bx_tc_place_of(ts, 3);
   st = check_params(fn, 0, 0, rotary_dim, theta);
-  if (st == BX_OK) st = bx_tc_check(fn, 0, "positions", positions, BX_TC_I64, 1, 2, NULL, 0, &a[0]);
-  if (st == BX_OK) st = bx_tc_check(fn, 1, "cos", cos, BX_TC_F32, 1, 3, NULL, 1, &a[1]);
-  if (st == BX_OK) st = bx_tc_check(fn, 2, "sin", sin, BX_TC_F32, 1, 3, NULL, 1, &a[2]);
+  if (st == BX_OK)
+    st = bx_tc_check_in(&pl, fn, 0, "positions", positions, BX_TC_I64, 1, 2, NULL, 0, &a[0]);
+  if (st == BX_OK) st = bx_tc_check_in(&pl, fn, 1, "cos", cos, BX_TC_F32, 1, 3, NULL, 1, &a[1]);
+  if (st == BX_OK) st = bx_tc_check_in(&pl, fn, 2, "sin", sin, BX_TC_F32, 1, 3, NULL, 1, &a[2]);
   if (st == BX_OK) st = bx_tc_shape(fn, &a[1], a[0].n, half, "[T, rotary_dim / 2] =");
   if (st == BX_OK) st = bx_tc_shape(fn, &a[2], a[0].n, half, "[T, rotary_dim / 2] =");
   if (st == BX_OK) {
     const bx_tc_tensor *all[3] = {&a[0], &a[1], &a[2]};
     st = bx_tc_overlap(fn, all, 3);
+  }
+  if (st == BX_OK && pl.cuda) {
+    st = table_cuda(fn, &pl, &a[0], a[1].data, a[2].data, half, (float)theta);
+    goto done;
   }
   if (st == BX_OK) st = check_positions(fn, &a[0]);
   float *inv = NULL;

@@ -56,6 +56,19 @@ typedef struct bx_tokred_dev_wgrad {
   int do_w, do_b;
 } bx_tokred_dev_wgrad;
 
+/* The elementwise math entries' ops (the math member): bx_exp ... bx_cos
+ * (fp32 -> fp32) and bx_round_bf16 (fp32 -> bf16). */
+typedef enum bx_tdev_math_op {
+  BX_TDEV_EXP,
+  BX_TDEV_LOG,
+  BX_TDEV_SIGMOID,
+  BX_TDEV_SILU,
+  BX_TDEV_RSQRT,
+  BX_TDEV_SIN,
+  BX_TDEV_COS,
+  BX_TDEV_ROUND_BF16
+} bx_tdev_math_op;
+
 typedef struct bx_train_device {
   const char *name;
   /* SwiGLU over rows x f elements; row strides in elements (ld*). */
@@ -185,6 +198,19 @@ typedef struct bx_train_device {
                              const float *k, const float *v, const float *stats, float *dq,
                              float *dk, float *dv, size_t T, size_t L, size_t Hq, size_t Hkv,
                              size_t D, float scale);
+  /* ---- the last entries (issue 30; src/cuda/train/grid_math.h's bodies) ---- */
+  /* y[i] = op(x[i]) for i < n (> 0): op a bx_tdev_math_op; y fp32, or bf16
+   * (uint16_t) for BX_TDEV_ROUND_BF16; y may be x exactly (fp32 ops). */
+  bx_status (*math)(const char *fn, int device, int op, const float *x, void *y, size_t n);
+  /* bx_rope_cos_sin: cos, sin [tokens, half] (tokens * half > 0) for
+   * positions pos [tokens] (device, checked in [0, 2^24]), rotary_dim =
+   * 2 * half, theta the fp32 base. */
+  bx_status (*rope_table)(const char *fn, int device, const int64_t *pos, float *cos, float *sin,
+                          size_t tokens, size_t half, float theta);
+  /* bx_bias_grad_partials: partials [nchunks, n] (nchunks * n > 0) of dy
+   * [t, n] (fp32 or bf16) over chunks of chunk rows. */
+  bx_status (*bias_partials)(const char *fn, int device, const void *dy, int dy_bf16, size_t t,
+                             size_t n, size_t chunk, size_t nchunks, float *partials);
 } bx_train_device;
 
 /* The CUDA backend's table, or NULL in a build without it; the host

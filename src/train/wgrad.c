@@ -149,8 +149,15 @@ bx_status bx_bias_grad_partials(const DLTensor *dy, int64_t chunk_tokens, DLTens
   bx_status st = enter(&call, fn, opts, &threads);
   if (st != BX_OK) return st;
   gemm_operand D, P;
-  st = bx_gemm_check_operand(fn, "dy", dy, 3, 0, &D);
-  if (st == BX_OK) st = bx_gemm_check_operand(fn, "partials", partials, 2, 1, &P);
+  /* both operands on the device: its kernel (a kDLCUDA operand names the
+   * device, else managed dy's id); a mixed call takes the host path,
+   * which names its first device tensor */
+  int cuda = dy && partials && bx_tc_on_device(dy) && bx_tc_on_device(partials) ? 1 : 0;
+  int device = !cuda ? -1
+               : partials->device.device_type == kDLCUDA ? partials->device.device_id
+                                                          : dy->device.device_id;
+  st = bx_gemm_check_operand_in(fn, "dy", dy, 3, 0, device, &D);
+  if (st == BX_OK) st = bx_gemm_check_operand_in(fn, "partials", partials, 2, 1, device, &P);
   size_t t = 0, n = 0, nch = 0;
   if (st == BX_OK && chunk_tokens < 1)
     st = bx_fail(BX_EINVAL, "%s: chunk_tokens %lld must be >= 1", fn, (long long)chunk_tokens);
@@ -165,7 +172,13 @@ bx_status bx_bias_grad_partials(const DLTensor *dy, int64_t chunk_tokens, DLTens
   }
   if (st == BX_OK && bx_gemm_overlaps(&P, &D))
     st = bx_fail(BX_ELAYOUT, "%s: tensor partials overlaps dy", fn);
-  if (st == BX_OK && nch && n) {
+  if (st == BX_OK && nch && n && device >= 0) {
+    const bx_train_device *dev;
+    st = bx_train_cuda(fn, &dev);
+    if (st == BX_OK)
+      st = dev->bias_partials(fn, device, D.data, D.dt == BX_DT_BF16, t, n, (size_t)chunk_tokens,
+                              nch, (float *)P.data);
+  } else if (st == BX_OK && nch && n) {
     size_t ncb = (n + COLBLOCK - 1) / COLBLOCK;
     colsum_job j = {&D, (float *)P.data, t, n, (size_t)chunk_tokens, ncb};
     size_t ntasks = nch * ncb;

@@ -107,4 +107,11 @@ bx_status bx_cut_attention_bwd(const char *fn, int device, const float *dout, co
                                float *dk, float *dv, size_t T, size_t L, size_t Hq, size_t Hkv,
                                size_t D, float scale);
 
+/* math.cu (grid_math.h's bodies; train_device.h states each member). */
+bx_status bx_cut_math(const char *fn, int device, int op, const float *x, void *y, size_t n);
+bx_status bx_cut_rope_table(const char *fn, int device, const int64_t *pos, float *cos,
+                            float *sin, size_t tokens, size_t half, float theta);
+bx_status bx_cut_bias_partials(const char *fn, int device, const void *dy, int dy_bf16, size_t t,
+                               size_t n, size_t chunk, size_t nchunks, float *partials);
+
 #endif /* BX_TRAIN_CUDA_H */

@@ -67,4 +67,6 @@ extern "C" const bx_train_device bx_cuda_train = {
     /* the token reduction (tokred.cu) */
     bx_cut_tokred_maxabs, bx_cut_tokred_grid, bx_cut_tokred_wgrad, bx_cut_tokred_wgrad_chunk,
     /* attention (attention.cu) */
-    bx_cut_attention_fwd, bx_cut_attention_bwd};
+    bx_cut_attention_fwd, bx_cut_attention_bwd,
+    /* the elementwise math, RoPE's table, the bias partials (math.cu) */
+    bx_cut_math, bx_cut_rope_table, bx_cut_bias_partials};
