@@ -151,6 +151,7 @@ static const test_entry TESTS[] = {
     {"train_cuda_dispatch", test_train_cuda_dispatch},
     {"train_alloc", test_train_alloc},
     {"train_device_sim", test_train_device_sim},
+    {"train_device_finish", test_train_device_finish},
     {"train_device_sweep", test_train_device_sweep},
     /* the elementwise math, RoPE's table, the bias partials (test_train_cuda_sim_math.c) */
     {"train_cuda_sim_math", test_train_cuda_sim_math},

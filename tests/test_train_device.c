@@ -114,3 +114,63 @@ void test_train_device_sim(void) {
   bx_train_free(managed, d);
   bx_train_device_use_sim(0);
 }
+
+/* kDLCUDA view of p (device memory for the device, the simulation's too). */
+static DLTensor cuda_view(void *p, int ndim, int64_t *shape) {
+  DLTensor t = bxt_f32_view(p, ndim, shape);
+  t.device.device_type = kDLCUDA;
+  return t;
+}
+
+/* The last entries on the simulated device (issue 30): bx_tokred_finish
+ * into kDLCUDA outputs (host staging, then copied), its refusals (mixed
+ * outputs, memory the device did not hand out) writing nothing, also when
+ * the second of two outputs is the bad one; a math call on host memory
+ * labelled kDLCUDA refused with nothing written. */
+void test_train_device_finish(void) {
+  bx_train_device_use_sim(1);
+  int64_t s4[1] = {4}, s3[1] = {3};
+  DLTensor g[2] = {bxt_f32_view(NULL, 1, s4), bxt_f32_view(NULL, 1, s3)};
+  bx_tokred *s = NULL;
+  CHECK_STATUS(bx_tokred_create(g, 2, 1, 1, NULL, &s), BX_OK, "state");
+  float p0[4] = {1.5f, -0.25f, 3.0f, 1e-3f}, p1[3] = {-7.0f, 0.5f, 2.0f};
+  DLTensor tp0 = bxt_f32_view(p0, 1, s4), tp1 = bxt_f32_view(p1, 1, s3);
+  CHECK_STATUS(bx_tokred_bound(s, 0, 0, &tp0), BX_OK, "bound 0");
+  CHECK_STATUS(bx_tokred_bound(s, 1, 0, &tp1), BX_OK, "bound 1");
+  CHECK_STATUS(bx_tokred_agree(s, NULL), BX_OK, "agree");
+  CHECK_STATUS(bx_tokred_add(s, 0, 0, &tp0), BX_OK, "add 0");
+  CHECK_STATUS(bx_tokred_add(s, 1, 0, &tp1), BX_OK, "add 1");
+  float want[7];
+  DLTensor th[2] = {bxt_f32_view(want, 1, s4), bxt_f32_view(want + 4, 1, s3)};
+  CHECK_STATUS(bx_tokred_finish(s, th, 2, 3), BX_OK, "host finish");
+  DLDevice managed = {kDLCUDAManaged, 0};
+  float *d = NULL;
+  CHECK_STATUS(bx_train_alloc(managed, 8 * sizeof(float), (void **)&d), BX_OK, "device memory");
+  if (d && s) {
+    for (int i = 0; i < 8; i++) d[i] = 9.0f;
+    DLTensor td[2] = {cuda_view(d, 1, s4), cuda_view(d + 4, 1, s3)};
+    CHECK_STATUS(bx_tokred_finish_check(s, td, 2, 3), BX_OK, "device check");
+    CHECK_STATUS(bx_tokred_finish(s, td, 2, 3), BX_OK, "device finish");
+    CHECK(!memcmp(d, want, sizeof want), "the device outputs hold the host's bits");
+    for (int i = 0; i < 8; i++) d[i] = 9.0f;
+    float h[3] = {9, 9, 9};
+    DLTensor mixed[2] = {td[0], bxt_f32_view(h, 1, s3)};
+    CHECK_STATUS(bx_tokred_finish(s, mixed, 2, 3), BX_EDEVICE, "mixed outputs");
+    CHECK(strstr(bx_last_error(), "all be kDLCUDA"), "says why: %s", bx_last_error());
+    DLTensor bad[2] = {td[0], cuda_view(h, 1, s3)}; /* the second: host memory as device */
+    CHECK_STATUS(bx_tokred_finish(s, bad, 2, 3), BX_EDEVICE, "host memory as device");
+    CHECK(strstr(bx_last_error(), "not device memory"), "names the problem: %s", bx_last_error());
+    CHECK(d[0] == 9.0f && d[3] == 9.0f && h[0] == 9.0f, "nothing written");
+    /* a math call on host memory labelled kDLCUDA: refused, nothing written */
+    float x[3] = {1, 2, 3};
+    DLTensor tx = cuda_view(x, 1, s3), ty = cuda_view(d, 1, s3);
+    CHECK_STATUS(bx_exp(&tx, &ty, NULL), BX_EDEVICE, "x not device memory");
+    CHECK(d[0] == 9.0f, "nothing written");
+    DLTensor tx2 = cuda_view(d + 4, 1, s3);
+    CHECK_STATUS(bx_exp(&tx2, &ty, NULL), BX_OK, "exp on the device");
+    CHECK(d[0] == bx_exp_f32(9.0f), "exp's bits");
+  }
+  bx_train_free(managed, d);
+  bx_tokred_destroy(s);
+  bx_train_device_use_sim(0);
+}

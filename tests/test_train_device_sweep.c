@@ -383,7 +383,8 @@ static void sw_words(bx_tokred *s, DLTensor *out) {
 
 /* tokred_add: partials [nch, m] (chunk j = row j), one tensor [m], chunks of
  * one token; p[0] mode, p[1] 0: bx_tokred_bound per chunk, 1: a stated
- * bound 2^-2 (breaking elements: the error or the flag), p[2] on_bound.
+ * bound 2^-2 (breaking elements: the error or the flag), p[2] on_bound,
+ * p[3] the finish into sum as a kDLCUDA tensor (host staging, then copied).
  * Outputs: words [m + 1 + nch], sum [m], err. */
 static bx_status call_tokred_add(const sw_case *c, DLTensor *t) {
   DLTensor part = sw_cuda(&t[0]);
@@ -412,7 +413,9 @@ static bx_status call_tokred_add(const sw_case *c, DLTensor *t) {
     st = sw_err(&t[3], bx_tokred_add(s, 0, j, &pj));
   }
   if (s && o.mode == BX_TOKRED_GRID) sw_words(s, &t[1]);
-  if (st == BX_OK) st = sw_err(&t[3], bx_tokred_finish(s, &t[2], 1, 1));
+  DLTensor out = c->p[3] ? sw_cuda(&t[2]) : t[2]; /* p[3]: the sum as a kDLCUDA tensor */
+  if (st == BX_OK) st = sw_err(&t[3], bx_tokred_finish_check(s, &out, 1, 1));
+  if (st == BX_OK) st = sw_err(&t[3], bx_tokred_finish(s, &out, 1, 1));
   bx_tokred_destroy(s);
   return st;
 }
@@ -628,7 +631,7 @@ void test_train_device_sweep(void) {
                  {{"partials", SW_F32, 2, {nch, m, 0}, 0, -1, it % 3 ? SW_FINITE : 0},
                   {"words", SW_I64, 1, {m + 1 + nch, 0, 0}, 1, -1, 1}, F32_1("sum", 1, m),
                   {"error", SW_I64, 1, {64, 0, 0}, 1, -1, 1}},
-                 {mode, stated, flag, 0}, {0}, call_tokred_add, NULL};
+                 {mode, stated, flag, it % 2}, {0}, call_tokred_add, NULL};
     sw_run(&r, &c, &cases);
   }
   for (int it = 0; it < 12 && !bxt_failures(); it++) { /* bx_linear_wgrad(_bound) on device dy, x */

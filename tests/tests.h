@@ -121,6 +121,7 @@ void test_train_cuda_sim_wgrad(void);
 void test_train_cuda_dispatch(void);
 /* test_train_device.c */
 void test_train_alloc(void);
+void test_train_device_finish(void);
 void test_train_device_sim(void);
 /* test_train_device_sweep.c */
 void test_train_device_sweep(void);

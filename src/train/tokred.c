@@ -50,13 +50,14 @@ static bx_status check_opts_size(const char *fn, const bx_tokred_opts *o) {
 
 /* What check_like accepts beyond a host fp32 tensor. */
 enum { LIKE_F32 = 0, LIKE_F64 = 1 /* an output: fp64 too */, LIKE_CUDA = 2 /* a partial: kDLCUDA too */ };
+/* (bit flags: an output on a CUDA device is LIKE_F64 | LIKE_CUDA) */
 
 /* A partial or an output against tensor t of s: host (or a kDLCUDA tensor
  * with LIKE_CUDA), dtype (fp32, or fp64 too with LIKE_F64), same ndim and
  * shape, row-major dense, aligned. */
 static bx_status check_like(const char *fn, const bx_tokred *s, size_t t, int64_t chunk,
                             const DLTensor *x, const char *what, int like) {
-  int allow_cuda = like == LIKE_CUDA, allow_f64 = like == LIKE_F64;
+  int allow_cuda = (like & LIKE_CUDA) != 0, allow_f64 = (like & LIKE_F64) != 0;
   char where[80];
   if (chunk >= 0) snprintf(where, sizeof where, "tensor %zu, chunk %lld", t, (long long)chunk);
   else snprintf(where, sizeof where, "tensor %zu", t);
@@ -704,6 +705,12 @@ bx_status bx_tokred_words(bx_tokred *s, int64_t **words, size_t *count) {
 
 /* ---- finish ------------------------------------------------------------ */
 
+/* 1 for a finish output on a CUDA device (kDLCUDA). A kDLCUDAManaged
+ * output is host memory here: the words are in host memory, the host
+ * writes managed memory directly (no kernel is in flight: every launcher
+ * waits), so a copy through staging would only add one. */
+static int out_cuda(const DLTensor *x) { return x && x->device.device_type == kDLCUDA; }
+
 static bx_status finish_checks(const char *fn, const bx_tokred *s, DLTensor *out, size_t nout,
                                int64_t divisor) {
   if (!s) return bx_fail(BX_EINVAL, "%s: s is NULL", fn);
@@ -741,11 +748,24 @@ static bx_status finish_checks(const char *fn, const bx_tokred *s, DLTensor *out
                         "%s: tensor %zu: %lld NaN or Inf addend elements; nothing written", fn,
                         t, (long long)nf);
   }
+  /* outputs all in host memory (managed included) or all kDLCUDA tensors
+   * (finished into host staging, then copied: finish_cuda) */
+  int cuda = nout > 0 && out_cuda(&out[0]);
   for (size_t t = 0; t < nout; t++) {
-    bx_status st = check_like(fn, s, t, -1, &out[t], "the output", LIKE_F64);
+    if (out_cuda(&out[t]) != cuda)
+      return bx_fail_at(BX_EDEVICE, -1, BX_NO_INDEX, t,
+                        "%s: tensor %zu: the output is %s but output 0 is %s; the outputs must "
+                        "all be kDLCUDA tensors or all in host memory",
+                        fn, t, cuda ? "in host memory" : "a kDLCUDA tensor",
+                        cuda ? "a kDLCUDA tensor" : "in host memory");
+    bx_status st = check_like(fn, s, t, -1, &out[t], "the output",
+                              cuda ? LIKE_F64 | LIKE_CUDA : LIKE_F64);
     if (st != BX_OK) return st;
   }
-  if (nout > 1) return bx_check_writable(fn, out, nout, NULL, 0, 0);
+  if (cuda && !bx_train_device_cuda()) /* finish_check's answer is finish's */
+    return bx_fail(BX_EDEVICE, "%s: the outputs are CUDA tensors, but this build of bitexact "
+                   "has no CUDA backend (built without nvcc, or CUDA=0)", fn);
+  if (nout > 1) return bx_check_writable(fn, out, nout, NULL, 0, cuda);
   return BX_OK;
 }
 
@@ -794,6 +814,81 @@ static void finish_ordinary(const float *f, size_t n, int64_t d, DLTensor *o) {
   }
 }
 
+/* The finish of every tensor into out[t] (checked), on the host. */
+static void finish_all(const bx_tokred *s, DLTensor *out, size_t nout, int64_t divisor) {
+  for (size_t t = 0; t < nout; t++) {
+    size_t n = (size_t)s->numel[t];
+    if (s->mode == BX_TOKRED_GRID)
+      finish_grid(s->words + s->word_at[t], n, s->grid[t], divisor, &out[t]);
+    else
+      finish_ordinary(s->fsum + (s->word_at[t] - t), n, divisor, &out[t]);
+  }
+}
+
+/* kDLCUDA outputs (checked): the host's finish into host staging (the same
+ * bits), then each copied to its device with the table's to_device. The
+ * outputs' old bytes are read back first, so that a failed copy puts the
+ * outputs already copied back as they were: a failed call leaves every
+ * output unchanged (unless the restoring copies fail too: the device is
+ * then lost, BX_EDEVICE). */
+static bx_status finish_cuda(const char *fn, const bx_tokred *s, DLTensor *out, size_t nout,
+                             int64_t divisor) {
+  const bx_train_device *dev;
+  bx_status st = bx_train_cuda(fn, &dev);
+  if (st != BX_OK) return st;
+  size_t total = 0;
+  for (size_t t = 0; t < nout; t++)
+    total += (size_t)s->numel[t] * (is_f64(out[t].dtype) ? 8 : 4);
+  if (!total) return BX_OK;
+  char *stage = malloc(2 * total), *old = stage + total;
+  DLTensor *h = malloc(nout * sizeof *h);
+  if (!stage || !h) {
+    free(stage);
+    free(h);
+    return bx_fail(BX_ENOMEM, "%s: cannot allocate %zu bytes of host staging", fn, 2 * total);
+  }
+  size_t off = 0;
+  for (size_t t = 0; t < nout; t++) { /* the host views of the staging */
+    h[t] = out[t];
+    h[t].device = (DLDevice){kDLCPU, 0};
+    h[t].data = stage + off;
+    h[t].byte_offset = 0;
+    off += (size_t)s->numel[t] * (is_f64(out[t].dtype) ? 8 : 4);
+  }
+  finish_all(s, h, nout, divisor);
+  off = 0;
+  for (size_t t = 0; st == BX_OK && t < nout; t++) { /* the old bytes */
+    size_t b = (size_t)s->numel[t] * (is_f64(out[t].dtype) ? 8 : 4);
+    if (b)
+      st = dev->to_host(fn, out[t].device.device_id, old + off,
+                        (const char *)out[t].data + out[t].byte_offset, b);
+    off += b;
+  }
+  off = 0;
+  size_t done = 0;
+  for (; st == BX_OK && done < nout; done++) {
+    size_t b = (size_t)s->numel[done] * (is_f64(out[done].dtype) ? 8 : 4);
+    if (b)
+      st = dev->to_device(fn, out[done].device.device_id,
+                          (char *)out[done].data + out[done].byte_offset, stage + off, b);
+    if (st != BX_OK) break;
+    off += b;
+  }
+  if (st != BX_OK && done < nout) { /* put back the outputs copied before output done */
+    off = 0;
+    for (size_t t = 0; t <= done; t++) {
+      size_t b = (size_t)s->numel[t] * (is_f64(out[t].dtype) ? 8 : 4);
+      if (b)
+        (void)dev->to_device(fn, out[t].device.device_id,
+                             (char *)out[t].data + out[t].byte_offset, old + off, b);
+      off += b;
+    }
+  }
+  free(stage);
+  free(h);
+  return st;
+}
+
 bx_status bx_tokred_finish_check(const bx_tokred *s, DLTensor *out, size_t nout, int64_t divisor) {
   static const char *fn = "bx_tokred_finish";
   bx_call c;
@@ -810,14 +905,8 @@ bx_status bx_tokred_finish(const bx_tokred *s, DLTensor *out, size_t nout, int64
   bx_status st = bx_call_enter(&c, fn);
   if (st != BX_OK) return st;
   st = finish_checks(fn, s, out, nout, divisor);
-  if (st == BX_OK)
-    for (size_t t = 0; t < nout; t++) {
-      size_t n = (size_t)s->numel[t];
-      if (s->mode == BX_TOKRED_GRID)
-        finish_grid(s->words + s->word_at[t], n, s->grid[t], divisor, &out[t]);
-      else
-        finish_ordinary(s->fsum + (s->word_at[t] - t), n, divisor, &out[t]);
-    }
+  if (st == BX_OK && nout && out_cuda(&out[0])) st = finish_cuda(fn, s, out, nout, divisor);
+  else if (st == BX_OK) finish_all(s, out, nout, divisor);
   bx_call_leave(&c);
   return st;
 }
