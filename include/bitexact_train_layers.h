@@ -500,7 +500,8 @@ BX_API bx_status bx_xent_count(const DLTensor *targets, int64_t chunk_tokens, DL
  * rows of rotary_dim/2 elements), the distinct half of torch's
  * cat((freqs, freqs)) tables, computed as in the RoPE section. Tensor
  * positions: positions 0, cos 1, sin 2 (outputs: they must not overlap
- * each other or positions). Threads, opts: as bx_rope_forward. */
+ * each other or positions). Devices, threads, opts: as bx_rope_forward
+ * (the CUDA kernel: one thread per (token, slot), the same bits). */
 BX_API bx_status bx_rope_cos_sin(const DLTensor *positions, int64_t rotary_dim, double theta,
                                  DLTensor *cos, DLTensor *sin, const bx_rope_opts *opts);
 

@@ -159,7 +159,9 @@ BX_API float bx_sin_f32(float x);
  * on every input.
  *
  * Tensors: x and y fp32 (BX_EDTYPE otherwise), host memory (kDLCPU,
- * kDLCUDAHost, kDLCUDAManaged; BX_EDEVICE otherwise), the same shape
+ * kDLCUDAHost, kDLCUDAManaged) or both kDLCUDA tensors of one device (the
+ * CUDA kernel, the same bits; bitexact_train.h, Devices; BX_EDEVICE
+ * otherwise), the same shape
  * (BX_EINVAL otherwise) and the same strides, dense (BX_ELAYOUT otherwise).
  * Ownership: both borrowed for the call. In place: y may be x itself (the
  * same data, byte offset and strides); any other overlap of y with x is
@@ -190,8 +192,9 @@ BX_API bx_status bx_cos(const DLTensor *x, DLTensor *y, const bx_math_opts *opts
  * overflow to +-Inf, subnormals rounded like any value: the rounding of
  * the models' bf16 GEMM operands (`--compute-dtype bf16`). x fp32, y bf16
  * (kDLBfloat, 16 bits), the same shape, both dense row-major (strides NULL
- * or compact), host memory, not overlapping. The same bits on every ISA
- * (one integer loop, vectorised). Errors (nothing written): BX_EDTYPE,
+ * or compact), host memory or both kDLCUDA tensors of one device (the
+ * CUDA kernel; Devices), not overlapping. The same bits on every ISA and
+ * device (one integer rule, vectorised). Errors (nothing written): BX_EDTYPE,
  * BX_EDEVICE, BX_EINVAL (shapes, opts), BX_ELAYOUT (strides, overlap),
  * naming the tensor (x 0, y 1). Threads, ownership and opts as above. */
 BX_API bx_status bx_round_bf16(const DLTensor *x, DLTensor *y, const bx_math_opts *opts);

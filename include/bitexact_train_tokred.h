@@ -266,7 +266,10 @@ BX_API bx_status bx_tokred_observed(const bx_tokred *s, size_t tensor, int *exp2
  * (BX_TOKRED_BOUND_FLAG; naming it, its stated and observed bounds),
  * BX_ENONFINITE if a tensor saw a NaN or
  * Inf addend, BX_EINVAL / BX_EDTYPE / BX_ELAYOUT / BX_EDEVICE for the
- * outputs; on error nothing is written. s is only read. */
+ * outputs; on error nothing is written. s is only read. The outputs are
+ * all in host memory (kDLCUDAManaged included: written by the host) or all
+ * kDLCUDA tensors (the host's bits copied to each output's device;
+ * BX_EDEVICE for a mix, or in a build without the CUDA backend). */
 BX_API bx_status bx_tokred_finish(const bx_tokred *s, DLTensor *out, size_t nout,
                                   int64_t divisor);
 
@@ -403,6 +406,9 @@ BX_API bx_status bx_tokred_merge(bx_tokred *into, const bx_tokred *from);
  *             contiguous, host memory.
  *   partials  [nchunks, N], fp32, row-major contiguous, host memory, not
  *             overlapping dy.
+ * Both on a CUDA device (kDLCUDA of one device, or managed where managed
+ * calls run there; bitexact_train.h, Devices): the CUDA kernel, the same
+ * bits except a NaN partial's sign and payload (the hardware's).
  * The caller passes partial j to bx_tokred_bound / bx_tokred_add as chunk
  * first_chunk + j, where dy's first row is the global token first_chunk·C
  * (a global chunk boundary: bx_tokred_chunks checks it). T = 0: nothing.
