@@ -408,7 +408,7 @@ BX_API bx_status bx_tokred_merge(bx_tokred *into, const bx_tokred *from);
  *             overlapping dy.
  * Both on a CUDA device (kDLCUDA of one device, or managed where managed
  * calls run there; bitexact_train.h, Devices): the CUDA kernel, the same
- * bits except a NaN partial's sign and payload (the hardware's).
+ * bits (a NaN partial is stored as the canonical NaN on both).
  * The caller passes partial j to bx_tokred_bound / bx_tokred_add as chunk
  * first_chunk + j, where dy's first row is the global token first_chunk·C
  * (a global chunk boundary: bx_tokred_chunks checks it). T = 0: nothing.

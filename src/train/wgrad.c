@@ -15,6 +15,7 @@
 #include "error.h"
 #include "gemm_internal.h"
 #include "kernels.h"
+#include "nan_canon.h"
 #include "pool.h"
 #include "tokred_grid.h"
 #include "tokred_internal.h"
@@ -138,7 +139,9 @@ static void colsum_task(void *ctx, size_t task, int worker) {
   size_t chunk = task / j->ncb, c0 = task % j->ncb * COLBLOCK;
   size_t c1 = j->n - c0 < COLBLOCK ? j->n : c0 + COLBLOCK;
   size_t r0 = chunk * j->c, r1 = j->t - r0 < j->c ? j->t : r0 + j->c;
-  colsum(j->dy, r0, r1, c0, c1, j->out + chunk * j->n + c0);
+  float *out = j->out + chunk * j->n + c0;
+  colsum(j->dy, r0, r1, c0, c1, out);
+  bx_canon_f32_n(out, c1 - c0); /* a stored NaN is the canonical one (docs/design.md, NaN) */
 }
 
 bx_status bx_bias_grad_partials(const DLTensor *dy, int64_t chunk_tokens, DLTensor *partials,

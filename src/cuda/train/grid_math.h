@@ -76,7 +76,7 @@ static inline BX_HD void bx_tgm_rope_table_item(const bx_tgm_rope_table *a, uint
 /* Item i = chunk c * n + column j of w (dy, dy_bf16, t, n, chunk,
  * nchunks set; the rest unused): out[i] = grid_tokred.h's bias partial. */
 static inline BX_HD void bx_tgm_bias_item(const bx_tgt_wgrad *w, float *out, uint64_t i) {
-  out[i] = bx_tgt_bias_partial(w, i / w->n, i % w->n);
+  out[i] = bx_canon_f32(bx_tgt_bias_partial(w, i / w->n, i % w->n)); /* the canonical NaN */
 }
 
 #endif /* BX_GRID_MATH_H */
