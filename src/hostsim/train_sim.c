@@ -2,7 +2,7 @@
  * train_sim.c — the host simulation of the training kernels' device backend
  * (train_device.h's bx_hostsim_train): every launcher of src/cuda/train
  * mirrored on the calling thread, the same grids over the same thread
- * bodies (src/cuda/train/train_grid.h, grid_moe.h, grid_tokred.h; the
+ * bodies (src/cuda/train/train_grid.h, grid_*.h; the
  * arithmetic is the src/common _hd.h headers'), kernels in the launchers'
  * order, the GEMM-like kernels' blocks phase by phase between their
  * barriers, atomics as plain sequential integer ops; the token reduction's
@@ -28,11 +28,11 @@
 #include <string.h>
 
 #include "error.h"
-#include "train_device.h"
 #include "grid_attention.h"
 #include "grid_math.h"
 #include "grid_moe.h"
 #include "grid_tokred.h"
+#include "train_device.h"
 #include "train_grid.h"
 
 /* ---- device memory: the registry of live allocations ---------------------------------- */
