@@ -605,26 +605,6 @@ static bx_status sim_tokred_grid(const char *fn, int device, const float *a, siz
   return BX_OK;
 }
 
-/* tokred.cu's tk_wgrad_of: the device form of w (zgroups for tiles tiles). */
-static bx_tgt_wgrad tk_wgrad_of(const bx_tokred_dev_wgrad *w, uint64_t tiles) {
-  bx_tgt_wgrad t;
-  t.dy = w->dy;
-  t.x = w->x;
-  t.dy_bf16 = w->dy_bf16;
-  t.x_bf16 = w->x_bf16;
-  t.t = w->t;
-  t.n = w->n;
-  t.k = w->k;
-  t.chunk = w->chunk;
-  t.nchunks = w->nchunks;
-  t.zgroups = bx_tgt_zgroups(tiles, w->nchunks);
-  t.inv_w = w->inv_w;
-  t.inv_b = w->inv_b;
-  t.lim_w = w->lim_w;
-  t.lim_b = w->lim_b;
-  t.qw = t.qb = NULL;
-  return t;
-}
 
 /* bx_cut_tokred_wgrad_kernel over grid (gx, gy, t->zgroups): per block, per
  * chunk, the GEMM's phases between the barriers and the epilogue; then
@@ -704,7 +684,7 @@ static bx_status sim_tokred_wgrad(const char *fn, int device, const bx_tokred_de
   if (!q) return TK_NOMEM((nk + nb) * sizeof *q);
   tk_res r;
   tk_res_clear(&r);
-  bx_tgt_wgrad t = tk_wgrad_of(w, gx * gy);
+  bx_tgt_wgrad t = bx_tgt_wgrad_of(w, gx * gy);
   t.qw = q;
   t.qb = q + nk;
   bx_status st = BX_OK;
@@ -728,7 +708,7 @@ static bx_status sim_tokred_wgrad_chunk(const char *fn, int device, const bx_tok
                                         size_t c, float *pw, float *pb) {
   (void)device;
   size_t nk = pw ? w->n * w->k : 0, nb = pb ? w->n : 0;
-  bx_tgt_wgrad t = tk_wgrad_of(w, 1);
+  bx_tgt_wgrad t = bx_tgt_wgrad_of(w, 1);
   uint64_t r0, r1;
   bx_tgt_chunk_rows(&t, c, &r0, &r1);
   float *dw = tk_scratch((nk + nb) * sizeof *dw), *db = dw ? dw + nk : NULL;
@@ -781,14 +761,7 @@ static bx_status sim_bias_partials(const char *fn, int device, const void *dy, i
   (void)device;
   MEM("dy", dy, t * n * (dy_bf16 ? 2 : 4));
   MEM("partials", partials, nchunks * n * 4);
-  bx_tgt_wgrad w;
-  memset(&w, 0, sizeof w);
-  w.dy = dy;
-  w.dy_bf16 = dy_bf16;
-  w.t = t;
-  w.n = n;
-  w.chunk = chunk;
-  w.nchunks = nchunks;
+  bx_tgt_wgrad w = bx_tgm_bias_args(dy, dy_bf16, t, n, chunk, nchunks);
   for (uint64_t i = 0; i < (uint64_t)nchunks * n; i++) bx_tgm_bias_item(&w, partials, i);
   return BX_OK;
 }

@@ -16,6 +16,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "grid_tokred.h"
 #include "hd.h"
@@ -77,6 +78,21 @@ static inline BX_HD void bx_tgm_rope_table_item(const bx_tgm_rope_table *a, uint
  * nchunks set; the rest unused): out[i] = grid_tokred.h's bias partial. */
 static inline BX_HD void bx_tgm_bias_item(const bx_tgt_wgrad *w, float *out, uint64_t i) {
   out[i] = bx_canon_f32(bx_tgt_bias_partial(w, i / w->n, i % w->n)); /* the canonical NaN */
+}
+
+/* The bias partials' launch arguments (math.cu, and the host simulation):
+ * dy [t, n] (bf16 when dy_bf16) in chunks of chunk rows. Host code. */
+static inline bx_tgt_wgrad bx_tgm_bias_args(const void *dy, int dy_bf16, size_t t, size_t n,
+                                            size_t chunk, size_t nchunks) {
+  bx_tgt_wgrad w;
+  memset(&w, 0, sizeof w);
+  w.dy = dy;
+  w.dy_bf16 = dy_bf16;
+  w.t = t;
+  w.n = n;
+  w.chunk = chunk;
+  w.nchunks = nchunks;
+  return w;
 }
 
 #endif /* BX_GRID_MATH_H */

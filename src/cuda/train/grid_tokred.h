@@ -30,6 +30,7 @@
 #include "gemm_hd.h"
 #include "hd.h"
 #include "tokred_grid.h"
+#include "train_device.h"
 #include "train_grid.h"
 
 /* ---- one element ----------------------------------------------------------------- */
@@ -272,6 +273,29 @@ static inline BX_HD uint64_t bx_tgt_zgroups(uint64_t tiles, uint64_t nchunks) {
   if (z > nchunks) z = nchunks;
   if (z > 65535) z = 65535;
   return z < 1 ? 1 : z;
+}
+
+/* The bodies' form of a weight-gradient launch (tokred.cu, and the host
+ * simulation src/hostsim): zgroups for a weight grid of tiles tiles; qw and
+ * qb NULL (the launcher's scratch sets them). Host code. */
+static inline bx_tgt_wgrad bx_tgt_wgrad_of(const bx_tokred_dev_wgrad *w, uint64_t tiles) {
+  bx_tgt_wgrad t;
+  t.dy = w->dy;
+  t.x = w->x;
+  t.dy_bf16 = w->dy_bf16;
+  t.x_bf16 = w->x_bf16;
+  t.t = w->t;
+  t.n = w->n;
+  t.k = w->k;
+  t.chunk = w->chunk;
+  t.nchunks = w->nchunks;
+  t.zgroups = bx_tgt_zgroups(tiles, w->nchunks);
+  t.inv_w = w->inv_w;
+  t.inv_b = w->inv_b;
+  t.lim_w = w->lim_w;
+  t.lim_b = w->lim_b;
+  t.qw = t.qb = NULL;
+  return t;
 }
 
 #endif /* BX_GRID_TOKRED_H */

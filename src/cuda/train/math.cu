@@ -49,14 +49,7 @@ bx_status bx_cut_bias_partials(const char *fn, int device, const void *dy, int d
                                size_t n, size_t chunk, size_t nchunks, float *partials) {
   cudaError_t pending = cudaPeekAtLastError();
   bx_cu_device_guard guard(device);
-  bx_tgt_wgrad w;
-  memset(&w, 0, sizeof w);
-  w.dy = dy;
-  w.dy_bf16 = dy_bf16;
-  w.t = t;
-  w.n = n;
-  w.chunk = chunk;
-  w.nchunks = nchunks;
+  bx_tgt_wgrad w = bx_tgm_bias_args(dy, dy_bf16, t, n, chunk, nchunks);
   void *args[] = {&w, &partials};
   return bx_cut_done(fn, "bias partials kernel",
                      bx_cut_launch((const void *)bx_cut_bias_partials_kernel, nchunks * n, args),

@@ -190,26 +190,6 @@ bx_status bx_cut_tokred_grid(const char *fn, int device, const float *a, size_t 
   return BX_OK;
 }
 
-/* The device form of w (zgroups for a weight grid of tiles tiles). */
-static bx_tgt_wgrad tk_wgrad_of(const bx_tokred_dev_wgrad *w, uint64_t tiles) {
-  bx_tgt_wgrad t;
-  t.dy = w->dy;
-  t.x = w->x;
-  t.dy_bf16 = w->dy_bf16;
-  t.x_bf16 = w->x_bf16;
-  t.t = w->t;
-  t.n = w->n;
-  t.k = w->k;
-  t.chunk = w->chunk;
-  t.nchunks = w->nchunks;
-  t.zgroups = bx_tgt_zgroups(tiles, w->nchunks);
-  t.inv_w = w->inv_w;
-  t.inv_b = w->inv_b;
-  t.lim_w = w->lim_w;
-  t.lim_b = w->lim_b;
-  t.qw = t.qb = nullptr;
-  return t;
-}
 
 /* train_device.h tokred_wgrad: the weight kernel, then the bias kernel,
  * into zeroed q words; everything back to the host once. */
@@ -228,7 +208,7 @@ bx_status bx_cut_tokred_wgrad(const char *fn, int device, const bx_tokred_dev_wg
   bx_status st = tk_reserve(fn, device, rbytes + wbytes + nb * sizeof(int64_t), &base);
   if (st != BX_OK) return st;
   tk_res *r = (tk_res *)base, h;
-  bx_tgt_wgrad t = tk_wgrad_of(w, gx * gy);
+  bx_tgt_wgrad t = bx_tgt_wgrad_of(w, gx * gy);
   t.qw = (int64_t *)((char *)base + rbytes);
   t.qb = (int64_t *)((char *)base + rbytes + wbytes);
   void *args[] = {&t, &r};
@@ -259,7 +239,7 @@ bx_status bx_cut_tokred_wgrad(const char *fn, int device, const bx_tokred_dev_wg
 bx_status bx_cut_tokred_wgrad_chunk(const char *fn, int device, const bx_tokred_dev_wgrad *w,
                                     size_t c, float *pw, float *pb) {
   size_t nk = pw ? w->n * w->k : 0, nb = pb ? w->n : 0;
-  bx_tgt_wgrad t = tk_wgrad_of(w, 1);
+  bx_tgt_wgrad t = bx_tgt_wgrad_of(w, 1);
   size_t wbytes = align256(nk * sizeof(float));
   void *base;
   {
