@@ -825,6 +825,11 @@ static void finish_all(const bx_tokred *s, DLTensor *out, size_t nout, int64_t d
   }
 }
 
+/* The bytes of finish output t (fp32 or fp64). */
+static size_t out_bytes(const bx_tokred *s, const DLTensor *out, size_t t) {
+  return (size_t)s->numel[t] * (is_f64(out[t].dtype) ? 8 : 4);
+}
+
 /* kDLCUDA outputs (checked): the host's finish into host staging (the same
  * bits), then each copied to its device with the table's to_device. The
  * outputs' old bytes are read back first, so that a failed copy puts the
@@ -838,7 +843,7 @@ static bx_status finish_cuda(const char *fn, const bx_tokred *s, DLTensor *out, 
   if (st != BX_OK) return st;
   size_t total = 0;
   for (size_t t = 0; t < nout; t++)
-    total += (size_t)s->numel[t] * (is_f64(out[t].dtype) ? 8 : 4);
+    total += out_bytes(s, out, t);
   if (!total) return BX_OK;
   char *stage = malloc(2 * total), *old = stage + total;
   DLTensor *h = malloc(nout * sizeof *h);
@@ -853,12 +858,12 @@ static bx_status finish_cuda(const char *fn, const bx_tokred *s, DLTensor *out, 
     h[t].device = (DLDevice){kDLCPU, 0};
     h[t].data = stage + off;
     h[t].byte_offset = 0;
-    off += (size_t)s->numel[t] * (is_f64(out[t].dtype) ? 8 : 4);
+    off += out_bytes(s, out, t);
   }
   finish_all(s, h, nout, divisor);
   off = 0;
   for (size_t t = 0; st == BX_OK && t < nout; t++) { /* the old bytes */
-    size_t b = (size_t)s->numel[t] * (is_f64(out[t].dtype) ? 8 : 4);
+    size_t b = out_bytes(s, out, t);
     if (b)
       st = dev->to_host(fn, out[t].device.device_id, old + off,
                         (const char *)out[t].data + out[t].byte_offset, b);
@@ -867,7 +872,7 @@ static bx_status finish_cuda(const char *fn, const bx_tokred *s, DLTensor *out, 
   off = 0;
   size_t done = 0;
   for (; st == BX_OK && done < nout; done++) {
-    size_t b = (size_t)s->numel[done] * (is_f64(out[done].dtype) ? 8 : 4);
+    size_t b = out_bytes(s, out, done);
     if (b)
       st = dev->to_device(fn, out[done].device.device_id,
                           (char *)out[done].data + out[done].byte_offset, stage + off, b);
@@ -877,7 +882,7 @@ static bx_status finish_cuda(const char *fn, const bx_tokred *s, DLTensor *out, 
   if (st != BX_OK && done < nout) { /* put back the outputs copied before output done */
     off = 0;
     for (size_t t = 0; t <= done; t++) {
-      size_t b = (size_t)s->numel[t] * (is_f64(out[t].dtype) ? 8 : 4);
+      size_t b = out_bytes(s, out, t);
       if (b)
         (void)dev->to_device(fn, out[t].device.device_id,
                              (char *)out[t].data + out[t].byte_offset, old + off, b);

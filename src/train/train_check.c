@@ -11,6 +11,7 @@
 #include "pool.h"
 #include "train_check.h"
 #include "train_device.h"
+#include "workspace.h"
 
 static int host_readable(DLDeviceType dev) {
   return dev == kDLCPU || dev == kDLCUDAHost || dev == kDLCUDAManaged || dev == kDLROCMHost;
@@ -214,4 +215,30 @@ size_t bx_tc_piece_rows(size_t cols) {
 void bx_tc_run(int num_threads, size_t pieces, void (*fn)(void *ctx, size_t piece, int worker),
                void *ctx) {
   if (pieces) bx_parallel_run(bx_tc_threads(num_threads, pieces), pieces, fn, ctx);
+}
+
+bx_status bx_tc_to_host(const char *fn, const bx_tc_place *pl, const bx_train_device *dev,
+                        const bx_tc_tensor *const *ts, bx_tc_tensor *hosts, size_t count,
+                        size_t extra_bytes, void **extra) {
+  size_t bytes = 0;
+  for (size_t i = 0; i < count; i++)
+    if (ts[i] && ts[i]->n) bytes += (ts[i]->n * ts[i]->elsize + 15) & ~(size_t)15;
+  size_t at = bytes;
+  bytes += extra_bytes;
+  char *ws = bx_workspace(bytes ? bytes : 1);
+  if (!ws) return bx_fail(BX_ENOMEM, "%s: cannot allocate %zu bytes on the host for the device "
+                          "data's checks", fn, bytes);
+  size_t off = 0;
+  for (size_t i = 0; i < count; i++) {
+    if (!ts[i]) continue;
+    hosts[i] = *ts[i];
+    if (!ts[i]->n) continue;
+    size_t b = ts[i]->n * ts[i]->elsize;
+    bx_status st = dev->to_host(fn, pl->device, ws + off, ts[i]->data, b);
+    if (st != BX_OK) return st;
+    hosts[i].data = ws + off;
+    off += (b + 15) & ~(size_t)15;
+  }
+  if (extra) *extra = ws + at;
+  return BX_OK;
 }

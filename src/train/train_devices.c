@@ -3,8 +3,7 @@
  * (train_device.h): the one place that names them. A new backend is its
  * own folder implementing bx_train_device and one line here. Also the
  * public allocator of training tensors (bx_train_alloc), which the model
- * module uses for its buffers under `bitexact train --device cuda`, and the
- * device path's host copies of device data (train_check.h bx_tc_to_host).
+ * module uses for its buffers under `bitexact train --device cuda`.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -15,9 +14,7 @@
 
 #include "bitexact_train.h"
 #include "error.h"
-#include "train_check.h"
 #include "train_device.h"
-#include "workspace.h"
 
 #ifdef BX_HAVE_CUDA
 extern const bx_train_device bx_cuda_train; /* src/cuda/train/train_table.cu */
@@ -144,30 +141,4 @@ void bx_train_free(DLDevice device, void *ptr) {
     return;
   }
   free(ptr);
-}
-
-bx_status bx_tc_to_host(const char *fn, const bx_tc_place *pl, const bx_train_device *dev,
-                        const bx_tc_tensor *const *ts, bx_tc_tensor *hosts, size_t count,
-                        size_t extra_bytes, void **extra) {
-  size_t bytes = 0;
-  for (size_t i = 0; i < count; i++)
-    if (ts[i] && ts[i]->n) bytes += (ts[i]->n * ts[i]->elsize + 15) & ~(size_t)15;
-  size_t at = bytes;
-  bytes += extra_bytes;
-  char *ws = bx_workspace(bytes ? bytes : 1);
-  if (!ws) return bx_fail(BX_ENOMEM, "%s: cannot allocate %zu bytes on the host for the device "
-                          "data's checks", fn, bytes);
-  size_t off = 0;
-  for (size_t i = 0; i < count; i++) {
-    if (!ts[i]) continue;
-    hosts[i] = *ts[i];
-    if (!ts[i]->n) continue;
-    size_t b = ts[i]->n * ts[i]->elsize;
-    bx_status st = dev->to_host(fn, pl->device, ws + off, ts[i]->data, b);
-    if (st != BX_OK) return st;
-    hosts[i].data = ws + off;
-    off += (b + 15) & ~(size_t)15;
-  }
-  if (extra) *extra = ws + at;
-  return BX_OK;
 }
